@@ -1,0 +1,514 @@
+//! key-auth configuration: raw serde form, then validation into [`KeyAuthConfig`].
+//!
+//! ```json
+//! {
+//!   "keys": [
+//!     {"key_sha256": "<64 hex digits>", "consumer": "team-a", "tenant": "acme",
+//!      "groups": ["fast", "smart"], "expires_at": "2027-01-01T00:00:00Z", "disabled": false}
+//!   ],
+//!   "key_sources": ["authorization", "x-api-key", "api-key"],
+//!   "query_param": null,
+//!   "allow": null,
+//!   "global_auth": true,
+//!   "_rules_": [{"_match_route_": ["billing"], "allow": ["team-a"]}]
+//! }
+//! ```
+//! Only SHA-256 digests of keys ever appear in config (`scripts/hash-key` prints one).
+
+use crate::rfc3339;
+use llm_gateway_shared::config::{validate_name, ConfigError};
+use llm_gateway_shared::rules::{RuleSet, Scope};
+use serde::Deserialize;
+use serde_json::{Map, Value};
+use std::collections::{HashMap, HashSet};
+use std::rc::Rc;
+
+/// Where a key is read from, in the configured order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeySource {
+    /// `Authorization: Bearer <key>` (other schemes are not a key).
+    Bearer,
+    /// The whole value of a header (`x-api-key`, `api-key`).
+    Header(String),
+    /// A query parameter of `:path`, only when `query_param` is set.
+    Query(String),
+}
+
+/// One virtual key, found by the SHA-256 of its value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyEntry {
+    /// Consumer the key authenticates as.
+    pub consumer: String,
+    /// Tenant of the consumer.
+    pub tenant: String,
+    /// The `x-llm-groups` value: the allowed model groups, comma-separated.
+    pub groups: String,
+    /// Unix seconds from which the key is refused.
+    pub expires_at: Option<i64>,
+    /// A disabled (revoked) key is refused.
+    pub disabled: bool,
+    /// First 16 hex digits of the digest: names the key in headers and logs, reveals nothing.
+    pub key_id: String,
+}
+
+/// Keys by digest.
+pub type KeyTable = HashMap<[u8; 32], KeyEntry>;
+
+/// The validated configuration for one scope (global or one rule).
+#[derive(Debug, Clone)]
+pub struct KeyAuthConfig {
+    /// Every key; shared between scopes that have the same `keys`.
+    pub keys: Rc<KeyTable>,
+    /// Where to look for the key, first hit wins.
+    pub sources: Vec<KeySource>,
+    /// If set, only these consumers may pass (403 for others).
+    pub allow: Option<HashSet<String>>,
+    /// False only for the global scope with `global_auth: false`: requests that match no rule
+    /// pass unauthenticated (identity headers are still stripped).
+    pub enforce: bool,
+    /// The 401 message for a missing key, naming the configured sources.
+    pub missing_message: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    #[serde(default)]
+    keys: Vec<RawKey>,
+    #[serde(default = "default_sources")]
+    key_sources: Vec<String>,
+    #[serde(default)]
+    query_param: Option<String>,
+    #[serde(default)]
+    allow: Option<Vec<String>>,
+    #[serde(default = "default_true")]
+    global_auth: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawKey {
+    key_sha256: String,
+    consumer: String,
+    #[serde(default = "default_tenant")]
+    tenant: String,
+    groups: Vec<String>,
+    #[serde(default)]
+    expires_at: Option<String>,
+    #[serde(default)]
+    disabled: bool,
+}
+
+fn default_sources() -> Vec<String> {
+    vec!["authorization".into(), "x-api-key".into(), "api-key".into()]
+}
+
+fn default_true() -> bool {
+    true
+}
+
+fn default_tenant() -> String {
+    "default".into()
+}
+
+/// Parses a whole configuration document (plain JSON or Higress form).
+pub fn parse_document(document: &[u8]) -> Result<RuleSet<KeyAuthConfig>, ConfigError> {
+    // Rules inherit the global `keys`; build the table once and share it when a scope's
+    // `keys` are the same JSON value.
+    let mut built: Option<(Value, Rc<KeyTable>)> = None;
+    RuleSet::parse(document, |fields, scope| {
+        parse_scope(fields, scope, &mut built)
+    })
+}
+
+fn parse_scope(
+    fields: &Map<String, Value>,
+    scope: Scope,
+    built: &mut Option<(Value, Rc<KeyTable>)>,
+) -> Result<KeyAuthConfig, ConfigError> {
+    let raw: RawConfig = serde_json::from_value(Value::Object(fields.clone()))
+        .map_err(|e| ConfigError::from_serde("", &e))?;
+
+    let keys_value = fields.get("keys").cloned().unwrap_or(Value::Null);
+    let keys = match built {
+        Some((value, table)) if *value == keys_value => Rc::clone(table),
+        _ => {
+            let table = Rc::new(key_table(&raw.keys)?);
+            *built = Some((keys_value, Rc::clone(&table)));
+            table
+        }
+    };
+
+    let sources = key_sources(&raw.key_sources, raw.query_param.as_deref())?;
+    let allow = match raw.allow {
+        None => None,
+        Some(names) => Some(allow_list(&names, &keys)?),
+    };
+    let missing_message = missing_message(&sources);
+    Ok(KeyAuthConfig {
+        keys,
+        sources,
+        allow,
+        enforce: match scope {
+            Scope::Global => raw.global_auth,
+            Scope::Rule(_) => true,
+        },
+        missing_message,
+    })
+}
+
+fn key_table(raw: &[RawKey]) -> Result<KeyTable, ConfigError> {
+    let mut table = KeyTable::with_capacity(raw.len());
+    let mut first_index: HashMap<[u8; 32], usize> = HashMap::with_capacity(raw.len());
+    for (i, key) in raw.iter().enumerate() {
+        let at = |field: &str| format!("keys[{i}].{field}");
+        let digest = parse_digest(&key.key_sha256)
+            .map_err(|reason| ConfigError::new(at("key_sha256"), reason))?;
+        validate_name(&at("consumer"), &key.consumer)?;
+        validate_name(&at("tenant"), &key.tenant)?;
+        for (g, group) in key.groups.iter().enumerate() {
+            if group != "*" {
+                validate_name(&format!("keys[{i}].groups[{g}]"), group)?;
+            }
+        }
+        let expires_at = match &key.expires_at {
+            None => None,
+            Some(text) => Some(rfc3339::parse_unix_seconds(text).map_err(|reason| {
+                ConfigError::new(
+                    at("expires_at"),
+                    format!("not an RFC 3339 timestamp: {reason}"),
+                )
+            })?),
+        };
+        if let Some(previous) = first_index.insert(digest, i) {
+            return Err(ConfigError::new(
+                at("key_sha256"),
+                format!("duplicate digest: keys[{previous}] has the same one"),
+            ));
+        }
+        table.insert(
+            digest,
+            KeyEntry {
+                consumer: key.consumer.clone(),
+                tenant: key.tenant.clone(),
+                groups: key.groups.join(","),
+                expires_at,
+                disabled: key.disabled,
+                key_id: key
+                    .key_sha256
+                    .get(..16)
+                    .unwrap_or_default()
+                    .to_ascii_lowercase(),
+            },
+        );
+    }
+    Ok(table)
+}
+
+/// 64 hex digits (any case) -> 32 bytes.
+fn parse_digest(hex: &str) -> Result<[u8; 32], &'static str> {
+    if hex.len() != 64 {
+        return Err("must be the 64 hex digits of a SHA-256 (see scripts/hash-key), never a key");
+    }
+    let mut out = [0u8; 32];
+    for (byte, pair) in out.iter_mut().zip(hex.as_bytes().chunks_exact(2)) {
+        let [hi, lo] = pair else {
+            return Err("must be 64 hex digits");
+        };
+        *byte = (hex_value(*hi)? << 4) | hex_value(*lo)?;
+    }
+    Ok(out)
+}
+
+fn hex_value(c: u8) -> Result<u8, &'static str> {
+    match c {
+        b'0'..=b'9' => Ok(c - b'0'),
+        b'a'..=b'f' => Ok(c - b'a' + 10),
+        b'A'..=b'F' => Ok(c - b'A' + 10),
+        _ => Err("must be 64 hex digits"),
+    }
+}
+
+fn key_sources(names: &[String], query_param: Option<&str>) -> Result<Vec<KeySource>, ConfigError> {
+    let mut sources = Vec::with_capacity(names.len() + 1);
+    for (i, name) in names.iter().enumerate() {
+        let field = format!("key_sources[{i}]");
+        if !is_header_token(name) {
+            return Err(ConfigError::new(field, "must be a header name"));
+        }
+        let lower = name.to_ascii_lowercase();
+        if llm_gateway_shared::headers::is_internal(&lower) || lower.starts_with(':') {
+            return Err(ConfigError::new(
+                field,
+                "cannot read a key from an internal or pseudo header",
+            ));
+        }
+        let source = if lower == "authorization" {
+            KeySource::Bearer
+        } else {
+            KeySource::Header(lower)
+        };
+        if sources.contains(&source) {
+            return Err(ConfigError::new(field, "listed twice"));
+        }
+        sources.push(source);
+    }
+    if let Some(param) = query_param {
+        if param.is_empty()
+            || !param
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        {
+            return Err(ConfigError::new(
+                "query_param",
+                "must be a plain parameter name (letters, digits, -_.)",
+            ));
+        }
+        sources.push(KeySource::Query(param.to_string()));
+    }
+    if sources.is_empty() {
+        return Err(ConfigError::new(
+            "key_sources",
+            "must name at least one place to read the key from",
+        ));
+    }
+    Ok(sources)
+}
+
+fn is_header_token(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+}
+
+fn allow_list(names: &[String], keys: &KeyTable) -> Result<HashSet<String>, ConfigError> {
+    let known: HashSet<&str> = keys.values().map(|k| k.consumer.as_str()).collect();
+    let mut allow = HashSet::with_capacity(names.len());
+    for (i, name) in names.iter().enumerate() {
+        if !known.contains(name.as_str()) {
+            return Err(ConfigError::new(
+                format!("allow[{i}]"),
+                format!("no key belongs to consumer {name:?}"),
+            ));
+        }
+        allow.insert(name.clone());
+    }
+    Ok(allow)
+}
+
+fn missing_message(sources: &[KeySource]) -> String {
+    let places: Vec<String> = sources
+        .iter()
+        .map(|s| match s {
+            KeySource::Bearer => "`Authorization: Bearer <key>`".to_string(),
+            KeySource::Header(h) => format!("`{h}`"),
+            KeySource::Query(q) => format!("the `{q}` query parameter"),
+        })
+        .collect();
+    format!("Missing API key. Send your key in {}.", places.join(" or "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use llm_gateway_shared::rules::MatchInput;
+
+    const DIGEST_A: &str = "8e5bfa1d0c9f10a09b3b7b0f2d8f6e0e5b3d3b6d9f8d1f6a9e1c2b3a4d5e6f70";
+
+    fn doc(extra: &str) -> String {
+        format!(
+            r#"{{"keys":[{{"key_sha256":"{DIGEST_A}","consumer":"team-a","tenant":"acme","groups":["fast","smart"]}},
+                        {{"key_sha256":"{}","consumer":"team-b","groups":["*"],"expires_at":"2027-01-01T00:00:00Z","disabled":true}}]{extra}}}"#,
+            "B".repeat(64)
+        )
+    }
+
+    #[test]
+    fn full_config() {
+        let set = parse_document(
+            doc(r#","key_sources":["Authorization","x-api-key"],"query_param":"key""#).as_bytes(),
+        )
+        .unwrap();
+        let cfg = set.global().unwrap();
+        assert_eq!(cfg.keys.len(), 2);
+        assert_eq!(
+            cfg.sources,
+            vec![
+                KeySource::Bearer,
+                KeySource::Header("x-api-key".into()),
+                KeySource::Query("key".into())
+            ]
+        );
+        let a = cfg.keys.get(&parse_digest(DIGEST_A).unwrap()).unwrap();
+        assert_eq!(a.groups, "fast,smart");
+        assert_eq!(a.tenant, "acme");
+        assert_eq!(a.key_id, "8e5bfa1d0c9f10a0");
+        let b = cfg.keys.get(&[0xbb; 32]).unwrap();
+        assert_eq!(b.tenant, "default");
+        assert_eq!(b.expires_at, Some(1_798_761_600));
+        assert!(b.disabled);
+        assert_eq!(b.key_id, "bbbbbbbbbbbbbbbb");
+        assert!(cfg.enforce);
+        assert!(cfg.missing_message.contains("the `key` query parameter"));
+    }
+
+    #[test]
+    fn defaults() {
+        let set = parse_document(b"{}").unwrap();
+        let cfg = set.global().unwrap();
+        assert!(cfg.keys.is_empty());
+        assert_eq!(
+            cfg.sources,
+            vec![
+                KeySource::Bearer,
+                KeySource::Header("x-api-key".into()),
+                KeySource::Header("api-key".into())
+            ]
+        );
+        assert!(cfg.allow.is_none());
+    }
+
+    #[test]
+    fn rules_share_the_key_table_and_always_enforce() {
+        let set = parse_document(
+            doc(r#","global_auth":false,"_rules_":[{"_match_route_":["billing"],"allow":["team-a"]},{"_match_route_":["x"]}]"#)
+                .as_bytes(),
+        )
+        .unwrap();
+        let global = set.global().unwrap();
+        assert!(!global.enforce);
+        let rule = set
+            .select(&MatchInput {
+                route: "billing",
+                ..MatchInput::default()
+            })
+            .unwrap();
+        assert!(rule.enforce);
+        assert!(Rc::ptr_eq(&global.keys, &rule.keys));
+        assert_eq!(rule.allow.as_ref().unwrap().len(), 1);
+        assert!(set.configs().all(|c| Rc::ptr_eq(&c.keys, &global.keys)));
+    }
+
+    #[test]
+    fn refusals_name_the_field() {
+        let k = |fields: &str| {
+            format!(
+                r#"{{"keys":[{{"key_sha256":"{DIGEST_A}","consumer":"c","groups":[]{fields}}}]}}"#
+            )
+        };
+        let cases: Vec<(String, &str, &str)> = vec![
+            (
+                r#"{"keys":[{"key_sha256":"sk-live-abc","consumer":"c","groups":[]}]}"#.into(),
+                "keys[0].key_sha256",
+                "never a key",
+            ),
+            (
+                format!(
+                    r#"{{"keys":[{{"key_sha256":"{}","consumer":"c","groups":[]}}]}}"#,
+                    "g".repeat(64)
+                ),
+                "keys[0].key_sha256",
+                "hex",
+            ),
+            (
+                format!(
+                    r#"{{"keys":[{{"key_sha256":"{}","consumer":"c","groups":[]}}]}}"#,
+                    "é".repeat(32)
+                ),
+                "keys[0].key_sha256",
+                "hex",
+            ),
+            (
+                format!(
+                    r#"{{"keys":[{{"key_sha256":"{DIGEST_A}","consumer":"c","groups":[]}},{{"key_sha256":"{}","consumer":"d","groups":[]}}]}}"#,
+                    DIGEST_A.to_uppercase()
+                ),
+                "keys[1].key_sha256",
+                "duplicate digest: keys[0]",
+            ),
+            (
+                k(r#","expires_at":"next week""#),
+                "keys[0].expires_at",
+                "RFC 3339",
+            ),
+            (k(r#","tenant":"a b""#), "keys[0].tenant", "not allowed"),
+            (k(r#","colour":"red""#), "", "unknown field `colour`"),
+            (
+                format!(
+                    r#"{{"keys":[{{"key_sha256":"{DIGEST_A}","consumer":"bad,name","groups":[]}}]}}"#
+                ),
+                "keys[0].consumer",
+                "not allowed",
+            ),
+            (
+                format!(
+                    r#"{{"keys":[{{"key_sha256":"{DIGEST_A}","consumer":"c","groups":["a,b"]}}]}}"#
+                ),
+                "keys[0].groups[0]",
+                "not allowed",
+            ),
+            (
+                format!(r#"{{"keys":[{{"key_sha256":"{DIGEST_A}","consumer":"c"}}]}}"#),
+                "",
+                "missing field `groups`",
+            ),
+            (
+                r#"{"key_sources":[]}"#.into(),
+                "key_sources",
+                "at least one",
+            ),
+            (
+                r#"{"key_sources":["x-llm-consumer"]}"#.into(),
+                "key_sources[0]",
+                "internal",
+            ),
+            (
+                r#"{"key_sources":["bad header"]}"#.into(),
+                "key_sources[0]",
+                "header name",
+            ),
+            (
+                r#"{"key_sources":["api-key","API-KEY"]}"#.into(),
+                "key_sources[1]",
+                "twice",
+            ),
+            (
+                r#"{"query_param":"a&b"}"#.into(),
+                "query_param",
+                "plain parameter",
+            ),
+            (
+                format!(
+                    r#"{{"keys":[{{"key_sha256":"{DIGEST_A}","consumer":"c","groups":[]}}],"allow":["nobody"]}}"#
+                ),
+                "allow[0]",
+                "no key belongs",
+            ),
+            (
+                format!(
+                    r#"{{"keys":[{{"key_sha256":"{DIGEST_A}","consumer":"c","groups":[]}}],"_rules_":[{{"_match_route_":["r"],"allow":["c","zed"]}}]}}"#
+                ),
+                "_rules_[0].allow[1]",
+                "no key belongs",
+            ),
+        ];
+        for (document, field, reason) in cases {
+            match parse_document(document.as_bytes()) {
+                Ok(_) => panic!("accepted {document}"),
+                Err(err) => {
+                    assert!(
+                        err.field().starts_with(field),
+                        "{document}: field {:?}",
+                        err.field()
+                    );
+                    assert!(
+                        err.reason().contains(reason),
+                        "{document}: reason {:?}",
+                        err.reason()
+                    );
+                }
+            }
+        }
+    }
+}

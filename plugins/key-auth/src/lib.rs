@@ -1,0 +1,29 @@
+//! key-auth: virtual keys in, consumer identity out.
+//!
+//! The first filter of the chain. It reads the client's virtual key (`Authorization: Bearer`,
+//! `x-api-key`, `api-key`, or a query parameter when enabled), looks up its SHA-256 in the
+//! config, and refuses missing, unknown, expired and disabled keys with 401 (403 for a
+//! consumer not on the route's allow list). Before anything else it removes every
+//! client-supplied `x-llm-*` and `x-mse-consumer` header, so identity cannot be spoofed; on
+//! success it sets `x-llm-consumer`, `x-mse-consumer`, `x-llm-tenant`, `x-llm-groups` and
+//! `x-llm-key-id`, and removes the client's credential so it never reaches a provider.
+//!
+//! It does not know about models, budgets or bodies, and never logs a key or a full digest.
+//! Decisions live in [`auth`] and [`config`] (pure, tested natively); the proxy-wasm shell is
+//! compiled only for `wasm32`.
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::indexing_slicing
+    )
+)]
+
+pub mod auth;
+pub mod config;
+pub mod rfc3339;
+
+#[cfg(target_arch = "wasm32")]
+mod shell;

@@ -1,0 +1,235 @@
+//! The proxy-wasm adapter: copies host data in, calls [`crate::auth::authenticate`], applies
+//! the plan. Every host call goes through `llm_gateway_shared::host`; nothing here decides.
+
+use crate::auth::{authenticate, DenyReason, Outcome, Plan};
+use crate::config::{parse_document, KeyAuthConfig};
+use llm_gateway_shared::host::{self, Buffer, HeaderMap, LogLevel, Metric};
+use llm_gateway_shared::reject::Reject;
+use llm_gateway_shared::rules::{MatchInput, RuleSet};
+use proxy_wasm::traits::{Context, HttpContext, RootContext};
+use proxy_wasm::types::{Action, ContextType};
+use std::rc::Rc;
+
+const PLUGIN: &str = "key_auth";
+
+proxy_wasm::main! {{
+    proxy_wasm::set_root_context(|_| Box::new(Root::default()));
+}}
+
+/// Counters: `wasmcustom.llm_gateway.key_auth.allowed` and
+/// `wasmcustom.llm_gateway.key_auth.denied.<code>`.
+struct Metrics {
+    allowed: Option<Metric>,
+    denied: [Option<Metric>; DenyReason::ALL.len()],
+}
+
+impl Metrics {
+    fn define() -> Self {
+        let counter = |name: &str| Metric::counter(name).ok();
+        Metrics {
+            allowed: counter("llm_gateway.key_auth.allowed"),
+            denied: DenyReason::ALL
+                .map(|r| counter(&format!("llm_gateway.key_auth.denied.{}", r.code()))),
+        }
+    }
+
+    fn count(&self, outcome: &Outcome) {
+        let metric = match outcome {
+            Outcome::Allow { .. } => self.allowed,
+            Outcome::Deny { reason, .. } => DenyReason::ALL
+                .iter()
+                .position(|r| r == reason)
+                .and_then(|i| self.denied.get(i).copied().flatten()),
+            Outcome::Skip => None,
+        };
+        if let Some(metric) = metric {
+            let _ = metric.increment(1);
+        }
+    }
+}
+
+#[derive(Default)]
+struct Root {
+    state: Option<Rc<State>>,
+}
+
+struct State {
+    rules: RuleSet<KeyAuthConfig>,
+    metrics: Metrics,
+}
+
+impl Context for Root {}
+
+impl RootContext for Root {
+    fn on_configure(&mut self, _size: usize) -> bool {
+        let document = match host::buffer(Buffer::PluginConfiguration, 0, usize::MAX) {
+            Ok(document) => document,
+            Err(err) => {
+                host::log(
+                    LogLevel::Error,
+                    &format!("key-auth: cannot read configuration: {err}"),
+                );
+                return false;
+            }
+        };
+        match parse_document(&document) {
+            Ok(rules) => {
+                let keys = rules.global().map_or(0, |c| c.keys.len());
+                host::log(
+                    LogLevel::Info,
+                    &format!("key-auth: configured with {keys} keys"),
+                );
+                self.state = Some(Rc::new(State {
+                    rules,
+                    metrics: Metrics::define(),
+                }));
+                true
+            }
+            Err(err) => {
+                host::log(LogLevel::Error, &format!("key-auth: {err}"));
+                false
+            }
+        }
+    }
+
+    fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
+        Some(Box::new(Request {
+            state: self.state.clone(),
+        }))
+    }
+
+    fn get_type(&self) -> Option<ContextType> {
+        Some(ContextType::HttpContext)
+    }
+}
+
+struct Request {
+    state: Option<Rc<State>>,
+}
+
+impl Context for Request {}
+
+impl HttpContext for Request {
+    fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+        let Some(state) = self.state.clone() else {
+            return refuse(&Reject::internal("key-auth is not configured"));
+        };
+        let headers = match host::headers(HeaderMap::RequestHeaders) {
+            Ok(headers) => headers,
+            Err(err) => {
+                host::log(
+                    LogLevel::Error,
+                    &format!("key-auth: cannot read request headers: {err}"),
+                );
+                return refuse(&Reject::internal("cannot read the request"));
+            }
+        };
+        let config = select(&state.rules, &headers);
+        let now = match host::now_nanos() {
+            Ok(nanos) => i64::try_from(nanos / 1_000_000_000).unwrap_or(i64::MAX),
+            Err(_) => i64::MAX, // no clock: every expiring key counts as expired
+        };
+        let plan = authenticate(config, &headers, now);
+        state.metrics.count(&plan.outcome);
+        apply(plan)
+    }
+}
+
+/// The config for this request; reads the route and cluster names only if a rule needs them.
+fn select<'a>(
+    rules: &'a RuleSet<KeyAuthConfig>,
+    headers: &[(String, Vec<u8>)],
+) -> Option<&'a KeyAuthConfig> {
+    let needs = rules.needs();
+    let route = if needs.route {
+        host::route_name()
+    } else {
+        String::new()
+    };
+    let cluster = if needs.cluster {
+        host::cluster_name()
+    } else {
+        String::new()
+    };
+    let authority = headers
+        .iter()
+        .find(|(name, _)| name == ":authority")
+        .and_then(|(_, value)| std::str::from_utf8(value).ok())
+        .unwrap_or_default();
+    rules.select(&MatchInput {
+        route: &route,
+        authority,
+        cluster: &cluster,
+    })
+}
+
+fn apply(plan: Plan) -> Action {
+    for name in &plan.remove {
+        if let Err(err) = host::remove_header(HeaderMap::RequestHeaders, name) {
+            // An internal header we cannot remove could carry a spoofed identity: fail closed.
+            host::log(
+                LogLevel::Error,
+                &format!("key-auth: cannot remove header {name}: {err}"),
+            );
+            return refuse(&Reject::internal("cannot sanitize the request"));
+        }
+    }
+    if let Some(path) = &plan.path {
+        if let Err(err) = host::set_header(HeaderMap::RequestHeaders, ":path", path.as_bytes()) {
+            host::log(
+                LogLevel::Error,
+                &format!("key-auth: cannot strip the key from the path: {err}"),
+            );
+            return refuse(&Reject::internal("cannot sanitize the request"));
+        }
+    }
+    match plan.outcome {
+        Outcome::Skip => Action::Continue,
+        Outcome::Allow { identity, key_id } => {
+            for (name, value) in &identity {
+                if let Err(err) =
+                    host::set_header(HeaderMap::RequestHeaders, name, value.as_bytes())
+                {
+                    host::log(
+                        LogLevel::Error,
+                        &format!("key-auth: cannot set {name}: {err}"),
+                    );
+                    return refuse(&Reject::internal("cannot set the consumer identity"));
+                }
+            }
+            if host::log_enabled(LogLevel::Debug) {
+                host::log(
+                    LogLevel::Debug,
+                    &format!("key-auth: allowed key_id={key_id}"),
+                );
+            }
+            Action::Continue
+        }
+        Outcome::Deny {
+            reason,
+            reject,
+            key_id,
+        } => {
+            host::log(
+                LogLevel::Info,
+                &format!(
+                    "key-auth: denied {} key_id={}",
+                    reason.code(),
+                    key_id.as_deref().unwrap_or("-")
+                ),
+            );
+            refuse(&reject)
+        }
+    }
+}
+
+/// Sends the local reply and stops the filter chain.
+fn refuse(reject: &Reject) -> Action {
+    if let Err(err) = host::send_reject(PLUGIN, reject) {
+        host::log(
+            LogLevel::Error,
+            &format!("key-auth: cannot send the local reply: {err}"),
+        );
+    }
+    Action::Pause
+}

@@ -1,0 +1,87 @@
+//! The internal header names of the filter contract, in one place.
+//!
+//! Filters run in separate VMs and talk through request headers. Every `x-llm-*` header is
+//! trusted only because key-auth removes all client-supplied ones (and `x-mse-consumer`,
+//! Higress's consumer header) before anything reads them; the Envoy route configuration
+//! removes them again before the request reaches a provider. Names are lowercase, as Envoy
+//! hands them to wasm.
+
+/// Prefix of every internal header; a client-supplied header with it is removed by key-auth.
+pub const INTERNAL_PREFIX: &str = "x-llm-";
+
+/// Consumer name of the authenticated virtual key (set by key-auth).
+pub const CONSUMER: &str = "x-llm-consumer";
+/// Tenant the consumer belongs to (set by key-auth).
+pub const TENANT: &str = "x-llm-tenant";
+/// Model groups the key may use, comma-separated; `*` means any (set by key-auth).
+pub const GROUPS: &str = "x-llm-groups";
+/// Stable, non-secret id of the virtual key: the first 16 hex digits of its SHA-256
+/// (set by key-auth; per-key limits and attribution use it).
+pub const KEY_ID: &str = "x-llm-key-id";
+/// Model group the client named (set by model-router).
+pub const MODEL_GROUP: &str = "x-llm-model-group";
+/// Deployment chosen for this attempt (set by model-router).
+pub const DEPLOYMENT: &str = "x-llm-deployment";
+/// Upstream cluster the route sends the request to (set by model-router).
+pub const CLUSTER: &str = "x-llm-cluster";
+/// Logical request id that survives fallbacks and retries (reservations are keyed by it).
+pub const REQUEST_ID: &str = "x-llm-request-id";
+
+/// Higress's consumer header, read by Higress's own plugins; set by key-auth, and stripped
+/// from clients because Higress's key-auth only adds it.
+pub const HIGRESS_CONSUMER: &str = "x-mse-consumer";
+
+/// Every header key-auth sets for downstream filters, in the order it sets them.
+pub const IDENTITY: [&str; 5] = [CONSUMER, HIGRESS_CONSUMER, TENANT, GROUPS, KEY_ID];
+
+/// True for a header a client must never be able to set: `x-llm-*` and `x-mse-consumer`,
+/// in any letter case.
+pub fn is_internal(name: &str) -> bool {
+    let bytes = name.as_bytes();
+    let prefix = INTERNAL_PREFIX.as_bytes();
+    (bytes.len() >= prefix.len()
+        && bytes
+            .iter()
+            .zip(prefix)
+            .all(|(a, b)| a.eq_ignore_ascii_case(b)))
+        || name.eq_ignore_ascii_case(HIGRESS_CONSUMER)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    #[test]
+    fn internal_headers_in_any_case() {
+        for name in [
+            "x-llm-consumer",
+            "X-LLM-Consumer",
+            "x-llm-",
+            "x-llm-anything-new",
+            "x-mse-consumer",
+            "X-Mse-Consumer",
+        ] {
+            assert!(is_internal(name), "{name}");
+        }
+        for name in [
+            "x-llm",
+            "x-llmconsumer",
+            "authorization",
+            "x-mse-consumers",
+            "xx-llm-a",
+            "",
+        ] {
+            assert!(!is_internal(name), "{name}");
+        }
+    }
+
+    #[test]
+    fn identity_headers_are_all_internal() {
+        for name in IDENTITY {
+            assert!(is_internal(name), "{name}");
+            assert_eq!(name, name.to_ascii_lowercase());
+        }
+    }
+}

@@ -1,0 +1,544 @@
+//! A safe layer over the proxy-wasm host calls: every non-OK status is an error value.
+//!
+//! proxy-wasm 0.2.5's `hostcalls` `panic!` on any status they did not expect, its trait
+//! getters `unwrap()` those results, and its header getters `unwrap()` UTF-8 decoding of
+//! values a client controls. With `panic = "abort"` each of those is a trap that kills the VM
+//! for every request on the worker. Plugins call these functions instead; the SDK is used
+//! only for its dispatcher (the `proxy_on_*` exports and the context traits).
+//!
+//! Compiled for `wasm32` only: the imports exist only inside a proxy-wasm host.
+#![allow(unsafe_code)]
+
+mod abi;
+
+use crate::reject::Reject;
+use crate::wire;
+use std::fmt;
+use std::ptr::{null, null_mut};
+
+/// A host call that did not return OK. The names are Envoy's `WasmResult`s.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HostError {
+    /// 1: the item does not exist (most getters map this to `None` instead).
+    NotFound,
+    /// 2: the host refused the arguments (a header change after `Continue`, say).
+    BadArgument,
+    /// 3: the host could not serialize the value.
+    SerializationFailure,
+    /// 4: the host could not parse the input.
+    ParseFailure,
+    /// 5: the property path is not a valid expression.
+    BadExpression,
+    /// 6: a pointer or size was outside linear memory.
+    InvalidMemoryAccess,
+    /// 7: nothing to return (an empty queue).
+    Empty,
+    /// 8: a shared-data CAS no longer matches: re-read and retry.
+    CasMismatch,
+    /// 9: the result has an unexpected type.
+    ResultMismatch,
+    /// 10: the host failed internally.
+    InternalFailure,
+    /// 11: the connection went away.
+    BrokenConnection,
+    /// 12: the host does not implement this call.
+    Unimplemented,
+    /// A status this layer does not know.
+    Unknown(u32),
+    /// The host returned bytes this layer could not decode.
+    Malformed(&'static str),
+}
+
+impl HostError {
+    fn from_status(status: u32) -> Self {
+        match status {
+            1 => HostError::NotFound,
+            2 => HostError::BadArgument,
+            3 => HostError::SerializationFailure,
+            4 => HostError::ParseFailure,
+            5 => HostError::BadExpression,
+            6 => HostError::InvalidMemoryAccess,
+            7 => HostError::Empty,
+            8 => HostError::CasMismatch,
+            9 => HostError::ResultMismatch,
+            10 => HostError::InternalFailure,
+            11 => HostError::BrokenConnection,
+            12 => HostError::Unimplemented,
+            other => HostError::Unknown(other),
+        }
+    }
+}
+
+impl fmt::Display for HostError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HostError::Unknown(status) => write!(f, "host status {status}"),
+            HostError::Malformed(what) => write!(f, "malformed {what} from host"),
+            other => write!(f, "{other:?}"),
+        }
+    }
+}
+
+impl std::error::Error for HostError {}
+
+/// The result of a host call.
+pub type HostResult<T> = Result<T, HostError>;
+
+fn check(status: u32) -> HostResult<()> {
+    match status {
+        0 => Ok(()),
+        other => Err(HostError::from_status(other)),
+    }
+}
+
+/// Takes ownership of a buffer the host allocated through `proxy_on_memory_allocate`.
+///
+/// # Safety
+/// `data` must be null or the pointer the host wrote after a successful call, to `size`
+/// bytes it allocated with the SDK's allocator (a boxed slice of exactly `size` bytes).
+unsafe fn take_buffer(data: *mut u8, size: usize) -> Vec<u8> {
+    if data.is_null() || size == 0 {
+        return Vec::new();
+    }
+    // SAFETY: per the contract above, `data` came from `Box<[u8]>` of length `size`, which has
+    // the layout of a `Vec<u8>` with capacity `size`.
+    unsafe { Vec::from_raw_parts(data, size, size) }
+}
+
+// ---------------------------------------------------------------------------------------
+// Logging and time
+
+/// Log levels of the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum LogLevel {
+    /// 0
+    Trace = 0,
+    /// 1
+    Debug = 1,
+    /// 2
+    Info = 2,
+    /// 3
+    Warn = 3,
+    /// 4
+    Error = 4,
+    /// 5
+    Critical = 5,
+}
+
+/// Writes a log line. A failure to log is ignored: logging never fails a request.
+/// Never pass a key, a prompt or a PII value.
+pub fn log(level: LogLevel, message: &str) {
+    // SAFETY: pointer and length of a live `&str`.
+    let _ = unsafe { abi::proxy_log(level as u32, message.as_ptr(), message.len()) };
+}
+
+/// True if the host would print a line at `level` (check before formatting a costly one).
+pub fn log_enabled(level: LogLevel) -> bool {
+    let mut current = 0u32;
+    // SAFETY: `current` is a live u32 the host writes to.
+    match unsafe { abi::proxy_get_log_level(&mut current) } {
+        0 => current <= level as u32,
+        _ => true,
+    }
+}
+
+/// Current wall-clock time in nanoseconds since the Unix epoch.
+pub fn now_nanos() -> HostResult<u64> {
+    let mut nanos = 0u64;
+    // SAFETY: `nanos` is a live u64 the host writes to.
+    check(unsafe { abi::proxy_get_current_time_nanoseconds(&mut nanos) })?;
+    Ok(nanos)
+}
+
+/// Sets this root context's tick period (0 stops ticks).
+pub fn set_tick_period_ms(period_ms: u32) -> HostResult<()> {
+    // SAFETY: plain integer argument.
+    check(unsafe { abi::proxy_set_tick_period_milliseconds(period_ms) })
+}
+
+// ---------------------------------------------------------------------------------------
+// Headers
+
+/// Which header map a call addresses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeaderMap {
+    /// The downstream request's headers.
+    RequestHeaders = 0,
+    /// The downstream request's trailers.
+    RequestTrailers = 1,
+    /// The upstream response's headers.
+    ResponseHeaders = 2,
+    /// The upstream response's trailers.
+    ResponseTrailers = 3,
+    /// Headers of a `dispatch_http_call` response.
+    HttpCallResponseHeaders = 6,
+}
+
+/// Every header of `map`, names as the host gives them (Envoy: lowercase), values as bytes.
+pub fn headers(map: HeaderMap) -> HostResult<Vec<(String, Vec<u8>)>> {
+    let mut data = null_mut();
+    let mut size = 0usize;
+    // SAFETY: out-pointers to live locals.
+    let status = unsafe { abi::proxy_get_header_map_pairs(map as u32, &mut data, &mut size) };
+    check(status)?;
+    // SAFETY: OK status: the host allocated `size` bytes at `data` (or null).
+    let bytes = unsafe { take_buffer(data, size) };
+    wire::decode_header_map(&bytes).ok_or(HostError::Malformed("header map"))
+}
+
+/// One header's value (the first, if repeated); `None` if absent.
+pub fn header(map: HeaderMap, name: &str) -> HostResult<Option<Vec<u8>>> {
+    let mut data = null_mut();
+    let mut size = 0usize;
+    // SAFETY: `name` is live; out-pointers to live locals.
+    let status = unsafe {
+        abi::proxy_get_header_map_value(map as u32, name.as_ptr(), name.len(), &mut data, &mut size)
+    };
+    match status {
+        0 => {
+            // SAFETY: OK status: the host allocated `size` bytes at `data` (or null).
+            Ok(Some(unsafe { take_buffer(data, size) }))
+        }
+        1 => Ok(None),
+        other => Err(HostError::from_status(other)),
+    }
+}
+
+/// Sets a header, replacing every existing value.
+pub fn set_header(map: HeaderMap, name: &str, value: &[u8]) -> HostResult<()> {
+    // SAFETY: pointers and lengths of live slices.
+    check(unsafe {
+        abi::proxy_replace_header_map_value(
+            map as u32,
+            name.as_ptr(),
+            name.len(),
+            value.as_ptr(),
+            value.len(),
+        )
+    })
+}
+
+/// Adds a header value, keeping existing ones.
+pub fn add_header(map: HeaderMap, name: &str, value: &[u8]) -> HostResult<()> {
+    // SAFETY: pointers and lengths of live slices.
+    check(unsafe {
+        abi::proxy_add_header_map_value(
+            map as u32,
+            name.as_ptr(),
+            name.len(),
+            value.as_ptr(),
+            value.len(),
+        )
+    })
+}
+
+/// Removes every value of a header (absent is fine).
+pub fn remove_header(map: HeaderMap, name: &str) -> HostResult<()> {
+    // SAFETY: pointer and length of a live `&str`.
+    match unsafe { abi::proxy_remove_header_map_value(map as u32, name.as_ptr(), name.len()) } {
+        0 | 1 => Ok(()),
+        other => Err(HostError::from_status(other)),
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Buffers (bodies, configuration, call responses)
+
+/// Which buffer a call addresses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Buffer {
+    /// The request body seen so far (cumulative while the filter pauses).
+    RequestBody = 0,
+    /// The response body seen so far.
+    ResponseBody = 1,
+    /// The body of a `dispatch_http_call` response.
+    HttpCallResponseBody = 4,
+    /// The VM configuration.
+    VmConfiguration = 6,
+    /// The plugin configuration (in `on_configure`).
+    PluginConfiguration = 7,
+    /// The raw RESP reply of a Higress Redis call.
+    RedisCallResponse = 9,
+}
+
+/// Up to `max` bytes of `buffer` from `start`; empty if the buffer is absent or empty.
+pub fn buffer(buffer: Buffer, start: usize, max: usize) -> HostResult<Vec<u8>> {
+    let mut data = null_mut();
+    let mut size = 0usize;
+    // SAFETY: out-pointers to live locals.
+    let status =
+        unsafe { abi::proxy_get_buffer_bytes(buffer as u32, start, max, &mut data, &mut size) };
+    match status {
+        // SAFETY: OK status: the host allocated `size` bytes at `data` (or null).
+        0 => Ok(unsafe { take_buffer(data, size) }),
+        1 => Ok(Vec::new()),
+        other => Err(HostError::from_status(other)),
+    }
+}
+
+/// Replaces `size` bytes of `buffer` at `start` with `data`. Envoy accepts only
+/// `start == 0` with the whole size (replace) or `start == len` (append).
+pub fn set_buffer(buffer: Buffer, start: usize, size: usize, data: &[u8]) -> HostResult<()> {
+    // SAFETY: pointer and length of a live slice.
+    check(unsafe {
+        abi::proxy_set_buffer_bytes(buffer as u32, start, size, data.as_ptr(), data.len())
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// Properties (Envoy attributes and filter state)
+
+/// A property as raw bytes (strings raw, integers 8 bytes little-endian); `None` if absent.
+pub fn property(path: &[&str]) -> HostResult<Option<Vec<u8>>> {
+    let encoded = wire::encode_property_path(path);
+    let mut data = null_mut();
+    let mut size = 0usize;
+    // SAFETY: `encoded` is live; out-pointers to live locals.
+    let status =
+        unsafe { abi::proxy_get_property(encoded.as_ptr(), encoded.len(), &mut data, &mut size) };
+    match status {
+        // SAFETY: OK status: the host allocated `size` bytes at `data` (or null).
+        0 => Ok(Some(unsafe { take_buffer(data, size) })),
+        1 => Ok(None),
+        other => Err(HostError::from_status(other)),
+    }
+}
+
+/// A string property; `None` if absent or not UTF-8.
+pub fn property_string(path: &[&str]) -> HostResult<Option<String>> {
+    Ok(property(path)?.and_then(|bytes| String::from_utf8(bytes).ok()))
+}
+
+/// The name of the route the request matched: Higress's property `route_name`, else plain
+/// Envoy's `xds.route_name` (Envoy 1.40 answers `NotFound` for `route_name`); empty if
+/// neither is known.
+pub fn route_name() -> String {
+    first_string_property(&[&["route_name"], &["xds", "route_name"]])
+}
+
+/// The name of the upstream cluster: Higress's property `cluster_name`, else plain Envoy's
+/// `xds.cluster_name`; empty if neither is known.
+pub fn cluster_name() -> String {
+    first_string_property(&[&["cluster_name"], &["xds", "cluster_name"]])
+}
+
+fn first_string_property(paths: &[&[&str]]) -> String {
+    paths
+        .iter()
+        .find_map(|path| {
+            property_string(path)
+                .ok()
+                .flatten()
+                .filter(|v| !v.is_empty())
+        })
+        .unwrap_or_default()
+}
+
+/// Writes filter state `wasm.<path>` that later filters of the same request can read.
+pub fn set_property(path: &[&str], value: &[u8]) -> HostResult<()> {
+    let encoded = wire::encode_property_path(path);
+    // SAFETY: pointers and lengths of live slices.
+    check(unsafe {
+        abi::proxy_set_property(encoded.as_ptr(), encoded.len(), value.as_ptr(), value.len())
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// Shared data
+
+/// A shared-data value and its CAS token; `(None, 0)` if the key does not exist.
+pub fn shared_data(key: &str) -> HostResult<(Option<Vec<u8>>, u32)> {
+    let mut data = null_mut();
+    let mut size = 0usize;
+    let mut cas = 0u32;
+    // SAFETY: `key` is live; out-pointers to live locals.
+    let status = unsafe {
+        abi::proxy_get_shared_data(key.as_ptr(), key.len(), &mut data, &mut size, &mut cas)
+    };
+    match status {
+        // SAFETY: OK status: the host allocated `size` bytes at `data` (or null).
+        0 => Ok((Some(unsafe { take_buffer(data, size) }), cas)),
+        1 => Ok((None, 0)),
+        other => Err(HostError::from_status(other)),
+    }
+}
+
+/// Sets a shared-data value if `cas` still matches (0: unconditionally).
+/// `Err(HostError::CasMismatch)` is a normal outcome: re-read and retry.
+pub fn set_shared_data(key: &str, value: &[u8], cas: u32) -> HostResult<()> {
+    // SAFETY: pointers and lengths of live slices.
+    check(unsafe {
+        abi::proxy_set_shared_data(key.as_ptr(), key.len(), value.as_ptr(), value.len(), cas)
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// Stream control and local replies
+
+/// Resumes a request paused in a request callback.
+pub fn resume_request() -> HostResult<()> {
+    // SAFETY: plain integer argument.
+    check(unsafe { abi::proxy_continue_stream(0) })
+}
+
+/// Resumes a response paused in a response callback.
+pub fn resume_response() -> HostResult<()> {
+    // SAFETY: plain integer argument.
+    check(unsafe { abi::proxy_continue_stream(1) })
+}
+
+/// Sends a local reply instead of forwarding the request. Only possible before response
+/// headers went downstream. `details` shows in `%RESPONSE_CODE_DETAILS%` (no spaces).
+pub fn send_local_response(
+    status: u16,
+    details: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> HostResult<()> {
+    let encoded = wire::encode_header_map(headers);
+    // SAFETY: pointers and lengths of live slices.
+    check(unsafe {
+        abi::proxy_send_local_response(
+            u32::from(status),
+            details.as_ptr(),
+            details.len(),
+            body.as_ptr(),
+            body.len(),
+            encoded.as_ptr(),
+            encoded.len(),
+            -1,
+        )
+    })
+}
+
+/// Sends a [`Reject`] as the local reply: its status, OpenAI error JSON and headers.
+pub fn send_reject(plugin: &str, reject: &Reject) -> HostResult<()> {
+    send_local_response(
+        reject.status,
+        &reject.details(plugin),
+        &reject.response_headers(),
+        &reject.body(),
+    )
+}
+
+// ---------------------------------------------------------------------------------------
+// Calls out
+
+/// Dispatches an HTTP call to `cluster`; the answer arrives in `on_http_call_response` with
+/// the returned token. `headers` must include `:method`, `:path` and `:authority`.
+pub fn dispatch_http_call(
+    cluster: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+    timeout_ms: u32,
+) -> HostResult<u32> {
+    let encoded_headers = wire::encode_header_map(headers);
+    let encoded_trailers = wire::encode_header_map::<&str>(&[]);
+    let mut token = 0u32;
+    // SAFETY: pointers and lengths of live slices; out-pointer to a live local.
+    check(unsafe {
+        abi::proxy_http_call(
+            cluster.as_ptr(),
+            cluster.len(),
+            encoded_headers.as_ptr(),
+            encoded_headers.len(),
+            if body.is_empty() {
+                null()
+            } else {
+                body.as_ptr()
+            },
+            body.len(),
+            encoded_trailers.as_ptr(),
+            encoded_trailers.len(),
+            timeout_ms,
+            &mut token,
+        )
+    })?;
+    Ok(token)
+}
+
+/// Calls a host-registered foreign function and returns its result bytes.
+pub fn call_foreign_function(name: &str, arguments: &[u8]) -> HostResult<Vec<u8>> {
+    let mut data = null_mut();
+    let mut size = 0usize;
+    // SAFETY: pointers and lengths of live slices; out-pointers to live locals.
+    check(unsafe {
+        abi::proxy_call_foreign_function(
+            name.as_ptr(),
+            name.len(),
+            arguments.as_ptr(),
+            arguments.len(),
+            &mut data,
+            &mut size,
+        )
+    })?;
+    // SAFETY: OK status: the host allocated `size` bytes at `data` (or null).
+    Ok(unsafe { take_buffer(data, size) })
+}
+
+/// Asks Envoy to pick the route again after a header change (Envoy no longer re-routes on
+/// its own). Envoy's foreign function `clear_route_cache`.
+pub fn clear_route_cache() -> HostResult<()> {
+    call_foreign_function("clear_route_cache", &[]).map(|_| ())
+}
+
+/// Makes `context_id` the current context, so that later host calls address its stream
+/// (used when a root-context callback resumes a paused request).
+pub fn set_effective_context(context_id: u32) -> HostResult<()> {
+    // SAFETY: plain integer argument.
+    check(unsafe { abi::proxy_set_effective_context(context_id) })
+}
+
+// ---------------------------------------------------------------------------------------
+// Metrics
+
+/// A host metric (Envoy stat `wasmcustom.<name>`, shared by every worker that defines it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Metric(u32);
+
+impl Metric {
+    fn define(kind: u32, name: &str) -> HostResult<Metric> {
+        let mut id = 0u32;
+        // SAFETY: `name` is live; out-pointer to a live local.
+        check(unsafe { abi::proxy_define_metric(kind, name.as_ptr(), name.len(), &mut id) })?;
+        Ok(Metric(id))
+    }
+
+    /// Defines (or finds) a counter.
+    pub fn counter(name: &str) -> HostResult<Metric> {
+        Metric::define(0, name)
+    }
+
+    /// Defines (or finds) a gauge.
+    pub fn gauge(name: &str) -> HostResult<Metric> {
+        Metric::define(1, name)
+    }
+
+    /// Defines (or finds) a histogram.
+    pub fn histogram(name: &str) -> HostResult<Metric> {
+        Metric::define(2, name)
+    }
+
+    /// Adds `delta` (counters: Envoy refuses a delta <= 0, so those are skipped here).
+    pub fn increment(self, delta: i64) -> HostResult<()> {
+        if delta == 0 {
+            return Ok(());
+        }
+        // SAFETY: plain integer arguments.
+        check(unsafe { abi::proxy_increment_metric(self.0, delta) })
+    }
+
+    /// Sets a gauge or records a histogram sample.
+    pub fn record(self, value: u64) -> HostResult<()> {
+        // SAFETY: plain integer arguments.
+        check(unsafe { abi::proxy_record_metric(self.0, value) })
+    }
+
+    /// The current value.
+    pub fn value(self) -> HostResult<u64> {
+        let mut value = 0u64;
+        // SAFETY: out-pointer to a live local.
+        check(unsafe { abi::proxy_get_metric(self.0, &mut value) })?;
+        Ok(value)
+    }
+}

@@ -1,0 +1,29 @@
+//! The pure core every llm-gateway plugin uses.
+//!
+//! What is here: the plugin configuration format of both hosts (plain Envoy JSON and Higress's
+//! global config + `_rules_`) with one rule matcher ([`rules`]), validation errors that name the
+//! field ([`config`]), OpenAI-shaped error responses ([`reject`]), the internal header names of
+//! the filter contract ([`headers`]), and — compiled only for `wasm32` — a safe layer over the
+//! proxy-wasm host calls ([`host`]) that turns every non-OK host status into an error value.
+//!
+//! What is not here: anything that decides for one plugin only. Modules take plain values and
+//! return plain values; the clock and randomness come in as arguments, so everything but
+//! [`host`] is tested natively with `cargo test` and compiled to wasm with `wasm-bindgen-test`.
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::indexing_slicing
+    )
+)]
+
+pub mod config;
+pub mod headers;
+pub mod reject;
+pub mod rules;
+pub mod wire;
+
+#[cfg(target_arch = "wasm32")]
+pub mod host;

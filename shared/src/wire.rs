@@ -1,0 +1,167 @@
+//! The byte formats of the proxy-wasm ABI 0.2.1, encoded and decoded without trusting the
+//! host: header maps, property paths, and property values as Envoy encodes them.
+//!
+//! Pure functions, so they are tested natively and on wasm; [`crate::host`] uses them.
+//! Decoding returns `None` on anything malformed instead of indexing past the end (the
+//! proxy-wasm SDK's own decoder `unwrap`s and would trap the VM).
+
+/// Encodes header pairs: `u32` count, then `u32` name and value lengths per pair, then each
+/// name and value followed by a NUL byte, all little-endian.
+pub fn encode_header_map<V: AsRef<[u8]>>(pairs: &[(&str, V)]) -> Vec<u8> {
+    let size = 4 + pairs
+        .iter()
+        .map(|(n, v)| 10 + n.len() + v.as_ref().len())
+        .sum::<usize>();
+    let mut out = Vec::with_capacity(size);
+    out.extend_from_slice(&len_u32(pairs.len()).to_le_bytes());
+    for (name, value) in pairs {
+        out.extend_from_slice(&len_u32(name.len()).to_le_bytes());
+        out.extend_from_slice(&len_u32(value.as_ref().len()).to_le_bytes());
+    }
+    for (name, value) in pairs {
+        out.extend_from_slice(name.as_bytes());
+        out.push(0);
+        out.extend_from_slice(value.as_ref());
+        out.push(0);
+    }
+    out
+}
+
+fn len_u32(len: usize) -> u32 {
+    u32::try_from(len).unwrap_or(u32::MAX)
+}
+
+/// Decodes a header map. Names that are not UTF-8 are decoded lossily (HTTP header names
+/// are ASCII tokens; Envoy would not pass anything else); values stay bytes, since obs-text
+/// is legal in HTTP/1 header values. `None` if the encoding is malformed.
+pub fn decode_header_map(bytes: &[u8]) -> Option<Vec<(String, Vec<u8>)>> {
+    if bytes.is_empty() {
+        return Some(Vec::new());
+    }
+    let count = read_u32(bytes, 0)? as usize;
+    // Each pair needs at least 8 bytes of lengths and 2 NULs: bound the allocation by the
+    // input, not by a count the host claims.
+    if count > bytes.len() / 10 {
+        return None;
+    }
+    let mut sizes = Vec::with_capacity(count);
+    for i in 0..count {
+        let at = 4 + i * 8;
+        sizes.push((
+            read_u32(bytes, at)? as usize,
+            read_u32(bytes, at + 4)? as usize,
+        ));
+    }
+    let mut pos = 4 + count * 8;
+    let mut pairs = Vec::with_capacity(count);
+    for (name_len, value_len) in sizes {
+        let name = bytes.get(pos..pos.checked_add(name_len)?)?;
+        pos = pos.checked_add(name_len)?.checked_add(1)?;
+        let value = bytes.get(pos..pos.checked_add(value_len)?)?;
+        pos = pos.checked_add(value_len)?.checked_add(1)?;
+        pairs.push((String::from_utf8_lossy(name).into_owned(), value.to_vec()));
+    }
+    Some(pairs)
+}
+
+fn read_u32(bytes: &[u8], at: usize) -> Option<u32> {
+    let raw: [u8; 4] = bytes.get(at..at.checked_add(4)?)?.try_into().ok()?;
+    Some(u32::from_le_bytes(raw))
+}
+
+/// Encodes a property path: the segments joined by NUL bytes.
+pub fn encode_property_path(path: &[&str]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(path.iter().map(|p| p.len() + 1).sum());
+    for (i, segment) in path.iter().enumerate() {
+        if i > 0 {
+            out.push(0);
+        }
+        out.extend_from_slice(segment.as_bytes());
+    }
+    out
+}
+
+/// Decodes an integer property: Envoy sends `int64`/`uint64` values as 8 little-endian bytes
+/// (so `source.port` is not text).
+pub fn decode_property_u64(bytes: &[u8]) -> Option<u64> {
+    let raw: [u8; 8] = bytes.try_into().ok()?;
+    Some(u64::from_le_bytes(raw))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    #[test]
+    fn header_map_round_trip() {
+        let pairs: Vec<(&str, &[u8])> = vec![
+            (":path", b"/v1/chat/completions"),
+            ("x-bin", &[0xff, 0x00, 0x80]),
+            ("empty", b""),
+        ];
+        let encoded = encode_header_map(&pairs);
+        let decoded = decode_header_map(&encoded).unwrap();
+        assert_eq!(decoded.len(), 3);
+        for ((n1, v1), (n2, v2)) in pairs.iter().zip(&decoded) {
+            assert_eq!(*n1, n2);
+            assert_eq!(*v1, v2.as_slice());
+        }
+        assert_eq!(decode_header_map(&[]), Some(vec![]));
+        assert_eq!(
+            decode_header_map(&encode_header_map::<&str>(&[])),
+            Some(vec![])
+        );
+    }
+
+    #[test]
+    fn malformed_header_maps_are_refused() {
+        let good = encode_header_map(&[("a", "b"), ("cc", "dd")]);
+        for cut in 1..good.len() - 1 {
+            assert_eq!(decode_header_map(&good[..cut]), None, "cut at {cut}");
+        }
+        // a count far beyond the input must not allocate it
+        let mut huge = u32::MAX.to_le_bytes().to_vec();
+        huge.extend_from_slice(&[0; 16]);
+        assert_eq!(decode_header_map(&huge), None);
+        // lengths that overflow
+        let mut bad = 1u32.to_le_bytes().to_vec();
+        bad.extend_from_slice(&u32::MAX.to_le_bytes());
+        bad.extend_from_slice(&u32::MAX.to_le_bytes());
+        bad.extend_from_slice(&[0; 4]);
+        assert_eq!(decode_header_map(&bad), None);
+    }
+
+    #[test]
+    fn property_paths_and_integers() {
+        assert_eq!(
+            encode_property_path(&["xds", "route_name"]),
+            b"xds\0route_name"
+        );
+        assert_eq!(encode_property_path(&["route_name"]), b"route_name");
+        assert_eq!(encode_property_path(&[]), b"");
+        assert_eq!(decode_property_u64(&8080u64.to_le_bytes()), Some(8080));
+        assert_eq!(decode_property_u64(b"8080"), None);
+    }
+
+    #[cfg(not(target_arch = "wasm32"))]
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        proptest! {
+            #[test]
+            fn decode_is_total(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+                let _ = decode_header_map(&bytes);
+            }
+
+            #[test]
+            fn round_trip(pairs in proptest::collection::vec(("[a-z:-]{0,12}", proptest::collection::vec(any::<u8>(), 0..20)), 0..8)) {
+                let borrowed: Vec<(&str, &[u8])> = pairs.iter().map(|(n, v)| (n.as_str(), v.as_slice())).collect();
+                let decoded = decode_header_map(&encode_header_map(&borrowed)).unwrap();
+                prop_assert_eq!(decoded, pairs);
+            }
+        }
+    }
+}

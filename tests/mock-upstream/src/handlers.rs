@@ -1,0 +1,219 @@
+//! The API handlers, and what they share: request field access, error bodies, token counts.
+
+mod anthropic;
+mod openai;
+
+pub(crate) use anthropic::messages;
+pub(crate) use openai::{chat, embeddings, responses};
+
+use hyper::StatusCode;
+use serde_json::Value;
+
+use crate::json::{push_str_lit, Sse};
+use crate::knobs::{KnobError, Knobs};
+
+/// What a handler learned from the server.
+pub(crate) struct Ctx<'a> {
+    pub(crate) knobs: &'a Knobs,
+    /// Per-server counter, for the answer ids.
+    pub(crate) id: u64,
+    /// Unix seconds.
+    pub(crate) created: u64,
+}
+
+/// A successful answer, before the pacing / cutting knobs are applied.
+pub(crate) enum Reply {
+    /// `200`, `application/json`.
+    Json(String),
+    /// `200`, `text/event-stream`.
+    Sse(Sse),
+}
+
+/// An error answer, serialized OpenAI-style.
+#[derive(Debug, Clone)]
+pub(crate) struct ApiError {
+    pub(crate) status: StatusCode,
+    pub(crate) message: String,
+    /// `error.type`.
+    pub(crate) kind: &'static str,
+    pub(crate) code: String,
+    pub(crate) param: Option<String>,
+}
+
+impl ApiError {
+    /// A `400 invalid_request_error` with `code: "invalid_request"`.
+    pub(crate) fn invalid(message: &str, param: Option<&str>) -> ApiError {
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            message: message.to_owned(),
+            kind: "invalid_request_error",
+            code: "invalid_request".to_owned(),
+            param: param.map(str::to_owned),
+        }
+    }
+
+    /// `{"error":{"message":..,"type":..,["param":..,]"code":..}}`
+    pub(crate) fn to_json(&self) -> String {
+        let mut b = String::with_capacity(96 + self.message.len());
+        b.push_str(r#"{"error":{"message":"#);
+        push_str_lit(&mut b, &self.message);
+        b.push_str(r#","type":"#);
+        push_str_lit(&mut b, self.kind);
+        if let Some(param) = &self.param {
+            b.push_str(r#","param":"#);
+            push_str_lit(&mut b, param);
+        }
+        b.push_str(r#","code":"#);
+        push_str_lit(&mut b, &self.code);
+        b.push_str("}}");
+        b
+    }
+}
+
+impl From<KnobError> for ApiError {
+    fn from(e: KnobError) -> ApiError {
+        ApiError::invalid(
+            &format!("invalid {} header: expected {}", e.knob, e.expected),
+            Some(e.knob),
+        )
+    }
+}
+
+/// The required string `model`.
+pub(crate) fn model(req: &Value) -> Result<&str, ApiError> {
+    match req.get("model") {
+        Some(Value::String(model)) => Ok(model),
+        None | Some(Value::Null) => Err(ApiError::invalid(
+            "you must provide a model parameter",
+            Some("model"),
+        )),
+        Some(_) => Err(ApiError::invalid("'model' must be a string", Some("model"))),
+    }
+}
+
+/// A required array field.
+pub(crate) fn array<'v>(req: &'v Value, field: &str) -> Result<&'v [Value], ApiError> {
+    match req.get(field) {
+        Some(Value::Array(items)) => Ok(items),
+        None | Some(Value::Null) => Err(ApiError::invalid(
+            &format!("missing required parameter: '{field}'"),
+            Some(field),
+        )),
+        Some(_) => Err(ApiError::invalid(
+            &format!("'{field}' must be an array"),
+            Some(field),
+        )),
+    }
+}
+
+/// An optional boolean field (absent or null: false).
+pub(crate) fn opt_bool(obj: &Value, field: &str, param: &str) -> Result<bool, ApiError> {
+    match obj.get(field) {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(_) => Err(ApiError::invalid(
+            &format!("'{param}' must be a boolean"),
+            Some(param),
+        )),
+    }
+}
+
+/// An optional non-negative integer field (absent or null: none).
+pub(crate) fn opt_u64(obj: &Value, field: &str) -> Result<Option<u64>, ApiError> {
+    match obj.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v.as_u64().map(Some).ok_or_else(|| {
+            ApiError::invalid(
+                &format!("'{field}' must be a non-negative integer"),
+                Some(field),
+            )
+        }),
+    }
+}
+
+/// `ceil(chars / 4)`.
+pub(crate) fn text_tokens(chars: usize) -> u64 {
+    u64::try_from(chars.div_ceil(4)).unwrap_or(u64::MAX)
+}
+
+/// Number of characters of the text in a message `content`: a string, or an array of parts of
+/// which those whose `type` is one of `text_types` count their `text` (bare strings count too).
+pub(crate) fn content_chars(content: &Value, text_types: &[&str]) -> usize {
+    match content {
+        Value::String(s) => s.chars().count(),
+        Value::Array(parts) => parts
+            .iter()
+            .map(|part| match part {
+                Value::String(s) => s.chars().count(),
+                Value::Object(o) => {
+                    let is_text = o
+                        .get("type")
+                        .and_then(Value::as_str)
+                        .is_some_and(|t| text_types.contains(&t));
+                    match o.get("text") {
+                        Some(Value::String(s)) if is_text => s.chars().count(),
+                        _ => 0,
+                    }
+                }
+                _ => 0,
+            })
+            .sum(),
+        _ => 0,
+    }
+}
+
+/// Tokens of one message: `ceil(text chars / 4) + 4`.
+pub(crate) fn message_tokens(content: Option<&Value>, text_types: &[&str]) -> u64 {
+    text_tokens(content.map_or(0, |c| content_chars(c, text_types))).saturating_add(4)
+}
+
+/// The prompt count of a conversation: the sum of its messages' tokens (each message's
+/// `content`), at least 1.
+pub(crate) fn conversation_tokens<'v>(
+    contents: impl IntoIterator<Item = Option<&'v Value>>,
+    text_types: &[&str],
+) -> u64 {
+    contents
+        .into_iter()
+        .map(|c| message_tokens(c, text_types))
+        .fold(0u64, u64::saturating_add)
+        .max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn prompt_formula() {
+        // "hello" = 5 chars -> 2 + 4; parts: "abcd" + "efghi" = 9 chars -> 3 + 4 (image ignored);
+        // no content -> 0 + 4.
+        let messages = json!([
+            {"role": "user", "content": "hello"},
+            {"role": "user", "content": [
+                {"type": "text", "text": "abcd"},
+                {"type": "image_url", "image_url": {"url": "data:..."}},
+                {"type": "text", "text": "efghi"}
+            ]},
+            {"role": "assistant", "tool_calls": []}
+        ]);
+        let messages = messages.as_array().expect("array");
+        let total = conversation_tokens(messages.iter().map(|m| m.get("content")), &["text"]);
+        assert_eq!(total, 6 + 7 + 4);
+        assert_eq!(conversation_tokens([], &["text"]), 1);
+        // Unicode scalar values, not bytes: 4 chars, 12 bytes.
+        assert_eq!(message_tokens(Some(&json!("漢字漢字")), &["text"]), 1 + 4);
+        assert_eq!(message_tokens(Some(&json!("")), &["text"]), 4);
+    }
+
+    #[test]
+    fn error_json_shape() {
+        let e = ApiError::invalid("bad \"x\"", Some("x"));
+        let v: Value = serde_json::from_str(&e.to_json()).expect("json");
+        assert_eq!(
+            v,
+            json!({"error": {"message": "bad \"x\"", "type": "invalid_request_error", "param": "x", "code": "invalid_request"}})
+        );
+    }
+}

@@ -1,0 +1,104 @@
+//! Anthropic Messages.
+
+use serde_json::Value;
+
+use super::openai::tokens_len;
+use super::{
+    array, conversation_tokens, message_tokens, model, opt_bool, opt_u64, ApiError, Ctx, Reply,
+};
+use crate::json::{push_token, push_tokens, str_lit, w, Sse};
+
+const TEXT: &[&str] = &["text"];
+
+/// `POST /v1/messages`
+pub(crate) fn messages(req: &Value, ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
+    let model = str_lit(model(req)?);
+    let messages = array(req, "messages")?;
+    let system = match req.get("system") {
+        None | Some(Value::Null) => 0,
+        Some(system @ (Value::String(_) | Value::Array(_))) => message_tokens(Some(system), TEXT),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "'system' must be a string or an array of blocks",
+                Some("system"),
+            ))
+        }
+    };
+    let stream = opt_bool(req, "stream", "stream")?;
+    let cap = opt_u64(req, "max_tokens")?;
+
+    let knobs = ctx.knobs;
+    let prompt = knobs.prompt_tokens.unwrap_or_else(|| {
+        conversation_tokens(messages.iter().map(|m| m.get("content")), TEXT).saturating_add(system)
+    });
+    let cache_read = knobs.cache_read_tokens.unwrap_or(0);
+    let (n, capped) = knobs.completion(cap);
+    let stop = if capped { "max_tokens" } else { "end_turn" };
+    let usage = |output: u64| {
+        (!knobs.no_usage).then(|| {
+            format!(
+                r#"{{"input_tokens":{prompt},"output_tokens":{output},"cache_creation_input_tokens":0,"cache_read_input_tokens":{cache_read}}}"#
+            )
+        })
+    };
+    let id = ctx.id;
+
+    if !stream {
+        let mut b = String::with_capacity(384 + model.len() + tokens_len(n));
+        w!(
+            b,
+            r#"{{"id":"msg_mock_{id}","type":"message","role":"assistant","model":{model},"content":[{{"type":"text","text":""#
+        );
+        push_tokens(&mut b, n);
+        w!(b, r#""}}],"stop_reason":"{stop}","stop_sequence":null"#);
+        if let Some(usage) = usage(n) {
+            w!(b, r#","usage":{usage}"#);
+        }
+        b.push('}');
+        return Ok(Reply::Json(b));
+    }
+
+    let mut sse = Sse::new(n.saturating_add(6));
+    sse.event(Some("message_start"), |b| {
+        w!(
+            b,
+            r#"{{"type":"message_start","message":{{"id":"msg_mock_{id}","type":"message","role":"assistant","model":{model},"content":[],"stop_reason":null,"stop_sequence":null"#
+        );
+        if let Some(usage) = usage(1) {
+            w!(b, r#","usage":{usage}"#);
+        }
+        b.push_str("}}");
+    });
+    sse.event(Some("content_block_start"), |b| {
+        b.push_str(
+            r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#,
+        );
+    });
+    sse.event(Some("ping"), |b| b.push_str(r#"{"type":"ping"}"#));
+    for i in 0..n {
+        sse.event(Some("content_block_delta"), |b| {
+            b.push_str(
+                r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":""#,
+            );
+            push_token(b, i);
+            b.push_str(r#""}}"#);
+        });
+    }
+    sse.event(Some("content_block_stop"), |b| {
+        b.push_str(r#"{"type":"content_block_stop","index":0}"#);
+    });
+    sse.event(Some("message_delta"), |b| {
+        w!(
+            b,
+            r#"{{"type":"message_delta","delta":{{"stop_reason":"{stop}","stop_sequence":null}}"#
+        );
+        if !knobs.no_usage {
+            w!(b, r#","usage":{{"output_tokens":{n}}}"#);
+        }
+        b.push('}');
+    });
+    sse.event(Some("message_stop"), |b| {
+        b.push_str(r#"{"type":"message_stop"}"#);
+    });
+    Ok(Reply::Sse(sse))
+}

@@ -1,0 +1,325 @@
+//! Accept loop, per-connection HTTP/1.1 serving, routing and the knob pipeline.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use hyper::header::{HeaderValue, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::body::MockBody;
+use crate::handlers::{self, ApiError, Ctx, Reply};
+use crate::knobs::Knobs;
+use crate::{RecordedRequest, Recorder, MAX_BODY_BYTES};
+
+pub(crate) struct State {
+    recorder: Recorder,
+    record: bool,
+    log: bool,
+    next_id: AtomicU64,
+}
+
+impl State {
+    pub(crate) fn new(record: bool, log: bool) -> State {
+        State {
+            recorder: Recorder::new(),
+            record,
+            log,
+            next_id: AtomicU64::new(1),
+        }
+    }
+
+    /// The recorded requests (always empty when recording is off).
+    pub(crate) fn recorded(&self) -> MutexGuard<'_, VecDeque<RecordedRequest>> {
+        self.recorder.lock()
+    }
+}
+
+/// Accepts connections forever. The shutdown sender lives in this future: when the task is
+/// aborted (or the future dropped) every connection task sees the channel close and drops its
+/// connection.
+pub(crate) async fn accept_loop(listener: TcpListener, state: Arc<State>) {
+    let (_shutdown_tx, shutdown_rx) = watch::channel(());
+    loop {
+        let (stream, _peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                if state.log {
+                    eprintln!("mock-upstream: accept error: {e}");
+                }
+                match e.kind() {
+                    io::ErrorKind::ConnectionAborted
+                    | io::ErrorKind::ConnectionReset
+                    | io::ErrorKind::Interrupted => {}
+                    // Out of file descriptors and the like: back off a little.
+                    _ => tokio::time::sleep(Duration::from_millis(10)).await,
+                }
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let state = Arc::clone(&state);
+        let mut shutdown = shutdown_rx.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |req| {
+                let state = Arc::clone(&state);
+                async move { Ok::<_, Infallible>(handle(&state, req).await) }
+            });
+            let conn = http1::Builder::new()
+                .keep_alive(true)
+                .pipeline_flush(true)
+                .serve_connection(TokioIo::new(stream), service);
+            tokio::select! {
+                // Errors here are client disconnects or our own deliberate cuts.
+                _ = conn => {}
+                _ = shutdown.changed() => {}
+            }
+        });
+    }
+}
+
+async fn handle(state: &State, req: Request<Incoming>) -> Response<MockBody> {
+    let (parts, body) = req.into_parts();
+    let log_line = state.log.then(|| {
+        format!(
+            "{} {}",
+            parts.method,
+            parts.uri.path_and_query().map_or("/", |pq| pq.as_str())
+        )
+    });
+
+    let response = handle_inner(state, parts, body).await;
+    if let Some(line) = log_line {
+        eprintln!("{line} -> {}", response.status().as_u16());
+    }
+    response
+}
+
+async fn handle_inner(
+    state: &State,
+    parts: hyper::http::request::Parts,
+    body: Incoming,
+) -> Response<MockBody> {
+    // Refuse an announced oversized body without reading it.
+    let announced = parts
+        .headers
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    let body = if announced.is_some_and(|len| len > MAX_BODY_BYTES as u64) {
+        Err(too_large())
+    } else {
+        match Limited::new(body, MAX_BODY_BYTES).collect().await {
+            Ok(collected) => Ok(collected.to_bytes()),
+            Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(too_large()),
+            Err(_) => Err(ApiError::invalid("could not read the request body", None)),
+        }
+    };
+
+    if state.record {
+        state.recorder.push(RecordedRequest {
+            method: parts.method.as_str().to_owned(),
+            path: parts
+                .uri
+                .path_and_query()
+                .map_or_else(|| parts.uri.to_string(), |pq| pq.as_str().to_owned()),
+            headers: parts
+                .headers
+                .iter()
+                .map(|(name, value)| {
+                    (
+                        name.as_str().to_owned(),
+                        String::from_utf8_lossy(value.as_bytes()).into_owned(),
+                    )
+                })
+                .collect(),
+            body: body.as_ref().cloned().unwrap_or_default(),
+        });
+    }
+
+    let body = match body {
+        Ok(body) => body,
+        Err(e) => return error_response(&e),
+    };
+
+    let route = match (&parts.method, parts.uri.path()) {
+        (&Method::GET, "/health") => {
+            return response(
+                StatusCode::OK,
+                "text/plain",
+                MockBody::full(Bytes::from_static(b"ok"), true),
+            )
+        }
+        (&Method::POST, "/v1/chat/completions") => Route::Chat,
+        (&Method::POST, "/v1/messages") => Route::Messages,
+        (&Method::POST, "/v1/responses") => Route::Responses,
+        (&Method::POST, "/v1/embeddings") => Route::Embeddings,
+        (method, path) => {
+            return error_response(&ApiError {
+                status: StatusCode::NOT_FOUND,
+                message: format!("no route for {method} {path}"),
+                kind: "invalid_request_error",
+                code: "not_found".into(),
+                param: None,
+            })
+        }
+    };
+
+    let knobs = match Knobs::from_headers(&parts.headers) {
+        Ok(knobs) => knobs,
+        Err(e) => return error_response(&e.into()),
+    };
+
+    if let Some(delay) = knobs.delay {
+        tokio::time::sleep(delay).await;
+    }
+
+    if let Some(status) = knobs.status {
+        let code = status.as_u16();
+        let mut resp = error_response(&ApiError {
+            status,
+            message: format!("mock status {code}"),
+            kind: "mock_error",
+            code: format!("mock_{code}"),
+            param: None,
+        });
+        if status == StatusCode::TOO_MANY_REQUESTS {
+            resp.headers_mut()
+                .insert(RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        return resp;
+    }
+
+    let request: serde_json::Value = match serde_json::from_slice(&body) {
+        Ok(v @ serde_json::Value::Object(_)) => v,
+        Ok(_) => {
+            return error_response(&ApiError::invalid(
+                "the request body must be a JSON object",
+                None,
+            ))
+        }
+        Err(e) => {
+            return error_response(&ApiError::invalid(
+                &format!("the request body is not valid JSON: {e}"),
+                None,
+            ))
+        }
+    };
+
+    let ctx = Ctx {
+        knobs: &knobs,
+        id: state.next_id.fetch_add(1, Ordering::Relaxed),
+        created: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+    };
+    let reply = match route {
+        Route::Chat => handlers::chat(&request, &ctx),
+        Route::Messages => handlers::messages(&request, &ctx),
+        Route::Responses => handlers::responses(&request, &ctx),
+        Route::Embeddings => handlers::embeddings(&request, &ctx),
+    };
+    match reply {
+        Ok(reply) => reply_response(reply, &knobs),
+        Err(e) => error_response(&e),
+    }
+}
+
+enum Route {
+    Chat,
+    Messages,
+    Responses,
+    Embeddings,
+}
+
+fn too_large() -> ApiError {
+    ApiError {
+        status: StatusCode::PAYLOAD_TOO_LARGE,
+        message: format!("the request body is larger than {MAX_BODY_BYTES} bytes"),
+        kind: "invalid_request_error",
+        code: "request_too_large".into(),
+        param: None,
+    }
+}
+
+fn response(status: StatusCode, content_type: &'static str, body: MockBody) -> Response<MockBody> {
+    let mut resp = Response::new(body);
+    *resp.status_mut() = status;
+    resp.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    resp
+}
+
+fn error_response(e: &ApiError) -> Response<MockBody> {
+    response(
+        e.status,
+        "application/json",
+        MockBody::full(Bytes::from(e.to_json()), true),
+    )
+}
+
+/// Turns a successful answer into a response, applying the pacing / cutting knobs.
+fn reply_response(reply: Reply, knobs: &Knobs) -> Response<MockBody> {
+    match reply {
+        Reply::Json(json) => {
+            let bytes = Bytes::from(json);
+            let body = match knobs.cut_after {
+                None => MockBody::full(bytes, true),
+                Some(_) => {
+                    let len = bytes.len() as u64;
+                    let half = bytes.slice(..bytes.len() / 2);
+                    MockBody::scripted(vec![half], Duration::ZERO, true, Some(len))
+                }
+            };
+            response(StatusCode::OK, "application/json", body)
+        }
+        Reply::Sse(sse) => {
+            let (bytes, ends) = sse.finish();
+            let body = if knobs.cut_after.is_none() && knobs.chunk_delay.is_none() {
+                MockBody::full(bytes, false)
+            } else {
+                let count = knobs.cut_after.map_or(ends.len(), |n| {
+                    ends.len().min(usize::try_from(n).unwrap_or(usize::MAX))
+                });
+                let frames = match knobs.chunk_delay {
+                    Some(_) => {
+                        let mut start = 0;
+                        ends[..count]
+                            .iter()
+                            .map(|&end| {
+                                let frame = bytes.slice(start..end);
+                                start = end;
+                                frame
+                            })
+                            .collect()
+                    }
+                    None => match count.checked_sub(1).map(|last| ends[last]) {
+                        Some(end) => vec![bytes.slice(..end)],
+                        None => Vec::new(),
+                    },
+                };
+                MockBody::scripted(
+                    frames,
+                    knobs.chunk_delay.unwrap_or(Duration::ZERO),
+                    knobs.cut_after.is_some(),
+                    None,
+                )
+            };
+            let mut resp = response(StatusCode::OK, "text/event-stream", body);
+            resp.headers_mut()
+                .insert("cache-control", HeaderValue::from_static("no-cache"));
+            resp
+        }
+    }
+}

@@ -1,0 +1,129 @@
+//! A small HTTP/1.1 client for the tests (hyper), reading whole responses.
+
+use crate::Result;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+
+/// A whole response.
+#[derive(Debug, Clone)]
+pub struct Response {
+    /// Status code.
+    pub status: u16,
+    /// Headers, lowercase names.
+    pub headers: Vec<(String, String)>,
+    /// The body.
+    pub body: Bytes,
+}
+
+impl Response {
+    /// First value of a header (any case).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The body as JSON.
+    pub fn json(&self) -> Result<serde_json::Value> {
+        serde_json::from_slice(&self.body)
+            .map_err(|e| format!("body is not JSON ({e}): {}", self.text()))
+    }
+
+    /// The body as text (lossy).
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+/// A request being built.
+#[derive(Debug, Clone)]
+pub struct Request {
+    method: &'static str,
+    url: String,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+/// A POST to `url`.
+pub fn post(url: impl Into<String>) -> Request {
+    Request {
+        method: "POST",
+        url: url.into(),
+        headers: Vec::new(),
+        body: Vec::new(),
+    }
+}
+
+/// A GET of `url`.
+pub fn get(url: impl Into<String>) -> Request {
+    Request {
+        method: "GET",
+        url: url.into(),
+        headers: Vec::new(),
+        body: Vec::new(),
+    }
+}
+
+impl Request {
+    /// Adds a header.
+    #[must_use]
+    pub fn header(mut self, name: &str, value: &str) -> Self {
+        self.headers.push((name.to_string(), value.to_string()));
+        self
+    }
+
+    /// Sets a JSON body and `content-type`.
+    #[must_use]
+    pub fn json(mut self, value: &serde_json::Value) -> Self {
+        self.body = value.to_string().into_bytes();
+        self.header("content-type", "application/json")
+    }
+
+    /// Sets a raw body.
+    #[must_use]
+    pub fn body(mut self, body: impl Into<Vec<u8>>) -> Self {
+        self.body = body.into();
+        self
+    }
+
+    /// Sends it on a fresh connection and reads the whole response.
+    pub async fn send(self) -> Result<Response> {
+        let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+        let mut builder = hyper::Request::builder().method(self.method).uri(&self.url);
+        for (name, value) in &self.headers {
+            builder = builder.header(name, value);
+        }
+        let request = builder
+            .body(Full::new(Bytes::from(self.body)))
+            .map_err(|e| format!("bad request: {e}"))?;
+        let response = client
+            .request(request)
+            .await
+            .map_err(|e| format!("{} {}: {e}", self.method, self.url))?;
+        let status = response.status().as_u16();
+        let headers = response
+            .headers()
+            .iter()
+            .map(|(n, v)| {
+                (
+                    n.as_str().to_string(),
+                    String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                )
+            })
+            .collect();
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| format!("reading body of {}: {e}", self.url))?
+            .to_bytes();
+        Ok(Response {
+            status,
+            headers,
+            body,
+        })
+    }
+}

