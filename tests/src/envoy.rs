@@ -16,6 +16,25 @@ use std::time::{Duration, Instant};
 /// How long Envoy may take to load the wasm modules and become `LIVE`.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// How to run Envoy.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// `--concurrency`: worker threads, one wasm VM each.
+    pub concurrency: u32,
+    /// `--component-log-level wasm:trace`: every host call in the log (tests read it; it
+    /// costs far more than the plugins themselves, so benchmarks turn it off).
+    pub trace_wasm: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            concurrency: 2,
+            trace_wasm: true,
+        }
+    }
+}
+
 /// A running Envoy; stopped (SIGTERM, then SIGKILL) on drop.
 #[derive(Debug)]
 pub struct Envoy {
@@ -26,13 +45,14 @@ pub struct Envoy {
 }
 
 impl Envoy {
-    /// Renders `envoy-config/<template>` with `vars` and starts Envoy with `--concurrency 2`.
+    /// Renders `envoy-config/<template>` with `vars` and starts Envoy with `--concurrency 2`,
+    /// logging every wasm host call (`wasm:trace`) so tests can read what plugins did.
     pub fn start(template: &str, vars: &[(&str, String)]) -> Result<Envoy> {
-        Envoy::start_with(template, vars, 2)
+        Envoy::start_with(template, vars, &Options::default())
     }
 
-    /// Like [`Envoy::start`] with a chosen number of worker threads.
-    pub fn start_with(template: &str, vars: &[(&str, String)], concurrency: u32) -> Result<Envoy> {
+    /// Like [`Envoy::start`] with chosen [`Options`].
+    pub fn start_with(template: &str, vars: &[(&str, String)], options: &Options) -> Result<Envoy> {
         let dir = TempDir::new("envoy")?;
         let config = Envoy::render(template, vars, &dir)?;
         let config_path = dir.path().join("envoy.yaml");
@@ -44,11 +64,16 @@ impl Envoy {
         let child = Command::new(workspace::envoy_bin()?)
             .arg("-c")
             .arg(&config_path)
-            .args(["--concurrency", &concurrency.to_string()])
+            .args(["--concurrency", &options.concurrency.to_string()])
             .arg("--disable-hot-restart")
             .arg("--admin-address-path")
             .arg(&admin_path)
-            .args(["--log-level", "info", "--component-log-level", "wasm:trace"])
+            .args(["--log-level", "info"])
+            .args(if options.trace_wasm {
+                &["--component-log-level", "wasm:trace"][..]
+            } else {
+                &[]
+            })
             // access logs reach their files within 100 ms instead of Envoy's default 10 s
             .args(["--file-flush-interval-msec", "100"])
             .arg("--log-path")
@@ -74,11 +99,10 @@ impl Envoy {
         let path = workspace::envoy_config(template);
         let text =
             std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-        let mut all: Vec<(&str, String)> = vec![
-            ("WASM_DIR", workspace::wasm_dir().display().to_string()),
-            ("LOG_DIR", dir.path().display().to_string()),
-        ];
-        all.extend(vars.iter().cloned());
+        // the caller's values first: a caller may point WASM_DIR at another build
+        let mut all: Vec<(&str, String)> = vars.to_vec();
+        all.push(("WASM_DIR", workspace::wasm_dir().display().to_string()));
+        all.push(("LOG_DIR", dir.path().display().to_string()));
         render(&text, &all)
     }
 
@@ -252,6 +276,11 @@ impl Envoy {
             }
         }
         all
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// True while the process runs.

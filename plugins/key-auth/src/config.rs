@@ -70,6 +70,13 @@ pub struct KeyAuthConfig {
     pub missing_message: String,
 }
 
+impl KeyAuthConfig {
+    /// True if some key expires, so a decision needs the current time.
+    pub fn needs_clock(&self) -> bool {
+        self.keys.values().any(|k| k.expires_at.is_some())
+    }
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawConfig {

@@ -125,9 +125,13 @@ impl HttpContext for Request {
             }
         };
         let config = select(&state.rules, &headers);
-        let now = match host::now_nanos() {
-            Ok(nanos) => i64::try_from(nanos / 1_000_000_000).unwrap_or(i64::MAX),
-            Err(_) => i64::MAX, // no clock: every expiring key counts as expired
+        let now = if config.is_some_and(KeyAuthConfig::needs_clock) {
+            match host::now_nanos() {
+                Ok(nanos) => i64::try_from(nanos / 1_000_000_000).unwrap_or(i64::MAX),
+                Err(_) => i64::MAX, // no clock: every expiring key counts as expired
+            }
+        } else {
+            0 // no key expires: the time is not looked at
         };
         let plan = authenticate(config, &headers, now);
         state.metrics.count(&plan.outcome);
@@ -185,10 +189,11 @@ fn apply(plan: Plan) -> Action {
     }
     match plan.outcome {
         Outcome::Skip => Action::Continue,
-        Outcome::Allow { identity, key_id } => {
+        Outcome::Allow { identity, .. } => {
+            // Every internal header was removed above, so adding cannot leave a second value.
             for (name, value) in &identity {
                 if let Err(err) =
-                    host::set_header(HeaderMap::RequestHeaders, name, value.as_bytes())
+                    host::add_header(HeaderMap::RequestHeaders, name, value.as_bytes())
                 {
                     host::log(
                         LogLevel::Error,
@@ -196,12 +201,6 @@ fn apply(plan: Plan) -> Action {
                     );
                     return refuse(&Reject::internal("cannot set the consumer identity"));
                 }
-            }
-            if host::log_enabled(LogLevel::Debug) {
-                host::log(
-                    LogLevel::Debug,
-                    &format!("key-auth: allowed key_id={key_id}"),
-                );
             }
             Action::Continue
         }

@@ -15,6 +15,7 @@ use crate::reject::Reject;
 use crate::wire;
 use std::fmt;
 use std::ptr::{null, null_mut};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// A host call that did not return OK. The names are Envoy's `WasmResult`s.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -313,25 +314,36 @@ pub fn property_string(path: &[&str]) -> HostResult<Option<String>> {
 /// Envoy's `xds.route_name` (Envoy 1.40 answers `NotFound` for `route_name`); empty if
 /// neither is known.
 pub fn route_name() -> String {
-    first_string_property(&[&["route_name"], &["xds", "route_name"]])
+    static WORKS: AtomicUsize = AtomicUsize::new(0);
+    first_string_property(&[&["route_name"], &["xds", "route_name"]], &WORKS)
 }
 
 /// The name of the upstream cluster: Higress's property `cluster_name`, else plain Envoy's
 /// `xds.cluster_name`; empty if neither is known.
 pub fn cluster_name() -> String {
-    first_string_property(&[&["cluster_name"], &["xds", "cluster_name"]])
+    static WORKS: AtomicUsize = AtomicUsize::new(0);
+    first_string_property(&[&["cluster_name"], &["xds", "cluster_name"]], &WORKS)
 }
 
-fn first_string_property(paths: &[&[&str]]) -> String {
-    paths
+/// The first of `paths` the host knows. `works` remembers which one answered last time, so a
+/// VM asks its host once per request instead of once per name it does not know.
+fn first_string_property(paths: &[&[&str]], works: &AtomicUsize) -> String {
+    let first = works.load(Ordering::Relaxed);
+    let order = paths
         .iter()
-        .find_map(|path| {
-            property_string(path)
-                .ok()
-                .flatten()
-                .filter(|v| !v.is_empty())
-        })
-        .unwrap_or_default()
+        .enumerate()
+        .cycle()
+        .skip(first)
+        .take(paths.len());
+    for (i, path) in order {
+        if let Ok(Some(value)) = property_string(path) {
+            if !value.is_empty() {
+                works.store(i, Ordering::Relaxed);
+                return value;
+            }
+        }
+    }
+    String::new()
 }
 
 /// Writes filter state `wasm.<path>` that later filters of the same request can read.
