@@ -168,26 +168,27 @@ fn decide(config: &KeyAuthConfig, presented: Option<&[u8]>, now: i64) -> Outcome
         );
     }
     let digest: [u8; 32] = Sha256::digest(key).into();
-    let key_id = digest_prefix(&digest);
     let Some(entry) = config.keys.get(&digest) else {
+        let key_id = digest_prefix(&digest);
         return deny(
             DenyReason::Unknown,
             "Incorrect API key provided.".into(),
             Some(key_id),
         );
     };
+    let key_id = || Some(entry.key_id.clone());
     if entry.disabled {
         return deny(
             DenyReason::Disabled,
             "This API key has been disabled.".into(),
-            Some(key_id),
+            key_id(),
         );
     }
     if entry.expires_at.is_some_and(|at| now >= at) {
         return deny(
             DenyReason::Expired,
             "This API key has expired.".into(),
-            Some(key_id),
+            key_id(),
         );
     }
     if let Some(allow) = &config.allow {
@@ -198,7 +199,7 @@ fn decide(config: &KeyAuthConfig, presented: Option<&[u8]>, now: i64) -> Outcome
                     "Consumer `{}` is not allowed on this route.",
                     entry.consumer
                 ),
-                Some(key_id),
+                key_id(),
             );
         }
     }
@@ -231,8 +232,15 @@ fn identity_headers(entry: &KeyEntry) -> Vec<(&'static str, String)> {
     ]
 }
 
+/// The first 16 hex digits of a digest: how a key is named in logs.
 fn digest_prefix(digest: &[u8; 32]) -> String {
-    digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
+    let mut out = String::with_capacity(16);
+    for b in digest.iter().take(8) {
+        for nibble in [b >> 4, b & 0xf] {
+            out.push(char::from_digit(u32::from(nibble), 16).unwrap_or('0'));
+        }
+    }
+    out
 }
 
 fn trim(value: &[u8]) -> &[u8] {
@@ -426,6 +434,9 @@ mod tests {
                 }
             }
             assert_eq!(key_id.is_some(), want != "missing_api_key", "{pairs:?}");
+            if let (Some(id), Some((_, presented))) = (key_id, pairs.first()) {
+                assert_eq!(id, &sha(presented.trim())[..16], "{pairs:?}");
+            }
         }
     }
 

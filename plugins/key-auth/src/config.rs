@@ -68,12 +68,14 @@ pub struct KeyAuthConfig {
     pub enforce: bool,
     /// The 401 message for a missing key, naming the configured sources.
     pub missing_message: String,
+    /// Some key has `expires_at` (computed once here, not per request).
+    any_expiry: bool,
 }
 
 impl KeyAuthConfig {
     /// True if some key expires, so a decision needs the current time.
     pub fn needs_clock(&self) -> bool {
-        self.keys.values().any(|k| k.expires_at.is_some())
+        self.any_expiry
     }
 }
 
@@ -152,7 +154,9 @@ fn parse_scope(
         Some(names) => Some(allow_list(&names, &keys)?),
     };
     let missing_message = missing_message(&sources);
+    let any_expiry = keys.values().any(|k| k.expires_at.is_some());
     Ok(KeyAuthConfig {
+        any_expiry,
         keys,
         sources,
         allow,
@@ -357,6 +361,7 @@ mod tests {
         assert!(b.disabled);
         assert_eq!(b.key_id, "bbbbbbbbbbbbbbbb");
         assert!(cfg.enforce);
+        assert!(cfg.needs_clock());
         assert!(cfg.missing_message.contains("the `key` query parameter"));
     }
 
@@ -374,6 +379,7 @@ mod tests {
             ]
         );
         assert!(cfg.allow.is_none());
+        assert!(!cfg.needs_clock());
     }
 
     #[test]
