@@ -5,7 +5,7 @@ use crate::auth::{authenticate, DenyReason, Outcome, Plan};
 use crate::config::{parse_document, KeyAuthConfig};
 use llm_gateway_shared::host::{self, Buffer, HeaderMap, LogLevel, Metric};
 use llm_gateway_shared::reject::Reject;
-use llm_gateway_shared::rules::{MatchInput, RuleSet};
+use llm_gateway_shared::rules::RuleSet;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType};
 use std::rc::Rc;
@@ -124,7 +124,13 @@ impl HttpContext for Request {
                 return refuse(&Reject::internal("cannot read the request"));
             }
         };
-        let config = select(&state.rules, &headers);
+        // every header is at hand: no need for the host to fetch `:authority` again
+        let authority = headers
+            .iter()
+            .find(|(name, _)| name == ":authority")
+            .and_then(|(_, value)| std::str::from_utf8(value).ok())
+            .unwrap_or_default();
+        let config = host::select_config(&state.rules, Some(authority));
         let now = if config.is_some_and(KeyAuthConfig::needs_clock) {
             match host::now_nanos() {
                 Ok(nanos) => i64::try_from(nanos / 1_000_000_000).unwrap_or(i64::MAX),
@@ -137,34 +143,6 @@ impl HttpContext for Request {
         state.metrics.count(&plan.outcome);
         apply(plan)
     }
-}
-
-/// The config for this request; reads the route and cluster names only if a rule needs them.
-fn select<'a>(
-    rules: &'a RuleSet<KeyAuthConfig>,
-    headers: &[(String, Vec<u8>)],
-) -> Option<&'a KeyAuthConfig> {
-    let needs = rules.needs();
-    let route = if needs.route {
-        host::route_name()
-    } else {
-        String::new()
-    };
-    let cluster = if needs.cluster {
-        host::cluster_name()
-    } else {
-        String::new()
-    };
-    let authority = headers
-        .iter()
-        .find(|(name, _)| name == ":authority")
-        .and_then(|(_, value)| std::str::from_utf8(value).ok())
-        .unwrap_or_default();
-    rules.select(&MatchInput {
-        route: &route,
-        authority,
-        cluster: &cluster,
-    })
 }
 
 fn apply(plan: Plan) -> Action {

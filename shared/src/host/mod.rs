@@ -12,6 +12,7 @@
 mod abi;
 
 use crate::reject::Reject;
+use crate::rules::{MatchInput, RuleSet};
 use crate::wire;
 use std::fmt;
 use std::ptr::{null, null_mut};
@@ -344,6 +345,41 @@ fn first_string_property(paths: &[&[&str]], works: &AtomicUsize) -> String {
         }
     }
     String::new()
+}
+
+/// The config of `rules` for the current request: reads the route and cluster names from
+/// the host only if some rule matches on them, and the `:authority` only if some rule matches
+/// on it and the caller did not already have it.
+pub fn select_config<'a, C>(rules: &'a RuleSet<C>, authority: Option<&str>) -> Option<&'a C> {
+    let needs = rules.needs();
+    let route = if needs.route {
+        route_name()
+    } else {
+        String::new()
+    };
+    let cluster = if needs.cluster {
+        cluster_name()
+    } else {
+        String::new()
+    };
+    let fetched;
+    let authority = match authority {
+        Some(authority) => authority,
+        None if needs.authority => {
+            fetched = header(HeaderMap::RequestHeaders, ":authority")
+                .ok()
+                .flatten()
+                .and_then(|value| String::from_utf8(value).ok())
+                .unwrap_or_default();
+            &fetched
+        }
+        None => "",
+    };
+    rules.select(&MatchInput {
+        route: &route,
+        authority,
+        cluster: &cluster,
+    })
 }
 
 /// Writes filter state `wasm.<path>` that later filters of the same request can read.
