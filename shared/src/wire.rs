@@ -1,9 +1,84 @@
-//! The byte formats of the proxy-wasm ABI 0.2.1, encoded and decoded without trusting the
-//! host: header maps, property paths, and property values as Envoy encodes them.
+//! The byte formats and status codes of the proxy-wasm ABI 0.2.1, encoded and decoded without
+//! trusting the host: header maps, property paths, property values as Envoy encodes them, and
+//! every status Envoy returns (its `WasmResult`).
 //!
 //! Pure functions, so they are tested natively and on wasm; [`crate::host`] uses them.
 //! Decoding returns `None` on anything malformed instead of indexing past the end (the
 //! proxy-wasm SDK's own decoder `unwrap`s and would trap the VM).
+
+/// A host call that did not return OK. The names are Envoy's `WasmResult`s.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HostError {
+    /// 1: the item does not exist (most getters map this to `None` instead).
+    NotFound,
+    /// 2: the host refused the arguments (a header change after `Continue`, say).
+    BadArgument,
+    /// 3: the host could not serialize the value.
+    SerializationFailure,
+    /// 4: the host could not parse the input.
+    ParseFailure,
+    /// 5: the property path is not a valid expression.
+    BadExpression,
+    /// 6: a pointer or size was outside linear memory.
+    InvalidMemoryAccess,
+    /// 7: nothing to return (an empty queue).
+    Empty,
+    /// 8: a shared-data CAS no longer matches: re-read and retry.
+    CasMismatch,
+    /// 9: the result has an unexpected type.
+    ResultMismatch,
+    /// 10: the host failed internally.
+    InternalFailure,
+    /// 11: the connection went away.
+    BrokenConnection,
+    /// 12: the host does not implement this call.
+    Unimplemented,
+    /// A status this layer does not know.
+    Unknown(u32),
+    /// The host returned bytes this layer could not decode.
+    Malformed(&'static str),
+}
+
+impl HostError {
+    /// `Ok` for status 0, else the error it names.
+    pub fn check(status: u32) -> Result<(), HostError> {
+        match status {
+            0 => Ok(()),
+            other => Err(HostError::from_status(other)),
+        }
+    }
+
+    /// The error a non-zero status names.
+    pub fn from_status(status: u32) -> Self {
+        match status {
+            1 => HostError::NotFound,
+            2 => HostError::BadArgument,
+            3 => HostError::SerializationFailure,
+            4 => HostError::ParseFailure,
+            5 => HostError::BadExpression,
+            6 => HostError::InvalidMemoryAccess,
+            7 => HostError::Empty,
+            8 => HostError::CasMismatch,
+            9 => HostError::ResultMismatch,
+            10 => HostError::InternalFailure,
+            11 => HostError::BrokenConnection,
+            12 => HostError::Unimplemented,
+            other => HostError::Unknown(other),
+        }
+    }
+}
+
+impl std::fmt::Display for HostError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HostError::Unknown(status) => write!(f, "host status {status}"),
+            HostError::Malformed(what) => write!(f, "malformed {what} from host"),
+            other => write!(f, "{other:?}"),
+        }
+    }
+}
+
+impl std::error::Error for HostError {}
 
 /// Encodes header pairs: `u32` count, then `u32` name and value lengths per pair, then each
 /// name and value followed by a NUL byte, all little-endian.
@@ -131,6 +206,28 @@ mod tests {
         bad.extend_from_slice(&u32::MAX.to_le_bytes());
         bad.extend_from_slice(&[0; 4]);
         assert_eq!(decode_header_map(&bad), None);
+    }
+
+    #[test]
+    fn every_envoy_status_has_its_own_error() {
+        assert_eq!(HostError::check(0), Ok(()));
+        let errors: Vec<HostError> = (1..=12).map(HostError::from_status).collect();
+        for (i, a) in errors.iter().enumerate() {
+            assert!(
+                !matches!(a, HostError::Unknown(_)),
+                "status {} unknown",
+                i + 1
+            );
+            for b in &errors[i + 1..] {
+                assert_ne!(a, b);
+            }
+        }
+        assert_eq!(HostError::check(8), Err(HostError::CasMismatch));
+        assert_eq!(HostError::from_status(13), HostError::Unknown(13));
+        assert_eq!(
+            HostError::from_status(u32::MAX).to_string(),
+            format!("host status {}", u32::MAX)
+        );
     }
 
     #[test]

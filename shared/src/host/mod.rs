@@ -14,83 +14,16 @@ mod abi;
 use crate::reject::Reject;
 use crate::rules::{MatchInput, RuleSet};
 use crate::wire;
-use std::fmt;
 use std::ptr::{null, null_mut};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-/// A host call that did not return OK. The names are Envoy's `WasmResult`s.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum HostError {
-    /// 1: the item does not exist (most getters map this to `None` instead).
-    NotFound,
-    /// 2: the host refused the arguments (a header change after `Continue`, say).
-    BadArgument,
-    /// 3: the host could not serialize the value.
-    SerializationFailure,
-    /// 4: the host could not parse the input.
-    ParseFailure,
-    /// 5: the property path is not a valid expression.
-    BadExpression,
-    /// 6: a pointer or size was outside linear memory.
-    InvalidMemoryAccess,
-    /// 7: nothing to return (an empty queue).
-    Empty,
-    /// 8: a shared-data CAS no longer matches: re-read and retry.
-    CasMismatch,
-    /// 9: the result has an unexpected type.
-    ResultMismatch,
-    /// 10: the host failed internally.
-    InternalFailure,
-    /// 11: the connection went away.
-    BrokenConnection,
-    /// 12: the host does not implement this call.
-    Unimplemented,
-    /// A status this layer does not know.
-    Unknown(u32),
-    /// The host returned bytes this layer could not decode.
-    Malformed(&'static str),
-}
-
-impl HostError {
-    fn from_status(status: u32) -> Self {
-        match status {
-            1 => HostError::NotFound,
-            2 => HostError::BadArgument,
-            3 => HostError::SerializationFailure,
-            4 => HostError::ParseFailure,
-            5 => HostError::BadExpression,
-            6 => HostError::InvalidMemoryAccess,
-            7 => HostError::Empty,
-            8 => HostError::CasMismatch,
-            9 => HostError::ResultMismatch,
-            10 => HostError::InternalFailure,
-            11 => HostError::BrokenConnection,
-            12 => HostError::Unimplemented,
-            other => HostError::Unknown(other),
-        }
-    }
-}
-
-impl fmt::Display for HostError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            HostError::Unknown(status) => write!(f, "host status {status}"),
-            HostError::Malformed(what) => write!(f, "malformed {what} from host"),
-            other => write!(f, "{other:?}"),
-        }
-    }
-}
-
-impl std::error::Error for HostError {}
+pub use crate::wire::HostError;
 
 /// The result of a host call.
 pub type HostResult<T> = Result<T, HostError>;
 
 fn check(status: u32) -> HostResult<()> {
-    match status {
-        0 => Ok(()),
-        other => Err(HostError::from_status(other)),
-    }
+    HostError::check(status)
 }
 
 /// Takes ownership of a buffer the host allocated through `proxy_on_memory_allocate`.
