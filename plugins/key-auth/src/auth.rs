@@ -113,10 +113,7 @@ pub fn authenticate(
     for source in &config.sources {
         match source {
             KeySource::Bearer | KeySource::Header(_) => {
-                let name = match source {
-                    KeySource::Header(name) => name.as_str(),
-                    _ => "authorization",
-                };
+                let name = source.header_name().unwrap_or_default();
                 let mut values = headers
                     .iter()
                     .filter(|(n, _)| n.eq_ignore_ascii_case(name))
@@ -127,7 +124,7 @@ pub fn authenticate(
                 if presented.is_none() {
                     presented = values.find_map(|(_, value)| match source {
                         KeySource::Bearer => bearer_token(value),
-                        _ => non_empty(trim(value)),
+                        _ => non_empty(value.trim_ascii()),
                     });
                 }
             }
@@ -243,22 +240,18 @@ fn digest_prefix(digest: &[u8; 32]) -> String {
     out
 }
 
-fn trim(value: &[u8]) -> &[u8] {
-    value.trim_ascii()
-}
-
 fn non_empty(value: &[u8]) -> Option<Vec<u8>> {
     (!value.is_empty()).then(|| value.to_vec())
 }
 
 /// The token of `Bearer <token>` (scheme in any case); `None` for other schemes.
 fn bearer_token(value: &[u8]) -> Option<Vec<u8>> {
-    let value = trim(value);
+    let value = value.trim_ascii();
     let scheme = value.get(..7)?;
     if !scheme.eq_ignore_ascii_case(b"bearer ") {
         return None;
     }
-    non_empty(trim(value.get(7..)?))
+    non_empty(value.get(7..)?.trim_ascii())
 }
 
 /// Finds `param` in the query of `path`; returns its percent-decoded value and the path with

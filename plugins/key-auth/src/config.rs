@@ -34,6 +34,17 @@ pub enum KeySource {
     Query(String),
 }
 
+impl KeySource {
+    /// The header this source reads (`authorization` for Bearer); `None` for the query.
+    pub fn header_name(&self) -> Option<&str> {
+        match self {
+            KeySource::Bearer => Some("authorization"),
+            KeySource::Header(name) => Some(name),
+            KeySource::Query(_) => None,
+        }
+    }
+}
+
 /// One virtual key, found by the SHA-256 of its value.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyEntry {
