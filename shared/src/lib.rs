@@ -23,6 +23,8 @@ pub mod config;
 pub mod headers;
 pub mod reject;
 pub mod rules;
+pub mod tokens;
+pub mod usage;
 pub mod wire;
 
 #[cfg(target_arch = "wasm32")]
