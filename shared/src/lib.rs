@@ -21,6 +21,7 @@
 
 pub mod config;
 pub mod headers;
+pub mod json;
 pub mod reject;
 pub mod rules;
 pub mod tokens;
