@@ -274,21 +274,45 @@ mod tests {
         assert_eq!(east.version, "2026-11");
         assert_eq!(east.currency, "USD");
         let fast = c.price_for(Some("west"), Some("fast"), None).unwrap();
-        assert_eq!((fast.version.as_str(), fast.currency.as_str()), ("old", "EUR"));
-        assert_eq!(c.price_for(None, None, Some("m")).unwrap().input, 9_000_000_000);
+        assert_eq!(
+            (fast.version.as_str(), fast.currency.as_str()),
+            ("old", "EUR")
+        );
+        assert_eq!(
+            c.price_for(None, None, Some("m")).unwrap().input,
+            9_000_000_000
+        );
     }
 
     #[test]
     fn errors_name_the_field() {
         let cases = [
-            (json!({"prices": {"a": {"input": "1", "output": "1"}}}), "prices.a.price_version"),
-            (json!({"price_version": "v", "prices": {"a": {"input": "1"}}}), "prices.a.output"),
-            (json!({"price_version": "v", "prices": {"a": {"input": "-1", "output": "1"}}}), "prices.a.input"),
-            (json!({"price_version": "v", "prices": {"a": {"input": "1", "output": "1", "x": 1}}}), "prices.a.x"),
-            (json!({"price_version": "v", "prices": {"a b": {"input": "1", "output": "1"}}}), "prices.a b"),
+            (
+                json!({"prices": {"a": {"input": "1", "output": "1"}}}),
+                "prices.a.price_version",
+            ),
+            (
+                json!({"price_version": "v", "prices": {"a": {"input": "1"}}}),
+                "prices.a.output",
+            ),
+            (
+                json!({"price_version": "v", "prices": {"a": {"input": "-1", "output": "1"}}}),
+                "prices.a.input",
+            ),
+            (
+                json!({"price_version": "v", "prices": {"a": {"input": "1", "output": "1", "x": 1}}}),
+                "prices.a.x",
+            ),
+            (
+                json!({"price_version": "v", "prices": {"a b": {"input": "1", "output": "1"}}}),
+                "prices.a b",
+            ),
             (json!({"filter_state": "a.b"}), "filter_state"),
             (json!({"max_event_bytes": 10}), "max_event_bytes"),
-            (json!({"price_version": "v", "default_price": 3}), "default_price"),
+            (
+                json!({"price_version": "v", "default_price": 3}),
+                "default_price",
+            ),
         ];
         for (config, field) in cases {
             let err = parse(config.clone()).unwrap_err();

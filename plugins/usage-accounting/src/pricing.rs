@@ -96,7 +96,8 @@ pub fn parse_price(value: &Value) -> Result<NanoPerMillion, String> {
 
 /// `"1.25"` → `1_250_000_000`.
 pub fn parse_decimal_nano(text: &str) -> Result<u64, String> {
-    const BAD: &str = "must be a plain decimal such as \"0.30\" (at most 9 decimals, no sign or exponent)";
+    const BAD: &str =
+        "must be a plain decimal such as \"0.30\" (at most 9 decimals, no sign or exponent)";
     let (whole, fraction) = match text.split_once('.') {
         Some((whole, fraction)) => (whole, fraction),
         None => (text, ""),
@@ -182,7 +183,7 @@ mod tests {
 
     #[test]
     fn rounding_happens_once_half_up() {
-        let p = price("0.000001", "0", "0"); // 1 nano per million tokens
+        let p = price("0.000000001", "0", "0"); // 1 nano per million tokens
         let usage = |n| Usage {
             prompt_tokens: n,
             ..Usage::default()

@@ -1,0 +1,597 @@
+//! One request/response exchange from the plugin's point of view: a pure state machine the
+//! shell feeds with what the host reports, with the clock passed in. It decides what to do
+//! with the request body, how to treat the response, and builds the record exactly once.
+
+use crate::config::UsageConfig;
+use crate::pricing::Price;
+use crate::record::{clean_attribution, Attempt, Record, UsageFields, UsageSource};
+use crate::request::{self, RequestInfo};
+use crate::stream::{Forward, ResponseStream};
+use llm_gateway_shared::headers;
+use llm_gateway_shared::tokens::{count_tokens, estimate_prompt_tokens, Encoding};
+use llm_gateway_shared::usage::{self, Api, Usage};
+
+/// Who and what a request is for, from the request headers.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Attribution {
+    /// `x-llm-request-id`, else `x-request-id`, else the host's request id.
+    pub request_id: String,
+    /// `x-llm-consumer`.
+    pub consumer: Option<String>,
+    /// `x-llm-tenant`.
+    pub tenant: Option<String>,
+    /// `x-project`.
+    pub project: Option<String>,
+    /// `x-agent`.
+    pub agent: Option<String>,
+    /// `x-run-id`.
+    pub run_id: Option<String>,
+    /// `x-llm-model-group`.
+    pub model_group: Option<String>,
+    /// `x-llm-deployment`.
+    pub deployment: Option<String>,
+}
+
+impl Attribution {
+    /// Reads the request headers (names lowercase, as Envoy gives them).
+    pub fn from_headers(pairs: &[(String, Vec<u8>)], host_request_id: Option<String>) -> Self {
+        let get = |name: &str| {
+            pairs
+                .iter()
+                .find(|(n, _)| n == name)
+                .and_then(|(_, v)| clean_attribution(v))
+        };
+        Attribution {
+            request_id: get(headers::REQUEST_ID)
+                .or_else(|| get("x-request-id"))
+                .or(host_request_id)
+                .unwrap_or_default(),
+            consumer: get(headers::CONSUMER),
+            tenant: get(headers::TENANT),
+            project: get("x-project"),
+            agent: get("x-agent"),
+            run_id: get("x-run-id"),
+            model_group: get(headers::MODEL_GROUP),
+            deployment: get(headers::DEPLOYMENT),
+        }
+    }
+}
+
+/// What the router publishes about a request (deployment, attempts, price). The seam for
+/// `shared::route_info`: until the router's filter state is read, the shell fills
+/// it from the `x-llm-deployment` / `x-llm-model-group` headers and the plugin's own table.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RouteInfo {
+    /// Model group, overriding the header.
+    pub model_group: Option<String>,
+    /// Deployment of the final attempt, overriding the header.
+    pub deployment: Option<String>,
+    /// Every attempt, when the router tried more than one.
+    pub attempts: Vec<Attempt>,
+    /// The deployment's price, overriding the plugin's table.
+    pub price: Option<Price>,
+}
+
+/// How the shell handles the response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResponseMode {
+    /// Not ours to look at (unknown API): pass it through.
+    PassThrough,
+    /// SSE: feed chunks to [`Exchange::on_response_chunk`] as they come.
+    Stream,
+    /// JSON: buffer it and give the whole body to [`Exchange::on_response_body`];
+    /// `hold_headers`: keep the headers until then, to add the cost headers.
+    Buffer {
+        /// Keep the response headers until the body is complete.
+        hold_headers: bool,
+    },
+}
+
+#[derive(Debug)]
+enum Response {
+    None,
+    Stream(Box<ResponseStream>),
+    Body {
+        usage: Option<Usage>,
+        model: Option<String>,
+        text_tokens: u64,
+        complete: bool,
+    },
+}
+
+/// One exchange.
+#[derive(Debug)]
+pub struct Exchange {
+    api: Api,
+    attribution: Attribution,
+    started_ms: u64,
+    request: RequestInfo,
+    /// Kept to estimate the prompt if no usage comes; dropped once usage arrived.
+    request_body: Option<Vec<u8>>,
+    status: u16,
+    response: Response,
+    first_output_ms: Option<u64>,
+    finished: bool,
+}
+
+impl Exchange {
+    /// Starts an exchange for a request to `path`; `None` if the path is no API this plugin
+    /// accounts (the shell then leaves the request alone).
+    pub fn start(path: &str, attribution: Attribution, now_ms: u64) -> Option<Exchange> {
+        let api = Api::from_path(path)?;
+        Some(Exchange {
+            api,
+            attribution,
+            started_ms: now_ms,
+            request: RequestInfo::default(),
+            request_body: None,
+            status: 0,
+            response: Response::None,
+            first_output_ms: None,
+            finished: false,
+        })
+    }
+
+    /// The API of the request.
+    pub fn api(&self) -> Api {
+        self.api
+    }
+
+    /// The body may be rewritten (so `content-length` must go while the headers are held).
+    pub fn may_rewrite_body(&self, config: &UsageConfig) -> bool {
+        config.inject_include_usage && self.api == Api::ChatCompletions
+    }
+
+    /// The whole request body; returns the body to send instead, if it changes.
+    pub fn on_request_body(&mut self, config: &UsageConfig, body: &[u8]) -> Option<Vec<u8>> {
+        let (info, new_body) = request::inspect(self.api, body, config.inject_include_usage);
+        self.request = info;
+        self.request_body = Some(body.to_vec());
+        new_body
+    }
+
+    /// What the request said about itself.
+    pub fn request(&self) -> &RequestInfo {
+        &self.request
+    }
+
+    /// Response headers arrived.
+    pub fn on_response_headers(
+        &mut self,
+        config: &UsageConfig,
+        status: u16,
+        content_type: &str,
+        now_ms: u64,
+    ) -> ResponseMode {
+        let _ = now_ms;
+        self.status = status;
+        let media = content_type
+            .split(';')
+            .next()
+            .unwrap_or_default()
+            .trim()
+            .to_ascii_lowercase();
+        if media == "text/event-stream" {
+            let model = self.request.model.as_deref().unwrap_or_default();
+            self.response = Response::Stream(Box::new(ResponseStream::new(
+                self.api,
+                self.request.injected_include_usage,
+                Encoding::for_model(model),
+                config.max_event_bytes,
+            )));
+            ResponseMode::Stream
+        } else if media == "application/json" || media.ends_with("+json") {
+            ResponseMode::Buffer {
+                hold_headers: config.cost_headers && (200..300).contains(&status),
+            }
+        } else {
+            ResponseMode::PassThrough
+        }
+    }
+
+    /// A chunk of a streamed response.
+    pub fn on_response_chunk(&mut self, chunk: &[u8], end_of_stream: bool, now_ms: u64) -> Forward {
+        let Response::Stream(stream) = &mut self.response else {
+            return Forward::Unchanged;
+        };
+        let mut pushed = stream.push(chunk);
+        if end_of_stream {
+            let end = stream.finish();
+            pushed.first_output |= end.first_output;
+            pushed.forward = match (pushed.forward, end.forward) {
+                (Forward::Unchanged, Forward::Unchanged) => Forward::Unchanged,
+                (Forward::Unchanged, Forward::Replace(tail)) => {
+                    Forward::Replace([chunk, tail.as_slice()].concat())
+                }
+                (Forward::Replace(mut head), Forward::Replace(tail)) => {
+                    head.extend_from_slice(&tail);
+                    Forward::Replace(head)
+                }
+                (Forward::Replace(head), Forward::Unchanged) => Forward::Replace(head),
+            };
+        }
+        if pushed.first_output && self.first_output_ms.is_none() {
+            self.first_output_ms = Some(now_ms);
+        }
+        if stream.usage().is_some() {
+            self.request_body = None;
+        }
+        pushed.forward
+    }
+
+    /// The whole body of a buffered (JSON) response; `complete` false if it was cut.
+    /// Returns the headers to add when they are still held.
+    pub fn on_response_body(
+        &mut self,
+        config: &UsageConfig,
+        route: &RouteInfo,
+        body: &[u8],
+        complete: bool,
+    ) -> Vec<(String, String)> {
+        let found = usage::from_response_body(self.api, body);
+        let (usage, model) = match found {
+            Some((usage, model)) => (Some(usage), model),
+            None => (None, None),
+        };
+        let text_tokens = if usage.is_none() {
+            let model = self.request.model.as_deref().unwrap_or_default();
+            count_tokens(
+                Encoding::for_model(model),
+                &request::response_text(self.api, body),
+            )
+        } else {
+            0
+        };
+        self.response = Response::Body {
+            usage,
+            model,
+            text_tokens,
+            complete,
+        };
+        if !config.cost_headers {
+            return Vec::new();
+        }
+        let (usage, source) = self.final_usage();
+        let mut out = vec![
+            (
+                "x-llm-prompt-tokens".to_string(),
+                usage.prompt_tokens.to_string(),
+            ),
+            (
+                "x-llm-completion-tokens".to_string(),
+                usage.completion_tokens.to_string(),
+            ),
+            (
+                "x-llm-cached-tokens".to_string(),
+                usage.cached_prompt_tokens.to_string(),
+            ),
+            (
+                "x-llm-usage-source".to_string(),
+                match source {
+                    UsageSource::Upstream => "upstream",
+                    UsageSource::Estimated => "estimated",
+                }
+                .to_string(),
+            ),
+        ];
+        if let Some(price) = self.price(config, route) {
+            let cost = price.cost(&usage);
+            out.push((
+                "x-llm-cost".to_string(),
+                format!(
+                    "{} {}",
+                    crate::pricing::format_nano(cost.nano),
+                    cost.currency
+                ),
+            ));
+            out.push(("x-llm-price-version".to_string(), cost.version));
+        }
+        out
+    }
+
+    fn model(&self) -> Option<&str> {
+        let upstream = match &self.response {
+            Response::Stream(stream) => stream.model(),
+            Response::Body { model, .. } => model.as_deref(),
+            Response::None => None,
+        };
+        upstream.or(self.request.model.as_deref())
+    }
+
+    fn price<'c>(&self, config: &'c UsageConfig, route: &'c RouteInfo) -> Option<&'c Price> {
+        route.price.as_ref().or_else(|| {
+            config.price_for(
+                route
+                    .deployment
+                    .as_deref()
+                    .or(self.attribution.deployment.as_deref()),
+                route
+                    .model_group
+                    .as_deref()
+                    .or(self.attribution.model_group.as_deref()),
+                self.model(),
+            )
+        })
+    }
+
+    fn estimated_prompt(&self) -> u64 {
+        let Some(body) = &self.request_body else {
+            return 0;
+        };
+        let Ok(value) = serde_json::from_slice::<serde_json::Value>(body) else {
+            return 0;
+        };
+        let model = self.request.model.as_deref().unwrap_or_default();
+        estimate_prompt_tokens(self.api, &value, Encoding::for_model(model))
+    }
+
+    /// The usage to record and where it comes from.
+    fn final_usage(&self) -> (Usage, UsageSource) {
+        let (upstream, completion) = match &self.response {
+            Response::Stream(stream) => (stream.usage(), stream.streamed_tokens()),
+            Response::Body {
+                usage, text_tokens, ..
+            } => (*usage, *text_tokens),
+            Response::None => (None, 0),
+        };
+        if let Some(usage) = upstream {
+            return (usage, UsageSource::Upstream);
+        }
+        if self.status >= 400 {
+            // An error answer bills nothing, and says so by sending no usage.
+            return (Usage::default(), UsageSource::Upstream);
+        }
+        let usage = Usage {
+            prompt_tokens: self.estimated_prompt(),
+            completion_tokens: completion,
+            ..Usage::default()
+        };
+        (usage, UsageSource::Estimated)
+    }
+
+    /// True once [`Exchange::finish`] built the record.
+    pub fn is_finished(&self) -> bool {
+        self.finished
+    }
+
+    /// Builds the record, once: `None` if it was built already. `complete` says whether the
+    /// response reached its end (false: cut or aborted).
+    pub fn finish(
+        &mut self,
+        config: &UsageConfig,
+        route: &RouteInfo,
+        complete: bool,
+        now_ms: u64,
+    ) -> Option<Record> {
+        if self.finished {
+            return None;
+        }
+        self.finished = true;
+        let complete = complete
+            && match &self.response {
+                Response::Body { complete, .. } => *complete,
+                _ => true,
+            };
+        let (usage, usage_source) = self.final_usage();
+        let price = self.price(config, route);
+        let cost = price.map(|p| p.cost(&usage));
+        let deployment = route
+            .deployment
+            .clone()
+            .or_else(|| self.attribution.deployment.clone());
+        let attempts = if route.attempts.is_empty() {
+            vec![Attempt {
+                deployment: deployment.clone(),
+                status: self.status,
+            }]
+        } else {
+            route.attempts.clone()
+        };
+        let a = &self.attribution;
+        let record = Record {
+            request_id: a.request_id.clone(),
+            ts_ms: self.started_ms,
+            consumer: a.consumer.clone(),
+            tenant: a.tenant.clone(),
+            project: a.project.clone(),
+            agent: a.agent.clone(),
+            run_id: a.run_id.clone(),
+            model_group: route.model_group.clone().or_else(|| a.model_group.clone()),
+            deployment,
+            model: self.model().map(str::to_owned),
+            api: self.api.name().to_string(),
+            stream: matches!(self.response, Response::Stream(_)) || self.request.stream,
+            status: self.status,
+            complete,
+            attempts,
+            usage_source,
+            usage: UsageFields::from(usage),
+            cost_nano: cost.as_ref().map(|c| c.nano),
+            currency: cost.as_ref().map(|c| c.currency.clone()),
+            price_version: cost.map(|c| c.version),
+            ttft_ms: self
+                .first_output_ms
+                .map(|t| t.saturating_sub(self.started_ms)),
+            duration_ms: now_ms.saturating_sub(self.started_ms),
+        };
+        self.request_body = None;
+        Some(record)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::parse_document;
+    use serde_json::json;
+
+    fn config(extra: serde_json::Value) -> UsageConfig {
+        let mut doc = json!({
+            "price_version": "2026-11",
+            "prices": {"east": {"input": "0.30", "cached_input": "0.006", "output": "1.20"}}
+        });
+        if let (Some(d), Some(e)) = (doc.as_object_mut(), extra.as_object()) {
+            for (k, v) in e {
+                d.insert(k.clone(), v.clone());
+            }
+        }
+        parse_document(doc.to_string().as_bytes())
+            .unwrap()
+            .global()
+            .unwrap()
+            .clone()
+    }
+
+    fn headers(pairs: &[(&str, &str)]) -> Vec<(String, Vec<u8>)> {
+        pairs
+            .iter()
+            .map(|(n, v)| (n.to_string(), v.as_bytes().to_vec()))
+            .collect()
+    }
+
+    fn attribution() -> Attribution {
+        Attribution::from_headers(
+            &headers(&[
+                ("x-llm-consumer", "team-a"),
+                ("x-llm-tenant", "acme"),
+                ("x-project", "search"),
+                ("x-agent", "planner"),
+                ("x-run-id", "run-7"),
+                ("x-llm-model-group", "fast"),
+                ("x-llm-deployment", "east"),
+                ("x-request-id", "req-1"),
+            ]),
+            Some("host-id".into()),
+        )
+    }
+
+    #[test]
+    fn non_streaming_known_case_with_headers() {
+        let config = config(json!({}));
+        let route = RouteInfo::default();
+        let mut ex = Exchange::start("/v1/chat/completions", attribution(), 1_000).unwrap();
+        assert!(ex
+            .on_request_body(&config, br#"{"model":"gpt-4o","messages":[]}"#)
+            .is_none());
+        assert_eq!(
+            ex.on_response_headers(&config, 200, "application/json", 1_100),
+            ResponseMode::Buffer { hold_headers: true }
+        );
+        let body = br#"{"model":"gpt-4o-2024","choices":[],"usage":{"prompt_tokens":1000,"completion_tokens":100,"prompt_tokens_details":{"cached_tokens":600}}}"#;
+        let added = ex.on_response_body(&config, &route, body, true);
+        assert!(
+            added.contains(&("x-llm-cost".into(), "0.0002436 USD".into())),
+            "{added:?}"
+        );
+        assert!(added.contains(&("x-llm-price-version".into(), "2026-11".into())));
+        let record = ex.finish(&config, &route, true, 1_500).unwrap();
+        assert_eq!(record.cost_nano, Some(243_600));
+        assert_eq!(record.usage.cached_prompt_tokens, 600);
+        assert_eq!(record.usage_source, UsageSource::Upstream);
+        assert_eq!(record.request_id, "req-1");
+        assert_eq!(record.project.as_deref(), Some("search"));
+        assert_eq!(record.model.as_deref(), Some("gpt-4o-2024"));
+        assert_eq!(record.duration_ms, 500);
+        assert_eq!(
+            record.attempts,
+            vec![Attempt {
+                deployment: Some("east".into()),
+                status: 200
+            }]
+        );
+        assert!(
+            ex.finish(&config, &route, true, 2_000).is_none(),
+            "one record only"
+        );
+    }
+
+    #[test]
+    fn cut_stream_is_estimated() {
+        let config = config(json!({}));
+        let route = RouteInfo::default();
+        let mut ex = Exchange::start("/v1/chat/completions", attribution(), 0).unwrap();
+        let new = ex
+            .on_request_body(
+                &config,
+                br#"{"model":"claude-x","stream":true,"messages":[{"role":"user","content":"Say hello"}]}"#,
+            )
+            .unwrap();
+        assert!(String::from_utf8(new).unwrap().contains("include_usage"));
+        assert_eq!(
+            ex.on_response_headers(&config, 200, "text/event-stream; charset=utf-8", 5),
+            ResponseMode::Stream
+        );
+        ex.on_response_chunk(
+            b"data: {\"choices\":[{\"delta\":{\"content\":\"abcdefgh\"}}]}\n\ndata: {\"cho",
+            false,
+            40,
+        );
+        let record = ex.finish(&config, &route, false, 90).unwrap();
+        assert_eq!(record.usage_source, UsageSource::Estimated);
+        assert_eq!(record.usage.prompt_tokens, 3 + 4);
+        assert_eq!(record.usage.completion_tokens, 2);
+        assert_eq!(record.ttft_ms, Some(40));
+        assert!(!record.complete && record.stream);
+        // 7 × 0.30 + 2 × 1.20 per million = 4.5 micro-units
+        assert_eq!(record.cost_nano, Some(4_500));
+    }
+
+    #[test]
+    fn router_price_and_attempts_win() {
+        let config = config(json!({}));
+        let mut route = RouteInfo {
+            deployment: Some("west".into()),
+            attempts: vec![
+                Attempt {
+                    deployment: Some("east".into()),
+                    status: 429,
+                },
+                Attempt {
+                    deployment: Some("west".into()),
+                    status: 200,
+                },
+            ],
+            ..RouteInfo::default()
+        };
+        route.price = config.price_for(Some("east"), None, None).cloned();
+        let mut ex = Exchange::start("/v1/embeddings", attribution(), 0).unwrap();
+        ex.on_request_body(&config, br#"{"input":"abcd"}"#);
+        ex.on_response_headers(&config, 200, "application/json", 1);
+        ex.on_response_body(
+            &config,
+            &route,
+            br#"{"usage":{"prompt_tokens":1000000,"total_tokens":1000000}}"#,
+            true,
+        );
+        let record = ex.finish(&config, &route, true, 2).unwrap();
+        assert_eq!(record.deployment.as_deref(), Some("west"));
+        assert_eq!(record.attempts.len(), 2);
+        assert_eq!(record.cost_nano, Some(300_000_000));
+    }
+
+    #[test]
+    fn error_answers_bill_nothing_and_unknown_paths_are_ignored() {
+        let config = config(json!({}));
+        let route = RouteInfo::default();
+        let mut ex = Exchange::start("/v1/messages", attribution(), 0).unwrap();
+        ex.on_request_body(&config, br#"{"messages":[{"role":"user","content":"x"}]}"#);
+        assert_eq!(
+            ex.on_response_headers(&config, 429, "application/json", 1),
+            ResponseMode::Buffer {
+                hold_headers: false
+            }
+        );
+        ex.on_response_body(&config, &route, br#"{"error":{}}"#, true);
+        let record = ex.finish(&config, &route, true, 2).unwrap();
+        assert_eq!(record.usage, UsageFields::default());
+        assert_eq!(record.status, 429);
+        assert!(Exchange::start("/v1/models", attribution(), 0).is_none());
+    }
+
+    #[test]
+    fn request_id_falls_back_to_the_host() {
+        let a = Attribution::from_headers(&headers(&[]), Some("h".into()));
+        assert_eq!(a.request_id, "h");
+        assert_eq!(a.tenant, None);
+    }
+}

@@ -1,0 +1,235 @@
+//! Metric names and samples for a record. Envoy stats have no labels: the labels are spelled
+//! into the name and Envoy's `stats_tags` regexes ([`STATS_TAGS`]) turn them back into
+//! Prometheus labels.
+//!
+//! Names (Envoy adds the `wasmcustom.` prefix):
+//!
+//! | name | kind | meaning |
+//! |---|---|---|
+//! | `gen_ai.client.token.usage.token_type.input\|output` | histogram | tokens per request (OpenTelemetry GenAI) |
+//! | `llm_gateway.usage.tokens.token_type.input\|output\|cached_input\|cache_write\|reasoning` | counter | tokens, summed |
+//! | `llm_gateway.usage.cost_nano` | counter | cost, nano-units of the configured currency |
+//! | `llm_gateway.usage.requests` | counter | records |
+//! | `llm_gateway.usage.estimated` | counter | records whose usage was counted by the gateway |
+//! | `gen_ai.client.operation.duration_ms` | histogram | request to end of response, ms (OTel's `gen_ai.client.operation.duration`, in ms as Envoy histograms hold integers) |
+//! | `gen_ai.server.time_to_first_token_ms` | histogram | request to first output, ms |
+//!
+//! each followed by `.tenant.<t>.model_group.<g>.deployment.<d>` and, only when
+//! `consumer_label` is on, `.consumer.<c>`. Label values keep `[A-Za-z0-9_-]` (anything else
+//! becomes `_`, at most 64 characters, `none` when absent), so a value never contains the
+//! `.` the regexes split on. Cardinality is bounded by the configured tenants, groups and
+//! deployments (set by trusted filters, never by the client), and per VM by
+//! [`MAX_SERIES`]: past it new combinations are counted under `_other`.
+
+use crate::record::{Record, UsageSource};
+
+/// Most distinct metric names one VM defines.
+pub const MAX_SERIES: usize = 4096;
+
+/// The Envoy `stats_config.stats_tags` that turn the name parts into labels (tag name, regex),
+/// for the bootstrap. The first capture group is cut from the name, the second is the value.
+pub const STATS_TAGS: [(&str, &str); 5] = [
+    (
+        "tenant",
+        r"^wasmcustom\.[a-z_.]+?(\.tenant\.([^.]+))\.model_group\.",
+    ),
+    (
+        "model_group",
+        r"^wasmcustom\.[a-z_.]+?\.tenant\.[^.]+(\.model_group\.([^.]+))\.deployment\.",
+    ),
+    (
+        "deployment",
+        r"^wasmcustom\.[a-z_.]+?\.tenant\.[^.]+\.model_group\.[^.]+(\.deployment\.([^.]+))",
+    ),
+    (
+        "consumer",
+        r"^wasmcustom\.[a-z_.]+?\.tenant\.[^.]+\.model_group\.[^.]+\.deployment\.[^.]+(\.consumer\.([^.]+))",
+    ),
+    (
+        "token_type",
+        r"^wasmcustom\.[a-z_.]+?(\.token_type\.([a-z_]+))\.tenant\.",
+    ),
+];
+
+/// Kind of a host metric.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kind {
+    /// Monotonic counter.
+    Counter,
+    /// Histogram.
+    Histogram,
+}
+
+/// One value to record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sample {
+    /// Full name (without `wasmcustom.`).
+    pub name: String,
+    /// Counter or histogram.
+    pub kind: Kind,
+    /// Increment or sample.
+    pub value: u64,
+}
+
+/// A label value safe inside a stat name.
+pub fn label_value(value: Option<&str>) -> String {
+    let Some(value) = value.filter(|v| !v.is_empty()) else {
+        return "none".into();
+    };
+    value
+        .chars()
+        .take(64)
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+/// The label suffix of a record's series.
+pub fn label_suffix(record: &Record, consumer_label: bool) -> String {
+    let mut suffix = format!(
+        ".tenant.{}.model_group.{}.deployment.{}",
+        label_value(record.tenant.as_deref()),
+        label_value(record.model_group.as_deref()),
+        label_value(record.deployment.as_deref())
+    );
+    if consumer_label {
+        suffix.push_str(".consumer.");
+        suffix.push_str(&label_value(record.consumer.as_deref()));
+    }
+    suffix
+}
+
+/// Every sample of a record. `labels` is [`label_suffix`] (or `_other` labels past the
+/// series bound).
+pub fn samples(record: &Record, labels: &str) -> Vec<Sample> {
+    let mut out = Vec::with_capacity(14);
+    let mut push = |name: String, kind: Kind, value: u64| {
+        if kind == Kind::Histogram || value > 0 {
+            out.push(Sample { name, kind, value });
+        }
+    };
+    let u = &record.usage;
+    push(
+        format!("gen_ai.client.token.usage.token_type.input{labels}"),
+        Kind::Histogram,
+        u.prompt_tokens,
+    );
+    push(
+        format!("gen_ai.client.token.usage.token_type.output{labels}"),
+        Kind::Histogram,
+        u.completion_tokens,
+    );
+    for (token_type, value) in [
+        ("input", u.prompt_tokens),
+        ("output", u.completion_tokens),
+        ("cached_input", u.cached_prompt_tokens),
+        ("cache_write", u.cache_write_tokens),
+        ("reasoning", u.reasoning_tokens),
+    ] {
+        push(
+            format!("llm_gateway.usage.tokens.token_type.{token_type}{labels}"),
+            Kind::Counter,
+            value,
+        );
+    }
+    if let Some(cost) = record.cost_nano {
+        push(
+            format!("llm_gateway.usage.cost_nano{labels}"),
+            Kind::Counter,
+            cost,
+        );
+    }
+    push(
+        format!("llm_gateway.usage.requests{labels}"),
+        Kind::Counter,
+        1,
+    );
+    if record.usage_source == UsageSource::Estimated {
+        push(
+            format!("llm_gateway.usage.estimated{labels}"),
+            Kind::Counter,
+            1,
+        );
+    }
+    push(
+        format!("gen_ai.client.operation.duration_ms{labels}"),
+        Kind::Histogram,
+        record.duration_ms,
+    );
+    if let Some(ttft) = record.ttft_ms {
+        push(
+            format!("gen_ai.server.time_to_first_token_ms{labels}"),
+            Kind::Histogram,
+            ttft,
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::{UsageFields, UsageSource};
+
+    fn record() -> Record {
+        Record {
+            request_id: "r".into(),
+            ts_ms: 0,
+            consumer: Some("team.a".into()),
+            tenant: Some("acme".into()),
+            project: None,
+            agent: None,
+            run_id: None,
+            model_group: Some("fast".into()),
+            deployment: Some("east-1".into()),
+            model: None,
+            api: "chat.completions".into(),
+            stream: false,
+            status: 200,
+            complete: true,
+            attempts: vec![],
+            usage_source: UsageSource::Upstream,
+            usage: UsageFields {
+                prompt_tokens: 10,
+                completion_tokens: 5,
+                total_tokens: 15,
+                ..UsageFields::default()
+            },
+            cost_nano: Some(7),
+            currency: None,
+            price_version: None,
+            ttft_ms: Some(3),
+            duration_ms: 9,
+        }
+    }
+
+    #[test]
+    fn labels_are_sanitized_and_consumer_optional() {
+        let r = record();
+        assert_eq!(
+            label_suffix(&r, false),
+            ".tenant.acme.model_group.fast.deployment.east-1"
+        );
+        assert_eq!(
+            label_suffix(&r, true),
+            ".tenant.acme.model_group.fast.deployment.east-1.consumer.team_a"
+        );
+        assert_eq!(label_value(None), "none");
+        assert_eq!(label_value(Some("a.b c")), "a_b_c");
+    }
+
+    #[test]
+    fn samples_skip_zero_counters() {
+        let r = record();
+        let names: Vec<String> = samples(&r, ".x").into_iter().map(|s| s.name).collect();
+        assert!(names.contains(&"llm_gateway.usage.tokens.token_type.input.x".to_string()));
+        assert!(!names.iter().any(|n| n.contains("reasoning")));
+        assert!(!names.iter().any(|n| n.contains("estimated")));
+        assert!(names.contains(&"gen_ai.server.time_to_first_token_ms.x".to_string()));
+    }
+}

@@ -1,0 +1,310 @@
+//! The proxy-wasm adapter: copies host data in, feeds [`crate::exchange::Exchange`], applies
+//! what it returns, publishes the record. Every host call goes through
+//! `llm_gateway_shared::host`; nothing here decides.
+
+use crate::config::{parse_document, UsageConfig};
+use crate::exchange::{Attribution, Exchange, ResponseMode, RouteInfo};
+use crate::metrics::{label_suffix, samples, Kind, MAX_SERIES};
+use crate::record::Record;
+use crate::stream::Forward;
+use llm_gateway_shared::host::{self, Buffer, HeaderMap, LogLevel, Metric};
+use llm_gateway_shared::rules::RuleSet;
+use proxy_wasm::traits::{Context, HttpContext, RootContext};
+use proxy_wasm::types::{Action, ContextType};
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+
+proxy_wasm::main! {{
+    proxy_wasm::set_root_context(|_| Box::new(Root::default()));
+}}
+
+#[derive(Default)]
+struct Root {
+    state: Option<Rc<State>>,
+}
+
+struct State {
+    rules: RuleSet<UsageConfig>,
+    /// Metrics defined so far in this VM, by name.
+    metrics: RefCell<HashMap<String, Metric>>,
+}
+
+impl State {
+    fn record_metrics(&self, record: &Record, config: &UsageConfig) {
+        let mut labels = label_suffix(record, config.consumer_label);
+        let mut defined = self.metrics.borrow_mut();
+        if defined.len() >= MAX_SERIES
+            && !defined.contains_key(&format!("llm_gateway.usage.requests{labels}"))
+        {
+            labels = ".tenant._other.model_group._other.deployment._other".into();
+        }
+        for sample in samples(record, &labels) {
+            let metric = match defined.get(&sample.name) {
+                Some(metric) => *metric,
+                None => {
+                    let made = match sample.kind {
+                        Kind::Counter => Metric::counter(&sample.name),
+                        Kind::Histogram => Metric::histogram(&sample.name),
+                    };
+                    let Ok(metric) = made else { continue };
+                    defined.insert(sample.name, metric);
+                    metric
+                }
+            };
+            let _ = match sample.kind {
+                Kind::Counter => metric.increment(i64::try_from(sample.value).unwrap_or(i64::MAX)),
+                Kind::Histogram => metric.record(sample.value),
+            };
+        }
+    }
+}
+
+impl Context for Root {}
+
+impl RootContext for Root {
+    fn on_configure(&mut self, _size: usize) -> bool {
+        let document = match host::buffer(Buffer::PluginConfiguration, 0, usize::MAX) {
+            Ok(document) => document,
+            Err(err) => {
+                host::log(
+                    LogLevel::Error,
+                    &format!("usage-accounting: cannot read configuration: {err}"),
+                );
+                return false;
+            }
+        };
+        match parse_document(&document) {
+            Ok(rules) => {
+                let prices = rules.global().map_or(0, |c| c.prices.len());
+                host::log(
+                    LogLevel::Info,
+                    &format!("usage-accounting: configured with {prices} prices"),
+                );
+                self.state = Some(Rc::new(State {
+                    rules,
+                    metrics: RefCell::new(HashMap::new()),
+                }));
+                true
+            }
+            Err(err) => {
+                host::log(LogLevel::Error, &format!("usage-accounting: {err}"));
+                false
+            }
+        }
+    }
+
+    fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
+        Some(Box::new(Request {
+            state: self.state.clone(),
+            active: None,
+        }))
+    }
+
+    fn get_type(&self) -> Option<ContextType> {
+        Some(ContextType::HttpContext)
+    }
+}
+
+struct Active {
+    exchange: Exchange,
+    config: UsageConfig,
+    mode: ResponseMode,
+}
+
+struct Request {
+    state: Option<Rc<State>>,
+    active: Option<Active>,
+}
+
+fn now_ms() -> u64 {
+    host::now_nanos().map_or(0, |n| n / 1_000_000)
+}
+
+fn header_text(pairs: &[(String, Vec<u8>)], name: &str) -> String {
+    pairs
+        .iter()
+        .find(|(n, _)| n == name)
+        .and_then(|(_, v)| std::str::from_utf8(v).ok())
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// The router's view of the request. Seam: once `shared::route_info` lands, read the
+/// router's filter state here (deployment, attempts, price); until then the
+/// `x-llm-deployment` / `x-llm-model-group` headers (in [`Attribution`]) and the plugin's
+/// own price table are used.
+fn route_info() -> RouteInfo {
+    RouteInfo::default()
+}
+
+impl Context for Request {}
+
+impl HttpContext for Request {
+    fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
+        let Some(state) = self.state.clone() else {
+            return Action::Continue;
+        };
+        let Ok(pairs) = host::headers(HeaderMap::RequestHeaders) else {
+            return Action::Continue;
+        };
+        let authority = header_text(&pairs, ":authority");
+        let Some(config) = host::select_config(&state.rules, Some(&authority)) else {
+            return Action::Continue;
+        };
+        let path = header_text(&pairs, ":path");
+        let host_id = host::property_string(&["request", "id"]).ok().flatten();
+        let attribution = Attribution::from_headers(&pairs, host_id);
+        let Some(exchange) = Exchange::start(&path, attribution, now_ms()) else {
+            return Action::Continue;
+        };
+        if exchange.may_rewrite_body(config) && !end_of_stream {
+            // The body may grow by `stream_options`; the length is fixed when it is known
+            // only if the headers are held, so drop it and let Envoy frame the body.
+            let _ = host::remove_header(HeaderMap::RequestHeaders, "content-length");
+        }
+        self.active = Some(Active {
+            exchange,
+            config: config.clone(),
+            mode: ResponseMode::PassThrough,
+        });
+        Action::Continue
+    }
+
+    fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        let Some(active) = &mut self.active else {
+            return Action::Continue;
+        };
+        if !end_of_stream {
+            return Action::Pause; // Envoy buffers; read the whole body once, at the end
+        }
+        let Ok(body) = host::buffer(Buffer::RequestBody, 0, body_size) else {
+            return Action::Continue;
+        };
+        if let Some(new_body) = active.exchange.on_request_body(&active.config, &body) {
+            if let Err(err) = host::set_buffer(Buffer::RequestBody, 0, body_size, &new_body) {
+                host::log(
+                    LogLevel::Warn,
+                    &format!("usage-accounting: cannot inject include_usage: {err}"),
+                );
+            }
+        }
+        Action::Continue
+    }
+
+    fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
+        let Some(active) = &mut self.active else {
+            return Action::Continue;
+        };
+        let status = host::header(HeaderMap::ResponseHeaders, ":status")
+            .ok()
+            .flatten()
+            .and_then(|v| std::str::from_utf8(&v).ok()?.parse::<u16>().ok())
+            .unwrap_or(0);
+        let content_type = host::header(HeaderMap::ResponseHeaders, "content-type")
+            .ok()
+            .flatten()
+            .map(|v| String::from_utf8_lossy(&v).into_owned())
+            .unwrap_or_default();
+        let mode =
+            active
+                .exchange
+                .on_response_headers(&active.config, status, &content_type, now_ms());
+        active.mode = mode;
+        match mode {
+            ResponseMode::Stream if active.exchange.request().injected_include_usage => {
+                // chunks may shrink (the hidden usage chunk)
+                let _ = host::remove_header(HeaderMap::ResponseHeaders, "content-length");
+                Action::Continue
+            }
+            ResponseMode::Buffer { hold_headers: true } if !end_of_stream => Action::Pause,
+            _ => Action::Continue,
+        }
+    }
+
+    fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        let Some(active) = &mut self.active else {
+            return Action::Continue;
+        };
+        match active.mode {
+            ResponseMode::PassThrough => {
+                if end_of_stream {
+                    self.publish(true);
+                }
+                Action::Continue
+            }
+            ResponseMode::Stream => {
+                let Ok(chunk) = host::buffer(Buffer::ResponseBody, 0, body_size) else {
+                    return Action::Continue;
+                };
+                let forward = active
+                    .exchange
+                    .on_response_chunk(&chunk, end_of_stream, now_ms());
+                if let Forward::Replace(bytes) = forward {
+                    if let Err(err) = host::set_buffer(Buffer::ResponseBody, 0, body_size, &bytes) {
+                        host::log(
+                            LogLevel::Warn,
+                            &format!("usage-accounting: cannot rewrite a stream chunk: {err}"),
+                        );
+                    }
+                }
+                if end_of_stream {
+                    self.publish(true);
+                }
+                Action::Continue
+            }
+            ResponseMode::Buffer { hold_headers } => {
+                if !end_of_stream {
+                    return Action::Pause;
+                }
+                let body = host::buffer(Buffer::ResponseBody, 0, body_size).unwrap_or_default();
+                let route = route_info();
+                let added = active
+                    .exchange
+                    .on_response_body(&active.config, &route, &body, true);
+                if hold_headers {
+                    for (name, value) in &added {
+                        let _ =
+                            host::set_header(HeaderMap::ResponseHeaders, name, value.as_bytes());
+                    }
+                }
+                self.publish(true);
+                Action::Continue
+            }
+        }
+    }
+
+    fn on_log(&mut self) {
+        // A response that never reached its end (cut stream, client gone): record it now.
+        self.publish(false);
+    }
+}
+
+impl Request {
+    /// Builds the record once and publishes it: filter state, log line, metrics.
+    fn publish(&mut self, complete: bool) {
+        let (Some(state), Some(active)) = (self.state.clone(), self.active.as_mut()) else {
+            return;
+        };
+        let route = route_info();
+        let Some(record) = active
+            .exchange
+            .finish(&active.config, &route, complete, now_ms())
+        else {
+            return;
+        };
+        let json = record.to_json();
+        if let Err(err) =
+            host::set_property(&[active.config.filter_state.as_str()], json.as_bytes())
+        {
+            host::log(
+                LogLevel::Warn,
+                &format!("usage-accounting: cannot set filter state: {err}"),
+            );
+        }
+        if active.config.log_records {
+            host::log(LogLevel::Info, &format!("usage_record: {json}"));
+        }
+        state.record_metrics(&record, &active.config);
+    }
+}
