@@ -1,1 +1,104 @@
-fn main() {}
+//! `cargo bench -p usage-accounting --bench stream`: cost per SSE event of framing + usage
+//! extraction (+ hiding, + counting the streamed text) on a 2 000-event Chat Completions
+//! stream cut into network-sized chunks, and the tokenizer's one-time cost per VM (time and
+//! heap bytes of building each BPE). Reports medians of repeated runs; asserts nothing about
+//! time.
+
+use llm_gateway_shared::tokens::{count_tokens, Encoding};
+use llm_gateway_shared::usage::Api;
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
+use usage_accounting::stream::{Forward, ResponseStream};
+
+/// Counts live heap bytes, to measure what the tokenizer keeps.
+struct Counting;
+
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: forwards to the system allocator, only counting.
+#[allow(unsafe_code)]
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        LIVE.fetch_add(layout.size(), Ordering::Relaxed);
+        // SAFETY: same contract as the caller's.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
+        // SAFETY: same contract as the caller's.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+const EVENTS: usize = 2_000;
+
+fn chat_stream() -> Vec<u8> {
+    let mut s = String::new();
+    for i in 0..EVENTS - 2 {
+        s.push_str(&format!(
+            "data: {{\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"gpt-4o-mini\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"tok{i} \"}},\"finish_reason\":null}}],\"usage\":null}}\n\n"
+        ));
+    }
+    s.push_str("data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"gpt-4o-mini\",\"choices\":[],\"usage\":{\"prompt_tokens\":12,\"completion_tokens\":1998,\"total_tokens\":2010}}\n\n");
+    s.push_str("data: [DONE]\n\n");
+    s.into_bytes()
+}
+
+fn median(mut samples: Vec<f64>) -> f64 {
+    samples.sort_by(f64::total_cmp);
+    samples.get(samples.len() / 2).copied().unwrap_or(0.0)
+}
+
+fn run(body: &[u8], hide: bool, encoding: Encoding) -> usize {
+    let mut stream = ResponseStream::new(Api::ChatCompletions, hide, encoding, 1 << 20);
+    let mut out = 0;
+    for chunk in body.chunks(1_400) {
+        out += match stream.push(chunk).forward {
+            Forward::Unchanged => chunk.len(),
+            Forward::Replace(bytes) => bytes.len(),
+        };
+    }
+    assert!(stream.usage().is_some());
+    out
+}
+
+fn main() {
+    let body = chat_stream();
+    println!(
+        "stream: {EVENTS} events, {} bytes, 1400-byte chunks",
+        body.len()
+    );
+    // one-time build of each BPE (per VM in the plugin), measured before anything else
+    for encoding in [Encoding::O200k, Encoding::Cl100k] {
+        let before = LIVE.load(Ordering::Relaxed);
+        let start = Instant::now();
+        let n = count_tokens(encoding, "hello world");
+        let elapsed = start.elapsed();
+        let kept = LIVE.load(Ordering::Relaxed).saturating_sub(before);
+        println!(
+            "{:12} first use: build {:5.0} ms, heap kept {:5.1} MiB (64-bit native; n={n})",
+            encoding.name(),
+            elapsed.as_secs_f64() * 1e3,
+            kept as f64 / (1024.0 * 1024.0)
+        );
+    }
+    for (label, hide, encoding) in [
+        ("observe only (client asked for usage)", false, Encoding::Chars),
+        ("hide the usage-only chunk", true, Encoding::Chars),
+        ("hide + count text with o200k", true, Encoding::O200k),
+    ] {
+        let samples: Vec<f64> = (0..31)
+            .map(|_| {
+                let start = Instant::now();
+                std::hint::black_box(run(&body, hide, encoding));
+                start.elapsed().as_secs_f64() * 1e9 / EVENTS as f64
+            })
+            .collect();
+        println!("{label:45} median {:8.0} ns/event", median(samples));
+    }
+
+}

@@ -326,8 +326,8 @@ impl Exchange {
     }
 
     /// The usage to record and where it comes from.
-    fn final_usage(&self) -> (Usage, UsageSource) {
-        let (upstream, completion) = match &self.response {
+    fn final_usage(&mut self) -> (Usage, UsageSource) {
+        let (upstream, completion) = match &mut self.response {
             Response::Stream(stream) => (stream.usage(), stream.streamed_tokens()),
             Response::Body {
                 usage, text_tokens, ..

@@ -12,6 +12,9 @@ use llm_gateway_shared::sse::Framer;
 use llm_gateway_shared::tokens::{count_tokens, Encoding};
 use llm_gateway_shared::usage::{Api, StreamUsage, Usage};
 
+/// Streamed text is counted in batches of this many bytes.
+pub const TEXT_BATCH: usize = 64 * 1024;
+
 /// What to do with a chunk.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Forward {
@@ -37,7 +40,12 @@ pub struct ResponseStream {
     usage: StreamUsage,
     hide_usage_only: bool,
     encoding: Encoding,
-    streamed_tokens: u64,
+    /// Tokens of text already counted (text is counted in batches of [`TEXT_BATCH`] bytes).
+    counted_tokens: u64,
+    /// Streamed text not counted yet: counted only if no usage comes, or when it grows past
+    /// [`TEXT_BATCH`] (so memory stays bounded and a stream whose usage arrives costs no
+    /// tokenizer work unless it is long).
+    text: String,
     seen_output: bool,
     events: u64,
     hidden: u64,
@@ -57,7 +65,8 @@ impl ResponseStream {
             usage: StreamUsage::new(api),
             hide_usage_only,
             encoding,
-            streamed_tokens: 0,
+            counted_tokens: 0,
+            text: String::new(),
             seen_output: false,
             events: 0,
             hidden: 0,
@@ -96,10 +105,11 @@ impl ResponseStream {
                         Some(data) => self.usage.on_event(event.event.as_deref(), data),
                         None => Default::default(),
                     };
-                    if !info.text.is_empty() {
-                        self.streamed_tokens = self
-                            .streamed_tokens
-                            .saturating_add(count_tokens(self.encoding, &info.text));
+                    if !info.text.is_empty() && self.usage.usage().is_none() {
+                        self.text.push_str(&info.text);
+                        if self.text.len() >= TEXT_BATCH {
+                            self.count_text();
+                        }
                     }
                     if !self.seen_output && (!info.text.is_empty() || info.has_usage) {
                         self.seen_output = true;
@@ -144,9 +154,18 @@ impl ResponseStream {
         self.usage.model()
     }
 
-    /// Tokens counted from the streamed text.
-    pub fn streamed_tokens(&self) -> u64 {
-        self.streamed_tokens
+    fn count_text(&mut self) {
+        let tokens = count_tokens(self.encoding, &self.text);
+        self.counted_tokens = self.counted_tokens.saturating_add(tokens);
+        self.text.clear();
+    }
+
+    /// Tokens counted from the streamed text (counts what is still pending).
+    pub fn streamed_tokens(&mut self) -> u64 {
+        if !self.text.is_empty() {
+            self.count_text();
+        }
+        self.counted_tokens
     }
 
     /// Events seen and events hidden.
@@ -289,7 +308,8 @@ mod tests {
                 .push(b"data: {\"choices\":[{\"delta\":{\"content\":\"y\"}}]}\n\n")
                 .first_output
         );
-        assert_eq!(stream.streamed_tokens(), 2 + 1 + 1);
+        // the text is counted as a whole: "abcdefghxy" is 10 chars, 3 tokens
+        assert_eq!(stream.streamed_tokens(), 3);
         assert_eq!(stream.usage(), None);
     }
 
@@ -326,7 +346,7 @@ mod tests {
             })
         );
         assert_eq!(client, anthropic_stream());
-        let (usage, _, stream) = run(Api::Responses, false, &[&responses_stream()]);
+        let (usage, _, mut stream) = run(Api::Responses, false, &[&responses_stream()]);
         assert_eq!(
             usage,
             Some(Usage {
@@ -350,11 +370,11 @@ mod tests {
             (Api::Responses, responses_stream(), false),
         ];
         for (api, body, hide) in fixtures {
-            let (whole_usage, whole_client, whole) = run(api, hide, &[&body]);
+            let (whole_usage, whole_client, mut whole) = run(api, hide, &[&body]);
             assert!(whole_usage.is_some());
             for cut in 0..=body.len() {
                 let (a, b) = body.split_at(cut);
-                let (usage, client, split) = run(api, hide, &[a, b]);
+                let (usage, client, mut split) = run(api, hide, &[a, b]);
                 assert_eq!(usage, whole_usage, "{api:?} cut at {cut}");
                 assert_eq!(client, whole_client, "{api:?} cut at {cut}");
                 assert_eq!(split.streamed_tokens(), whole.streamed_tokens());
