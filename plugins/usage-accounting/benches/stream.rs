@@ -87,7 +87,11 @@ fn main() {
         );
     }
     for (label, hide, encoding) in [
-        ("observe only (client asked for usage)", false, Encoding::Chars),
+        (
+            "observe only (client asked for usage)",
+            false,
+            Encoding::Chars,
+        ),
         ("hide the usage-only chunk", true, Encoding::Chars),
         ("hide + count text with o200k", true, Encoding::O200k),
     ] {
@@ -100,5 +104,4 @@ fn main() {
             .collect();
         println!("{label:45} median {:8.0} ns/event", median(samples));
     }
-
 }

@@ -1,0 +1,506 @@
+//! usage-accounting end to end: the compiled plugin in a real Envoy 1.40 (`--concurrency 2`),
+//! in front of the mock upstream, driven by a real HTTP client. The access log prints the
+//! record from filter state (`%FILTER_STATE(wasm.llm_usage:PLAIN)%`); metrics are read from
+//! `/stats/prometheus` with the labels the `stats_tags` of `envoy-config/e2e-usage.yaml` make.
+
+use llm_gateway_shared::tokens::{count_tokens, estimate_prompt_tokens, Encoding};
+use llm_gateway_shared::usage::Api;
+use llm_gateway_tests::envoy::Envoy;
+use llm_gateway_tests::http::{self, Response};
+use mock_upstream::MockUpstream;
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
+
+struct Gateway {
+    upstream: MockUpstream,
+    envoy: Envoy,
+}
+
+fn usage_config() -> Value {
+    json!({
+        "price_version": "2026-11",
+        "currency": "USD",
+        "prices": {
+            "east": {"input": "0.30", "cached_input": "0.006", "output": "1.20"},
+            "claude-east": {"input": "3", "cached_input": "0.30", "cache_write": "3.75", "output": "15"}
+        },
+        "cost_headers": true
+    })
+}
+
+impl Gateway {
+    async fn start() -> Gateway {
+        let upstream = MockUpstream::start("127.0.0.1:0".parse().unwrap())
+            .await
+            .unwrap();
+        let vars = vec![
+            ("MOCK_PORT", upstream.addr().port().to_string()),
+            (
+                "USAGE_CONFIG",
+                usage_config().to_string().replace('\'', "''"),
+            ),
+        ];
+        let envoy = tokio::task::spawn_blocking(move || Envoy::start("e2e-usage.yaml", &vars))
+            .await
+            .unwrap()
+            .unwrap();
+        Gateway { upstream, envoy }
+    }
+
+    async fn post(
+        &self,
+        path: &str,
+        id: &str,
+        deployment: &str,
+        body: &Value,
+        extra: &[(&str, &str)],
+    ) -> Result<Response, String> {
+        let mut request = http::post(format!("{}{path}", self.envoy.url()))
+            .json(body)
+            .header("x-llm-request-id", id)
+            .header("x-llm-tenant", "acme")
+            .header("x-llm-consumer", "team-a")
+            .header("x-llm-model-group", "fast")
+            .header("x-llm-deployment", deployment)
+            .header("x-project", "search")
+            .header("x-agent", "planner")
+            .header("x-run-id", "run-1");
+        for (name, value) in extra {
+            request = request.header(name, value);
+        }
+        request.send().await
+    }
+
+    /// The access-log line of request `id` (waits for the periodic flush).
+    async fn access_log(&self, id: &str) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let text =
+                std::fs::read_to_string(self.envoy.dir().join("access.log")).unwrap_or_default();
+            if let Some(line) = text
+                .lines()
+                .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+                .find(|l| l["request_id"] == id)
+            {
+                return line;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no access log line for {id}:\n{}",
+                self.envoy.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// The record of request `id`, as the access log printed it from filter state.
+    async fn record(&self, id: &str) -> Value {
+        let line = self.access_log(id).await;
+        let usage = line["usage"].as_str().unwrap_or_default();
+        serde_json::from_str(usage)
+            .unwrap_or_else(|e| panic!("access log usage of {id} is not a record ({e}): {line}"))
+    }
+
+    /// The record of request `id` from the plugin's JSON log line.
+    async fn logged_record(&self, id: &str) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        let needle = format!("\"request_id\":\"{id}\"");
+        loop {
+            let logs = self.envoy.logs();
+            if let Some(line) = logs
+                .lines()
+                .find(|l| l.contains("usage_record: ") && l.contains(&needle))
+            {
+                let json = line.split_once("usage_record: ").unwrap().1;
+                return serde_json::from_str(json).unwrap();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no usage_record for {id}:\n{logs}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+fn chat(stream: bool) -> Value {
+    json!({
+        "model": "gpt-4o-mini",
+        "stream": stream,
+        "messages": [{"role": "user", "content": "Say hello"}]
+    })
+}
+
+fn assert_usage(record: &Value, prompt: u64, completion: u64, cached: u64, write: u64) {
+    let u = &record["usage"];
+    assert_eq!(u["prompt_tokens"], prompt, "{record}");
+    assert_eq!(u["completion_tokens"], completion, "{record}");
+    assert_eq!(u["cached_prompt_tokens"], cached, "{record}");
+    assert_eq!(u["cache_write_tokens"], write, "{record}");
+    assert_eq!(u["total_tokens"], prompt + completion, "{record}");
+}
+
+/// Data payloads of an SSE body.
+fn sse_data(body: &str) -> Vec<String> {
+    body.split("\n\n")
+        .filter_map(|event| {
+            event
+                .lines()
+                .find_map(|l| l.strip_prefix("data: "))
+                .map(str::to_owned)
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn non_streaming_openai_has_exact_cost_headers_and_record() {
+    let gw = Gateway::start().await;
+    let response = gw
+        .post(
+            "/v1/chat/completions",
+            "ns-1",
+            "east",
+            &chat(false),
+            &[
+                ("x-mock-prompt-tokens", "1000"),
+                ("x-mock-cache-read-tokens", "600"),
+                ("x-mock-chunks", "100"),
+            ],
+        )
+        .await
+        .unwrap();
+    assert_eq!(response.status, 200, "{}", response.text());
+    assert_eq!(response.header("x-llm-cost"), Some("0.0002436 USD"));
+    assert_eq!(response.header("x-llm-price-version"), Some("2026-11"));
+    assert_eq!(response.header("x-llm-prompt-tokens"), Some("1000"));
+    assert_eq!(response.header("x-llm-completion-tokens"), Some("100"));
+    assert_eq!(response.header("x-llm-cached-tokens"), Some("600"));
+    assert_eq!(response.header("x-llm-usage-source"), Some("upstream"));
+    assert_eq!(response.json().unwrap()["usage"]["prompt_tokens"], 1000);
+
+    let record = gw.record("ns-1").await;
+    assert_usage(&record, 1000, 100, 600, 0);
+    assert_eq!(record["cost_nano"], 243_600, "{record}");
+    assert_eq!(record["currency"], "USD");
+    assert_eq!(record["price_version"], "2026-11");
+    assert_eq!(record["usage_source"], "upstream");
+    assert_eq!(record["stream"], false);
+    assert_eq!(record["status"], 200);
+    assert_eq!(record["complete"], true);
+    for (field, value) in [
+        ("tenant", "acme"),
+        ("consumer", "team-a"),
+        ("project", "search"),
+        ("agent", "planner"),
+        ("run_id", "run-1"),
+        ("model_group", "fast"),
+        ("deployment", "east"),
+        ("api", "chat.completions"),
+    ] {
+        assert_eq!(record[field], value, "{field}: {record}");
+    }
+    assert_eq!(
+        record["attempts"],
+        json!([{"deployment": "east", "status": 200}])
+    );
+    // the JSON log line carries the same record
+    assert_eq!(gw.logged_record("ns-1").await, record);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_carry_usage_and_the_extra_chunk_is_hidden() {
+    let gw = Gateway::start().await;
+
+    // 1. the client did not ask for usage: the gateway asks, and hides the usage-only chunk
+    let response = gw
+        .post(
+            "/v1/chat/completions",
+            "s-1",
+            "east",
+            &chat(true),
+            &[("x-mock-chunks", "5")],
+        )
+        .await
+        .unwrap();
+    assert_eq!(response.status, 200);
+    let upstream = gw.upstream.requests();
+    gw.upstream.clear_requests();
+    let sent = upstream.last().unwrap().json().unwrap();
+    assert_eq!(
+        sent["stream_options"],
+        json!({"include_usage": true}),
+        "{sent}"
+    );
+    assert_eq!(
+        sent["messages"],
+        chat(true)["messages"],
+        "rest of the body intact"
+    );
+    let data = sse_data(&response.text());
+    assert_eq!(data.last().map(String::as_str), Some("[DONE]"), "{data:?}");
+    for chunk in &data[..data.len() - 1] {
+        let chunk: Value = serde_json::from_str(chunk).unwrap();
+        assert!(
+            chunk["choices"].as_array().is_some_and(|c| !c.is_empty()),
+            "the client saw a chunk without choices: {chunk}"
+        );
+    }
+    let text: String = data
+        .iter()
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .filter_map(|c| {
+            c["choices"][0]["delta"]["content"]
+                .as_str()
+                .map(str::to_owned)
+        })
+        .collect();
+    assert_eq!(text, "tok0 tok1 tok2 tok3 tok4 ");
+    let prompt = estimate_prompt_tokens(Api::ChatCompletions, &chat(true), Encoding::Chars);
+    let record = gw.record("s-1").await;
+    assert_usage(&record, prompt, 5, 0, 0);
+    assert_eq!(record["usage_source"], "upstream");
+    assert_eq!(record["stream"], true);
+    assert!(record["ttft_ms"].is_u64(), "{record}");
+
+    // 2. the client asked: it sees the usage chunk, untouched
+    let mut asked = chat(true);
+    asked["stream_options"] = json!({"include_usage": true});
+    let response = gw
+        .post(
+            "/v1/chat/completions",
+            "s-2",
+            "east",
+            &asked,
+            &[("x-mock-chunks", "5")],
+        )
+        .await
+        .unwrap();
+    let data = sse_data(&response.text());
+    let usage_chunk: Value = serde_json::from_str(&data[data.len() - 2]).unwrap();
+    assert_eq!(usage_chunk["choices"], json!([]), "{usage_chunk}");
+    assert_eq!(usage_chunk["usage"]["completion_tokens"], 5);
+    assert_usage(&gw.record("s-2").await, prompt, 5, 0, 0);
+
+    // 3. usage in the final chunk that also has choices: counted, never removed
+    let response = gw
+        .post(
+            "/v1/chat/completions",
+            "s-3",
+            "east",
+            &chat(true),
+            &[
+                ("x-mock-chunks", "3"),
+                ("x-mock-usage-in-final-chunk", "1"),
+                ("x-mock-cache-read-tokens", "4"),
+            ],
+        )
+        .await
+        .unwrap();
+    let data = sse_data(&response.text());
+    let last: Value = serde_json::from_str(&data[data.len() - 2]).unwrap();
+    assert_eq!(last["choices"][0]["finish_reason"], "stop", "{last}");
+    assert_eq!(last["usage"]["completion_tokens"], 3, "{last}");
+    assert_usage(&gw.record("s-3").await, prompt, 3, 4, 0);
+
+    // 4. the Responses API: usage from response.completed
+    let responses = json!({"model": "gpt-4o-mini", "stream": true, "input": "Say hello"});
+    let response = gw
+        .post(
+            "/v1/responses",
+            "s-4",
+            "east",
+            &responses,
+            &[("x-mock-chunks", "6"), ("x-mock-prompt-tokens", "40")],
+        )
+        .await
+        .unwrap();
+    assert!(response.text().contains("response.completed"));
+    let record = gw.record("s-4").await;
+    assert_usage(&record, 40, 6, 0, 0);
+    assert_eq!(record["api"], "responses");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anthropic_counts_cache_tokens_once() {
+    let gw = Gateway::start().await;
+    let body = |stream: bool| {
+        json!({
+            "model": "claude-sonnet-4-5",
+            "max_tokens": 100,
+            "stream": stream,
+            "messages": [{"role": "user", "content": "Say hello"}]
+        })
+    };
+    let knobs = [
+        ("x-mock-prompt-tokens", "12"),
+        ("x-mock-cache-read-tokens", "1000"),
+        ("x-mock-chunks", "7"),
+    ];
+    for (id, stream) in [("a-1", true), ("a-2", false)] {
+        let response = gw
+            .post("/v1/messages", id, "claude-east", &body(stream), &knobs)
+            .await
+            .unwrap();
+        assert_eq!(response.status, 200, "{}", response.text());
+        let record = gw.record(id).await;
+        // input 12 uncached + 1000 cache reads, once; output from message_delta
+        assert_usage(&record, 1012, 7, 1000, 0);
+        assert_eq!(record["api"], "messages");
+        assert_eq!(record["stream"], stream);
+        // 12 × 3 + 1000 × 0.30 + 7 × 15 per million = 441 micro-units
+        assert_eq!(record["cost_nano"], 441_000, "{record}");
+        if !stream {
+            assert_eq!(response.header("x-llm-cost"), Some("0.000441 USD"));
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cut_stream_and_missing_usage_give_estimated_records() {
+    let gw = Gateway::start().await;
+    // cut after the role chunk and 3 content chunks
+    let cut = gw
+        .post(
+            "/v1/chat/completions",
+            "cut-1",
+            "east",
+            &chat(true),
+            &[("x-mock-chunks", "50"), ("x-mock-cut-after", "4")],
+        )
+        .await;
+    if let Ok(response) = &cut {
+        assert!(
+            !response.text().contains("[DONE]"),
+            "a cut stream looked complete"
+        );
+    }
+    let prompt = estimate_prompt_tokens(Api::ChatCompletions, &chat(true), Encoding::O200k);
+    let streamed = count_tokens(Encoding::O200k, "tok0 tok1 tok2 ");
+    // on_log runs before Envoy's access loggers: even a cut stream's record is in the log
+    let record = gw.record("cut-1").await;
+    assert_eq!(gw.access_log("cut-1").await["flags"], "UPE");
+    assert_eq!(gw.logged_record("cut-1").await, record);
+    assert_eq!(record["usage_source"], "estimated", "{record}");
+    assert_eq!(record["complete"], false, "{record}");
+    assert_usage(&record, prompt, streamed, 0, 0);
+    // 0.30 per million prompt + 1.20 per million completion, rounded once
+    let exact = (u128::from(prompt) * 300_000_000 + u128::from(streamed) * 1_200_000_000 + 500_000)
+        / 1_000_000;
+    assert_eq!(record["cost_nano"], exact as u64, "{record}");
+
+    // a provider that sends no usage at all, stream complete
+    let response = gw
+        .post(
+            "/v1/chat/completions",
+            "nu-1",
+            "east",
+            &chat(true),
+            &[("x-mock-chunks", "4"), ("x-mock-no-usage", "1")],
+        )
+        .await
+        .unwrap();
+    assert!(response.text().contains("[DONE]"));
+    let record = gw.record("nu-1").await;
+    assert_eq!(record["usage_source"], "estimated", "{record}");
+    assert_eq!(record["complete"], true);
+    assert_usage(
+        &record,
+        prompt,
+        count_tokens(Encoding::O200k, "tok0 tok1 tok2 tok3 "),
+        0,
+        0,
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_have_labels_at_stats_prometheus() {
+    let gw = Gateway::start().await;
+    for (i, deployment) in ["east", "east", "west"].iter().enumerate() {
+        let response = gw
+            .post(
+                "/v1/chat/completions",
+                &format!("m-{i}"),
+                deployment,
+                &chat(false),
+                &[
+                    ("x-mock-prompt-tokens", "1000"),
+                    ("x-mock-cache-read-tokens", "600"),
+                    ("x-mock-chunks", "100"),
+                ],
+            )
+            .await
+            .unwrap();
+        assert_eq!(response.status, 200);
+        gw.record(&format!("m-{i}")).await;
+    }
+    let prometheus = gw.envoy.admin_get("/stats/prometheus").unwrap();
+    let lines: Vec<&str> = prometheus
+        .lines()
+        .filter(|l| !l.starts_with('#') && (l.contains("gen_ai") || l.contains("llm_gateway")))
+        .collect();
+    let find = |prefix: &str, labels: &[&str]| -> Option<String> {
+        lines
+            .iter()
+            .find(|l| l.starts_with(prefix) && labels.iter().all(|x| l.contains(x)))
+            .map(|l| l.to_string())
+    };
+    let value = |line: Option<String>| -> f64 {
+        let line = line.unwrap_or_else(|| panic!("metric missing in:\n{}", lines.join("\n")));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    let east = [
+        "tenant=\"acme\"",
+        "model_group=\"fast\"",
+        "deployment=\"east\"",
+    ];
+    let with = |extra: &str| -> Vec<&str> {
+        let mut v = east.to_vec();
+        v.push(Box::leak(extra.to_string().into_boxed_str()));
+        v
+    };
+    assert_eq!(
+        value(find(
+            "llm_gateway_usage_tokens{",
+            &with("token_type=\"input\"")
+        )),
+        2000.0
+    );
+    assert_eq!(
+        value(find(
+            "llm_gateway_usage_tokens{",
+            &with("token_type=\"cached_input\"")
+        )),
+        1200.0
+    );
+    assert_eq!(
+        value(find(
+            "llm_gateway_usage_tokens{",
+            &with("token_type=\"output\"")
+        )),
+        200.0
+    );
+    assert_eq!(
+        value(find("llm_gateway_usage_cost_nano{", &east)),
+        487_200.0
+    );
+    assert_eq!(value(find("llm_gateway_usage_requests{", &east)), 2.0);
+    assert_eq!(
+        value(find(
+            "llm_gateway_usage_requests{",
+            &["deployment=\"west\""]
+        )),
+        1.0
+    );
+    assert!(
+        find(
+            "gen_ai_client_token_usage_bucket{",
+            &with("token_type=\"output\"")
+        )
+        .is_some(),
+        "{}",
+        lines.join("\n")
+    );
+    assert!(find("gen_ai_client_operation_duration_ms_count{", &east).is_some());
+    // no consumer label unless configured
+    assert!(!prometheus.contains("consumer=\"team-a\""));
+}
