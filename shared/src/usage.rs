@@ -25,7 +25,9 @@
 //! reports what a filter needs to decide about the event (a usage-only chunk it may hide; the
 //! streamed text it may count when the upstream sends no usage).
 
+use serde::Deserialize;
 use serde_json::Value;
+use std::borrow::Cow;
 
 /// The API of a request, from its path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -252,15 +254,42 @@ impl StreamUsage {
         if data.is_empty() || data == "[DONE]" {
             return info;
         }
-        let Ok(value) = serde_json::from_str::<Value>(data) else {
-            return info;
+        // Typed and borrowing: unknown members are skipped without building a tree, the
+        // strings of a delta are borrowed unless they hold escapes.
+        let parsed = match serde_json::from_str::<WireEvent<'_>>(data) {
+            Ok(parsed) => parsed,
+            // A member of an unexpected type (say a numeric `content`) must not lose the
+            // usage of the event: read only the usage-bearing members, loosely. Without
+            // `choices` such a chunk is never taken for a usage-only one (never hidden).
+            Err(_) => match serde_json::from_str::<Value>(data) {
+                Ok(Value::Object(mut members)) => WireEvent {
+                    kind: members
+                        .get("type")
+                        .and_then(Value::as_str)
+                        .map(|kind| Cow::Owned(kind.to_owned())),
+                    model: None,
+                    choices: None,
+                    usage: members.remove("usage"),
+                    delta: None,
+                    message: members.remove("message"),
+                    response: members.remove("response"),
+                },
+                _ => return info,
+            },
         };
+        if self.model.is_none() {
+            let model = parsed.model.as_deref().or_else(|| {
+                let nested = parsed.message.as_ref().or(parsed.response.as_ref());
+                nested.and_then(|m| m.get("model")).and_then(Value::as_str)
+            });
+            self.model = model.map(str::to_owned);
+        }
         match self.api {
-            Api::ChatCompletions => self.on_chat_chunk(&value, &mut info),
-            Api::Responses => self.on_responses_event(event, &value, &mut info),
-            Api::AnthropicMessages => self.on_anthropic_event(event, &value, &mut info),
+            Api::ChatCompletions => self.on_chat_chunk(parsed, &mut info),
+            Api::Responses => self.on_responses_event(event, parsed, &mut info),
+            Api::AnthropicMessages => self.on_anthropic_event(event, parsed, &mut info),
             Api::Embeddings => {
-                if let Some(usage) = value.get("usage").and_then(Usage::from_openai) {
+                if let Some(usage) = parsed.usage.as_ref().and_then(Usage::from_openai) {
                     self.usage = Some(usage);
                     info.has_usage = true;
                 }
@@ -269,59 +298,42 @@ impl StreamUsage {
         info
     }
 
-    fn remember_model(&mut self, value: Option<&Value>) {
-        if self.model.is_none() {
-            if let Some(model) = value.and_then(Value::as_str) {
-                self.model = Some(model.to_owned());
-            }
-        }
-    }
-
-    fn on_chat_chunk(&mut self, value: &Value, info: &mut EventInfo) {
-        self.remember_model(value.get("model"));
-        let choices = value.get("choices").and_then(Value::as_array);
-        if let Some(usage) = value.get("usage").and_then(Usage::from_openai) {
+    fn on_chat_chunk(&mut self, chunk: WireEvent<'_>, info: &mut EventInfo) {
+        if let Some(usage) = chunk.usage.as_ref().and_then(Usage::from_openai) {
             self.usage = Some(usage);
             info.has_usage = true;
-            info.usage_only = choices.is_some_and(Vec::is_empty);
+            info.usage_only = chunk.choices.as_ref().is_some_and(Vec::is_empty);
         }
-        for choice in choices.into_iter().flatten() {
-            let Some(delta) = choice.get("delta") else {
+        for choice in chunk.choices.iter().flatten() {
+            let Some(delta) = &choice.delta else {
                 continue;
             };
-            for field in ["content", "reasoning_content", "refusal"] {
-                if let Some(text) = delta.get(field).and_then(Value::as_str) {
-                    info.text.push_str(text);
-                }
-            }
-            for call in delta
-                .get("tool_calls")
-                .and_then(Value::as_array)
+            for text in [&delta.content, &delta.reasoning_content, &delta.refusal]
                 .into_iter()
                 .flatten()
             {
-                if let Some(text) = call
-                    .get("function")
-                    .and_then(|f| f.get("arguments"))
-                    .and_then(Value::as_str)
-                {
-                    info.text.push_str(text);
+                info.text.push_str(text);
+            }
+            for call in delta.tool_calls.iter().flatten() {
+                if let Some(arguments) = call.function.as_ref().and_then(|f| f.arguments.as_ref()) {
+                    info.text.push_str(arguments);
                 }
             }
         }
     }
 
-    fn on_responses_event(&mut self, event: Option<&str>, value: &Value, info: &mut EventInfo) {
-        let kind = value
-            .get("type")
-            .and_then(Value::as_str)
-            .or(event)
-            .unwrap_or_default();
+    fn on_responses_event(
+        &mut self,
+        event: Option<&str>,
+        parsed: WireEvent<'_>,
+        info: &mut EventInfo,
+    ) {
+        let kind = parsed.kind.as_deref().or(event).unwrap_or_default();
         match kind {
             "response.completed" | "response.incomplete" | "response.failed" => {
-                let response = value.get("response");
-                self.remember_model(response.and_then(|r| r.get("model")));
-                if let Some(usage) = response
+                if let Some(usage) = parsed
+                    .response
+                    .as_ref()
                     .and_then(|r| r.get("usage"))
                     .and_then(Usage::from_openai)
                 {
@@ -329,15 +341,12 @@ impl StreamUsage {
                     info.has_usage = true;
                 }
             }
-            "response.created" | "response.in_progress" => {
-                self.remember_model(value.get("response").and_then(|r| r.get("model")));
-            }
             "response.output_text.delta"
             | "response.reasoning_text.delta"
             | "response.reasoning_summary_text.delta"
             | "response.refusal.delta"
             | "response.function_call_arguments.delta" => {
-                if let Some(text) = value.get("delta").and_then(Value::as_str) {
+                if let Some(Value::String(text)) = &parsed.delta {
                     info.text.push_str(text);
                 }
             }
@@ -345,21 +354,18 @@ impl StreamUsage {
         }
     }
 
-    fn on_anthropic_event(&mut self, event: Option<&str>, value: &Value, info: &mut EventInfo) {
-        let kind = value
-            .get("type")
-            .and_then(Value::as_str)
-            .or(event)
-            .unwrap_or_default();
+    fn on_anthropic_event(
+        &mut self,
+        event: Option<&str>,
+        parsed: WireEvent<'_>,
+        info: &mut EventInfo,
+    ) {
+        let kind = parsed.kind.as_deref().or(event).unwrap_or_default();
         let usage = match kind {
-            "message_start" => {
-                let message = value.get("message");
-                self.remember_model(message.and_then(|m| m.get("model")));
-                message.and_then(|m| m.get("usage"))
-            }
-            "message_delta" => value.get("usage"),
+            "message_start" => parsed.message.as_ref().and_then(|m| m.get("usage")),
+            "message_delta" => parsed.usage.as_ref(),
             "content_block_delta" => {
-                if let Some(delta) = value.get("delta") {
+                if let Some(delta) = &parsed.delta {
                     for field in ["text", "thinking", "partial_json"] {
                         if let Some(text) = delta.get(field).and_then(Value::as_str) {
                             info.text.push_str(text);
@@ -378,6 +384,55 @@ impl StreamUsage {
             }
         }
     }
+}
+
+/// The members of a stream event any API may carry; everything else is skipped unread.
+#[derive(Deserialize)]
+struct WireEvent<'a> {
+    #[serde(rename = "type", borrow, default)]
+    kind: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    model: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    choices: Option<Vec<WireChoice<'a>>>,
+    #[serde(default)]
+    usage: Option<Value>,
+    #[serde(default)]
+    delta: Option<Value>,
+    #[serde(default)]
+    message: Option<Value>,
+    #[serde(default)]
+    response: Option<Value>,
+}
+
+#[derive(Deserialize)]
+struct WireChoice<'a> {
+    #[serde(borrow, default)]
+    delta: Option<WireDelta<'a>>,
+}
+
+#[derive(Deserialize)]
+struct WireDelta<'a> {
+    #[serde(borrow, default)]
+    content: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    reasoning_content: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    refusal: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    tool_calls: Option<Vec<WireToolCall<'a>>>,
+}
+
+#[derive(Deserialize)]
+struct WireToolCall<'a> {
+    #[serde(borrow, default)]
+    function: Option<WireFunction<'a>>,
+}
+
+#[derive(Deserialize)]
+struct WireFunction<'a> {
+    #[serde(borrow, default)]
+    arguments: Option<Cow<'a, str>>,
 }
 
 #[cfg(test)]
@@ -529,6 +584,30 @@ mod tests {
             }
             assert_eq!(s.usage(), None);
         }
+    }
+
+    #[test]
+    fn odd_member_types_never_lose_the_usage() {
+        let mut s = StreamUsage::new(Api::ChatCompletions);
+        let info = s.on_event(
+            None,
+            r#"{"choices":[{"delta":{"content":5}}],"usage":{"prompt_tokens":3,"completion_tokens":1}}"#,
+        );
+        assert!(info.has_usage && !info.usage_only);
+        assert_eq!(s.usage(), Some(usage(3, 1, 0, 0, 0)));
+        let mut s = StreamUsage::new(Api::AnthropicMessages);
+        s.on_event(
+            None,
+            r#"{"type":"message_start","model":7,"message":{"usage":{"input_tokens":4}}}"#,
+        );
+        assert_eq!(s.usage(), Some(usage(4, 0, 0, 0, 0)));
+    }
+
+    #[test]
+    fn escaped_delta_text_is_decoded() {
+        let mut s = StreamUsage::new(Api::ChatCompletions);
+        let info = s.on_event(None, r#"{"choices":[{"delta":{"content":"a\"b\u00e9"}}]}"#);
+        assert_eq!(info.text, "a\"b\u{e9}");
     }
 
     #[test]

@@ -86,6 +86,26 @@ fn main() {
             kept as f64 / (1024.0 * 1024.0)
         );
     }
+    let samples: Vec<f64> = (0..31)
+        .map(|_| {
+            let start = Instant::now();
+            let mut framer = llm_gateway_shared::sse::Framer::new(1 << 20);
+            let mut n = 0usize;
+            for chunk in body.chunks(1_400) {
+                framer.push(chunk);
+                while let Some(event) = framer.next_event() {
+                    n += event.map_or(0, |e| e.raw.len());
+                }
+            }
+            std::hint::black_box(n);
+            start.elapsed().as_secs_f64() * 1e9 / EVENTS as f64
+        })
+        .collect();
+    println!(
+        "{:45} median {:8.0} ns/event",
+        "framing only (shared::sse)",
+        median(samples)
+    );
     for (label, hide, encoding) in [
         (
             "observe only (client asked for usage)",
