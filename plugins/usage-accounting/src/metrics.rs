@@ -223,6 +223,78 @@ mod tests {
         assert_eq!(label_value(Some("a.b c")), "a_b_c");
     }
 
+    /// Envoy's tag extraction: each regex runs on the full name; its first group is cut out
+    /// of the tag-extracted name, its second is the tag value.
+    fn extract(name: &str) -> (String, Vec<(String, String)>) {
+        let mut cut = vec![false; name.len()];
+        let mut tags = Vec::new();
+        for (tag, regex) in STATS_TAGS {
+            let re = regex_lite::Regex::new(regex).unwrap();
+            if let Some(caps) = re.captures(name) {
+                let whole = caps.get(1).unwrap();
+                for flag in &mut cut[whole.range()] {
+                    *flag = true;
+                }
+                tags.push((tag.to_string(), caps.get(2).unwrap().as_str().to_string()));
+            }
+        }
+        let kept: String = name
+            .char_indices()
+            .filter(|(i, _)| !cut[*i])
+            .map(|(_, c)| c)
+            .collect();
+        (kept, tags)
+    }
+
+    #[test]
+    fn stats_tags_turn_every_name_into_labels() {
+        let mut r = record();
+        r.usage.reasoning_tokens = 1;
+        r.usage_source = UsageSource::Estimated;
+        for consumer in [false, true] {
+            // values chosen to look like the markers
+            r.tenant = Some("tenant".into());
+            r.model_group = Some("model_group".into());
+            r.deployment = Some("token_type".into());
+            let labels = label_suffix(&r, consumer);
+            for sample in samples(&r, &labels) {
+                let (name, tags) = extract(&format!("wasmcustom.{}", sample.name));
+                assert!(
+                    !name.contains(".tenant.") && !name.contains(".token_type."),
+                    "{} -> {name}",
+                    sample.name
+                );
+                let get = |t: &str| tags.iter().find(|(n, _)| n == t).map(|(_, v)| v.as_str());
+                assert_eq!(get("tenant"), Some("tenant"), "{}", sample.name);
+                assert_eq!(get("model_group"), Some("model_group"));
+                assert_eq!(get("deployment"), Some("token_type"));
+                assert_eq!(get("consumer"), consumer.then_some("team_a"));
+                if sample.name.starts_with("gen_ai.client.token.")
+                    || sample.name.starts_with("llm_gateway.usage.tokens.")
+                {
+                    assert!(get("token_type").is_some(), "{}", sample.name);
+                }
+            }
+        }
+        let (name, _) = extract(&format!(
+            "wasmcustom.llm_gateway.usage.tokens.token_type.cached_input{}",
+            label_suffix(&record(), true)
+        ));
+        assert_eq!(name, "wasmcustom.llm_gateway.usage.tokens");
+    }
+
+    #[test]
+    fn the_e2e_bootstrap_uses_these_regexes() {
+        let yaml = include_str!("../../../envoy-config/e2e-usage.yaml");
+        for (tag, regex) in STATS_TAGS {
+            assert!(yaml.contains(&format!("tag_name: {tag}")), "{tag}");
+            assert!(
+                yaml.contains(&format!("regex: '{regex}'")),
+                "{tag}: {regex}"
+            );
+        }
+    }
+
     #[test]
     fn samples_skip_zero_counters() {
         let r = record();
