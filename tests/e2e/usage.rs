@@ -504,3 +504,86 @@ async fn metrics_have_labels_at_stats_prometheus() {
     // no consumer label unless configured
     assert!(!prometheus.contains("consumer=\"team-a\""));
 }
+
+/// Runs `scripts/usage-report`'s binary.
+fn usage_report(args: &[&str]) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_usage-report"))
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_report_reads_the_access_log_and_the_redis_ledger() {
+    let gw = Gateway::start().await;
+    let knobs = [
+        ("x-mock-prompt-tokens", "1000"),
+        ("x-mock-cache-read-tokens", "600"),
+        ("x-mock-chunks", "100"),
+    ];
+    for id in ["r-1", "r-2"] {
+        gw.post("/v1/chat/completions", id, "east", &chat(false), &knobs)
+            .await
+            .unwrap();
+    }
+    let streamed = gw
+        .post("/v1/chat/completions", "r-3", "east", &chat(true), &knobs)
+        .await
+        .unwrap();
+    assert_eq!(streamed.status, 200);
+    let r3 = gw.record("r-3").await;
+    for id in ["r-1", "r-2"] {
+        gw.record(id).await;
+    }
+    let month = usage_accounting::report::Month::containing(r3["ts_ms"].as_u64().unwrap());
+    let month = format!("{}-{:02}", month.year, month.month);
+    let log = gw.envoy.dir().join("access.log");
+    let log = log.to_str().unwrap();
+
+    let csv = usage_report(&["--month", &month, "--csv", log]);
+    let rows: Vec<&str> = csv.lines().collect();
+    assert_eq!(rows.len(), 2, "{csv}");
+    // 3 requests × (1000 prompt, 600 cached, 100 out) at 243.6 µ each
+    assert_eq!(
+        rows[1], "acme,search,fast,3,0,3000,1800,300,0.600,0.0007308,USD",
+        "{csv}"
+    );
+    let text = usage_report(&["--month", &month, log]);
+    assert!(
+        text.contains("60.0%") && text.contains("0.0007308 USD"),
+        "{text}"
+    );
+    // another month has nothing
+    let empty = usage_report(&["--month", "2001-01", "--csv", log]);
+    assert_eq!(empty.lines().count(), 1, "{empty}");
+
+    // the Redis ledger: entries as the Higress build appends them (field `record`)
+    let redis = llm_gateway_tests::redis::Redis::start().unwrap();
+    let line = std::fs::read_to_string(gw.envoy.dir().join("access.log")).unwrap();
+    for access in line.lines() {
+        let access: Value = serde_json::from_str(access).unwrap();
+        let record = access["usage"].as_str().unwrap();
+        let reply = redis
+            .command(&[
+                "XADD",
+                "llm:usage",
+                "MAXLEN",
+                "~",
+                "1000",
+                "*",
+                "record",
+                record,
+            ])
+            .unwrap();
+        assert!(reply.starts_with('$'), "{reply}");
+    }
+    let addr = redis.addr().to_string();
+    let from_redis = usage_report(&["--month", &month, "--csv", "--redis", &addr]);
+    assert_eq!(from_redis, csv);
+}

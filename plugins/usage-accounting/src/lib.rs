@@ -29,6 +29,7 @@ pub mod exchange;
 pub mod metrics;
 pub mod pricing;
 pub mod record;
+pub mod report;
 pub mod request;
 pub mod stream;
 
