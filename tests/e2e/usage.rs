@@ -211,56 +211,59 @@ async fn non_streaming_openai_has_exact_cost_headers_and_record() {
 async fn streams_carry_usage_and_the_extra_chunk_is_hidden() {
     let gw = Gateway::start().await;
 
-    // 1. the client did not ask for usage: the gateway asks, and hides the usage-only chunk
-    let response = gw
-        .post(
-            "/v1/chat/completions",
-            "s-1",
-            "east",
-            &chat(true),
-            &[("x-mock-chunks", "5")],
-        )
-        .await
-        .unwrap();
-    assert_eq!(response.status, 200);
-    let upstream = gw.upstream.requests();
-    gw.upstream.clear_requests();
-    let sent = upstream.last().unwrap().json().unwrap();
-    assert_eq!(
-        sent["stream_options"],
-        json!({"include_usage": true}),
-        "{sent}"
-    );
-    assert_eq!(
-        sent["messages"],
-        chat(true)["messages"],
-        "rest of the body intact"
-    );
-    let data = sse_data(&response.text());
-    assert_eq!(data.last().map(String::as_str), Some("[DONE]"), "{data:?}");
-    for chunk in &data[..data.len() - 1] {
-        let chunk: Value = serde_json::from_str(chunk).unwrap();
-        assert!(
-            chunk["choices"].as_array().is_some_and(|c| !c.is_empty()),
-            "the client saw a chunk without choices: {chunk}"
-        );
-    }
-    let text: String = data
-        .iter()
-        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
-        .filter_map(|c| {
-            c["choices"][0]["delta"]["content"]
-                .as_str()
-                .map(str::to_owned)
-        })
-        .collect();
-    assert_eq!(text, "tok0 tok1 tok2 tok3 tok4 ");
+    // 1. the client did not ask for usage: the gateway asks, and hides the usage-only chunk,
+    //    whether the stream comes in one frame or one frame per event
     let prompt = estimate_prompt_tokens(Api::ChatCompletions, &chat(true), Encoding::Chars);
-    let record = gw.record("s-1").await;
-    assert_usage(&record, prompt, 5, 0, 0);
-    assert_eq!(record["usage_source"], "upstream");
-    assert_eq!(record["stream"], true);
-    assert!(record["ttft_ms"].is_u64(), "{record}");
+    for (id, delay) in [("s-1", "0"), ("s-1-paced", "2")] {
+        let response = gw
+            .post(
+                "/v1/chat/completions",
+                id,
+                "east",
+                &chat(true),
+                &[("x-mock-chunks", "5"), ("x-mock-chunk-delay-ms", delay)],
+            )
+            .await
+            .unwrap();
+        assert_eq!(response.status, 200);
+        let upstream = gw.upstream.requests();
+        gw.upstream.clear_requests();
+        let sent = upstream.last().unwrap().json().unwrap();
+        assert_eq!(
+            sent["stream_options"],
+            json!({"include_usage": true}),
+            "{sent}"
+        );
+        assert_eq!(
+            sent["messages"],
+            chat(true)["messages"],
+            "rest of the body intact"
+        );
+        let data = sse_data(&response.text());
+        assert_eq!(data.last().map(String::as_str), Some("[DONE]"), "{data:?}");
+        for chunk in &data[..data.len() - 1] {
+            let chunk: Value = serde_json::from_str(chunk).unwrap();
+            assert!(
+                chunk["choices"].as_array().is_some_and(|c| !c.is_empty()),
+                "the client saw a chunk without choices: {chunk}"
+            );
+        }
+        let text: String = data
+            .iter()
+            .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+            .filter_map(|c| {
+                c["choices"][0]["delta"]["content"]
+                    .as_str()
+                    .map(str::to_owned)
+            })
+            .collect();
+        assert_eq!(text, "tok0 tok1 tok2 tok3 tok4 ");
+        let record = gw.record(id).await;
+        assert_usage(&record, prompt, 5, 0, 0);
+        assert_eq!(record["usage_source"], "upstream");
+        assert_eq!(record["stream"], true);
+        assert!(record["ttft_ms"].is_u64(), "{record}");
+    }
 
     // 2. the client asked: it sees the usage chunk, untouched
     let mut asked = chat(true);

@@ -10,7 +10,7 @@
 //!   },
 //!   "default_price": null,
 //!   "inject_include_usage": true,
-//!   "cost_headers": true,
+//!   "cost_headers": false,
 //!   "log_records": true,
 //!   "consumer_label": false,
 //!   "filter_state": "llm_usage",
@@ -36,7 +36,9 @@ pub struct UsageConfig {
     pub default_price: Option<Price>,
     /// Inject `stream_options.include_usage: true` into streaming chat requests.
     pub inject_include_usage: bool,
-    /// Add `x-llm-cost` and usage headers to non-streaming responses.
+    /// Add `x-llm-cost` and usage headers to non-streaming responses. Holds the response
+    /// headers until the body is read: the Envoy filter needs
+    /// `allow_on_headers_stop_iteration: true`, or the body never reaches the plugin.
     pub cost_headers: bool,
     /// Write one JSON log line per record.
     pub log_records: bool,
@@ -78,7 +80,7 @@ struct RawConfig {
     default_price: Option<Value>,
     #[serde(default = "default_true")]
     inject_include_usage: bool,
-    #[serde(default = "default_true")]
+    #[serde(default)]
     cost_headers: bool,
     #[serde(default = "default_true")]
     log_records: bool,
@@ -249,8 +251,8 @@ mod tests {
     #[test]
     fn defaults() {
         let c = parse(json!({})).unwrap();
-        assert!(c.inject_include_usage && c.cost_headers && c.log_records);
-        assert!(!c.consumer_label);
+        assert!(c.inject_include_usage && c.log_records);
+        assert!(!c.consumer_label && !c.cost_headers);
         assert_eq!(c.filter_state, "llm_usage");
         assert!(c.price_for(Some("x"), None, None).is_none());
     }

@@ -428,6 +428,7 @@ mod tests {
     fn config(extra: serde_json::Value) -> UsageConfig {
         let mut doc = json!({
             "price_version": "2026-11",
+            "cost_headers": true,
             "prices": {"east": {"input": "0.30", "cached_input": "0.006", "output": "1.20"}}
         });
         if let (Some(d), Some(e)) = (doc.as_object_mut(), extra.as_object()) {
