@@ -274,6 +274,35 @@ impl HttpContext for Request {
         }
     }
 
+    fn on_http_response_trailers(&mut self, _num_trailers: usize) -> Action {
+        // With trailers the last body callback does not say end_of_stream: end here.
+        let Some(active) = &mut self.active else {
+            return Action::Continue;
+        };
+        match active.mode {
+            ResponseMode::Stream => {
+                // a well-formed stream ends with a blank line, so nothing is held back here
+                let _ = active.exchange.on_response_chunk(&[], true, now_ms());
+            }
+            ResponseMode::Buffer { hold_headers } if !active.exchange.is_finished() => {
+                let body = host::buffer(Buffer::ResponseBody, 0, usize::MAX).unwrap_or_default();
+                let route = route_info();
+                let added = active
+                    .exchange
+                    .on_response_body(&active.config, &route, &body, true);
+                if hold_headers {
+                    for (name, value) in &added {
+                        let _ =
+                            host::set_header(HeaderMap::ResponseHeaders, name, value.as_bytes());
+                    }
+                }
+            }
+            _ => {}
+        }
+        self.publish(true);
+        Action::Continue
+    }
+
     fn on_log(&mut self) {
         // A response that never reached its end (cut stream, client gone): record it now.
         self.publish(false);
