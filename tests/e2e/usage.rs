@@ -30,15 +30,16 @@ fn usage_config() -> Value {
 
 impl Gateway {
     async fn start() -> Gateway {
+        Gateway::start_with(usage_config()).await
+    }
+
+    async fn start_with(config: Value) -> Gateway {
         let upstream = MockUpstream::start("127.0.0.1:0".parse().unwrap())
             .await
             .unwrap();
         let vars = vec![
             ("MOCK_PORT", upstream.addr().port().to_string()),
-            (
-                "USAGE_CONFIG",
-                usage_config().to_string().replace('\'', "''"),
-            ),
+            ("USAGE_CONFIG", config.to_string().replace('\'', "''")),
         ];
         let envoy = tokio::task::spawn_blocking(move || Envoy::start("e2e-usage.yaml", &vars))
             .await
@@ -506,6 +507,30 @@ async fn metrics_have_labels_at_stats_prometheus() {
     assert!(find("gen_ai_client_operation_duration_ms_count{", &east).is_some());
     // no consumer label unless configured
     assert!(!prometheus.contains("consumer=\"team-a\""));
+    drop(gw);
+
+    let mut config = usage_config();
+    config["consumer_label"] = json!(true);
+    let gw = Gateway::start_with(config).await;
+    gw.post(
+        "/v1/embeddings",
+        "m-e",
+        "east",
+        &json!({"model": "text-embedding-3-small", "input": "abcd"}),
+        &[],
+    )
+    .await
+    .unwrap();
+    assert_eq!(gw.record("m-e").await["usage"]["prompt_tokens"], 1);
+    let prometheus = gw.envoy.admin_get("/stats/prometheus").unwrap();
+    let line = prometheus
+        .lines()
+        .find(|l| l.starts_with("llm_gateway_usage_requests{"))
+        .unwrap_or_else(|| panic!("{prometheus}"));
+    assert!(
+        line.contains("consumer=\"team-a\"") && line.contains("tenant=\"acme\""),
+        "{line}"
+    );
 }
 
 /// Runs `scripts/usage-report`'s binary.
