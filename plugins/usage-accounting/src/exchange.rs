@@ -72,6 +72,76 @@ pub struct RouteInfo {
     pub price: Option<Price>,
 }
 
+/// Filter state the model router publishes (`wasm.llm_route`; `shared::route_info` on the
+/// router's branch): read tolerantly here, so this plugin works with or without the router.
+pub const ROUTER_PROPERTY: &str = "llm_route";
+
+#[derive(serde::Deserialize)]
+struct RouterState {
+    #[serde(default)]
+    model_group: Option<String>,
+    #[serde(default)]
+    deployment: Option<String>,
+    #[serde(default)]
+    price: Option<RouterPrice>,
+    #[serde(default)]
+    price_version: Option<String>,
+    #[serde(default)]
+    attempts: Option<u32>,
+}
+
+/// Micro-units of `currency` per million tokens.
+#[derive(serde::Deserialize)]
+struct RouterPrice {
+    #[serde(default)]
+    currency: Option<String>,
+    input: u64,
+    output: u64,
+    #[serde(default)]
+    cached_input: Option<u64>,
+}
+
+impl RouteInfo {
+    /// The router's published state (`None` if `bytes` is not one). Its prices are
+    /// micro-units per million tokens (×1 000 here); it reports how many attempts there were
+    /// and which deployment answered, so earlier attempts are listed without a deployment.
+    pub fn from_router_json(bytes: &[u8], status: u16) -> Option<RouteInfo> {
+        let state: RouterState = serde_json::from_slice(bytes).ok()?;
+        let nano = |micro: u64| micro.saturating_mul(1_000);
+        let price = state.price.map(|p| Price {
+            input: nano(p.input),
+            cached_input: nano(p.cached_input.unwrap_or(p.input)),
+            cache_write: nano(p.input),
+            output: nano(p.output),
+            reasoning: nano(p.output),
+            version: state
+                .price_version
+                .clone()
+                .unwrap_or_else(|| "unversioned".into()),
+            currency: p.currency.unwrap_or_else(|| "USD".into()),
+        });
+        let count = state.attempts.unwrap_or(1).clamp(1, 64);
+        let mut attempts: Vec<Attempt> = (1..count)
+            .map(|_| Attempt {
+                deployment: None,
+                status: 0,
+            })
+            .collect();
+        if count > 1 {
+            attempts.push(Attempt {
+                deployment: state.deployment.clone(),
+                status,
+            });
+        }
+        Some(RouteInfo {
+            model_group: state.model_group,
+            deployment: state.deployment,
+            attempts,
+            price,
+        })
+    }
+}
+
 /// How the shell handles the response.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ResponseMode {
@@ -349,6 +419,11 @@ impl Exchange {
         (usage, UsageSource::Estimated)
     }
 
+    /// The response status seen so far (0: none yet).
+    pub fn status(&self) -> u16 {
+        self.status
+    }
+
     /// True once [`Exchange::finish`] built the record.
     pub fn is_finished(&self) -> bool {
         self.finished
@@ -587,6 +662,33 @@ mod tests {
         assert_eq!(record.usage, UsageFields::default());
         assert_eq!(record.status, 429);
         assert!(Exchange::start("/v1/models", attribution(), 0).is_none());
+    }
+
+    #[test]
+    fn router_state_gives_deployment_price_and_attempts() {
+        let json = br#"{"request_id":"r","model_group":"fast","deployment":"west","model":"gpt-4o-mini","provider":"openai","price":{"currency":"USD","input":300000,"output":1200000,"cached_input":6000},"price_version":"2026-01","route_version":"v7","attempts":2}"#;
+        let route = RouteInfo::from_router_json(json, 200).unwrap();
+        assert_eq!(route.deployment.as_deref(), Some("west"));
+        assert_eq!(route.attempts.len(), 2);
+        assert_eq!(route.attempts[1].status, 200);
+        let price = route.price.clone().unwrap();
+        assert_eq!(
+            (price.input, price.cached_input, price.output),
+            (300_000_000, 6_000_000, 1_200_000_000)
+        );
+        assert_eq!(price.version, "2026-01");
+        let config = config(json!({"prices": {}}));
+        let mut ex = Exchange::start("/v1/chat/completions", attribution(), 0).unwrap();
+        ex.on_response_headers(&config, 200, "application/json", 1);
+        ex.on_response_body(&config, &route, br#"{"usage":{"prompt_tokens":1000,"completion_tokens":100,"prompt_tokens_details":{"cached_tokens":600}}}"#, true);
+        let record = ex.finish(&config, &route, true, 2).unwrap();
+        assert_eq!(record.cost_nano, Some(243_600));
+        assert_eq!(record.price_version.as_deref(), Some("2026-01"));
+        assert_eq!(record.model_group.as_deref(), Some("fast"));
+        let single =
+            RouteInfo::from_router_json(br#"{"deployment":"east","attempts":1}"#, 200).unwrap();
+        assert!(single.attempts.is_empty() && single.price.is_none());
+        assert!(RouteInfo::from_router_json(b"nope", 200).is_none());
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! `llm_gateway_shared::host`; nothing here decides.
 
 use crate::config::{parse_document, UsageConfig};
-use crate::exchange::{Attribution, Exchange, ResponseMode, RouteInfo};
+use crate::exchange::{Attribution, Exchange, ResponseMode, RouteInfo, ROUTER_PROPERTY};
 use crate::metrics::{label_suffix, samples, Kind, MAX_SERIES};
 use crate::record::Record;
 use crate::stream::Forward;
@@ -110,6 +110,16 @@ struct Active {
     exchange: Exchange,
     config: UsageConfig,
     mode: ResponseMode,
+    /// The router's state, read once the response is known (the router writes it again at
+    /// response headers).
+    route: Option<RouteInfo>,
+}
+
+impl Active {
+    fn route(&mut self) -> RouteInfo {
+        let status = self.exchange.status();
+        self.route.get_or_insert_with(|| route_info(status)).clone()
+    }
 }
 
 struct Request {
@@ -130,12 +140,15 @@ fn header_text(pairs: &[(String, Vec<u8>)], name: &str) -> String {
         .to_string()
 }
 
-/// The router's view of the request. Seam: once `shared::route_info` lands, read the
-/// router's filter state here (deployment, attempts, price); until then the
-/// `x-llm-deployment` / `x-llm-model-group` headers (in [`Attribution`]) and the plugin's
-/// own price table are used.
-fn route_info() -> RouteInfo {
-    RouteInfo::default()
+/// The router's view of the request: its filter state `wasm.llm_route` when it runs in the
+/// chain (deployment that answered, attempts, price); otherwise the `x-llm-deployment` /
+/// `x-llm-model-group` headers (in [`Attribution`]) and the plugin's own price table.
+fn route_info(status: u16) -> RouteInfo {
+    host::property(&[ROUTER_PROPERTY])
+        .ok()
+        .flatten()
+        .and_then(|bytes| RouteInfo::from_router_json(&bytes, status))
+        .unwrap_or_default()
 }
 
 impl Context for Request {}
@@ -167,6 +180,7 @@ impl HttpContext for Request {
             exchange,
             config: config.clone(),
             mode: ResponseMode::PassThrough,
+            route: None,
         });
         Action::Continue
     }
@@ -258,7 +272,7 @@ impl HttpContext for Request {
                     return Action::Pause;
                 }
                 let body = host::buffer(Buffer::ResponseBody, 0, body_size).unwrap_or_default();
-                let route = route_info();
+                let route = active.route();
                 let added = active
                     .exchange
                     .on_response_body(&active.config, &route, &body, true);
@@ -286,7 +300,7 @@ impl HttpContext for Request {
             }
             ResponseMode::Buffer { hold_headers } if !active.exchange.is_finished() => {
                 let body = host::buffer(Buffer::ResponseBody, 0, usize::MAX).unwrap_or_default();
-                let route = route_info();
+                let route = active.route();
                 let added = active
                     .exchange
                     .on_response_body(&active.config, &route, &body, true);
@@ -315,7 +329,7 @@ impl Request {
         let (Some(state), Some(active)) = (self.state.clone(), self.active.as_mut()) else {
             return;
         };
-        let route = route_info();
+        let route = active.route();
         let Some(record) = active
             .exchange
             .finish(&active.config, &route, complete, now_ms())
