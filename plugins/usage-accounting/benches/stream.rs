@@ -90,7 +90,10 @@ fn main() {
     // the minimum is the least disturbed run, the median the typical one.
     let variants: [(&str, Option<(bool, Encoding)>); 4] = [
         ("framing only (shared::sse)", None),
-        ("observe (client asked for usage)", Some((false, Encoding::Chars))),
+        (
+            "observe (client asked for usage)",
+            Some((false, Encoding::Chars)),
+        ),
         ("hide the usage-only chunk", Some((true, Encoding::Chars))),
         ("hide, text kept for o200k", Some((true, Encoding::O200k))),
     ];
@@ -121,6 +124,9 @@ fn main() {
     }
     for ((label, _), list) in variants.iter().zip(samples) {
         let min = list.iter().copied().fold(f64::INFINITY, f64::min);
-        println!("{label:36} min {min:6.0} ns/event   median {:6.0} ns/event", median(list));
+        println!(
+            "{label:36} min {min:6.0} ns/event   median {:6.0} ns/event",
+            median(list)
+        );
     }
 }

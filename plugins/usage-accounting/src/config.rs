@@ -20,6 +20,7 @@
 //! Price keys are deployment names (`x-llm-deployment`, or the router's filter state), else
 //! model groups, else the model the upstream names. See the README for every field.
 
+use crate::ledger::{parse_ledger, LedgerConfig};
 use crate::pricing::{parse_price, Price};
 use llm_gateway_shared::config::{validate_name, ConfigError};
 use llm_gateway_shared::rules::RuleSet;
@@ -48,6 +49,8 @@ pub struct UsageConfig {
     pub filter_state: String,
     /// Largest SSE event kept whole; a longer one passes through uninspected.
     pub max_event_bytes: usize,
+    /// The Redis stream ledger (Higress builds only).
+    pub ledger: Option<LedgerConfig>,
 }
 
 impl UsageConfig {
@@ -90,6 +93,8 @@ struct RawConfig {
     filter_state: String,
     #[serde(default = "default_max_event_bytes")]
     max_event_bytes: usize,
+    #[serde(default)]
+    ledger: Option<Value>,
 }
 
 fn default_currency() -> String {
@@ -148,7 +153,21 @@ fn parse_scope(fields: &Map<String, Value>) -> Result<UsageConfig, ConfigError> 
             "must be between 1024 and 67108864",
         ));
     }
+    let ledger = match &raw.ledger {
+        None | Some(Value::Null) => None,
+        Some(value) => {
+            let ledger = parse_ledger(value)?;
+            if !cfg!(feature = "higress") {
+                return Err(ConfigError::new(
+                    "ledger",
+                    "needs the Higress build (cargo feature `higress`): plain Envoy has no Redis calls; use the access log",
+                ));
+            }
+            Some(ledger)
+        }
+    };
     Ok(UsageConfig {
+        ledger,
         prices,
         default_price,
         inject_include_usage: raw.inject_include_usage,
@@ -284,6 +303,19 @@ mod tests {
             c.price_for(None, None, Some("m")).unwrap().input,
             9_000_000_000
         );
+    }
+
+    #[test]
+    fn the_ledger_needs_the_higress_build() {
+        let result = parse(json!({"ledger": {"service": "outbound|6379||redis.static"}}));
+        if cfg!(feature = "higress") {
+            assert_eq!(result.unwrap().ledger.unwrap().stream, "llm:usage");
+        } else {
+            let err = result.unwrap_err();
+            assert_eq!(err.field(), "ledger");
+            assert!(err.reason().contains("Higress"), "{err}");
+        }
+        assert!(parse(json!({"ledger": null})).unwrap().ledger.is_none());
     }
 
     #[test]

@@ -26,6 +26,7 @@
 
 pub mod config;
 pub mod exchange;
+pub mod ledger;
 pub mod metrics;
 pub mod pricing;
 pub mod record;
