@@ -157,7 +157,7 @@ fn parse_scope(fields: &Map<String, Value>) -> Result<UsageConfig, ConfigError> 
         None | Some(Value::Null) => None,
         Some(value) => {
             let ledger = parse_ledger(value)?;
-            if !cfg!(feature = "higress") {
+            if !crate::ledger::TRANSPORT {
                 return Err(ConfigError::new(
                     "ledger",
                     "needs the Higress build (cargo feature `higress`): plain Envoy has no Redis calls; use the access log",
@@ -308,7 +308,7 @@ mod tests {
     #[test]
     fn the_ledger_needs_the_higress_build() {
         let result = parse(json!({"ledger": {"service": "outbound|6379||redis.static"}}));
-        if cfg!(feature = "higress") {
+        if crate::ledger::TRANSPORT {
             assert_eq!(result.unwrap().ledger.unwrap().stream, "llm:usage");
         } else {
             let err = result.unwrap_err();

@@ -13,6 +13,11 @@
 //! logged, the record still being in the access log and the log line.
 
 use llm_gateway_shared::config::ConfigError;
+
+/// This build can append to Redis. False until the Higress Redis host calls
+/// (`shared::host::redis`, `shared::resp`) are wired in under the `higress` feature: until
+/// then a configured `ledger` is refused rather than silently dropped.
+pub const TRANSPORT: bool = false;
 use serde::Deserialize;
 use serde_json::Value;
 
