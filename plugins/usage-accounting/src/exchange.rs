@@ -397,12 +397,10 @@ impl Exchange {
 
     /// The usage to record and where it comes from.
     fn final_usage(&mut self) -> (Usage, UsageSource) {
-        let (upstream, completion) = match &mut self.response {
-            Response::Stream(stream) => (stream.usage(), stream.streamed_tokens()),
-            Response::Body {
-                usage, text_tokens, ..
-            } => (*usage, *text_tokens),
-            Response::None => (None, 0),
+        let upstream = match &self.response {
+            Response::Stream(stream) => stream.usage(),
+            Response::Body { usage, .. } => *usage,
+            Response::None => None,
         };
         if let Some(usage) = upstream {
             return (usage, UsageSource::Upstream);
@@ -411,6 +409,13 @@ impl Exchange {
             // An error answer bills nothing, and says so by sending no usage.
             return (Usage::default(), UsageSource::Upstream);
         }
+        // Only now, with no usage from the upstream, is the text counted (and the tokenizer
+        // built, the first time in this VM).
+        let completion = match &mut self.response {
+            Response::Stream(stream) => stream.streamed_tokens(),
+            Response::Body { text_tokens, .. } => *text_tokens,
+            Response::None => 0,
+        };
         let usage = Usage {
             prompt_tokens: self.estimated_prompt(),
             completion_tokens: completion,
