@@ -617,4 +617,39 @@ mod tests {
         );
         assert_eq!(u.map(|u| u.cached_prompt_tokens), Some(5));
     }
+
+    #[cfg(not(target_arch = "wasm32"))]
+    mod properties {
+        use super::super::*;
+        use proptest::prelude::*;
+
+        proptest! {
+            #[test]
+            fn any_event_data_is_safe(event in proptest::option::of("[a-z_.]{0,30}"), data in ".{0,300}") {
+                for api in [Api::ChatCompletions, Api::Responses, Api::AnthropicMessages, Api::Embeddings] {
+                    let mut s = StreamUsage::new(api);
+                    let info = s.on_event(event.as_deref(), &data);
+                    prop_assert!(!info.usage_only || info.has_usage);
+                }
+            }
+
+            #[test]
+            fn reported_numbers_come_back_exactly(prompt in 0u64..1 << 40, completion in 0u64..1 << 40, cached in 0u64..1 << 40, reasoning in 0u64..1 << 40) {
+                let cached = cached.min(prompt);
+                let chat = format!(r#"{{"choices":[],"usage":{{"prompt_tokens":{prompt},"completion_tokens":{completion},"prompt_tokens_details":{{"cached_tokens":{cached}}},"completion_tokens_details":{{"reasoning_tokens":{reasoning}}}}}}}"#);
+                let mut s = StreamUsage::new(Api::ChatCompletions);
+                s.on_event(None, &chat);
+                let expected = Usage { prompt_tokens: prompt, completion_tokens: completion, cached_prompt_tokens: cached, cache_write_tokens: 0, reasoning_tokens: reasoning };
+                prop_assert_eq!(s.usage(), Some(expected));
+                prop_assert_eq!(from_response_body(Api::ChatCompletions, chat.as_bytes()).map(|u| u.0), Some(expected));
+                let start = format!(r#"{{"type":"message_start","message":{{"usage":{{"input_tokens":{prompt},"cache_read_input_tokens":{cached},"output_tokens":1}}}}}}"#);
+                let delta = format!(r#"{{"type":"message_delta","usage":{{"output_tokens":{completion}}}}}"#);
+                let mut s = StreamUsage::new(Api::AnthropicMessages);
+                s.on_event(Some("message_start"), &start);
+                s.on_event(Some("message_delta"), &delta);
+                let anthropic = Usage { prompt_tokens: prompt + cached, completion_tokens: completion, cached_prompt_tokens: cached, cache_write_tokens: 0, reasoning_tokens: 0 };
+                prop_assert_eq!(s.usage(), Some(anthropic));
+            }
+        }
+    }
 }

@@ -231,9 +231,7 @@ impl Exchange {
         config: &UsageConfig,
         status: u16,
         content_type: &str,
-        now_ms: u64,
     ) -> ResponseMode {
-        let _ = now_ms;
         self.status = status;
         let media = content_type
             .split(';')
@@ -555,7 +553,7 @@ mod tests {
             .on_request_body(&config, br#"{"model":"gpt-4o","messages":[]}"#)
             .is_none());
         assert_eq!(
-            ex.on_response_headers(&config, 200, "application/json", 1_100),
+            ex.on_response_headers(&config, 200, "application/json"),
             ResponseMode::Buffer { hold_headers: true }
         );
         let body = br#"{"model":"gpt-4o-2024","choices":[],"usage":{"prompt_tokens":1000,"completion_tokens":100,"prompt_tokens_details":{"cached_tokens":600}}}"#;
@@ -599,7 +597,7 @@ mod tests {
             .unwrap();
         assert!(String::from_utf8(new).unwrap().contains("include_usage"));
         assert_eq!(
-            ex.on_response_headers(&config, 200, "text/event-stream; charset=utf-8", 5),
+            ex.on_response_headers(&config, 200, "text/event-stream; charset=utf-8"),
             ResponseMode::Stream
         );
         ex.on_response_chunk(
@@ -637,7 +635,7 @@ mod tests {
         route.price = config.price_for(Some("east"), None, None).cloned();
         let mut ex = Exchange::start("/v1/embeddings", attribution(), 0).unwrap();
         ex.on_request_body(&config, br#"{"input":"abcd"}"#);
-        ex.on_response_headers(&config, 200, "application/json", 1);
+        ex.on_response_headers(&config, 200, "application/json");
         ex.on_response_body(
             &config,
             &route,
@@ -657,7 +655,7 @@ mod tests {
         let mut ex = Exchange::start("/v1/messages", attribution(), 0).unwrap();
         ex.on_request_body(&config, br#"{"messages":[{"role":"user","content":"x"}]}"#);
         assert_eq!(
-            ex.on_response_headers(&config, 429, "application/json", 1),
+            ex.on_response_headers(&config, 429, "application/json"),
             ResponseMode::Buffer {
                 hold_headers: false
             }
@@ -684,7 +682,7 @@ mod tests {
         assert_eq!(price.version, "2026-01");
         let config = config(json!({"prices": {}}));
         let mut ex = Exchange::start("/v1/chat/completions", attribution(), 0).unwrap();
-        ex.on_response_headers(&config, 200, "application/json", 1);
+        ex.on_response_headers(&config, 200, "application/json");
         ex.on_response_body(&config, &route, br#"{"usage":{"prompt_tokens":1000,"completion_tokens":100,"prompt_tokens_details":{"cached_tokens":600}}}"#, true);
         let record = ex.finish(&config, &route, true, 2).unwrap();
         assert_eq!(record.cost_nano, Some(243_600));

@@ -227,4 +227,25 @@ mod tests {
         assert_eq!(format_nano(1), "0.000000001");
         assert_eq!(format_nano(1_500_000_000), "1.5");
     }
+
+    proptest::proptest! {
+        #[test]
+        fn cost_is_the_exact_sum_rounded_once(
+            prompt in 0u64..1 << 40, cached in 0u64..1 << 40, completion in 0u64..1 << 40,
+            input in 0u64..1 << 40, cached_price in 0u64..1 << 40, output in 0u64..1 << 40,
+        ) {
+            let cached = cached.min(prompt);
+            let price = Price { input, cached_input: cached_price, cache_write: input, output, reasoning: output, version: "v".into(), currency: "USD".into() };
+            let usage = Usage { prompt_tokens: prompt, completion_tokens: completion, cached_prompt_tokens: cached, ..Usage::default() };
+            let exact = u128::from(prompt - cached) * u128::from(input)
+                + u128::from(cached) * u128::from(cached_price)
+                + u128::from(completion) * u128::from(output);
+            let cost = u128::from(price.cost(&usage).nano);
+            // |cost - exact/10^6| <= 1/2, and saturates instead of wrapping
+            if cost < u128::from(u64::MAX) {
+                proptest::prop_assert!(cost * 1_000_000 + 500_000 >= exact);
+                proptest::prop_assert!(cost * 1_000_000 <= exact + 500_000);
+            }
+        }
+    }
 }

@@ -187,4 +187,33 @@ mod tests {
         assert_eq!(response_text(Api::Responses, responses), "x");
         assert_eq!(response_text(Api::ChatCompletions, b"{"), "");
     }
+
+    proptest::proptest! {
+        #[test]
+        fn any_body_is_safe_and_injection_only_adds_the_option(body in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300)) {
+            let (_, new) = inspect(Api::ChatCompletions, &body, true);
+            if let Some(new) = new {
+                let before: Value = serde_json::from_slice(&body).unwrap();
+                let mut after: Value = serde_json::from_slice(&new).unwrap();
+                proptest::prop_assert_eq!(after["stream_options"]["include_usage"].clone(), json!(true));
+                after.as_object_mut().unwrap().remove("stream_options");
+                let mut before = before;
+                before.as_object_mut().unwrap().remove("stream_options");
+                proptest::prop_assert_eq!(after, before);
+            }
+        }
+
+        #[test]
+        fn streaming_chat_bodies_always_get_the_option(content in ".{0,40}", extra in proptest::option::of(0u32..5)) {
+            let mut body = json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": content}]});
+            if let Some(n) = extra {
+                body["stream_options"] = json!({"x": n});
+            }
+            let (info, new) = inspect(Api::ChatCompletions, body.to_string().as_bytes(), true);
+            proptest::prop_assert!(info.injected_include_usage);
+            let new: Value = serde_json::from_slice(&new.unwrap()).unwrap();
+            proptest::prop_assert_eq!(new["stream_options"]["include_usage"].clone(), json!(true));
+            proptest::prop_assert_eq!(&new["messages"], &body["messages"]);
+        }
+    }
 }

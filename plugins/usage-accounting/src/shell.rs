@@ -220,10 +220,9 @@ impl HttpContext for Request {
             .flatten()
             .map(|v| String::from_utf8_lossy(&v).into_owned())
             .unwrap_or_default();
-        let mode =
-            active
-                .exchange
-                .on_response_headers(&active.config, status, &content_type, now_ms());
+        let mode = active
+            .exchange
+            .on_response_headers(&active.config, status, &content_type);
         active.mode = mode;
         match mode {
             ResponseMode::Stream if active.exchange.request().injected_include_usage => {
