@@ -203,6 +203,36 @@ pub fn from_response_body(api: Api, body: &[u8]) -> Option<(Usage, Option<String
     Some((usage, model))
 }
 
+/// Usage from the **end** of a response body too large to keep whole (a big embeddings
+/// answer): the last `"usage"` member in `tail` whose value parses as a usage object. Every
+/// API puts `usage` after the bulky part (`choices`, `data`, `content`, `output`).
+pub fn from_body_tail(api: Api, tail: &[u8]) -> Option<Usage> {
+    const KEY: &[u8] = b"\"usage\"";
+    let mut end = tail.len();
+    while let Some(at) = tail
+        .get(..end)
+        .and_then(|head| head.windows(KEY.len()).rposition(|w| w == KEY))
+    {
+        end = at;
+        let rest = tail.get(at + KEY.len()..).unwrap_or_default();
+        let rest = rest.trim_ascii_start();
+        let Some(rest) = rest.strip_prefix(b":") else {
+            continue;
+        };
+        let mut values = serde_json::Deserializer::from_slice(rest).into_iter::<Value>();
+        if let Some(Ok(value)) = values.next() {
+            let usage = match api {
+                Api::AnthropicMessages => Usage::from_anthropic(&value),
+                _ => Usage::from_openai(&value),
+            };
+            if usage.is_some() {
+                return usage;
+            }
+        }
+    }
+    None
+}
+
 /// What one SSE event turned out to be, for the filter that forwards it.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct EventInfo {
@@ -495,6 +525,24 @@ mod tests {
             None
         );
         assert_eq!(from_response_body(Api::ChatCompletions, b"not json"), None);
+    }
+
+    #[test]
+    fn usage_from_the_tail_of_a_big_body() {
+        let body = br#"{"object":"list","data":[{"embedding":[0.1,0.2],"usage":"not this"}],"model":"e","usage":{"prompt_tokens":8,"total_tokens":8}}"#;
+        let last = body.windows(7).rposition(|w| w == b"\"usage\"").unwrap();
+        for cut in 0..body.len() {
+            let tail = &body[cut..];
+            let expected = (cut <= last).then_some(usage(8, 0, 0, 0, 0));
+            assert_eq!(from_body_tail(Api::Embeddings, tail), expected, "cut {cut}");
+        }
+        let anthropic =
+            br#"..."text":"\"usage\": no"}],"usage":{"input_tokens":3,"output_tokens":2}}"#;
+        assert_eq!(
+            from_body_tail(Api::AnthropicMessages, anthropic),
+            Some(usage(3, 2, 0, 0, 0))
+        );
+        assert_eq!(from_body_tail(Api::ChatCompletions, b"\"usage\":"), None);
     }
 
     #[test]

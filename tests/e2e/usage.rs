@@ -615,3 +615,28 @@ async fn usage_report_reads_the_access_log_and_the_redis_ledger() {
     let from_redis = usage_report(&["--month", &month, "--csv", "--redis", &addr]);
     assert_eq!(from_redis, csv);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_json_answer_larger_than_envoys_buffer_passes_and_is_counted() {
+    let gw = Gateway::start().await;
+    // 12 000 embeddings: ~1.9 MB of JSON, over Envoy's 1 MiB buffer limit
+    let inputs: Vec<String> = (0..12_000).map(|i| format!("w{i}")).collect();
+    let body = json!({"model": "text-embedding-3-small", "input": inputs});
+    let response = gw
+        .post("/v1/embeddings", "big-1", "east", &body, &[])
+        .await
+        .unwrap();
+    assert_eq!(response.status, 200, "{}", response.text());
+    assert!(response.body.len() > 1 << 20, "{}", response.body.len());
+    let answer = response.json().unwrap();
+    let prompt = answer["usage"]["prompt_tokens"].as_u64().unwrap();
+    // too large to hold the headers for: no cost headers, the record still has the cost
+    assert_eq!(response.header("x-llm-cost"), None);
+    let record = gw.record("big-1").await;
+    assert_usage(&record, prompt, 0, 0, 0);
+    assert_eq!(record["usage_source"], "upstream");
+    assert_eq!(
+        record["cost_nano"],
+        ((u128::from(prompt) * 300_000_000 + 500_000) / 1_000_000) as u64
+    );
+}

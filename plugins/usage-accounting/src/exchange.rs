@@ -157,9 +157,40 @@ pub enum ResponseMode {
     },
 }
 
+/// A JSON response is kept whole up to this size (and its headers held for the cost headers
+/// only if its `content-length` is at most this); past it only its tail is kept.
+pub const KEEP_WHOLE: usize = 1 << 20;
+/// How much of the end of a larger body is kept (the `usage` member is at the end).
+pub const KEEP_TAIL: usize = 64 << 10;
+
+/// A JSON body collected as it passes: whole while small, then only its tail.
+#[derive(Debug, Default)]
+struct BodyTail {
+    bytes: Vec<u8>,
+    truncated: bool,
+}
+
+impl BodyTail {
+    fn push(&mut self, chunk: &[u8]) {
+        self.bytes.extend_from_slice(chunk);
+        let bound = if self.truncated {
+            2 * KEEP_TAIL
+        } else {
+            KEEP_WHOLE
+        };
+        if self.bytes.len() > bound {
+            let cut = self.bytes.len() - KEEP_TAIL;
+            self.bytes.drain(..cut);
+            self.truncated = true;
+        }
+    }
+}
+
 #[derive(Debug)]
 enum Response {
     None,
+    /// A JSON response passing through, not held.
+    Collecting(BodyTail),
     Stream(Box<ResponseStream>),
     Body {
         usage: Option<Usage>,
@@ -231,6 +262,7 @@ impl Exchange {
         config: &UsageConfig,
         status: u16,
         content_type: &str,
+        content_length: Option<u64>,
     ) -> ResponseMode {
         self.status = status;
         let media = content_type
@@ -249,9 +281,13 @@ impl Exchange {
             )));
             ResponseMode::Stream
         } else if media == "application/json" || media.ends_with("+json") {
-            ResponseMode::Buffer {
-                hold_headers: config.cost_headers && (200..300).contains(&status),
+            let hold_headers = config.cost_headers
+                && (200..300).contains(&status)
+                && content_length.is_some_and(|n| n <= KEEP_WHOLE as u64);
+            if !hold_headers {
+                self.response = Response::Collecting(BodyTail::default());
             }
+            ResponseMode::Buffer { hold_headers }
         } else {
             ResponseMode::PassThrough
         }
@@ -285,6 +321,32 @@ impl Exchange {
             self.request_body = None;
         }
         pushed.forward
+    }
+
+    /// A chunk of a JSON response that is not held: kept (whole while small, else its tail),
+    /// and passed on unchanged.
+    pub fn on_response_data(&mut self, chunk: &[u8]) {
+        if let Response::Collecting(body) = &mut self.response {
+            body.push(chunk);
+        }
+    }
+
+    /// The end of a JSON response that was not held (or the log of one that never ended).
+    pub fn on_response_end(&mut self, config: &UsageConfig, route: &RouteInfo, complete: bool) {
+        let Response::Collecting(body) = std::mem::replace(&mut self.response, Response::None)
+        else {
+            return;
+        };
+        if body.truncated {
+            self.response = Response::Body {
+                usage: usage::from_body_tail(self.api, &body.bytes),
+                model: None,
+                text_tokens: 0,
+                complete,
+            };
+        } else {
+            let _ = self.on_response_body(config, route, &body.bytes, complete);
+        }
     }
 
     /// The whole body of a buffered (JSON) response; `complete` false if it was cut.
@@ -361,7 +423,7 @@ impl Exchange {
         let upstream = match &self.response {
             Response::Stream(stream) => stream.model(),
             Response::Body { model, .. } => model.as_deref(),
-            Response::None => None,
+            Response::None | Response::Collecting(_) => None,
         };
         upstream.or(self.request.model.as_deref())
     }
@@ -398,7 +460,7 @@ impl Exchange {
         let upstream = match &self.response {
             Response::Stream(stream) => stream.usage(),
             Response::Body { usage, .. } => *usage,
-            Response::None => None,
+            Response::None | Response::Collecting(_) => None,
         };
         if let Some(usage) = upstream {
             return (usage, UsageSource::Upstream);
@@ -412,7 +474,7 @@ impl Exchange {
         let completion = match &mut self.response {
             Response::Stream(stream) => stream.streamed_tokens(),
             Response::Body { text_tokens, .. } => *text_tokens,
-            Response::None => 0,
+            Response::None | Response::Collecting(_) => 0,
         };
         let usage = Usage {
             prompt_tokens: self.estimated_prompt(),
@@ -445,6 +507,9 @@ impl Exchange {
             return None;
         }
         self.finished = true;
+        if matches!(self.response, Response::Collecting(_)) {
+            self.on_response_end(config, route, false);
+        }
         let complete = complete
             && match &self.response {
                 Response::Body { complete, .. } => *complete,
@@ -553,7 +618,7 @@ mod tests {
             .on_request_body(&config, br#"{"model":"gpt-4o","messages":[]}"#)
             .is_none());
         assert_eq!(
-            ex.on_response_headers(&config, 200, "application/json"),
+            ex.on_response_headers(&config, 200, "application/json", Some(300)),
             ResponseMode::Buffer { hold_headers: true }
         );
         let body = br#"{"model":"gpt-4o-2024","choices":[],"usage":{"prompt_tokens":1000,"completion_tokens":100,"prompt_tokens_details":{"cached_tokens":600}}}"#;
@@ -597,7 +662,7 @@ mod tests {
             .unwrap();
         assert!(String::from_utf8(new).unwrap().contains("include_usage"));
         assert_eq!(
-            ex.on_response_headers(&config, 200, "text/event-stream; charset=utf-8"),
+            ex.on_response_headers(&config, 200, "text/event-stream; charset=utf-8", None),
             ResponseMode::Stream
         );
         ex.on_response_chunk(
@@ -635,7 +700,7 @@ mod tests {
         route.price = config.price_for(Some("east"), None, None).cloned();
         let mut ex = Exchange::start("/v1/embeddings", attribution(), 0).unwrap();
         ex.on_request_body(&config, br#"{"input":"abcd"}"#);
-        ex.on_response_headers(&config, 200, "application/json");
+        ex.on_response_headers(&config, 200, "application/json", Some(100));
         ex.on_response_body(
             &config,
             &route,
@@ -655,7 +720,7 @@ mod tests {
         let mut ex = Exchange::start("/v1/messages", attribution(), 0).unwrap();
         ex.on_request_body(&config, br#"{"messages":[{"role":"user","content":"x"}]}"#);
         assert_eq!(
-            ex.on_response_headers(&config, 429, "application/json"),
+            ex.on_response_headers(&config, 429, "application/json", None),
             ResponseMode::Buffer {
                 hold_headers: false
             }
@@ -682,7 +747,7 @@ mod tests {
         assert_eq!(price.version, "2026-01");
         let config = config(json!({"prices": {}}));
         let mut ex = Exchange::start("/v1/chat/completions", attribution(), 0).unwrap();
-        ex.on_response_headers(&config, 200, "application/json");
+        ex.on_response_headers(&config, 200, "application/json", Some(100));
         ex.on_response_body(&config, &route, br#"{"usage":{"prompt_tokens":1000,"completion_tokens":100,"prompt_tokens_details":{"cached_tokens":600}}}"#, true);
         let record = ex.finish(&config, &route, true, 2).unwrap();
         assert_eq!(record.cost_nano, Some(243_600));
@@ -692,6 +757,51 @@ mod tests {
             RouteInfo::from_router_json(br#"{"deployment":"east","attempts":1}"#, 200).unwrap();
         assert!(single.attempts.is_empty() && single.price.is_none());
         assert!(RouteInfo::from_router_json(b"nope", 200).is_none());
+    }
+
+    #[test]
+    fn big_json_bodies_pass_through_and_keep_their_usage() {
+        let config = config(json!({}));
+        let route = RouteInfo::default();
+        let mut ex = Exchange::start("/v1/embeddings", attribution(), 0).unwrap();
+        ex.on_request_body(
+            &config,
+            br#"{"model":"text-embedding-3-small","input":"x"}"#,
+        );
+        // no content-length, or too large: the headers are not held
+        assert_eq!(
+            ex.on_response_headers(&config, 200, "application/json", Some(5 << 20)),
+            ResponseMode::Buffer {
+                hold_headers: false
+            }
+        );
+        let vector = format!("[{}0.5]", "0.123456,".repeat(100_000));
+        let body = format!(
+            r#"{{"object":"list","data":[{{"embedding":{vector}}},{{"embedding":{vector}}}],"model":"e","usage":{{"prompt_tokens":1000000,"total_tokens":1000000}}}}"#
+        );
+        assert!(body.len() > KEEP_WHOLE + KEEP_TAIL);
+        for chunk in body.as_bytes().chunks(16 * 1024) {
+            ex.on_response_data(chunk);
+        }
+        ex.on_response_end(&config, &route, true);
+        let record = ex.finish(&config, &route, true, 1).unwrap();
+        assert_eq!(record.usage.prompt_tokens, 1_000_000);
+        assert_eq!(record.usage_source, UsageSource::Upstream);
+        assert_eq!(record.cost_nano, Some(300_000_000));
+        assert!(record.complete);
+
+        // a small one cut before its end: estimated from the request, marked incomplete
+        let mut ex = Exchange::start("/v1/chat/completions", attribution(), 0).unwrap();
+        ex.on_request_body(
+            &config,
+            br#"{"model":"x","messages":[{"role":"user","content":"abcd"}]}"#,
+        );
+        ex.on_response_headers(&config, 200, "application/json", None);
+        ex.on_response_data(br#"{"choices":[{"message":{"content":"hel"#);
+        let record = ex.finish(&config, &route, false, 1).unwrap();
+        assert_eq!(record.usage_source, UsageSource::Estimated);
+        assert_eq!(record.usage.prompt_tokens, 1 + 4);
+        assert!(!record.complete);
     }
 
     #[test]

@@ -220,9 +220,16 @@ impl HttpContext for Request {
             .flatten()
             .map(|v| String::from_utf8_lossy(&v).into_owned())
             .unwrap_or_default();
-        let mode = active
-            .exchange
-            .on_response_headers(&active.config, status, &content_type);
+        let content_length = host::header(HeaderMap::ResponseHeaders, "content-length")
+            .ok()
+            .flatten()
+            .and_then(|v| std::str::from_utf8(&v).ok()?.trim().parse::<u64>().ok());
+        let mode = active.exchange.on_response_headers(
+            &active.config,
+            status,
+            &content_type,
+            content_length,
+        );
         active.mode = mode;
         match mode {
             ResponseMode::Stream if active.exchange.request().injected_include_usage => {
@@ -266,22 +273,35 @@ impl HttpContext for Request {
                 }
                 Action::Continue
             }
-            ResponseMode::Buffer { hold_headers } => {
+            ResponseMode::Buffer { hold_headers: true } => {
                 if !end_of_stream {
-                    return Action::Pause;
+                    return Action::Pause; // Envoy buffers; the headers wait for the cost
                 }
                 let body = host::buffer(Buffer::ResponseBody, 0, body_size).unwrap_or_default();
                 let route = active.route();
                 let added = active
                     .exchange
                     .on_response_body(&active.config, &route, &body, true);
-                if hold_headers {
-                    for (name, value) in &added {
-                        let _ =
-                            host::set_header(HeaderMap::ResponseHeaders, name, value.as_bytes());
-                    }
+                for (name, value) in &added {
+                    let _ = host::set_header(HeaderMap::ResponseHeaders, name, value.as_bytes());
                 }
                 self.publish(true);
+                Action::Continue
+            }
+            ResponseMode::Buffer {
+                hold_headers: false,
+            } => {
+                // passes on as it comes; the plugin keeps a bounded copy to read the usage
+                if let Ok(chunk) = host::buffer(Buffer::ResponseBody, 0, body_size) {
+                    active.exchange.on_response_data(&chunk);
+                }
+                if end_of_stream {
+                    let route = active.route();
+                    active
+                        .exchange
+                        .on_response_end(&active.config, &route, true);
+                    self.publish(true);
+                }
                 Action::Continue
             }
         }
@@ -297,18 +317,23 @@ impl HttpContext for Request {
                 // a well-formed stream ends with a blank line, so nothing is held back here
                 let _ = active.exchange.on_response_chunk(&[], true, now_ms());
             }
-            ResponseMode::Buffer { hold_headers } if !active.exchange.is_finished() => {
+            ResponseMode::Buffer { hold_headers: true } if !active.exchange.is_finished() => {
                 let body = host::buffer(Buffer::ResponseBody, 0, usize::MAX).unwrap_or_default();
                 let route = active.route();
                 let added = active
                     .exchange
                     .on_response_body(&active.config, &route, &body, true);
-                if hold_headers {
-                    for (name, value) in &added {
-                        let _ =
-                            host::set_header(HeaderMap::ResponseHeaders, name, value.as_bytes());
-                    }
+                for (name, value) in &added {
+                    let _ = host::set_header(HeaderMap::ResponseHeaders, name, value.as_bytes());
                 }
+            }
+            ResponseMode::Buffer {
+                hold_headers: false,
+            } => {
+                let route = active.route();
+                active
+                    .exchange
+                    .on_response_end(&active.config, &route, true);
             }
             _ => {}
         }
