@@ -209,6 +209,10 @@ pub struct Exchange {
     request: RequestInfo,
     /// Kept to estimate the prompt if no usage comes; dropped once usage arrived.
     request_body: Option<Vec<u8>>,
+    /// `content-length` of the request, when it had one.
+    request_length: Option<u64>,
+    /// Bytes of a request body too large to keep (only its size is known).
+    request_bytes: u64,
     status: u16,
     response: Response,
     first_output_ms: Option<u64>,
@@ -226,6 +230,8 @@ impl Exchange {
             started_ms: now_ms,
             request: RequestInfo::default(),
             request_body: None,
+            request_length: None,
+            request_bytes: 0,
             status: 0,
             response: Response::None,
             first_output_ms: None,
@@ -240,7 +246,37 @@ impl Exchange {
 
     /// The body may be rewritten (so `content-length` must go while the headers are held).
     pub fn may_rewrite_body(&self, config: &UsageConfig) -> bool {
-        config.inject_include_usage && self.api == Api::ChatCompletions
+        config.inject_include_usage
+            && self.api == Api::ChatCompletions
+            && self.request_length.is_none_or(|n| n <= KEEP_WHOLE as u64)
+    }
+
+    /// The request's `content-length`. A chat request larger than [`KEEP_WHOLE`] is not held
+    /// to inject `include_usage` (it would meet Envoy's buffer limit); its stream is counted
+    /// by the gateway if the client did not ask for usage.
+    pub fn set_request_length(&mut self, length: Option<u64>) {
+        self.request_length = length;
+    }
+
+    /// A chunk of a request body that is not held: kept whole up to [`KEEP_WHOLE`] bytes,
+    /// past that only counted.
+    pub fn on_request_data(&mut self, chunk: &[u8]) {
+        self.request_bytes = self.request_bytes.saturating_add(chunk.len() as u64);
+        if self.request_bytes > KEEP_WHOLE as u64 {
+            self.request_body = None;
+            return;
+        }
+        self.request_body
+            .get_or_insert_with(Vec::new)
+            .extend_from_slice(chunk);
+    }
+
+    /// The end of a request body that was not held.
+    pub fn on_request_end(&mut self) {
+        if let Some(body) = &self.request_body {
+            let (info, _) = request::inspect(self.api, body, false);
+            self.request = info;
+        }
     }
 
     /// The whole request body; returns the body to send instead, if it changes.
@@ -446,7 +482,8 @@ impl Exchange {
 
     fn estimated_prompt(&self) -> u64 {
         let Some(body) = &self.request_body else {
-            return 0;
+            // too large to keep: a quarter of its bytes
+            return self.request_bytes.div_ceil(4);
         };
         let Ok(value) = serde_json::from_slice::<serde_json::Value>(body) else {
             return 0;
@@ -802,6 +839,38 @@ mod tests {
         assert_eq!(record.usage_source, UsageSource::Estimated);
         assert_eq!(record.usage.prompt_tokens, 1 + 4);
         assert!(!record.complete);
+    }
+
+    #[test]
+    fn large_requests_are_not_held_and_estimated_from_their_size() {
+        let config = config(json!({}));
+        let route = RouteInfo::default();
+        let mut ex = Exchange::start("/v1/chat/completions", attribution(), 0).unwrap();
+        assert!(ex.may_rewrite_body(&config));
+        ex.set_request_length(Some(3 << 20));
+        assert!(!ex.may_rewrite_body(&config));
+        let chunk = vec![b' '; 1 << 20];
+        for _ in 0..3 {
+            ex.on_request_data(&chunk);
+        }
+        ex.on_request_end();
+        ex.on_response_headers(&config, 200, "text/event-stream", None);
+        ex.on_response_chunk(
+            b"data: {\"choices\":[{\"delta\":{\"content\":\"abcd\"}}]}\n\n",
+            true,
+            1,
+        );
+        let record = ex.finish(&config, &route, true, 2).unwrap();
+        assert_eq!(record.usage.prompt_tokens, (3 << 20) / 4);
+        assert_eq!(record.usage.completion_tokens, 1);
+
+        // a small one passing unheld is inspected at its end
+        let mut ex = Exchange::start("/v1/messages", attribution(), 0).unwrap();
+        ex.on_request_data(br#"{"model":"claude","stream":tr"#);
+        ex.on_request_data(br#"ue,"messages":[{"role":"user","content":"abcd"}]}"#);
+        ex.on_request_end();
+        assert!(ex.request().stream);
+        assert_eq!(ex.request().model.as_deref(), Some("claude"));
     }
 
     #[test]

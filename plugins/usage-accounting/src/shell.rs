@@ -168,9 +168,10 @@ impl HttpContext for Request {
         let path = header_text(&pairs, ":path");
         let host_id = host::property_string(&["request", "id"]).ok().flatten();
         let attribution = Attribution::from_headers(&pairs, host_id);
-        let Some(exchange) = Exchange::start(&path, attribution, now_ms()) else {
+        let Some(mut exchange) = Exchange::start(&path, attribution, now_ms()) else {
             return Action::Continue;
         };
+        exchange.set_request_length(header_text(&pairs, "content-length").trim().parse().ok());
         if exchange.may_rewrite_body(config) && !end_of_stream {
             // The body may grow by `stream_options`; the length is fixed when it is known
             // only if the headers are held, so drop it and let Envoy frame the body.
@@ -189,6 +190,16 @@ impl HttpContext for Request {
         let Some(active) = &mut self.active else {
             return Action::Continue;
         };
+        if !active.exchange.may_rewrite_body(&active.config) {
+            // nothing to change: the body passes as it comes, the plugin keeps a bounded copy
+            if let Ok(chunk) = host::buffer(Buffer::RequestBody, 0, body_size) {
+                active.exchange.on_request_data(&chunk);
+            }
+            if end_of_stream {
+                active.exchange.on_request_end();
+            }
+            return Action::Continue;
+        }
         if !end_of_stream {
             return Action::Pause; // Envoy buffers; read the whole body once, at the end
         }
