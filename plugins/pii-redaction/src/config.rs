@@ -26,6 +26,7 @@ use llm_gateway_shared::config::ConfigError;
 use llm_gateway_shared::rules::{RuleSet, Scope};
 use serde::Deserialize;
 use serde_json::{Map, Value};
+use std::rc::Rc;
 
 /// Which part of a request body is scanned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -112,9 +113,12 @@ pub const MAX_BODY_LIMIT: u64 = 64 * 1024 * 1024;
 /// Largest user pattern (regex-lite compiles in time linear in it, but keep configs sane).
 const MAX_PATTERN_LEN: usize = 4096;
 
-/// Parses a whole configuration document (plain JSON or Higress form).
-pub fn parse_document(document: &[u8]) -> Result<RuleSet<PiiConfig>, ConfigError> {
-    RuleSet::parse(document, parse_scope)
+/// Parses a whole configuration document (plain JSON or Higress form). Each scope's config
+/// is shared (`Rc`) so a request keeps it without copying compiled patterns.
+pub fn parse_document(document: &[u8]) -> Result<RuleSet<Rc<PiiConfig>>, ConfigError> {
+    RuleSet::parse(document, |fields, scope| {
+        parse_scope(fields, scope).map(Rc::new)
+    })
 }
 
 fn parse_scope(fields: &Map<String, Value>, _scope: Scope) -> Result<PiiConfig, ConfigError> {
@@ -193,7 +197,10 @@ fn rule(raw: &RawRule) -> Result<Rule, ConfigError> {
     let (detector, default_name) = if let Some(id) = &raw.detector {
         let builtin = Builtin::from_id(id).ok_or_else(|| {
             let known: Vec<&str> = Builtin::ALL.iter().map(|b| b.id()).collect();
-            ConfigError::new("detector", format!("unknown; use one of {}", known.join(", ")))
+            ConfigError::new(
+                "detector",
+                format!("unknown; use one of {}", known.join(", ")),
+            )
         })?;
         (Detector::Builtin(builtin), Some(builtin.default_name()))
     } else if let Some(pattern) = &raw.pattern {
@@ -278,7 +285,7 @@ fn validate_rule_name(name: &str) -> Result<(), ConfigError> {
 mod tests {
     use super::*;
 
-    fn parse(doc: &str) -> Result<PiiConfig, ConfigError> {
+    fn parse(doc: &str) -> Result<Rc<PiiConfig>, ConfigError> {
         parse_document(doc.as_bytes()).map(|set| set.global().cloned().unwrap())
     }
 
@@ -306,7 +313,10 @@ mod tests {
         .unwrap();
         let names: Vec<_> = c.redactor.rules().iter().map(|r| r.name.as_str()).collect();
         assert_eq!(names, ["EMAIL", "CARD", "EMP", "CODE"]);
-        assert_eq!(c.redactor.rules()[0].action, Action::Mask { restore: false });
+        assert_eq!(
+            c.redactor.rules()[0].action,
+            Action::Mask { restore: false }
+        );
         assert_eq!(c.scope, BodyScope::RawBody);
         assert_eq!(c.oversize, Oversize::Pass);
         assert_eq!(c.preamble.as_deref(), Some("keep"));
@@ -317,15 +327,33 @@ mod tests {
         for (doc, field) in [
             (r#"{"rules":[{"detector":"nope"}]}"#, "rules[0].detector"),
             (r#"{"rules":[{}]}"#, "rules[0]"),
-            (r#"{"rules":[{"detector":"email","pattern":"x"}]}"#, "rules[0]"),
+            (
+                r#"{"rules":[{"detector":"email","pattern":"x"}]}"#,
+                "rules[0]",
+            ),
             (r#"{"rules":[{"pattern":"x"}]}"#, "rules[0].name"),
-            (r#"{"rules":[{"name":"X","pattern":"("}]}"#, "rules[0].pattern"),
-            (r#"{"rules":[{"name":"X","pattern":"a*"}]}"#, "rules[0].pattern"),
+            (
+                r#"{"rules":[{"name":"X","pattern":"("}]}"#,
+                "rules[0].pattern",
+            ),
+            (
+                r#"{"rules":[{"name":"X","pattern":"a*"}]}"#,
+                "rules[0].pattern",
+            ),
             (r#"{"rules":[{"name":"x","pattern":"a"}]}"#, "rules[0].name"),
             (r#"{"rules":[{"name":"X","words":[]}]}"#, "rules[0].words"),
-            (r#"{"rules":[{"detector":"email","action":"drop"}]}"#, "rules[0].action"),
-            (r#"{"rules":[{"detector":"email","action":"hash","restore":true}]}"#, "rules[0].restore"),
-            (r#"{"rules":[{"detector":"email","action":"hash"}]}"#, "hash_salt"),
+            (
+                r#"{"rules":[{"detector":"email","action":"drop"}]}"#,
+                "rules[0].action",
+            ),
+            (
+                r#"{"rules":[{"detector":"email","action":"hash","restore":true}]}"#,
+                "rules[0].restore",
+            ),
+            (
+                r#"{"rules":[{"detector":"email","action":"hash"}]}"#,
+                "hash_salt",
+            ),
             (r#"{"scope":"all"}"#, "scope"),
             (r#"{"max_body_bytes":0}"#, "max_body_bytes"),
             (r#"{"oversize":"drop"}"#, "oversize"),

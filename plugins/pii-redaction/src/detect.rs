@@ -227,7 +227,10 @@ fn email(b: &[u8], found: &mut dyn FnMut(Range<usize>)) {
     // byte is scanned left at most once and right at most once.
     let mut floor = 0;
     let mut i = 0;
-    while let Some(off) = b.get(i..).and_then(|rest| rest.iter().position(|&c| c == b'@')) {
+    while let Some(off) = b
+        .get(i..)
+        .and_then(|rest| rest.iter().position(|&c| c == b'@'))
+    {
         let at_sign = i + off;
         let mut s = at_sign;
         while s > floor && is_local(before(b, s)) {
@@ -415,7 +418,7 @@ pub fn luhn(digits: &[u8]) -> bool {
         }
         sum += d;
     }
-    sum % 10 == 0
+    sum.is_multiple_of(10)
 }
 
 fn card(b: &[u8], i: usize) -> Step {
@@ -636,20 +639,40 @@ mod tests {
             hits(Builtin::Email, "mail a.b+c@ex-ample.co.uk, or x@y.io."),
             ["a.b+c@ex-ample.co.uk", "x@y.io"]
         );
-        for no in ["a@b", "@x.com", "a@.com", "a@b.c", "a@b..com", "a@-b.com", "a@b.c0m", "a.@b.com"] {
+        for no in [
+            "a@b", "@x.com", "a@.com", "a@b.c", "a@b..com", "a@-b.com", "a@b.c0m", "a.@b.com",
+        ] {
             assert_eq!(hits(Builtin::Email, no), Vec::<&str>::new(), "{no}");
         }
         assert_eq!(hits(Builtin::Email, "x@@a.com b@c.org"), ["b@c.org"]);
-        assert_eq!(hits(Builtin::Email, "邮箱zhang@corp.cn谢谢"), ["zhang@corp.cn"]);
+        assert_eq!(
+            hits(Builtin::Email, "邮箱zhang@corp.cn谢谢"),
+            ["zhang@corp.cn"]
+        );
     }
 
     #[test]
     fn phone_cn() {
         assert_eq!(
-            hits(Builtin::PhoneCn, "tel 13800138000, +86 139-1234-5678, 0086 15012345678 and 138 0013 8000"),
-            ["13800138000", "+86 139-1234-5678", "0086 15012345678", "138 0013 8000"]
+            hits(
+                Builtin::PhoneCn,
+                "tel 13800138000, +86 139-1234-5678, 0086 15012345678 and 138 0013 8000"
+            ),
+            [
+                "13800138000",
+                "+86 139-1234-5678",
+                "0086 15012345678",
+                "138 0013 8000"
+            ]
         );
-        for no in ["12800138000", "138001380001", "a13800138000", "138-0013 8000", "1380013800", "+8613800138000x"] {
+        for no in [
+            "12800138000",
+            "138001380001",
+            "a13800138000",
+            "138-0013 8000",
+            "1380013800",
+            "+8613800138000x",
+        ] {
             assert_eq!(hits(Builtin::PhoneCn, no), Vec::<&str>::new(), "{no}");
         }
         assert_eq!(hits(Builtin::PhoneCn, "电话13800138000。"), ["13800138000"]);
@@ -661,7 +684,13 @@ mod tests {
             hits(Builtin::PhoneE164, "call +1 415-555-2671 or +442071838750."),
             ["+1 415-555-2671", "+442071838750"]
         );
-        for no in ["+0123456789", "+1234567", "+1234567890123456", "a+12345678901", "+ 1234567890"] {
+        for no in [
+            "+0123456789",
+            "+1234567",
+            "+1234567890123456",
+            "a+12345678901",
+            "+ 1234567890",
+        ] {
             assert_eq!(hits(Builtin::PhoneE164, no), Vec::<&str>::new(), "{no}");
         }
     }
@@ -677,7 +706,12 @@ mod tests {
             ["11010519491231002X", "440524188001010014"]
         );
         // a random 18-digit number that fails the check is not an ID
-        for no in ["123456789012345678", "110105194913310028", "11010519491231002X1", "A11010519491231002X"] {
+        for no in [
+            "123456789012345678",
+            "110105194913310028",
+            "11010519491231002X1",
+            "A11010519491231002X",
+        ] {
             assert_eq!(hits(Builtin::IdCn, no), Vec::<&str>::new(), "{no}");
         }
     }
@@ -687,10 +721,23 @@ mod tests {
         assert!(luhn(b"4111111111111111"));
         assert!(!luhn(b"4111111111111112"));
         assert_eq!(
-            hits(Builtin::Card, "visa 4111 1111 1111 1111, amex 378282246310005; mc 5555-5555-5555-4444"),
-            ["4111 1111 1111 1111", "378282246310005", "5555-5555-5555-4444"]
+            hits(
+                Builtin::Card,
+                "visa 4111 1111 1111 1111, amex 378282246310005; mc 5555-5555-5555-4444"
+            ),
+            [
+                "4111 1111 1111 1111",
+                "378282246310005",
+                "5555-5555-5555-4444"
+            ]
         );
-        for no in ["4111111111111112", "4111-1111 1111 1111", "411111111111", "41111111111111111111", "9111111111111111"] {
+        for no in [
+            "4111111111111112",
+            "4111-1111 1111 1111",
+            "411111111111",
+            "41111111111111111111",
+            "9111111111111111",
+        ] {
             assert_eq!(hits(Builtin::Card, no), Vec::<&str>::new(), "{no}");
         }
     }
@@ -705,10 +752,20 @@ mod tests {
             assert_eq!(hits(Builtin::Ipv4, no), Vec::<&str>::new(), "{no}");
         }
         assert_eq!(
-            hits(Builtin::Ipv6, "at 2001:db8::8a2e:370:7334, fe80::1 and ::ffff:10.0.0.1."),
+            hits(
+                Builtin::Ipv6,
+                "at 2001:db8::8a2e:370:7334, fe80::1 and ::ffff:10.0.0.1."
+            ),
             ["2001:db8::8a2e:370:7334", "fe80::1", "::ffff:10.0.0.1"]
         );
-        for no in ["12:30:45", "std::io", "::", "deadbeef", "1::2::3", "2001:db8::g1"] {
+        for no in [
+            "12:30:45",
+            "std::io",
+            "::",
+            "deadbeef",
+            "1::2::3",
+            "2001:db8::g1",
+        ] {
             assert_eq!(hits(Builtin::Ipv6, no), Vec::<&str>::new(), "{no}");
         }
     }
@@ -723,17 +780,29 @@ mod tests {
             hits(Builtin::AwsAccessKey, "id AKIAIOSFODNN7EXAMPLE."),
             ["AKIAIOSFODNN7EXAMPLE"]
         );
-        assert_eq!(hits(Builtin::AwsAccessKey, "AKIAIOSFODNN7EXAMPLEX"), Vec::<&str>::new());
+        assert_eq!(
+            hits(Builtin::AwsAccessKey, "AKIAIOSFODNN7EXAMPLEX"),
+            Vec::<&str>::new()
+        );
         let jwt = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0In0.sig-_nature";
         assert_eq!(hits(Builtin::Jwt, &format!("Bearer {jwt}")), [jwt]);
-        assert_eq!(hits(Builtin::Jwt, "eyJhbGciOiJIUzI1NiJ9.notjwt.x"), Vec::<&str>::new());
+        assert_eq!(
+            hits(Builtin::Jwt, "eyJhbGciOiJIUzI1NiJ9.notjwt.x"),
+            Vec::<&str>::new()
+        );
         let pem = "-----BEGIN RSA PRIVATE KEY-----\nMIIEow\n-----END RSA PRIVATE KEY-----";
         assert_eq!(hits(Builtin::PrivateKey, &format!("k:\n{pem}\n")), [pem]);
         assert_eq!(
-            hits(Builtin::PrivateKey, "-----BEGIN PUBLIC KEY-----\nx\n-----END PUBLIC KEY-----"),
+            hits(
+                Builtin::PrivateKey,
+                "-----BEGIN PUBLIC KEY-----\nx\n-----END PUBLIC KEY-----"
+            ),
             Vec::<&str>::new()
         );
-        assert_eq!(hits(Builtin::PrivateKey, "-----BEGIN PRIVATE KEY-----\nx"), Vec::<&str>::new());
+        assert_eq!(
+            hits(Builtin::PrivateKey, "-----BEGIN PRIVATE KEY-----\nx"),
+            Vec::<&str>::new()
+        );
     }
 
     #[test]

@@ -63,12 +63,12 @@ impl fmt::Display for JsonError {
 
 impl std::error::Error for JsonError {}
 
+/// The callback of [`walk`]: path, kind and byte span of one scalar (or container opening).
+pub type Visit<'v> = dyn FnMut(&[Seg], Scalar, Range<usize>) + 'v;
+
 /// Walks the one JSON value that `body` must be (whitespace around it allowed) and calls
 /// `visit(path, kind, span)` for every scalar, in document order.
-pub fn walk(
-    body: &[u8],
-    visit: &mut dyn FnMut(&[Seg], Scalar, Range<usize>),
-) -> Result<(), JsonError> {
+pub fn walk(body: &[u8], visit: &mut Visit<'_>) -> Result<(), JsonError> {
     let mut walker = Walker {
         b: body,
         i: 0,
@@ -88,7 +88,7 @@ struct Walker<'a, 'v> {
     b: &'a [u8],
     i: usize,
     path: Vec<Seg>,
-    visit: &'v mut dyn FnMut(&[Seg], Scalar, Range<usize>),
+    visit: &'v mut Visit<'v>,
 }
 
 impl Walker<'_, '_> {
@@ -446,8 +446,18 @@ mod tests {
     #[test]
     fn refuses_what_is_not_json() {
         for bad in [
-            "", "{", "{\"a\"}", "[1,]", "{\"a\":1,}", "01", "1.", "\"\\x\"", "\"a\nb\"", "[] x",
-            "nul", "\"\\u12\"",
+            "",
+            "{",
+            "{\"a\"}",
+            "[1,]",
+            "{\"a\":1,}",
+            "01",
+            "1.",
+            "\"\\x\"",
+            "\"a\nb\"",
+            "[] x",
+            "nul",
+            "\"\\u12\"",
         ] {
             assert!(leaves(bad).is_err(), "{bad:?}");
         }

@@ -166,18 +166,19 @@ impl PlaceholderMap {
             return text.len();
         };
         let tail = text.get(open + 1..).unwrap_or_default();
-        let could_grow = self.restore_names.iter().any(|name| {
-            match tail.strip_prefix(name.as_str()) {
-                Some(rest) => match rest.strip_prefix('_') {
-                    Some(digits) => {
-                        digits.len() <= MAX_COUNTER_DIGITS
-                            && digits.bytes().all(|c| c.is_ascii_digit())
-                    }
-                    None => rest.is_empty(),
-                },
-                None => name.starts_with(tail),
-            }
-        });
+        let could_grow =
+            self.restore_names
+                .iter()
+                .any(|name| match tail.strip_prefix(name.as_str()) {
+                    Some(rest) => match rest.strip_prefix('_') {
+                        Some(digits) => {
+                            digits.len() <= MAX_COUNTER_DIGITS
+                                && digits.bytes().all(|c| c.is_ascii_digit())
+                        }
+                        None => rest.is_empty(),
+                    },
+                    None => name.starts_with(tail),
+                });
         if could_grow {
             open
         } else {
@@ -413,7 +414,10 @@ pub(crate) mod tests {
         let r = Redactor::new(rules, "pepper".into());
         let mut map = PlaceholderMap::default();
         let out = r.redact("to a@x.com", &mut map).unwrap().unwrap();
-        assert!(out.starts_with("to <EMAIL:") && out.len() == "to <EMAIL:>".len() + 12, "{out}");
+        assert!(
+            out.starts_with("to <EMAIL:") && out.len() == "to <EMAIL:>".len() + 12,
+            "{out}"
+        );
         assert_eq!(r.redact("to a@x.com", &mut map).unwrap().unwrap(), out);
         assert!(!map.has_restorable());
         let other = Redactor::new(r.rules().to_vec(), "other".into());

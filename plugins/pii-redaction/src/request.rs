@@ -71,7 +71,11 @@ pub enum Api {
 impl Api {
     /// The API of a `:path` (query ignored).
     pub fn from_path(path: &str) -> Api {
-        let path = path.split('?').next().unwrap_or_default().trim_end_matches('/');
+        let path = path
+            .split('?')
+            .next()
+            .unwrap_or_default()
+            .trim_end_matches('/');
         if path.ends_with("/chat/completions") {
             Api::Chat
         } else if path.ends_with("/responses") {
@@ -293,7 +297,7 @@ mod tests {
     use crate::config::parse_document;
     use serde_json::{json, Value};
 
-    fn config(doc: &str) -> PiiConfig {
+    fn config(doc: &str) -> std::rc::Rc<PiiConfig> {
         parse_document(doc.as_bytes())
             .unwrap()
             .global()
@@ -355,11 +359,17 @@ mod tests {
         let out = rewritten(run("{}", Api::Responses, &body).0);
         assert_eq!(out["instructions"], "from [EMAIL_1]"); // same value, same placeholder
         assert_eq!(out["input"][0]["content"][0]["text"], "[EMAIL_1]");
-        assert_eq!(out["input"][0]["content"][1], body["input"][0]["content"][1]);
+        assert_eq!(
+            out["input"][0]["content"][1],
+            body["input"][0]["content"][1]
+        );
         assert_eq!(out["input"][1]["output"], "[IP_1]");
 
         let body = json!({"model": "m", "input": "ip 10.0.0.1"});
-        assert_eq!(rewritten(run("{}", Api::Responses, &body).0)["input"], "ip [IP_1]");
+        assert_eq!(
+            rewritten(run("{}", Api::Responses, &body).0)["input"],
+            "ip [IP_1]"
+        );
 
         let body = json!({"model": "m", "system": [{"type": "text", "text": "a@x.com",
             "cache_control": {"type": "ephemeral"}}],
@@ -409,21 +419,31 @@ mod tests {
         let doc = r#"{"preamble":"Keep [X_1] tokens."}"#;
         let chat = json!({"messages": [{"role": "user", "content": "a@x.com"}]});
         let out = rewritten(run(doc, Api::Chat, &chat).0);
-        assert_eq!(out["messages"][0], json!({"role": "system", "content": "Keep [X_1] tokens."}));
+        assert_eq!(
+            out["messages"][0],
+            json!({"role": "system", "content": "Keep [X_1] tokens."})
+        );
         assert_eq!(out["messages"][1]["content"], "[EMAIL_1]");
 
-        let anth = json!({"system": "Be brief.", "messages": [{"role": "user", "content": "a@x.com"}]});
+        let anth =
+            json!({"system": "Be brief.", "messages": [{"role": "user", "content": "a@x.com"}]});
         let out = rewritten(run(doc, Api::Anthropic, &anth).0);
         assert_eq!(out["system"], "Keep [X_1] tokens.\n\nBe brief.");
         let anth = json!({"messages": [{"role": "user", "content": "a@x.com"}]});
-        assert_eq!(rewritten(run(doc, Api::Anthropic, &anth).0)["system"], "Keep [X_1] tokens.");
+        assert_eq!(
+            rewritten(run(doc, Api::Anthropic, &anth).0)["system"],
+            "Keep [X_1] tokens."
+        );
         let anth = json!({"system": [{"type": "text", "text": "x"}], "messages": [{"role": "user", "content": "a@x.com"}]});
         let out = rewritten(run(doc, Api::Anthropic, &anth).0);
         assert_eq!(out["system"][0]["text"], "Keep [X_1] tokens.");
         assert_eq!(out["system"][1]["text"], "x");
 
         let resp = json!({"input": "a@x.com"});
-        assert_eq!(rewritten(run(doc, Api::Responses, &resp).0)["instructions"], "Keep [X_1] tokens.");
+        assert_eq!(
+            rewritten(run(doc, Api::Responses, &resp).0)["instructions"],
+            "Keep [X_1] tokens."
+        );
         // nothing masked: no preamble
         let plain = json!({"messages": [{"role": "user", "content": "hi"}]});
         assert_eq!(run(doc, Api::Chat, &plain).0, Redaction::Unchanged);

@@ -17,6 +17,7 @@
 
 use crate::json::{self, Scalar, Seg};
 use crate::mask::{PlaceholderMap, TextRestorer};
+use llm_gateway_shared::sse::{Event, Framer};
 use std::collections::BTreeMap;
 use std::ops::Range;
 
@@ -47,19 +48,6 @@ struct Held {
     restorer: TextRestorer,
     /// The last delta event: its name, its data, and the span of the delta string in it.
     template: Option<(Option<String>, String, Range<usize>)>,
-}
-
-/// One SSE event as the framer gives it.
-#[derive(Debug, Clone, Copy)]
-pub struct SseEvent<'a> {
-    /// The whole event as received (kept byte for byte when nothing changes).
-    pub raw: &'a [u8],
-    /// `event:` field.
-    pub event: Option<&'a str>,
-    /// `data:` lines joined by `\n`.
-    pub data: Option<&'a str>,
-    /// `id:` field.
-    pub id: Option<&'a str>,
 }
 
 /// Restores an SSE stream, one framed event at a time.
@@ -93,14 +81,14 @@ enum Ends {
 
 impl StreamRestorer {
     /// The bytes to send for `event` (usually the event itself, restored).
-    pub fn event(&mut self, map: &PlaceholderMap, event: SseEvent<'_>, out: &mut Vec<u8>) {
-        let Some(data) = event.data else {
-            out.extend_from_slice(event.raw);
+    pub fn event(&mut self, map: &PlaceholderMap, event: &Event, out: &mut Vec<u8>) {
+        let Some(data) = event.data.as_deref() else {
+            out.extend_from_slice(&event.raw);
             return;
         };
         if data.trim() == "[DONE]" {
             self.release(map, |_| true, out);
-            out.extend_from_slice(event.raw);
+            out.extend_from_slice(&event.raw);
             return;
         }
         let reading = read(data);
@@ -118,7 +106,7 @@ impl StreamRestorer {
             );
         }
         if reading.deltas.is_empty() && reading.strings.is_empty() {
-            out.extend_from_slice(event.raw);
+            out.extend_from_slice(&event.raw);
             return;
         }
         let mut edits: Vec<(Range<usize>, Vec<u8>)> = Vec::new();
@@ -130,17 +118,16 @@ impl StreamRestorer {
                 .unwrap_or_default();
             let held = self.streams.entry(delta.key).or_default();
             let emit = held.restorer.push(map, &text);
-            held.template = Some((
-                event.event.map(str::to_owned),
-                data.to_owned(),
-                delta.span.clone(),
-            ));
+            held.template = Some((event.event.clone(), data.to_owned(), delta.span.clone()));
             if emit != text {
                 edits.push((delta.span, json::quote(&emit)));
             }
         }
         for span in reading.strings {
-            let Some(text) = data.as_bytes().get(span.clone()).and_then(json::decode_string)
+            let Some(text) = data
+                .as_bytes()
+                .get(span.clone())
+                .and_then(json::decode_string)
             else {
                 continue;
             };
@@ -150,12 +137,12 @@ impl StreamRestorer {
             }
         }
         if edits.is_empty() {
-            out.extend_from_slice(event.raw);
+            out.extend_from_slice(&event.raw);
             return;
         }
         edits.sort_by_key(|(span, _)| span.start);
         let new_data = json::splice(data.as_bytes(), &edits);
-        write_event(out, event.event, event.id, &new_data);
+        write_event(out, event.event.as_deref(), event.id.as_deref(), &new_data);
     }
 
     /// At the end of the body: releases whatever is still held.
@@ -177,6 +164,57 @@ impl StreamRestorer {
             if let Some((name, data, span)) = &held.template {
                 let new_data = json::splice(data.as_bytes(), &[(span.clone(), json::quote(&text))]);
                 write_event(out, name.as_deref(), None, &new_data);
+            }
+        }
+    }
+}
+
+/// Largest SSE event framed (a bigger one passes through unrestored).
+pub const MAX_EVENT_BYTES: usize = 1 << 20;
+
+/// Restores an SSE body fed in network chunks of any size: frames events, restores them,
+/// and returns the bytes to send in place of each chunk.
+#[derive(Debug)]
+pub struct SseRestorer {
+    framer: Framer,
+    stream: StreamRestorer,
+}
+
+impl Default for SseRestorer {
+    fn default() -> Self {
+        SseRestorer {
+            framer: Framer::new(MAX_EVENT_BYTES),
+            stream: StreamRestorer::default(),
+        }
+    }
+}
+
+impl SseRestorer {
+    /// The bytes to send for `chunk` (complete events only; the rest waits).
+    pub fn push(&mut self, map: &PlaceholderMap, chunk: &[u8]) -> Vec<u8> {
+        self.framer.push(chunk);
+        let mut out = Vec::with_capacity(chunk.len() + 64);
+        self.drain(map, &mut out);
+        out
+    }
+
+    /// End of the body: the remaining events, held text, and an unterminated tail as is.
+    pub fn finish(&mut self, map: &PlaceholderMap) -> Vec<u8> {
+        let mut out = Vec::new();
+        self.framer.close();
+        self.drain(map, &mut out);
+        self.stream.finish(map, &mut out);
+        if let Some(tail) = self.framer.finish() {
+            out.extend_from_slice(&tail);
+        }
+        out
+    }
+
+    fn drain(&mut self, map: &PlaceholderMap, out: &mut Vec<u8>) {
+        while let Some(item) = self.framer.next_event() {
+            match item {
+                Ok(event) => self.stream.event(map, &event, out),
+                Err(overflow) => out.extend_from_slice(overflow.raw()),
             }
         }
     }
@@ -237,7 +275,10 @@ fn read(data: &str) -> Reading {
             (*s == Scalar::Number
                 && p.len() == prefix.len() + want.len()
                 && p.starts_with(prefix)
-                && p.iter().skip(prefix.len()).zip(want).all(|(a, b)| a.key() == Some(b)))
+                && p.iter()
+                    .skip(prefix.len())
+                    .zip(want)
+                    .all(|(a, b)| a.key() == Some(b)))
             .then(|| data.get(span.clone())?.parse().ok())
             .flatten()
         })
@@ -245,7 +286,11 @@ fn read(data: &str) -> Reading {
     let text_at = |p: &[Seg]| -> Option<String> {
         leaves.iter().find_map(|(lp, s, span)| {
             (*s == Scalar::String && lp.as_slice() == p)
-                .then(|| data.as_bytes().get(span.clone()).and_then(json::decode_string))
+                .then(|| {
+                    data.as_bytes()
+                        .get(span.clone())
+                        .and_then(json::decode_string)
+                })
                 .flatten()
         })
     };
@@ -354,7 +399,10 @@ fn read(data: &str) -> Reading {
     for (_, scalar, span) in &leaves {
         if *scalar == Scalar::String
             && !used.contains(span)
-            && data.as_bytes().get(span.clone()).is_some_and(|s| s.contains(&b'['))
+            && data
+                .as_bytes()
+                .get(span.clone())
+                .is_some_and(|s| s.contains(&b'['))
         {
             reading.strings.push(span.clone());
         }
@@ -423,16 +471,7 @@ mod tests {
         for (name, data) in events {
             let mut raw = Vec::new();
             write_event(&mut raw, *name, None, data.as_bytes());
-            r.event(
-                map,
-                SseEvent {
-                    raw: &raw,
-                    event: *name,
-                    data: Some(data),
-                    id: None,
-                },
-                &mut out,
-            );
+            r.event(map, &Event::parse(raw), &mut out);
         }
         r.finish(map, &mut out);
         out
@@ -457,7 +496,11 @@ mod tests {
     fn chat_text(out: &[u8]) -> String {
         datas(out)
             .iter()
-            .filter_map(|v| v["choices"][0]["delta"]["content"].as_str().map(str::to_owned))
+            .filter_map(|v| {
+                v["choices"][0]["delta"]["content"]
+                    .as_str()
+                    .map(str::to_owned)
+            })
             .collect()
     }
 
@@ -520,7 +563,10 @@ mod tests {
         let events = vec![
             (Some("content_block_delta"), anth("hi [EMAI")),
             (Some("content_block_delta"), anth("L_1] [PH")),
-            (Some("content_block_stop"), r#"{"type":"content_block_stop","index":0}"#.into()),
+            (
+                Some("content_block_stop"),
+                r#"{"type":"content_block_stop","index":0}"#.into(),
+            ),
         ];
         let out = run(&map, &events);
         let text: String = datas(&out)
@@ -528,7 +574,9 @@ mod tests {
             .filter_map(|v| v["delta"]["text"].as_str().map(str::to_owned))
             .collect();
         assert_eq!(text, "hi a@x.com [PH");
-        assert!(String::from_utf8(out).unwrap().contains("event: content_block_delta\ndata: "));
+        assert!(String::from_utf8(out)
+            .unwrap()
+            .contains("event: content_block_delta\ndata: "));
 
         let resp = |t: &str| {
             format!(
@@ -572,5 +620,87 @@ mod tests {
             let out = run(&map, &events);
             prop_assert_eq!(chat_text(&out), map.restore(&text));
         }
+    }
+
+    proptest! {
+        // each case already tries every split point of its body
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        #[test]
+        fn splitting_the_body_anywhere_gives_the_unsplit_output(
+            text in "([a-z \\[\\]_0-9]|EMAIL|\\[EMAIL_1\\]|\\[PHONE_1\\]|\\[QUOTE_1\\]){0,24}",
+            cuts in proptest::collection::vec(0usize..24, 0..6),
+            anthropic in any::<bool>(),
+        ) {
+            let map = map();
+            let body = stream_body(&text, &cuts, anthropic);
+            let whole = restore_chunks(&map, &[&body]);
+            // every single split point, and a few multi-way splits
+            for at in 0..=body.len() {
+                let split = restore_chunks(&map, &[&body[..at], &body[at..]]);
+                prop_assert_eq!(&split, &whole, "split at {}", at);
+            }
+            let bytes: Vec<&[u8]> = body.chunks(3).collect();
+            prop_assert_eq!(restore_chunks(&map, &bytes), whole.clone());
+            let text_out: String = datas(&whole)
+                .iter()
+                .filter_map(|v| {
+                    v["choices"][0]["delta"]["content"].as_str().or(v["delta"]["text"].as_str()).map(str::to_owned)
+                })
+                .collect();
+            prop_assert_eq!(text_out, map.restore(&text));
+        }
+    }
+
+    /// A chat (or Anthropic) SSE body whose text is `text` cut into deltas at `cuts`.
+    fn stream_body(text: &str, cuts: &[usize], anthropic: bool) -> Vec<u8> {
+        let mut bounds: Vec<usize> = cuts.iter().map(|c| c % (text.len() + 1)).collect();
+        bounds.sort_unstable();
+        let mut body = Vec::new();
+        let mut from = 0;
+        for b in bounds.into_iter().chain([text.len()]) {
+            let piece = String::from_utf8(json::quote(&text[from..b])).unwrap();
+            if anthropic {
+                let data = format!(
+                    r#"{{"type":"content_block_delta","index":0,"delta":{{"type":"text_delta","text":{piece}}}}}"#
+                );
+                body.extend(llm_gateway_shared::sse::encode(
+                    Some("content_block_delta"),
+                    &data,
+                ));
+            } else {
+                let data =
+                    format!(r#"{{"choices":[{{"index":0,"delta":{{"content":{piece}}}}}]}}"#);
+                body.extend(llm_gateway_shared::sse::encode(None, &data));
+            }
+            from = b;
+        }
+        if anthropic {
+            body.extend(llm_gateway_shared::sse::encode(
+                Some("content_block_stop"),
+                r#"{"type":"content_block_stop","index":0}"#,
+            ));
+        } else {
+            body.extend_from_slice(b"data: [DONE]\r\n\r\n");
+        }
+        body
+    }
+
+    fn restore_chunks(map: &PlaceholderMap, chunks: &[&[u8]]) -> Vec<u8> {
+        let mut r = SseRestorer::default();
+        let mut out = Vec::new();
+        for c in chunks {
+            out.extend(r.push(map, c));
+        }
+        out.extend(r.finish(map));
+        out
+    }
+
+    #[test]
+    fn untouched_stream_is_byte_exact() {
+        let map = map();
+        let body =
+            b"event: x\r\ndata: {\"a\":\"[nothing]\"}\r\n\r\n: comment\n\ndata: [DONE]\n\ntail";
+        assert_eq!(restore_chunks(&map, &[body]), body.to_vec());
     }
 }
