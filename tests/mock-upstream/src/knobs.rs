@@ -14,6 +14,7 @@ pub(crate) const NO_USAGE: &str = "x-mock-no-usage";
 pub(crate) const USAGE_IN_FINAL_CHUNK: &str = "x-mock-usage-in-final-chunk";
 pub(crate) const PROMPT_TOKENS: &str = "x-mock-prompt-tokens";
 pub(crate) const CACHE_READ_TOKENS: &str = "x-mock-cache-read-tokens";
+pub(crate) const ECHO: &str = "x-mock-echo";
 
 /// Default number of completion tokens.
 pub(crate) const DEFAULT_CHUNKS: u64 = 8;
@@ -33,6 +34,7 @@ pub(crate) struct Knobs {
     pub(crate) usage_in_final_chunk: bool,
     pub(crate) prompt_tokens: Option<u64>,
     pub(crate) cache_read_tokens: Option<u64>,
+    pub(crate) echo: bool,
 }
 
 /// A knob header with a value it cannot take.
@@ -93,6 +95,7 @@ impl Knobs {
                 u64::MAX,
                 "a non-negative integer",
             )?,
+            echo: flag(headers, ECHO)?,
         })
     }
 
@@ -185,6 +188,7 @@ mod tests {
             (USAGE_IN_FINAL_CHUNK, "1"),
             (PROMPT_TOKENS, "12"),
             (CACHE_READ_TOKENS, "3"),
+            (ECHO, "on"),
         ])
         .expect("valid knobs");
         assert_eq!(k.status, Some(StatusCode::TOO_MANY_REQUESTS));
@@ -195,6 +199,7 @@ mod tests {
         assert!(k.no_usage && k.usage_in_final_chunk);
         assert_eq!(k.prompt_tokens, Some(12));
         assert_eq!(k.cache_read_tokens, Some(3));
+        assert!(k.echo);
     }
 
     #[test]
@@ -213,6 +218,7 @@ mod tests {
             (USAGE_IN_FINAL_CHUNK, "2"),
             (PROMPT_TOKENS, "99999999999999999999999"),
             (CACHE_READ_TOKENS, "x"),
+            (ECHO, "2"),
         ] {
             let err = parse(&[(knob, value)]).expect_err(value);
             assert_eq!(err.knob, knob, "{knob}: {value}");

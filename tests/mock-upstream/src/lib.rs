@@ -81,6 +81,12 @@
 //!   the prompt count, as Anthropic reports uncached input separately); Responses:
 //!   `input_tokens_details.cached_tokens`; chat: adds `prompt_tokens_details.cached_tokens`.
 //!
+//! * `x-mock-echo: 1` — the completion is the text of the last `user` message (chat and
+//!   Anthropic: `messages`; Responses: `input` as a string, or its last `user` item) instead of
+//!   the `tok{i}` tokens, cut into pieces of 3 characters: one piece per "token" (delta event in
+//!   a stream), so a word spans several events. The completion token count is the number of
+//!   pieces; the caps apply to it as to tokens.
+//!
 //! Boolean knobs accept `1`/`true`/`yes`/`on` and `0`/`false`/`no`/`off`.
 //!
 //! # Errors

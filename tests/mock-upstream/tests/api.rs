@@ -1097,3 +1097,81 @@ async fn drop_stops_the_server() {
     let read = tokio::time::timeout(Duration::from_secs(5), idle.read(&mut buf)).await;
     assert!(matches!(read, Ok(Ok(0) | Err(_))), "{read:?}");
 }
+
+#[tokio::test]
+async fn echo_knob_answers_with_the_last_user_message_in_small_pieces() {
+    let mock = start().await;
+    let text = "Hello \"world\" 漢字!";
+    // chat, streaming: the text split into deltas of 3 characters
+    let body = json!({"model": "m", "stream": true, "messages": [
+        {"role": "user", "content": "earlier"},
+        {"role": "assistant", "content": "reply"},
+        {"role": "user", "content": [{"type": "text", "text": "Hello \"world\" "}, {"type": "text", "text": "漢字!"}]}
+    ]});
+    let (status, _, resp) = post(
+        &mock,
+        "/v1/chat/completions",
+        &[("x-mock-echo", "1")],
+        &body,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let chunks = chat_chunks(&resp);
+    let deltas: Vec<&str> = chunks[1..chunks.len() - 1]
+        .iter()
+        .map(|c| {
+            c["choices"][0]["delta"]["content"]
+                .as_str()
+                .expect("content")
+        })
+        .collect();
+    assert_eq!(deltas.concat(), text);
+    assert_eq!(deltas[0], "Hel");
+    assert_eq!(deltas.len(), text.chars().count().div_ceil(3));
+
+    // chat, not streaming
+    let body = json!({"model": "m", "messages": [{"role": "user", "content": text}]});
+    let (_, _, resp) = post(
+        &mock,
+        "/v1/chat/completions",
+        &[("x-mock-echo", "yes")],
+        &body,
+    )
+    .await;
+    let v = json_of(&resp);
+    assert_eq!(v["choices"][0]["message"]["content"], text);
+    assert_eq!(
+        v["usage"]["completion_tokens"],
+        text.chars().count().div_ceil(3)
+    );
+
+    // Anthropic and Responses
+    let body =
+        json!({"model": "m", "max_tokens": 100, "messages": [{"role": "user", "content": text}]});
+    let (_, _, resp) = post(&mock, "/v1/messages", &[("x-mock-echo", "1")], &body).await;
+    assert_eq!(json_of(&resp)["content"][0]["text"], text);
+    let body = json!({"model": "m", "input": text, "stream": true});
+    let (_, _, resp) = post(&mock, "/v1/responses", &[("x-mock-echo", "1")], &body).await;
+    let echoed: String = sse(&resp)
+        .iter()
+        .filter(|(name, _)| name.as_deref() == Some("response.output_text.delta"))
+        .map(|(_, data)| {
+            serde_json::from_str::<Value>(data).expect("json")["delta"]
+                .as_str()
+                .expect("delta")
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(echoed, text);
+
+    // without the knob: tokens as before
+    let (_, _, resp) = post(&mock, "/v1/chat/completions", &[], &body_of_chat(text)).await;
+    assert_eq!(
+        json_of(&resp)["choices"][0]["message"]["content"],
+        tokens(8)
+    );
+}
+
+fn body_of_chat(text: &str) -> Value {
+    json!({"model": "m", "messages": [{"role": "user", "content": text}]})
+}
