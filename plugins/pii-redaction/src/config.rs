@@ -15,7 +15,8 @@
 //!   "scope": "messages",
 //!   "max_body_bytes": 1048576,
 //!   "oversize": "reject",
-//!   "preamble": "Keep tokens like [EMAIL_1] exactly as written."
+//!   "preamble": "Keep tokens like [EMAIL_1] exactly as written.",
+//!   "hold_headers": false
 //! }
 //! ```
 //! Without `rules`, every built-in detector masks and restores.
@@ -59,6 +60,10 @@ pub struct PiiConfig {
     pub oversize: Oversize,
     /// Instruction added to the request when something was masked.
     pub preamble: Option<String>,
+    /// Hold the request headers until the body is redacted (`Pause` from the headers
+    /// callback). Needs Envoy's `allow_on_headers_stop_iteration: true` on the filter, else
+    /// Envoy never delivers the body to the plugin.
+    pub hold_headers: bool,
 }
 
 #[derive(Deserialize)]
@@ -76,6 +81,8 @@ struct RawConfig {
     oversize: String,
     #[serde(default)]
     preamble: Option<String>,
+    #[serde(default)]
+    hold_headers: bool,
 }
 
 #[derive(Deserialize)]
@@ -179,6 +186,7 @@ fn parse_scope(fields: &Map<String, Value>, _scope: Scope) -> Result<PiiConfig, 
         max_body_bytes: usize::try_from(raw.max_body_bytes).unwrap_or(usize::MAX),
         oversize,
         preamble: raw.preamble.filter(|p| !p.is_empty()),
+        hold_headers: raw.hold_headers,
     })
 }
 

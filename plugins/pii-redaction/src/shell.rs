@@ -188,17 +188,22 @@ impl HttpContext for Request {
         if declared.is_some_and(|len| len > config.max_body_bytes) {
             return self.oversize(&state, &config);
         }
-        // The body may be rewritten: its length will change, and a compressed answer could
-        // not be restored.
+        // A compressed answer could not be restored.
         let restores = config
             .redactor
             .rules()
             .iter()
             .any(|r| r.action == Action::Mask { restore: true });
-        for name in ["content-length"]
-            .into_iter()
-            .chain(restores.then_some("accept-encoding"))
-        {
+        let mut remove = Vec::with_capacity(2);
+        if restores {
+            remove.push("accept-encoding");
+        }
+        // The body may be rewritten. Held headers get the new length later; headers that go
+        // on now must not announce the old one.
+        if !config.hold_headers {
+            remove.push("content-length");
+        }
+        for name in remove {
             if let Err(err) = host::remove_header(HeaderMap::RequestHeaders, name) {
                 host::log(
                     LogLevel::Error,
@@ -208,8 +213,13 @@ impl HttpContext for Request {
             }
         }
         self.scan = true;
+        let hold = config.hold_headers;
         self.config = Some(config);
-        Next::Continue
+        if hold {
+            Next::Pause
+        } else {
+            Next::Continue
+        }
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Next {
@@ -245,6 +255,26 @@ impl HttpContext for Request {
             Redaction::Unchanged => Next::Continue,
             Redaction::Rewritten(new_body) => {
                 bump(state.metrics.redacted.as_ref(), 1);
+                if config.hold_headers {
+                    let length = new_body.len().to_string();
+                    let fixed = host::header(HeaderMap::RequestHeaders, "content-length")
+                        .ok()
+                        .flatten()
+                        .is_none()
+                        || host::set_header(
+                            HeaderMap::RequestHeaders,
+                            "content-length",
+                            length.as_bytes(),
+                        )
+                        .is_ok();
+                    if !fixed {
+                        host::log(
+                            LogLevel::Error,
+                            "pii-redaction: cannot set content-length of the redacted body",
+                        );
+                        return refuse(&Reject::internal("cannot redact the request"));
+                    }
+                }
                 match host::set_buffer(Buffer::RequestBody, 0, body_size, &new_body) {
                     Ok(()) => Next::Continue,
                     Err(err) => {
