@@ -95,15 +95,15 @@ impl Builtin {
         let b = text.as_bytes();
         match self {
             Builtin::Email => email(b, found),
-            Builtin::PhoneCn => starts(b, found, phone_cn),
-            Builtin::PhoneE164 => starts(b, found, phone_e164),
-            Builtin::IdCn => starts(b, found, id_cn),
-            Builtin::Card => starts(b, found, card),
-            Builtin::Ipv4 => starts(b, found, ipv4),
-            Builtin::Ipv6 => starts(b, found, ipv6),
-            Builtin::OpenAiKey => starts(b, found, openai_key),
-            Builtin::AwsAccessKey => starts(b, found, aws_key),
-            Builtin::Jwt => starts(b, found, jwt),
+            Builtin::PhoneCn => starts(b, found, |c| matches!(c, b'+' | b'0' | b'1'), phone_cn),
+            Builtin::PhoneE164 => starts(b, found, |c| c == b'+', phone_e164),
+            Builtin::IdCn => starts(b, found, is_digit, id_cn),
+            Builtin::Card => starts(b, found, |c| matches!(c, b'2'..=b'6'), card),
+            Builtin::Ipv4 => starts(b, found, is_digit, ipv4),
+            Builtin::Ipv6 => ipv6_runs(b, found),
+            Builtin::OpenAiKey => starts(b, found, |c| c == b's', openai_key),
+            Builtin::AwsAccessKey => starts(b, found, |c| c == b'A', aws_key),
+            Builtin::Jwt => starts(b, found, |c| c == b'e', jwt),
             Builtin::PrivateKey => private_key(text, found),
         }
     }
@@ -176,12 +176,21 @@ fn is_key_char(c: u8) -> bool {
     c.is_ascii_alphanumeric() || c == b'_' || c == b'-'
 }
 
-/// Runs `try_at` at every position; on a match, reports it and continues after its end.
-/// Every `try_at` reads a bounded number of bytes, or (for runs) returns how far it read so
-/// the scan skips them.
-fn starts(b: &[u8], found: &mut dyn FnMut(Range<usize>), try_at: fn(&[u8], usize) -> Step) {
+/// Runs `try_at` at every position whose byte can begin a match (`first`); on a match,
+/// reports it and continues after its end. Every `try_at` reads a bounded number of bytes, or
+/// (for runs) returns how far it read so the scan skips them.
+fn starts(
+    b: &[u8],
+    found: &mut dyn FnMut(Range<usize>),
+    first: fn(u8) -> bool,
+    try_at: fn(&[u8], usize) -> Step,
+) {
     let mut i = 0;
-    while i < b.len() {
+    while let Some(off) = b
+        .get(i..)
+        .and_then(|rest| rest.iter().position(|&c| first(c)))
+    {
+        i += off;
         match try_at(b, i) {
             Step::Match(end) if end > i => {
                 found(i..end);
@@ -494,6 +503,47 @@ fn ipv4(b: &[u8], i: usize) -> Step {
         return Step::No;
     }
     Step::Match(p)
+}
+
+fn is_ipv6_char(c: u8) -> bool {
+    c.is_ascii_hexdigit() || c == b':' || c == b'.'
+}
+
+/// IPv6 candidates all contain a `:`: jump from colon to colon, take the run of address
+/// characters around it once, and validate it.
+fn ipv6_runs(b: &[u8], found: &mut dyn FnMut(Range<usize>)) {
+    let mut done = 0; // bytes before this were part of a run already looked at
+    let mut i = 0;
+    while let Some(off) = b
+        .get(i..)
+        .and_then(|rest| rest.iter().position(|&c| c == b':'))
+    {
+        let colon = i + off;
+        let mut start = colon;
+        while start > done && is_ipv6_char(before(b, start)) {
+            start -= 1;
+        }
+        // the run may begin with '.' characters that cannot start an address
+        while start < colon && at(b, start) == b'.' {
+            start += 1;
+        }
+        let end = match ipv6(b, start) {
+            Step::Match(end) => {
+                found(start..end);
+                end
+            }
+            Step::Skip(end) => end,
+            Step::No => {
+                let mut e = colon;
+                while is_ipv6_char(at(b, e)) {
+                    e += 1;
+                }
+                e
+            }
+        };
+        done = end.max(colon + 1);
+        i = done;
+    }
 }
 
 fn ipv6(b: &[u8], i: usize) -> Step {

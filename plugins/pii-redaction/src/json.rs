@@ -189,6 +189,17 @@ impl Walker<'_, '_> {
         let start = self.i;
         self.i += 1; // the opening quote
         loop {
+            // skip plain bytes in one tight loop
+            let plain = self
+                .b
+                .get(self.i..)
+                .unwrap_or_default()
+                .iter()
+                .position(|&c| c == b'"' || c == b'\\' || c < 0x20);
+            match plain {
+                Some(n) => self.i += n,
+                None => self.i = self.b.len(),
+            }
             match self.peek() {
                 None => return Err(self.err("end of string")),
                 Some(b'"') => {

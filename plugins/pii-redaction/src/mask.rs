@@ -63,8 +63,8 @@ pub struct Blocked {
 /// The per-request state: placeholders issued so far and the originals to restore.
 #[derive(Debug, Default, Clone)]
 pub struct PlaceholderMap {
-    /// (rule name, value) -> placeholder or hash token.
-    issued: HashMap<(String, String), String>,
+    /// rule name -> value -> placeholder (looked up without allocating).
+    issued: HashMap<String, HashMap<String, String>>,
     /// Next counter per name.
     counters: HashMap<String, u32>,
     /// Placeholder -> original, for restoring rules (and literal placeholders).
@@ -91,21 +91,47 @@ impl PlaceholderMap {
         self.counts.values().sum()
     }
 
-    fn placeholder(&mut self, name: &str, value: &str, restore: bool) -> &str {
-        let key = (name.to_owned(), value.to_owned());
-        if !self.issued.contains_key(&key) {
-            let counter = self.counters.entry(name.to_owned()).or_insert(0);
-            *counter = counter.saturating_add(1);
-            let placeholder = format!("[{name}_{counter}]");
-            if restore {
-                self.originals.insert(placeholder.clone(), value.to_owned());
-                if !self.restore_names.iter().any(|n| n == name) {
-                    self.restore_names.push(name.to_owned());
-                }
+    fn count(&mut self, name: &str) {
+        match self.counts.get_mut(name) {
+            Some(n) => *n += 1,
+            None => {
+                self.counts.insert(name.to_owned(), 1);
             }
-            self.issued.insert(key.clone(), placeholder);
         }
-        self.issued.get(&key).map_or("", String::as_str)
+    }
+
+    /// Appends the placeholder of `value` (issuing it on first sight) to `out`.
+    fn push_placeholder(&mut self, name: &str, value: &str, restore: bool, out: &mut String) {
+        if let Some(p) = self
+            .issued
+            .get(name)
+            .and_then(|by_value| by_value.get(value))
+        {
+            out.push_str(p);
+            return;
+        }
+        let counter = match self.counters.get_mut(name) {
+            Some(c) => {
+                *c = c.saturating_add(1);
+                *c
+            }
+            None => {
+                self.counters.insert(name.to_owned(), 1);
+                1
+            }
+        };
+        let placeholder = format!("[{name}_{counter}]");
+        out.push_str(&placeholder);
+        if restore {
+            self.originals.insert(placeholder.clone(), value.to_owned());
+            if !self.restore_names.iter().any(|n| n == name) {
+                self.restore_names.push(name.to_owned());
+            }
+        }
+        self.issued
+            .entry(name.to_owned())
+            .or_default()
+            .insert(value.to_owned(), placeholder);
     }
 
     /// `text` with every issued, restorable placeholder replaced by its original.
@@ -255,10 +281,10 @@ impl Redactor {
             out.push_str(text.get(copied..span.start).unwrap_or_default());
             match self.rules.get(index) {
                 Some(rule) => {
-                    *map.counts.entry(rule.name.clone()).or_insert(0) += 1;
+                    map.count(&rule.name);
                     match rule.action {
                         Action::Mask { restore } => {
-                            out.push_str(map.placeholder(&rule.name, value, restore));
+                            map.push_placeholder(&rule.name, value, restore, &mut out);
                         }
                         Action::Hash => self.push_hash(&rule.name, value, &mut out),
                         Action::Block => {}
@@ -270,7 +296,7 @@ impl Redactor {
                         .get(1..)
                         .and_then(|v| v.rsplit_once('_'))
                         .map_or("", |(n, _)| n);
-                    out.push_str(map.placeholder(name, value, true));
+                    map.push_placeholder(name, value, true, &mut out);
                 }
             }
             copied = span.end;
