@@ -37,6 +37,7 @@ fn config() -> Value {
             {"detector": "private_key", "action": "block"},
             {"name": "CODENAME", "words": ["Project Falcon"], "action": "block"}
         ],
+        "output_rules": [{"detector": "ipv4"}],
         "hash_salt": "e2e-salt-0123",
         "max_body_bytes": MAX_BODY,
         "oversize": "reject",
@@ -252,6 +253,49 @@ async fn anthropic_and_responses_streams_are_restored() {
         completed["response"]["output"][0]["content"][0]["text"],
         prompt()
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn output_rules_mask_what_the_model_says() {
+    let gw = Gateway::start().await;
+    // ipv4 is only an output rule: the upstream sees the address, the client does not get it
+    // back from the model
+    let text = format!("Server 10.20.30.40 belongs to {EMAIL}.");
+    let body = json!({"model": "m", "messages": [{"role": "user", "content": text}]});
+    let response = gw
+        .post("/v1/chat/completions", &[("x-mock-echo", "1")], &body)
+        .await;
+    assert_eq!(response.status, 200, "{}", response.text());
+    let sent = gw.take_upstream_request().json().unwrap();
+    assert_eq!(
+        sent["messages"][0]["content"],
+        "Server 10.20.30.40 belongs to [EMAIL_1]."
+    );
+    assert_eq!(
+        response.json().unwrap()["choices"][0]["message"]["content"],
+        format!("Server [IP_1] belongs to {EMAIL}.")
+    );
+
+    let mut streaming = body.clone();
+    streaming["stream"] = json!(true);
+    let response = gw
+        .post(
+            "/v1/chat/completions",
+            &[("x-mock-echo", "1"), ("x-mock-chunk-delay-ms", "1")],
+            &streaming,
+        )
+        .await;
+    assert_eq!(response.status, 200, "{}", response.text());
+    gw.take_upstream_request();
+    let text: String = sse_events(&response.text())
+        .iter()
+        .filter_map(|(_, v)| {
+            v["choices"][0]["delta"]["content"]
+                .as_str()
+                .map(str::to_owned)
+        })
+        .collect();
+    assert_eq!(text, format!("Server [IP_1] belongs to {EMAIL}."));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -138,9 +138,9 @@ fn main() {
         let mut restorer = SseRestorer::default();
         let mut out = Vec::with_capacity(stream.len() + 4096);
         for chunk in stream.chunks(1024) {
-            out.extend(restorer.push(&map, black_box(chunk)));
+            out.extend(restorer.push(&mut map, black_box(chunk)));
         }
-        out.extend(restorer.finish(&map));
+        out.extend(restorer.finish(&mut map));
         out_len = out.len();
         black_box(out);
     });

@@ -11,6 +11,7 @@
 //!     {"name": "EMPLOYEE", "pattern": "E-[0-9]{6}"},
 //!     {"name": "CODENAME", "words": ["Project Falcon"], "action": "block"}
 //!   ],
+//!   "output_rules": [{"detector": "ipv4"}],
 //!   "hash_salt": "change-me",
 //!   "scope": "messages",
 //!   "max_body_bytes": 1048576,
@@ -60,6 +61,9 @@ pub struct PiiConfig {
     pub oversize: Oversize,
     /// Instruction added to the request when something was masked.
     pub preamble: Option<String>,
+    /// Output rules: personal data the model produced is masked (never restored) or hashed in
+    /// responses.
+    pub output: Option<Redactor>,
     /// Hold the request headers until the body is redacted (`Pause` from the headers
     /// callback). Needs Envoy's `allow_on_headers_stop_iteration: true` on the filter, else
     /// Envoy never delivers the body to the plugin.
@@ -83,6 +87,8 @@ struct RawConfig {
     preamble: Option<String>,
     #[serde(default)]
     hold_headers: bool,
+    #[serde(default)]
+    output_rules: Option<Vec<RawRule>>,
 }
 
 #[derive(Deserialize)]
@@ -146,7 +152,20 @@ fn parse_scope(fields: &Map<String, Value>, _scope: Scope) -> Result<PiiConfig, 
             .map(|(i, r)| rule(r).map_err(|e| e.within(&format!("rules[{i}]"))))
             .collect::<Result<Vec<_>, _>>()?,
     };
-    let hashes = rules.iter().any(|r| r.action == Action::Hash);
+    let output = match &raw.output_rules {
+        None => None,
+        Some(raw_rules) => Some(
+            raw_rules
+                .iter()
+                .enumerate()
+                .map(|(i, r)| output_rule(r).map_err(|e| e.within(&format!("output_rules[{i}]"))))
+                .collect::<Result<Vec<_>, _>>()?,
+        ),
+    };
+    let hashes = rules
+        .iter()
+        .chain(output.iter().flatten())
+        .any(|r| r.action == Action::Hash);
     let salt = raw.hash_salt.unwrap_or_default();
     if hashes && salt.len() < 8 {
         return Err(ConfigError::new(
@@ -181,6 +200,9 @@ fn parse_scope(fields: &Map<String, Value>, _scope: Scope) -> Result<PiiConfig, 
         }
     };
     Ok(PiiConfig {
+        output: output
+            .filter(|rules| !rules.is_empty())
+            .map(|rules| Redactor::new(rules, salt.clone())),
         redactor: Redactor::new(rules, salt),
         scope,
         max_body_bytes: usize::try_from(raw.max_body_bytes).unwrap_or(usize::MAX),
@@ -273,6 +295,32 @@ fn rule(raw: &RawRule) -> Result<Rule, ConfigError> {
     })
 }
 
+/// An output rule: `mask` (never restored) or `hash`; `block` cannot apply to an answer
+/// already on its way.
+fn output_rule(raw: &RawRule) -> Result<Rule, ConfigError> {
+    if raw.action == "block" {
+        return Err(ConfigError::new(
+            "action",
+            "output rules can \"mask\" or \"hash\", not block",
+        ));
+    }
+    if raw.restore == Some(true) {
+        return Err(ConfigError::new("restore", "output rules never restore"));
+    }
+    let mut rule = rule(&RawRule {
+        restore: None,
+        name: raw.name.clone(),
+        detector: raw.detector.clone(),
+        pattern: raw.pattern.clone(),
+        words: raw.words.clone(),
+        action: raw.action.clone(),
+    })?;
+    if let Action::Mask { .. } = rule.action {
+        rule.action = Action::Mask { restore: false };
+    }
+    Ok(rule)
+}
+
 fn validate_rule_name(name: &str) -> Result<(), ConfigError> {
     let ok = name.len() <= MAX_NAME_LEN
         && name.bytes().next().is_some_and(|c| c.is_ascii_uppercase())
@@ -328,6 +376,11 @@ mod tests {
         assert_eq!(c.scope, BodyScope::RawBody);
         assert_eq!(c.oversize, Oversize::Pass);
         assert_eq!(c.preamble.as_deref(), Some("keep"));
+        assert!(c.output.is_none());
+        let c = parse(r#"{"output_rules":[{"detector":"email"},{"detector":"card","action":"hash"}],"hash_salt":"12345678"}"#).unwrap();
+        let output = c.output.as_ref().unwrap();
+        assert_eq!(output.rules()[0].action, Action::Mask { restore: false });
+        assert_eq!(output.rules()[1].action, Action::Hash);
     }
 
     #[test]
@@ -365,6 +418,18 @@ mod tests {
             (r#"{"scope":"all"}"#, "scope"),
             (r#"{"max_body_bytes":0}"#, "max_body_bytes"),
             (r#"{"oversize":"drop"}"#, "oversize"),
+            (
+                r#"{"output_rules":[{"detector":"email","action":"block"}]}"#,
+                "output_rules[0].action",
+            ),
+            (
+                r#"{"output_rules":[{"detector":"email","restore":true}]}"#,
+                "output_rules[0].restore",
+            ),
+            (
+                r#"{"output_rules":[{"detector":"card","action":"hash"}]}"#,
+                "hash_salt",
+            ),
         ] {
             let err = parse(doc).unwrap_err();
             assert_eq!(err.field(), field, "{doc}: {err}");

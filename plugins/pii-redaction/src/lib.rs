@@ -6,7 +6,8 @@
 //! patterns and deny words. Each rule masks with a stable per-request placeholder
 //! (`[EMAIL_1]`), hashes (salted, truncated SHA-256), or blocks the request (400). Masked
 //! values of `restore` rules are put back in the response — whole JSON bodies and SSE streams,
-//! where a placeholder may be split across events and network chunks.
+//! where a placeholder may be split across events and network chunks — and optional output
+//! rules mask what the model itself produced.
 //!
 //! It keeps the per-request map in the HTTP context only, never logs a value (metrics count
 //! matches per rule), and matches in linear time (hand-written scanners and `regex-lite`).

@@ -242,6 +242,22 @@ impl Redactor {
     /// `block` rule matched. Matches of earlier rules win where spans overlap; at one
     /// position the longer match wins.
     pub fn redact(&self, text: &str, map: &mut PlaceholderMap) -> Result<Option<String>, Blocked> {
+        self.redact_with(text, map, true)
+    }
+
+    /// Redacts text the model produced (output rules): like [`redact`](Self::redact), but
+    /// the request's placeholders in it are left alone (they are restored afterwards), and
+    /// `block` rules (refused by the config for output) match nothing.
+    pub fn redact_output(&self, text: &str, map: &mut PlaceholderMap) -> Option<String> {
+        self.redact_with(text, map, false).ok().flatten()
+    }
+
+    fn redact_with(
+        &self,
+        text: &str,
+        map: &mut PlaceholderMap,
+        literals: bool,
+    ) -> Result<Option<String>, Blocked> {
         // (span, rule index; usize::MAX for a literal placeholder)
         let mut found: Vec<(Range<usize>, usize)> = Vec::new();
         for (index, rule) in self.rules.iter().enumerate() {
@@ -259,7 +275,9 @@ impl Redactor {
                 });
             }
         }
-        self.literal_placeholders(text, &mut found);
+        if literals {
+            self.literal_placeholders(text, &mut found);
+        }
         if found.is_empty() {
             return Ok(None);
         }
@@ -389,6 +407,65 @@ impl TextRestorer {
     }
 }
 
+/// Longest text an [`OutputHold`] keeps back while waiting for a word boundary.
+pub const MAX_OUTPUT_HOLD: usize = 256;
+
+/// Cuts a stream of model text at word boundaries so that output rules see whole values:
+/// text after the last whitespace that could not continue a value (a space between digits
+/// may be inside a phone or card number) waits for the next delta, at most
+/// [`MAX_OUTPUT_HOLD`] bytes.
+#[derive(Debug, Default, Clone)]
+pub struct OutputHold {
+    pending: String,
+}
+
+impl OutputHold {
+    /// The text that is ready for the output rules after `delta`.
+    pub fn push(&mut self, delta: &str) -> String {
+        self.pending.push_str(delta);
+        let cut = if self.pending.len() > MAX_OUTPUT_HOLD {
+            self.pending.len()
+        } else {
+            word_cut(&self.pending)
+        };
+        let ready = self.pending.get(..cut).unwrap_or_default().to_owned();
+        self.pending.replace_range(..cut, "");
+        ready
+    }
+
+    /// The rest, at the end of the stream.
+    pub fn finish(&mut self) -> String {
+        std::mem::take(&mut self.pending)
+    }
+
+    /// True if text is held back.
+    pub fn is_holding(&self) -> bool {
+        !self.pending.is_empty()
+    }
+}
+
+/// Position just after the last whitespace of `text` that ends a value for sure: not one
+/// between a digit (or `-`) and a digit, nor one that ends the text right after a digit.
+fn word_cut(text: &str) -> usize {
+    let b = text.as_bytes();
+    let mut i = b.len();
+    while i > 0 {
+        i -= 1;
+        let Some(&c) = b.get(i) else { break };
+        if !c.is_ascii_whitespace() {
+            continue;
+        }
+        let prev = i.checked_sub(1).and_then(|j| b.get(j)).copied();
+        let next = b.get(i + 1).copied();
+        let numeric_prev = prev.is_some_and(|p| p.is_ascii_digit() || p == b'-');
+        let may_join = numeric_prev && next.is_none_or(|n| n.is_ascii_digit());
+        if !may_join {
+            return i + 1;
+        }
+    }
+    0
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -502,7 +579,62 @@ pub(crate) mod tests {
         assert_eq!(out, "write to a@x.com now [x] [EMAIL_");
     }
 
+    #[test]
+    fn output_rules_leave_request_placeholders_alone() {
+        let r = redactor();
+        let mut map = PlaceholderMap::default();
+        r.redact("a@x.com", &mut map).unwrap();
+        let output = Redactor::new(
+            r.rules()
+                .iter()
+                .map(|rule| Rule {
+                    action: Action::Mask { restore: false },
+                    ..rule.clone()
+                })
+                .collect(),
+            String::new(),
+        );
+        let out = output
+            .redact_output("[EMAIL_1] knows b@y.org, [EMAIL_1] and a@x.com", &mut map)
+            .unwrap();
+        assert_eq!(out, "[EMAIL_1] knows [EMAIL_2], [EMAIL_1] and [EMAIL_1]");
+        assert_eq!(
+            map.restore(&out),
+            "a@x.com knows [EMAIL_2], a@x.com and a@x.com"
+        );
+    }
+
+    #[test]
+    fn output_hold_cuts_at_word_boundaries() {
+        let mut h = OutputHold::default();
+        assert_eq!(h.push("write to b@"), "write to ");
+        assert_eq!(h.push("y.org now"), "b@y.org ");
+        assert_eq!(h.push(" call 138 "), "now call ");
+        assert_eq!(h.push("0013 8000 ok"), "138 0013 8000 ");
+        assert_eq!(h.finish(), "ok");
+        let long = "x".repeat(MAX_OUTPUT_HOLD + 1);
+        assert_eq!(h.push(&long), long);
+    }
+
     proptest! {
+        #[test]
+        fn output_hold_loses_nothing(
+            text in "[a-z0-9 @.\n-]{0,60}",
+            cuts in proptest::collection::vec(0usize..64, 0..8)
+        ) {
+            let mut bounds: Vec<usize> = cuts.into_iter().map(|c| c % (text.len() + 1)).collect();
+            bounds.sort_unstable();
+            let mut h = OutputHold::default();
+            let mut out = String::new();
+            let mut from = 0;
+            for b in bounds.into_iter().chain([text.len()]) {
+                out.push_str(&h.push(&text[from..b]));
+                from = b;
+            }
+            out.push_str(&h.finish());
+            prop_assert_eq!(out, text);
+        }
+
         #[test]
         fn mask_then_restore_is_identity(
             text in "([a-z@. \\[\\]_0-9A-Z+:-]|EMAIL|PHONE|a@b.cn|13800138000|11010519491231002X|\\[EMAIL_1\\]){0,40}"

@@ -16,7 +16,7 @@
 //! it. Every other event has its strings restored whole.
 
 use crate::json::{self, Scalar, Seg};
-use crate::mask::{PlaceholderMap, TextRestorer};
+use crate::mask::{OutputHold, PlaceholderMap, Redactor, TextRestorer};
 use llm_gateway_shared::sse::{Event, Framer};
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -29,6 +29,49 @@ pub fn restore_body(map: &PlaceholderMap, body: &[u8]) -> Option<Vec<u8>> {
     }
     let restored = map.restore_json(text);
     (restored.as_bytes() != body).then(|| restored.into_bytes())
+}
+
+/// Output rules over a whole JSON body: every string but the protocol's own fields (`id`,
+/// `object`, `model`, `type`, `role`, `finish_reason`, …) is redacted. `None` if nothing
+/// changed or the body is not JSON.
+pub fn redact_output_body(
+    output: &Redactor,
+    map: &mut PlaceholderMap,
+    body: &[u8],
+) -> Option<Vec<u8>> {
+    let mut edits: Vec<(Range<usize>, Vec<u8>)> = Vec::new();
+    json::walk(body, &mut |path, kind, span| {
+        if kind != Scalar::String || path.last().and_then(Seg::key).is_some_and(is_protocol_key) {
+            return;
+        }
+        let Some(text) = body.get(span.clone()).and_then(json::decode_string) else {
+            return;
+        };
+        if let Some(new) = output.redact_output(&text, map) {
+            edits.push((span, json::quote(&new)));
+        }
+    })
+    .ok()?;
+    (!edits.is_empty()).then(|| json::splice(body, &edits))
+}
+
+fn is_protocol_key(key: &str) -> bool {
+    matches!(
+        key,
+        "id" | "object"
+            | "model"
+            | "type"
+            | "role"
+            | "finish_reason"
+            | "stop_reason"
+            | "status"
+            | "system_fingerprint"
+            | "service_tier"
+            | "item_id"
+            | "call_id"
+            | "name"
+            | "event"
+    )
 }
 
 /// Which logical text stream a delta belongs to.
@@ -46,6 +89,7 @@ enum StreamKey {
 #[derive(Debug, Default)]
 struct Held {
     restorer: TextRestorer,
+    output: OutputHold,
     /// The last delta event: its name, its data, and the span of the delta string in it.
     template: Option<(Option<String>, String, Range<usize>)>,
 }
@@ -54,6 +98,8 @@ struct Held {
 #[derive(Debug, Default)]
 pub struct StreamRestorer {
     streams: BTreeMap<StreamKey, Held>,
+    /// Output rules, applied to the model's text before placeholders are restored.
+    output: Option<Redactor>,
 }
 
 /// A delta string found in an event.
@@ -80,8 +126,16 @@ enum Ends {
 }
 
 impl StreamRestorer {
+    /// A restorer that also applies `output` rules to the model's text.
+    pub fn with_output(output: Option<Redactor>) -> Self {
+        StreamRestorer {
+            streams: BTreeMap::new(),
+            output,
+        }
+    }
+
     /// The bytes to send for `event` (usually the event itself, restored).
-    pub fn event(&mut self, map: &PlaceholderMap, event: &Event, out: &mut Vec<u8>) {
+    pub fn event(&mut self, map: &mut PlaceholderMap, event: &Event, out: &mut Vec<u8>) {
         let Some(data) = event.data.as_deref() else {
             out.extend_from_slice(&event.raw);
             return;
@@ -117,7 +171,14 @@ impl StreamRestorer {
                 .and_then(json::decode_string)
                 .unwrap_or_default();
             let held = self.streams.entry(delta.key).or_default();
-            let emit = held.restorer.push(map, &text);
+            let emit = match &self.output {
+                Some(output) => {
+                    let ready = held.output.push(&text);
+                    let ready = output.redact_output(&ready, map).unwrap_or(ready);
+                    held.restorer.push(map, &ready)
+                }
+                None => held.restorer.push(map, &text),
+            };
             held.template = Some((event.event.clone(), data.to_owned(), delta.span.clone()));
             if emit != text {
                 edits.push((delta.span, json::quote(&emit)));
@@ -131,7 +192,11 @@ impl StreamRestorer {
             else {
                 continue;
             };
-            let restored = map.restore(&text);
+            let redacted = self
+                .output
+                .as_ref()
+                .and_then(|o| o.redact_output(&text, map));
+            let restored = map.restore(redacted.as_deref().unwrap_or(&text));
             if restored != text {
                 edits.push((span, json::quote(&restored)));
             }
@@ -146,21 +211,27 @@ impl StreamRestorer {
     }
 
     /// At the end of the body: releases whatever is still held.
-    pub fn finish(&mut self, map: &PlaceholderMap, out: &mut Vec<u8>) {
+    pub fn finish(&mut self, map: &mut PlaceholderMap, out: &mut Vec<u8>) {
         self.release(map, |_| true, out);
     }
 
     fn release(
         &mut self,
-        map: &PlaceholderMap,
+        map: &mut PlaceholderMap,
         which: impl Fn(&StreamKey) -> bool,
         out: &mut Vec<u8>,
     ) {
         for (key, held) in self.streams.iter_mut() {
-            if !which(key) || !held.restorer.is_holding() {
+            if !which(key) || !(held.restorer.is_holding() || held.output.is_holding()) {
                 continue;
             }
-            let text = held.restorer.finish(map);
+            let mut text = String::new();
+            if let Some(output) = &self.output {
+                let rest = held.output.finish();
+                let rest = output.redact_output(&rest, map).unwrap_or(rest);
+                text.push_str(&held.restorer.push(map, &rest));
+            }
+            text.push_str(&held.restorer.finish(map));
             if let Some((name, data, span)) = &held.template {
                 let new_data = json::splice(data.as_bytes(), &[(span.clone(), json::quote(&text))]);
                 write_event(out, name.as_deref(), None, &new_data);
@@ -182,16 +253,21 @@ pub struct SseRestorer {
 
 impl Default for SseRestorer {
     fn default() -> Self {
-        SseRestorer {
-            framer: Framer::new(MAX_EVENT_BYTES),
-            stream: StreamRestorer::default(),
-        }
+        SseRestorer::with_output(None)
     }
 }
 
 impl SseRestorer {
+    /// A restorer that also applies `output` rules to the model's text.
+    pub fn with_output(output: Option<Redactor>) -> Self {
+        SseRestorer {
+            framer: Framer::new(MAX_EVENT_BYTES),
+            stream: StreamRestorer::with_output(output),
+        }
+    }
+
     /// The bytes to send for `chunk` (complete events only; the rest waits).
-    pub fn push(&mut self, map: &PlaceholderMap, chunk: &[u8]) -> Vec<u8> {
+    pub fn push(&mut self, map: &mut PlaceholderMap, chunk: &[u8]) -> Vec<u8> {
         self.framer.push(chunk);
         let mut out = Vec::with_capacity(chunk.len() + 64);
         self.drain(map, &mut out);
@@ -199,7 +275,7 @@ impl SseRestorer {
     }
 
     /// End of the body: the remaining events, held text, and an unterminated tail as is.
-    pub fn finish(&mut self, map: &PlaceholderMap) -> Vec<u8> {
+    pub fn finish(&mut self, map: &mut PlaceholderMap) -> Vec<u8> {
         let mut out = Vec::new();
         self.framer.close();
         self.drain(map, &mut out);
@@ -210,7 +286,7 @@ impl SseRestorer {
         out
     }
 
-    fn drain(&mut self, map: &PlaceholderMap, out: &mut Vec<u8>) {
+    fn drain(&mut self, map: &mut PlaceholderMap, out: &mut Vec<u8>) {
         while let Some(item) = self.framer.next_event() {
             match item {
                 Ok(event) => self.stream.event(map, &event, out),
@@ -465,8 +541,16 @@ mod tests {
 
     /// Splits `data` strings into SSE events, runs them through a restorer, and returns the
     /// concatenated delta text of each event's JSON (per stream), plus the raw output.
-    fn run(map: &PlaceholderMap, events: &[(Option<&str>, String)]) -> Vec<u8> {
-        let mut r = StreamRestorer::default();
+    fn run(map: &mut PlaceholderMap, events: &[(Option<&str>, String)]) -> Vec<u8> {
+        run_with(map, None, events)
+    }
+
+    fn run_with(
+        map: &mut PlaceholderMap,
+        output: Option<Redactor>,
+        events: &[(Option<&str>, String)],
+    ) -> Vec<u8> {
+        let mut r = StreamRestorer::with_output(output);
         let mut out = Vec::new();
         for (name, data) in events {
             let mut raw = Vec::new();
@@ -506,7 +590,7 @@ mod tests {
 
     #[test]
     fn chat_stream_split_placeholder() {
-        let map = map();
+        let mut map = map();
         let mut events: Vec<(Option<&str>, String)> = ["Mail [EM", "AIL_1", "] or [EMA"]
             .iter()
             .map(|t| (None, chat_chunk(t)))
@@ -516,7 +600,7 @@ mod tests {
             r#"{"id":"c","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}"#.into(),
         ));
         events.push((None, "[DONE]".into()));
-        let out = run(&map, &events);
+        let out = run(&mut map, &events);
         assert_eq!(chat_text(&out), "Mail a@x.com or [EMA");
         let text = String::from_utf8(out).unwrap();
         // the held "[EMA" is released before the finish chunk, [DONE] stays last
@@ -527,7 +611,7 @@ mod tests {
 
     #[test]
     fn tool_call_arguments_and_choices_are_separate_streams() {
-        let map = map();
+        let mut map = map();
         let tool = |i: u64, args: &str| {
             format!(
                 r#"{{"choices":[{{"index":1,"delta":{{"tool_calls":[{{"index":{i},"function":{{"arguments":{}}}}}]}}}}]}}"#,
@@ -540,7 +624,7 @@ mod tests {
             (None, tool(0, "_1]\"}")),
             (None, tool(1, "1]\"}")),
         ];
-        let out = run(&map, &events);
+        let out = run(&mut map, &events);
         let mut args = [String::new(), String::new()];
         for v in datas(&out) {
             let call = &v["choices"][0]["delta"]["tool_calls"][0];
@@ -553,7 +637,7 @@ mod tests {
 
     #[test]
     fn anthropic_and_responses_streams() {
-        let map = map();
+        let mut map = map();
         let anth = |t: &str| {
             format!(
                 r#"{{"type":"content_block_delta","index":0,"delta":{{"type":"text_delta","text":{}}}}}"#,
@@ -568,7 +652,7 @@ mod tests {
                 r#"{"type":"content_block_stop","index":0}"#.into(),
             ),
         ];
-        let out = run(&map, &events);
+        let out = run(&mut map, &events);
         let text: String = datas(&out)
             .iter()
             .filter_map(|v| v["delta"]["text"].as_str().map(str::to_owned))
@@ -592,7 +676,7 @@ mod tests {
                 r#"{"type":"response.completed","response":{"output":[{"content":[{"text":"[PHONE_1]!"}]}]}}"#.into(),
             ),
         ];
-        let out = run(&map, &events);
+        let out = run(&mut map, &events);
         let d = datas(&out);
         let text: String = d.iter().filter_map(|v| v["delta"].as_str()).collect();
         assert_eq!(text, "13800138000!");
@@ -608,7 +692,7 @@ mod tests {
             text in "([a-z \\[\\]_0-9]|EMAIL|\\[EMAIL_1\\]|\\[PHONE_1\\]|\\[EMAIL_2\\]){0,30}",
             cuts in proptest::collection::vec(0usize..200, 0..10)
         ) {
-            let map = map();
+            let mut map = map();
             let mut bounds: Vec<usize> = cuts.into_iter().map(|c| c % (text.len() + 1)).collect();
             bounds.sort_unstable();
             let mut events = Vec::new();
@@ -617,7 +701,7 @@ mod tests {
                 events.push((None, chat_chunk(&text[from..b])));
                 from = b;
             }
-            let out = run(&map, &events);
+            let out = run(&mut map, &events);
             prop_assert_eq!(chat_text(&out), map.restore(&text));
         }
     }
@@ -632,16 +716,16 @@ mod tests {
             cuts in proptest::collection::vec(0usize..24, 0..6),
             anthropic in any::<bool>(),
         ) {
-            let map = map();
+            let mut map = map();
             let body = stream_body(&text, &cuts, anthropic);
-            let whole = restore_chunks(&map, &[&body]);
+            let whole = restore_chunks(&mut map, &[&body]);
             // every single split point, and a few multi-way splits
             for at in 0..=body.len() {
-                let split = restore_chunks(&map, &[&body[..at], &body[at..]]);
+                let split = restore_chunks(&mut map, &[&body[..at], &body[at..]]);
                 prop_assert_eq!(&split, &whole, "split at {}", at);
             }
             let bytes: Vec<&[u8]> = body.chunks(3).collect();
-            prop_assert_eq!(restore_chunks(&map, &bytes), whole.clone());
+            prop_assert_eq!(restore_chunks(&mut map, &bytes), whole.clone());
             let text_out: String = datas(&whole)
                 .iter()
                 .filter_map(|v| {
@@ -686,7 +770,7 @@ mod tests {
         body
     }
 
-    fn restore_chunks(map: &PlaceholderMap, chunks: &[&[u8]]) -> Vec<u8> {
+    fn restore_chunks(map: &mut PlaceholderMap, chunks: &[&[u8]]) -> Vec<u8> {
         let mut r = SseRestorer::default();
         let mut out = Vec::new();
         for c in chunks {
@@ -696,11 +780,74 @@ mod tests {
         out
     }
 
+    fn output_rules() -> Redactor {
+        Redactor::new(
+            vec![
+                Rule {
+                    name: "EMAIL".into(),
+                    detector: Detector::Builtin(crate::detect::Builtin::Email),
+                    action: Action::Mask { restore: false },
+                },
+                Rule {
+                    name: "PHONE".into(),
+                    detector: Detector::Builtin(crate::detect::Builtin::PhoneCn),
+                    action: Action::Hash,
+                },
+            ],
+            "salt-salt".into(),
+        )
+    }
+
+    #[test]
+    fn output_rules_in_a_whole_body() {
+        let mut map = map();
+        let body = br#"{"id":"b@y.org","choices":[{"message":{"role":"assistant","content":"[EMAIL_1] and b@y.org, 139 1234 5678"}}]}"#;
+        let redacted = redact_output_body(&output_rules(), &mut map, body).unwrap();
+        let restored = restore_body(&map, &redacted).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&restored).unwrap();
+        let content = v["choices"][0]["message"]["content"].as_str().unwrap();
+        assert!(
+            content.starts_with("a@x.com and [EMAIL_2], <PHONE:"),
+            "{content}"
+        );
+        assert_eq!(v["id"], "b@y.org"); // protocol fields are not text
+        assert_eq!(
+            redact_output_body(&output_rules(), &mut map, b"{\"a\":\"hi\"}"),
+            None
+        );
+    }
+
+    #[test]
+    fn output_rules_in_a_stream_see_values_split_across_deltas() {
+        let mut map = map();
+        let events: Vec<(Option<&str>, String)> = [
+            "Mail b@",
+            "y.org or [EMAIL",
+            "_1], call 139 ",
+            "1234 5678",
+            " now",
+        ]
+        .iter()
+        .map(|t| (None, chat_chunk(t)))
+        .collect();
+        let out = run_with(&mut map, Some(output_rules()), &events);
+        let text = chat_text(&out);
+        assert!(
+            text.starts_with("Mail [EMAIL_2] or a@x.com, call <PHONE:"),
+            "{text}"
+        );
+        assert!(text.ends_with("> now"), "{text}");
+        assert!(
+            !text.contains("b@y.org") && !text.contains("5678"),
+            "{text}"
+        );
+    }
+
     #[test]
     fn untouched_stream_is_byte_exact() {
-        let map = map();
+        let mut map = map();
         let body =
             b"event: x\r\ndata: {\"a\":\"[nothing]\"}\r\n\r\n: comment\n\ndata: [DONE]\n\ntail";
-        assert_eq!(restore_chunks(&map, &[body]), body.to_vec());
+        assert_eq!(restore_chunks(&mut map, &[body]), body.to_vec());
     }
 }

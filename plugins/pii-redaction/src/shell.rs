@@ -8,7 +8,7 @@
 use crate::config::{parse_document, BodyScope, Oversize, PiiConfig};
 use crate::mask::{Action, PlaceholderMap};
 use crate::request::{redact_body, Api, Redaction};
-use crate::response::{restore_body, SseRestorer};
+use crate::response::{redact_output_body, restore_body, SseRestorer};
 use llm_gateway_shared::host::{self, Buffer, HeaderMap, LogLevel, Metric};
 use llm_gateway_shared::reject::{ErrorType, Reject};
 use llm_gateway_shared::rules::RuleSet;
@@ -167,6 +167,7 @@ impl HttpContext for Request {
         let Some(config) = host::select_config(&state.rules, None).cloned() else {
             return Next::Continue;
         };
+        self.config = Some(Rc::clone(&config));
         if end_of_stream {
             return Next::Continue; // no body
         }
@@ -213,9 +214,7 @@ impl HttpContext for Request {
             }
         }
         self.scan = true;
-        let hold = config.hold_headers;
-        self.config = Some(config);
-        if hold {
+        if config.hold_headers {
             Next::Pause
         } else {
             Next::Continue
@@ -312,7 +311,8 @@ impl HttpContext for Request {
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Next {
-        if end_of_stream || !self.map.has_restorable() {
+        let output = self.config.as_ref().and_then(|c| c.output.clone());
+        if end_of_stream || !(self.map.has_restorable() || output.is_some()) {
             return Next::Continue;
         }
         let header = |name: &str| {
@@ -329,7 +329,7 @@ impl HttpContext for Request {
         }
         let content_type = header("content-type").unwrap_or_default();
         self.response = if content_type.contains("text/event-stream") {
-            Response::Sse(Box::default())
+            Response::Sse(Box::new(SseRestorer::with_output(output)))
         } else if content_type.contains("json") {
             Response::Json
         } else {
@@ -355,7 +355,14 @@ impl HttpContext for Request {
                 let Ok(body) = host::buffer(Buffer::ResponseBody, 0, body_size) else {
                     return Next::Continue;
                 };
-                if let Some(restored) = restore_body(&self.map, &body) {
+                let output = self.config.as_ref().and_then(|c| c.output.as_ref());
+                let redacted =
+                    output.and_then(|output| redact_output_body(output, &mut self.map, &body));
+                let restored = match restore_body(&self.map, redacted.as_deref().unwrap_or(&body)) {
+                    Some(restored) => Some(restored),
+                    None => redacted,
+                };
+                if let Some(restored) = restored {
                     if host::set_buffer(Buffer::ResponseBody, 0, body_size, &restored).is_ok() {
                         if let Some(state) = &self.state {
                             bump(state.metrics.restored.as_ref(), 1);
@@ -373,9 +380,9 @@ impl HttpContext for Request {
                         Err(_) => return Next::Continue,
                     }
                 };
-                let mut out = restorer.push(&self.map, &chunk);
+                let mut out = restorer.push(&mut self.map, &chunk);
                 if end_of_stream {
-                    out.extend(restorer.finish(&self.map));
+                    out.extend(restorer.finish(&mut self.map));
                     if let Some(state) = &self.state {
                         bump(state.metrics.restored.as_ref(), 1);
                     }
