@@ -605,6 +605,31 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn adversarial_text_stays_linear() {
+        let r = redactor();
+        let mut map = PlaceholderMap::default();
+        r.redact("a@x.com", &mut map).unwrap();
+        for text in [
+            "[".repeat(50_000),
+            "[EMAIL_".repeat(20_000),
+            "[EMAIL_1".repeat(20_000),
+            format!("[{}", "A".repeat(100_000)),
+        ] {
+            assert_eq!(map.restore(&text), text);
+            let masked = r.redact(&text, &mut map).unwrap();
+            let masked = masked.unwrap_or_else(|| text.clone());
+            assert_eq!(map.restore(&masked), text);
+            let mut t = TextRestorer::default();
+            let mut out = String::new();
+            for piece in text.as_bytes().chunks(7) {
+                out.push_str(&t.push(&map, std::str::from_utf8(piece).unwrap()));
+            }
+            out.push_str(&t.finish(&map));
+            assert_eq!(out, text);
+        }
+    }
+
+    #[test]
     fn output_hold_cuts_at_word_boundaries() {
         let mut h = OutputHold::default();
         assert_eq!(h.push("write to b@"), "write to ");

@@ -449,6 +449,37 @@ mod tests {
         assert_eq!(run(doc, Api::Chat, &plain).0, Redaction::Unchanged);
     }
 
+    proptest::proptest! {
+        // never a panic on any body; a rewritten JSON body is still JSON
+        #[test]
+        fn any_body_is_handled(
+            body in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300),
+            json_like in "[{}\\[\\]\",:a-z@.0-9 \\\\]{0,200}",
+        ) {
+            let config = config("{}");
+            for bytes in [body.as_slice(), json_like.as_bytes()] {
+                let mut map = PlaceholderMap::default();
+                if let Redaction::Rewritten(new) = redact_body(&config, Api::Chat, bytes, &mut map) {
+                    proptest::prop_assert!(serde_json::from_slice::<Value>(&new).is_ok());
+                }
+            }
+        }
+
+        #[test]
+        fn message_text_round_trips(text in "[a-z@.0-9 \\[\\]_A-Z\"\\\\\n漢]{0,80}") {
+            let body = json!({"messages": [{"role": "user", "content": text.clone()}]});
+            let (r, map) = run("{}", Api::Chat, &body);
+            let content = match r {
+                Redaction::Rewritten(b) => serde_json::from_slice::<Value>(&b).unwrap()["messages"][0]["content"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned(),
+                _ => text.clone(),
+            };
+            proptest::prop_assert_eq!(map.restore(&content), text);
+        }
+    }
+
     #[test]
     fn api_from_path() {
         assert_eq!(Api::from_path("/v1/chat/completions?x=1"), Api::Chat);

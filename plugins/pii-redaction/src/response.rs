@@ -843,6 +843,24 @@ mod tests {
         );
     }
 
+    proptest! {
+        // any bytes: no panic; with nothing to restore the stream passes byte for byte
+        #[test]
+        fn any_stream_is_handled(
+            chunks in proptest::collection::vec(
+                proptest::collection::vec(any::<u8>(), 0..80), 0..6),
+            sse_like in "(data: |event: |\\{|\\}|\"|\\[EMAIL_1\\]|choices|delta|content|:|\n|\r|[a-z0-9 ])*",
+        ) {
+            let mut map = map();
+            let mut empty = PlaceholderMap::default();
+            let refs: Vec<&[u8]> = chunks.iter().map(Vec::as_slice).collect();
+            restore_chunks(&mut map, &refs);
+            restore_chunks(&mut map, &[sse_like.as_bytes()]);
+            let whole: Vec<u8> = chunks.concat();
+            prop_assert_eq!(restore_chunks(&mut empty, &refs), whole);
+        }
+    }
+
     #[test]
     fn untouched_stream_is_byte_exact() {
         let mut map = map();
