@@ -296,6 +296,8 @@ async fn output_rules_mask_what_the_model_says() {
         })
         .collect();
     assert_eq!(text, format!("Server [IP_1] belongs to {EMAIL}."));
+    assert_eq!(gw.stat("output_matches.ip"), 2);
+    assert_eq!(gw.stat("matches.email"), 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -27,6 +27,7 @@ proxy_wasm::main! {{
 /// and the outcomes of the size policy and of restoring.
 struct Metrics {
     matches: HashMap<String, Metric>,
+    output_matches: HashMap<String, Metric>,
     blocked: HashMap<String, Metric>,
     redacted: Option<Metric>,
     oversize_passed: Option<Metric>,
@@ -41,7 +42,18 @@ impl Metrics {
         let counter = |name: &str| Metric::counter(name).ok();
         let mut matches = HashMap::new();
         let mut blocked = HashMap::new();
+        let mut output_matches = HashMap::new();
         for config in rules.configs() {
+            for rule in config.output.iter().flat_map(|o| o.rules()) {
+                if !output_matches.contains_key(&rule.name) {
+                    let metric_name = rule.name.to_ascii_lowercase();
+                    if let Some(m) =
+                        counter(&format!("llm_gateway.pii.output_matches.{metric_name}"))
+                    {
+                        output_matches.insert(rule.name.clone(), m);
+                    }
+                }
+            }
             for rule in config.redactor.rules() {
                 let metric_name = rule.name.to_ascii_lowercase();
                 let table = if rule.action == Action::Block {
@@ -63,6 +75,7 @@ impl Metrics {
         }
         Metrics {
             matches,
+            output_matches,
             blocked,
             redacted: counter("llm_gateway.pii.requests_redacted"),
             oversize_passed: counter("llm_gateway.pii.oversize_passed"),
@@ -129,6 +142,7 @@ impl RootContext for Root {
             api: Api::Other,
             scan: false,
             map: PlaceholderMap::default(),
+            counted: HashMap::new(),
             response: Response::Pass,
         }))
     }
@@ -154,6 +168,8 @@ struct Request {
     /// The request body is read and redacted.
     scan: bool,
     map: PlaceholderMap,
+    /// Matches per rule name counted on the request side (the rest are output matches).
+    counted: HashMap<String, u64>,
     response: Response,
 }
 
@@ -190,11 +206,12 @@ impl HttpContext for Request {
             return self.oversize(&state, &config);
         }
         // A compressed answer could not be restored.
-        let restores = config
-            .redactor
-            .rules()
-            .iter()
-            .any(|r| r.action == Action::Mask { restore: true });
+        let restores = config.output.is_some()
+            || config
+                .redactor
+                .rules()
+                .iter()
+                .any(|r| r.action == Action::Mask { restore: true });
         let mut remove = Vec::with_capacity(2);
         if restores {
             remove.push("accept-encoding");
@@ -249,6 +266,7 @@ impl HttpContext for Request {
         let outcome = redact_body(&config, self.api, &body, &mut self.map);
         for (name, count) in self.map.counts() {
             bump(state.metrics.matches.get(name), count);
+            self.counted.insert(name.to_owned(), count);
         }
         match outcome {
             Redaction::Unchanged => Next::Continue,
@@ -369,6 +387,7 @@ impl HttpContext for Request {
                         }
                     }
                 }
+                self.count_output();
                 Next::Continue
             }
             Response::Sse(restorer) => {
@@ -386,6 +405,7 @@ impl HttpContext for Request {
                     if let Some(state) = &self.state {
                         bump(state.metrics.restored.as_ref(), 1);
                     }
+                    self.count_output();
                 }
                 if out != chunk {
                     if let Err(err) = host::set_buffer(Buffer::ResponseBody, 0, body_size, &out) {
@@ -402,6 +422,18 @@ impl HttpContext for Request {
 }
 
 impl Request {
+    /// Counts the matches of output rules (those not counted on the request side).
+    fn count_output(&self) {
+        let Some(state) = &self.state else { return };
+        for (name, count) in self.map.counts() {
+            let before = self.counted.get(name).copied().unwrap_or(0);
+            bump(
+                state.metrics.output_matches.get(name),
+                count.saturating_sub(before),
+            );
+        }
+    }
+
     /// The size policy for a body above `max_body_bytes`.
     fn oversize(&mut self, state: &State, config: &PiiConfig) -> Next {
         match config.oversize {
