@@ -381,15 +381,35 @@ impl Redactor {
 #[derive(Debug, Default, Clone)]
 pub struct TextRestorer {
     pending: String,
+    /// The deltas are JSON text (Anthropic `partial_json`): originals go in JSON-escaped.
+    json: bool,
 }
 
 impl TextRestorer {
+    /// A restorer for deltas that are JSON text: the originals are inserted escaped for a
+    /// JSON string (Anthropic's `input_json_delta` builds `tool_use.input`, an object whose
+    /// strings were masked decoded).
+    pub fn for_json_text() -> Self {
+        TextRestorer {
+            pending: String::new(),
+            json: true,
+        }
+    }
+
+    fn restore(&self, map: &PlaceholderMap, text: &str) -> String {
+        if self.json {
+            map.restore_json(text)
+        } else {
+            map.restore(text)
+        }
+    }
+
     /// The restored text to emit for `delta`.
     pub fn push(&mut self, map: &PlaceholderMap, delta: &str) -> String {
         self.pending.push_str(delta);
         let hold = map.hold_from(&self.pending);
         let ready = self.pending.get(..hold).unwrap_or_default();
-        let out = map.restore(ready);
+        let out = self.restore(map, ready);
         self.pending.replace_range(..hold, "");
         out
     }
@@ -401,7 +421,7 @@ impl TextRestorer {
 
     /// The held text (it did not become a placeholder), at the end of the stream.
     pub fn finish(&mut self, map: &PlaceholderMap) -> String {
-        let out = map.restore(&self.pending);
+        let out = self.restore(map, &self.pending);
         self.pending.clear();
         out
     }

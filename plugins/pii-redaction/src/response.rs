@@ -106,6 +106,8 @@ pub struct StreamRestorer {
 struct Delta {
     key: StreamKey,
     span: Range<usize>,
+    /// The delta is JSON text (Anthropic `partial_json`).
+    json_text: bool,
 }
 
 /// What one event says about the streams.
@@ -170,7 +172,14 @@ impl StreamRestorer {
                 .get(delta.span.clone())
                 .and_then(json::decode_string)
                 .unwrap_or_default();
-            let held = self.streams.entry(delta.key).or_default();
+            let held = self.streams.entry(delta.key).or_insert_with(|| Held {
+                restorer: if delta.json_text {
+                    TextRestorer::for_json_text()
+                } else {
+                    TextRestorer::default()
+                },
+                ..Held::default()
+            });
             let emit = match &self.output {
                 Some(output) => {
                     let ready = held.output.push(&text);
@@ -387,6 +396,7 @@ fn read(data: &str) -> Reading {
                 reading.deltas.push(Delta {
                     key: StreamKey::Responses(output, content),
                     span: span.clone(),
+                    json_text: false,
                 });
             }
         }
@@ -412,6 +422,7 @@ fn read(data: &str) -> Reading {
                     reading.deltas.push(Delta {
                         key: StreamKey::Anthropic(index),
                         span: span.clone(),
+                        json_text: field == "partial_json",
                     });
                 }
             }
@@ -456,6 +467,7 @@ fn read(data: &str) -> Reading {
                 reading.deltas.push(Delta {
                     key: StreamKey::Chat(choice, sub),
                     span: span.clone(),
+                    json_text: false,
                 });
             }
         }
@@ -859,6 +871,38 @@ mod tests {
             let whole: Vec<u8> = chunks.concat();
             prop_assert_eq!(restore_chunks(&mut empty, &refs), whole);
         }
+    }
+
+    #[test]
+    fn anthropic_tool_input_json_gets_escaped_originals() {
+        let mut map = map();
+        let delta = |t: &str| {
+            format!(
+                r#"{{"type":"content_block_delta","index":1,"delta":{{"type":"input_json_delta","partial_json":{}}}}}"#,
+                String::from_utf8(json::quote(t)).unwrap()
+            )
+        };
+        let events = vec![
+            (Some("content_block_delta"), delta("{\"q\": \"[QUO")),
+            (
+                Some("content_block_delta"),
+                delta("TE_1]\", \"to\": \"[EMAIL_1]\"}"),
+            ),
+            (
+                Some("content_block_stop"),
+                r#"{"type":"content_block_stop","index":1}"#.into(),
+            ),
+        ];
+        let out = run(&mut map, &events);
+        let partial: String = datas(&out)
+            .iter()
+            .filter_map(|v| v["delta"]["partial_json"].as_str().map(str::to_owned))
+            .collect();
+        let input: serde_json::Value = serde_json::from_str(&partial).expect("valid JSON");
+        assert_eq!(
+            input,
+            serde_json::json!({"q": "say \"hi\"\\", "to": "a@x.com"})
+        );
     }
 
     #[test]
