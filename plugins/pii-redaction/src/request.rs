@@ -169,12 +169,15 @@ fn redact_messages(
     let mut edits: Vec<(Range<usize>, Vec<u8>)> = Vec::new();
     let mut blocked: Option<Blocked> = None;
     let mut anchors = Anchors::default();
+    // fail closed: text that cannot be decoded cannot be scanned, so it is not forwarded
+    let mut undecodable: Option<usize> = None;
     json::walk(body, &mut |path, kind, span| {
         anchors.note(path, kind, &span);
         if kind != Scalar::String || blocked.is_some() || !is_message_text(path) {
             return;
         }
         let Some(text) = body.get(span.clone()).and_then(json::decode_string) else {
+            undecodable = Some(span.start);
             return;
         };
         match config.redactor.redact(&text, map) {
@@ -184,6 +187,12 @@ fn redact_messages(
         }
     })
     .map_err(Redaction::Invalid)?;
+    if let Some(at) = undecodable {
+        return Err(Redaction::Invalid(json::JsonError {
+            at,
+            reason: "a string that cannot be decoded",
+        }));
+    }
     if let Some(b) = blocked {
         return Err(Redaction::Blocked(b));
     }
@@ -477,6 +486,19 @@ mod tests {
                 _ => text.clone(),
             };
             proptest::prop_assert_eq!(map.restore(&content), text);
+        }
+    }
+
+    #[test]
+    fn lone_surrogates_do_not_hide_text_from_the_scan() {
+        let body = br#"{"messages":[{"role":"user","content":"\ud800 mail a@x.com"}]}"#;
+        let mut map = PlaceholderMap::default();
+        match redact_body(&config("{}"), Api::Chat, body, &mut map) {
+            Redaction::Rewritten(new) => {
+                let v: Value = serde_json::from_slice(&new).unwrap();
+                assert_eq!(v["messages"][0]["content"], "\u{FFFD} mail [EMAIL_1]");
+            }
+            other => panic!("{other:?}"),
         }
     }
 
