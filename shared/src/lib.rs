@@ -23,6 +23,7 @@ pub mod config;
 pub mod headers;
 pub mod json;
 pub mod reject;
+pub mod route_info;
 pub mod rules;
 pub mod wire;
 

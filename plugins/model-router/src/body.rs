@@ -1,0 +1,162 @@
+//! The request body: read the top-level `model`, rewrite it, estimate the request's size.
+//!
+//! Only the top level is looked at: [`llm_gateway_shared::json::scan_object`] validates the
+//! whole body in one pass without building the nested messages, and the rewrite splices the
+//! new model name into the original bytes, so the messages reach the provider byte for byte.
+
+use llm_gateway_shared::json::{quote, scan_object, Edits, Limits, Object};
+use llm_gateway_shared::reject::Reject;
+
+/// The endpoints the router handles (path without the query).
+pub const ENDPOINTS: [&str; 4] = [
+    "/v1/chat/completions",
+    "/v1/responses",
+    "/v1/messages",
+    "/v1/embeddings",
+];
+
+/// True if `path` (with or without a query) is one of [`ENDPOINTS`].
+pub fn is_routed_path(path: &str) -> bool {
+    let path = path.split(['?', '#']).next().unwrap_or_default();
+    ENDPOINTS.contains(&path)
+}
+
+/// A parsed request body.
+#[derive(Debug)]
+pub struct Body<'a> {
+    bytes: &'a [u8],
+    object: Object,
+    /// The top-level `model`.
+    pub model: String,
+}
+
+impl<'a> Body<'a> {
+    /// Scans `bytes`; 400 if it is not a JSON object with a string `model`.
+    pub fn parse(bytes: &'a [u8]) -> Result<Body<'a>, Reject> {
+        if bytes.is_empty() {
+            return Err(Reject::bad_request(
+                "invalid_request_body",
+                "the request needs a JSON body with a `model`",
+            ));
+        }
+        let object = scan_object(bytes, &Limits::default()).map_err(|e| {
+            Reject::bad_request(
+                "invalid_request_body",
+                format!("the body is not valid: {e}"),
+            )
+        })?;
+        let model = match object.str(bytes, "model") {
+            Ok(Some(model)) if !model.is_empty() => model,
+            Ok(_) => {
+                return Err(Reject::bad_request(
+                    "missing_model",
+                    "the body needs a `model` naming a model group",
+                ))
+            }
+            Err(_) => {
+                return Err(Reject::bad_request(
+                    "invalid_model",
+                    "`model` must be a string naming a model group",
+                ))
+            }
+        };
+        Ok(Body {
+            bytes,
+            object,
+            model,
+        })
+    }
+
+    /// The body with `model` set to `model`; nothing else changes.
+    pub fn with_model(&self, model: &str) -> Vec<u8> {
+        let mut edits = Edits::new(self.bytes, &self.object);
+        edits.set("model", quote(model).into_bytes());
+        edits.finish()
+    }
+
+    /// A rough size of the request in tokens: a quarter of the body's bytes plus the output
+    /// cap the client asked for. Only used to skip deployments whose context window is
+    /// clearly too small; the exact count belongs to token-ratelimit.
+    pub fn estimated_tokens(&self) -> u64 {
+        let prompt = (self.bytes.len() / 4) as u64;
+        let cap = ["max_tokens", "max_completion_tokens", "max_output_tokens"]
+            .iter()
+            .filter_map(|key| self.object.u64(self.bytes, key).ok().flatten())
+            .max()
+            .unwrap_or(0);
+        prompt.saturating_add(cap)
+    }
+}
+
+/// Rewrites only `model` of an already-routed body (the upstream filter, per attempt).
+/// `None` if the body is not a JSON object (then it goes upstream unchanged).
+pub fn rewrite_model(bytes: &[u8], model: &str) -> Option<Vec<u8>> {
+    let object = scan_object(bytes, &Limits::default()).ok()?;
+    if object.str(bytes, "model").ok().flatten().as_deref() == Some(model) {
+        return None; // already right: no copy
+    }
+    let mut edits = Edits::new(bytes, &object);
+    edits.set("model", quote(model).into_bytes());
+    Some(edits.finish())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_and_rewrites_only_the_top_level_model() {
+        let raw = br#"{"model":"fast","messages":[{"role":"user","content":"a \"model\": \u00e9"}],"model_extra":1}"#;
+        let body = Body::parse(raw).unwrap();
+        assert_eq!(body.model, "fast");
+        let out = body.with_model("gpt-4o-mini");
+        assert_eq!(
+            out,
+            br#"{"model":"gpt-4o-mini","messages":[{"role":"user","content":"a \"model\": \u00e9"}],"model_extra":1}"#
+        );
+        assert_eq!(rewrite_model(&out, "gpt-4o-mini"), None);
+        assert_eq!(
+            rewrite_model(&out, "claude").unwrap(),
+            br#"{"model":"claude","messages":[{"role":"user","content":"a \"model\": \u00e9"}],"model_extra":1}"#
+        );
+    }
+
+    #[test]
+    fn refuses_missing_and_bad_bodies_with_400() {
+        for (raw, code) in [
+            (&b""[..], "invalid_request_body"),
+            (b"not json", "invalid_request_body"),
+            (b"[1]", "invalid_request_body"),
+            (b"{\"model\":1}", "invalid_model"),
+            (b"{\"messages\":[]}", "missing_model"),
+            (b"{\"model\":\"\"}", "missing_model"),
+            (b"{\"model\":\"fast\"", "invalid_request_body"),
+        ] {
+            let err = Body::parse(raw).unwrap_err();
+            assert_eq!((err.status, err.code.as_ref()), (400, code), "{raw:?}");
+        }
+    }
+
+    #[test]
+    fn duplicate_models_all_go() {
+        let raw = br#"{"model":"x","model":"fast"}"#;
+        let body = Body::parse(raw).unwrap();
+        assert_eq!(body.model, "fast");
+        assert_eq!(body.with_model("m"), br#"{"model":"m"}"#);
+    }
+
+    #[test]
+    fn estimates_size_from_bytes_and_the_output_cap() {
+        let raw = br#"{"model":"fast","max_tokens":1000,"messages":[]}"#;
+        let body = Body::parse(raw).unwrap();
+        assert_eq!(body.estimated_tokens(), (raw.len() / 4) as u64 + 1000);
+    }
+
+    #[test]
+    fn routed_paths() {
+        assert!(is_routed_path("/v1/chat/completions"));
+        assert!(is_routed_path("/v1/messages?beta=true"));
+        assert!(!is_routed_path("/v1/models"));
+        assert!(!is_routed_path("/v1/chat/completions/x"));
+    }
+}
