@@ -40,7 +40,7 @@ fn digest(key: &str) -> String {
 
 fn key_auth_config() -> Value {
     json!({"keys": [
-        {"key_sha256": digest(KEY_ALL), "consumer": "team-all", "groups": ["fast", "smart", "canary"]},
+        {"key_sha256": digest(KEY_ALL), "consumer": "team-all", "groups": ["fast", "smart", "canary", "long"]},
         {"key_sha256": digest(KEY_FAST), "consumer": "team-fast", "groups": ["fast"]},
     ]})
 }
@@ -59,12 +59,15 @@ fn router_config() -> Value {
             {"name": "c", "cluster": "dep-c", "model": "model-c", "provider": "openai-compatible",
              "credential": "cred-c"},
             {"name": "dead", "cluster": "dep-dead", "model": "model-dead", "provider": "openai",
-             "credential": "cred-dead"}
+             "credential": "cred-dead"},
+            {"name": "small", "cluster": "dep-a", "model": "model-small", "provider": "openai",
+             "credential": "cred-a", "context_window": 1000}
         ],
         "groups": [
             {"name": "fast", "deployments": [{"deployment": "a"}, {"deployment": "b"}]},
             {"name": "smart", "deployments": [{"deployment": "dead"}, {"deployment": "c"}]},
-            {"name": "canary", "deployments": [{"deployment": "a", "weight": 70}, {"deployment": "c", "weight": 30}]}
+            {"name": "canary", "deployments": [{"deployment": "a", "weight": 70}, {"deployment": "c", "weight": 30}]},
+            {"name": "long", "deployments": [{"deployment": "small"}, {"deployment": "c"}]}
         ]
     })
 }
@@ -310,6 +313,56 @@ async fn never_falls_back_on_client_errors() {
         assert!(Gateway::take(&gw.b).is_empty(), "{status}: no fallback");
     }
     assert_eq!(gw.stat("fallbacks"), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn context_length_moves_to_a_larger_deployment() {
+    let gw = Gateway::start().await;
+    // estimated too large for `small` (1000 tokens): planned straight to c
+    let response = gw
+        .chat(
+            KEY_ALL,
+            json!({"model": "long", "max_tokens": 5000, "messages": [{"role": "user", "content": "hi"}]}),
+            &[],
+        )
+        .await;
+    assert_eq!(response.status, 200, "{}", response.text());
+    assert_eq!(response.header("x-llm-deployment"), Some("c"));
+    assert_eq!(response.header("x-llm-attempts"), Some("1"));
+    assert!(Gateway::take(&gw.a).is_empty());
+    assert_eq!(Gateway::take(&gw.c).len(), 1);
+    // small enough: small serves it
+    let response = gw.ask("long", &[]).await;
+    assert_eq!(response.header("x-llm-deployment"), Some("small"));
+
+    // the provider says the prompt is too long: the next deployment gets it
+    Gateway::take(&gw.a);
+    gw.a.set_default_knobs(&[
+        ("x-mock-status", "400"),
+        ("x-mock-error-code", "context_length_exceeded"),
+    ]);
+    let response = gw.ask("fast", &[]).await;
+    assert_eq!(response.status, 200, "{}", response.text());
+    assert_eq!(response.header("x-llm-deployment"), Some("b"));
+    assert_eq!(response.header("x-llm-attempts"), Some("2"));
+    assert_eq!(
+        response.header("x-llm-fallback"),
+        None,
+        "internal header removed"
+    );
+    let second = Gateway::take(&gw.b);
+    assert_eq!(second.len(), 1);
+    assert_provider_request(&second[0], "model-b", ("x-api-key", "cred-b"));
+    assert_eq!(gw.stat("context_length_fallbacks"), 1);
+
+    // the last deployment's context-length error reaches the client as it is
+    gw.b.set_default_knobs(&[
+        ("x-mock-status", "400"),
+        ("x-mock-error-code", "context_length_exceeded"),
+    ]);
+    let response = gw.ask("fast", &[]).await;
+    assert_error(&response, 400, "context_length_exceeded");
+    assert_eq!(response.header("x-llm-attempts"), Some("2"));
 }
 
 /// Sends a streaming chat request on a raw connection and returns every byte Envoy sent and

@@ -100,6 +100,20 @@ pub fn rewrite_model(bytes: &[u8], model: &str) -> Option<Vec<u8>> {
     Some(edits.finish())
 }
 
+/// True if a provider's error body says the request is longer than the model's context:
+/// OpenAI and Azure `context_length_exceeded`, OpenAI's older "maximum context length"
+/// message, Anthropic's "prompt is too long". Such a 400 moves to the next deployment.
+pub fn is_context_length_error(body: &[u8]) -> bool {
+    const MARKERS: [&[u8]; 3] = [
+        b"context_length_exceeded",
+        b"maximum context length",
+        b"prompt is too long",
+    ];
+    MARKERS
+        .iter()
+        .any(|m| body.windows(m.len()).any(|w| w.eq_ignore_ascii_case(m)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -158,5 +172,23 @@ mod tests {
         assert!(is_routed_path("/v1/messages?beta=true"));
         assert!(!is_routed_path("/v1/models"));
         assert!(!is_routed_path("/v1/chat/completions/x"));
+    }
+
+    #[test]
+    fn recognises_context_length_errors() {
+        for body in [
+            &br#"{"error":{"message":"This model's maximum context length is 8192 tokens","type":"invalid_request_error","code":"context_length_exceeded"}}"#[..],
+            br#"{"type":"error","error":{"type":"invalid_request_error","message":"prompt is too long: 210000 tokens > 200000 maximum"}}"#,
+            br#"{"error":{"message":"This model's Maximum Context Length is 4097 tokens"}}"#,
+        ] {
+            assert!(is_context_length_error(body), "{}", String::from_utf8_lossy(body));
+        }
+        for body in [
+            &br#"{"error":{"code":"invalid_api_key"}}"#[..],
+            b"",
+            b"context",
+        ] {
+            assert!(!is_context_length_error(body));
+        }
     }
 }

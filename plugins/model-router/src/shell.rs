@@ -16,7 +16,7 @@
 //! (Envoy 1.40 calls no upstream-filter callback for an attempt whose connection failed, so the
 //! upstream role could not see those.)
 
-use crate::body::{is_routed_path, rewrite_model, Body};
+use crate::body::{is_context_length_error, is_routed_path, rewrite_model, Body};
 use crate::breaker::{is_failure, State, Transition, Verdict};
 use crate::config::{parse_document, Deployment, Provider, Role, RouterConfig};
 use crate::plan::{plan, Admission, Request as PlanRequest};
@@ -39,6 +39,11 @@ const ROUTE_VERSION: &str = "x-llm-route-version";
 /// Envoy's attempt counter (route's virtual host: `include_request_attempt_count: true`).
 const ATTEMPT_COUNT: &str = "x-envoy-attempt-count";
 const MAX_RETRIES: &str = "x-envoy-max-retries";
+/// Set by the upstream role on a provider's context-length error; the route retries on it
+/// (`retry_on: retriable-headers`), the downstream role removes it before the client.
+const FALLBACK_HEADER: &str = "x-llm-fallback";
+/// Largest error body the upstream role reads to classify a 400.
+const MAX_ERROR_BODY: usize = 64 * 1024;
 const CAS_ROUNDS: usize = 8;
 
 proxy_wasm::main! {{
@@ -453,6 +458,7 @@ impl HttpContext for Downstream {
         let add = |name: &str, value: &str| {
             let _ = host::set_header(HeaderMap::ResponseHeaders, name, value.as_bytes());
         };
+        let _ = host::remove_header(HeaderMap::ResponseHeaders, FALLBACK_HEADER);
         add(headers::MODEL_GROUP, &routed.group);
         add(ATTEMPTS, &attempts.to_string());
         add(ROUTE_VERSION, &config.version);
@@ -530,6 +536,10 @@ impl HttpContext for Downstream {
 struct Attempt {
     deployment: usize,
     config_version: String,
+    /// A later deployment exists: a context-length 400 may move there.
+    has_next: bool,
+    /// The response is a 400 held until its body says whether it is a context-length error.
+    inspecting: bool,
 }
 
 struct Upstream {
@@ -581,9 +591,12 @@ impl HttpContext for Upstream {
                 &format!("cannot set the credential: {err}"),
             );
         }
+        let has_next = plan.split(',').count() > usize::try_from(attempt).unwrap_or(usize::MAX);
         self.attempt = Some(Attempt {
             deployment: index,
             config_version: config.version.clone(),
+            has_next,
+            inspecting: false,
         });
         if end_of_stream {
             Action::Continue
@@ -606,6 +619,48 @@ impl HttpContext for Upstream {
                     log(LogLevel::Error, &format!("cannot rewrite the model: {err}"));
                 }
             }
+        }
+        Action::Continue
+    }
+
+    fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
+        let Some(attempt) = self.attempt.as_mut() else {
+            return Action::Continue;
+        };
+        let status = header_string(HeaderMap::ResponseHeaders, ":status");
+        if status.as_deref() == Some("400") && attempt.has_next && !end_of_stream {
+            // hold the headers until the body tells whether it is a context-length error
+            attempt.inspecting = true;
+            return Action::Pause;
+        }
+        Action::Continue
+    }
+
+    fn on_http_response_body(&mut self, size: usize, end_of_stream: bool) -> Action {
+        let Some(attempt) = self.attempt.as_mut() else {
+            return Action::Continue;
+        };
+        if !attempt.inspecting {
+            return Action::Continue;
+        }
+        if !end_of_stream && size < MAX_ERROR_BODY {
+            return Action::Pause;
+        }
+        attempt.inspecting = false;
+        let body =
+            host::buffer(Buffer::ResponseBody, 0, size.min(MAX_ERROR_BODY)).unwrap_or_default();
+        if is_context_length_error(&body) {
+            if let Err(err) = host::set_header(
+                HeaderMap::ResponseHeaders,
+                FALLBACK_HEADER,
+                b"context_length_exceeded",
+            ) {
+                log(
+                    LogLevel::Error,
+                    &format!("cannot mark a context-length error: {err}"),
+                );
+            }
+            count("context_length_fallbacks");
         }
         Action::Continue
     }

@@ -63,6 +63,8 @@
 //! * `x-mock-status: NNN` (200..=599) — answer that status with the body
 //!   `{"error":{"message":"mock status NNN","type":"mock_error","code":"mock_NNN"}}`; a 429 also
 //!   carries `retry-after: 1`. Applied after `x-mock-delay-ms`, before the body is validated.
+//! * `x-mock-error-code: CODE` — with `x-mock-status`: `CODE` instead of `mock_NNN` in
+//!   `error.code` (e.g. `context_length_exceeded`).
 //! * `x-mock-delay-ms: N` — wait N ms (at most 3 600 000) before sending the response head.
 //! * `x-mock-chunk-delay-ms: N` — streaming: wait N ms between SSE events; each event is then
 //!   its own body frame (network write).

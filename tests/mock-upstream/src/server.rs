@@ -218,7 +218,10 @@ async fn handle_inner(
             status,
             message: format!("mock status {code}"),
             kind: "mock_error",
-            code: format!("mock_{code}"),
+            code: knobs
+                .error_code
+                .clone()
+                .unwrap_or_else(|| format!("mock_{code}")),
             param: None,
         });
         if status == StatusCode::TOO_MANY_REQUESTS {

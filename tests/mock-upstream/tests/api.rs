@@ -1150,3 +1150,28 @@ async fn end_after_streaming_ends_cleanly_without_the_terminator() {
     let text = String::from_utf8_lossy(&body);
     assert!(!text.contains("message_stop"), "{text}");
 }
+
+#[tokio::test]
+async fn error_code_knob_names_the_error() {
+    let mock = start().await;
+    let (status, _, body) = post(
+        &mock,
+        "/v1/chat/completions",
+        &[
+            ("x-mock-status", "400"),
+            ("x-mock-error-code", "context_length_exceeded"),
+        ],
+        &chat_body(json!({})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(json_of(&body)["error"]["code"], "context_length_exceeded");
+    let (_, _, body) = post(
+        &mock,
+        "/v1/chat/completions",
+        &[("x-mock-status", "400")],
+        &chat_body(json!({})),
+    )
+    .await;
+    assert_eq!(json_of(&body)["error"]["code"], "mock_400");
+}
