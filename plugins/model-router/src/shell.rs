@@ -116,6 +116,7 @@ impl RootContext for Root {
         match role {
             Role::Downstream => Some(Box::new(Downstream {
                 rules,
+                path: None,
                 routed: None,
                 watcher: None,
             })),
@@ -276,16 +277,20 @@ fn attempt_number() -> u32 {
 // Downstream role
 
 struct Routed {
-    config_version: String,
+    /// Position of the selected config in `config.configs()`.
+    config_index: usize,
     group: String,
     deployments: Vec<usize>,
     request_id: String,
-    anthropic_stream: bool,
+    /// The client speaks Anthropic Messages (`/v1/messages`): its error event is Anthropic's.
+    anthropic_api: bool,
     config: Rc<RuleSet<RouterConfig>>,
 }
 
 struct Downstream {
     rules: Option<Rc<RuleSet<RouterConfig>>>,
+    /// `:path`, kept from the headers when it is one the router handles.
+    path: Option<String>,
     routed: Option<Routed>,
     watcher: Option<StreamWatcher>,
 }
@@ -368,11 +373,17 @@ impl Downstream {
 
         count(&format!("version.{}.requests", config.version));
         self.routed = Some(Routed {
-            config_version: config.version.clone(),
+            config_index: rules
+                .configs()
+                .position(|c| std::ptr::eq(c, config))
+                .unwrap_or(0),
             group: plan.group,
             deployments: plan.deployments,
             request_id,
-            anthropic_stream: false,
+            anthropic_api: self
+                .path
+                .as_deref()
+                .is_some_and(|p| p.starts_with("/v1/messages")),
             config: Rc::clone(&rules),
         });
         Ok(())
@@ -405,6 +416,7 @@ impl HttpContext for Downstream {
         if !is_routed_path(&path) || self.config().is_none() {
             return Action::Continue;
         }
+        self.path = Some(path);
         if end_of_stream {
             return refuse(&Reject::bad_request(
                 "invalid_request_body",
@@ -417,8 +429,7 @@ impl HttpContext for Downstream {
     }
 
     fn on_http_request_body(&mut self, size: usize, end_of_stream: bool) -> Action {
-        let path = header_string(HeaderMap::RequestHeaders, ":path").unwrap_or_default();
-        if !is_routed_path(&path) || self.config().is_none() {
+        if self.path.is_none() || self.routed.is_some() {
             return Action::Continue;
         }
         if !end_of_stream {
@@ -439,11 +450,7 @@ impl HttpContext for Downstream {
         let Some(routed) = self.routed.as_mut() else {
             return Action::Continue;
         };
-        let Some(config) = routed
-            .config
-            .configs()
-            .find(|c| c.version == routed.config_version)
-        else {
+        let Some(config) = routed.config.configs().nth(routed.config_index) else {
             return Action::Continue;
         };
         let attempts = attempt_number();
@@ -473,7 +480,6 @@ impl HttpContext for Downstream {
             );
             let _ = host::set_property(&[ROUTE_PROPERTY], &info.to_json());
             count(&format!("served.{}.{}", routed.group, deployment.name));
-            routed.anthropic_stream = deployment.provider == Provider::Anthropic;
         }
         // Every attempt before the last was retried, and Envoy retries only failures (429,
         // 5xx, reset, timeout, connect failure): they all count against their breakers.
@@ -511,7 +517,7 @@ impl HttpContext for Downstream {
             }
         }
         if end_of_stream && !watcher.finished() {
-            let anthropic = self.routed.as_ref().is_some_and(|r| r.anthropic_stream);
+            let anthropic = self.routed.as_ref().is_some_and(|r| r.anthropic_api);
             let event = interrupted_event(anthropic);
             if let Err(err) = host::set_buffer(Buffer::ResponseBody, size, 0, &event) {
                 log(
