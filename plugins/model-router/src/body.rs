@@ -191,4 +191,62 @@ mod tests {
             assert!(!is_context_length_error(body));
         }
     }
+
+    mod properties {
+        use super::super::*;
+        use proptest::prelude::*;
+        use serde_json::{Map, Value};
+
+        fn leaf() -> impl Strategy<Value = Value> {
+            prop_oneof![
+                any::<String>().prop_map(Value::from),
+                any::<i64>().prop_map(Value::from),
+                any::<bool>().prop_map(Value::from),
+                Just(Value::Null),
+            ]
+        }
+
+        fn value() -> impl Strategy<Value = Value> {
+            leaf().prop_recursive(4, 32, 4, |inner| {
+                prop_oneof![
+                    prop::collection::vec(inner.clone(), 0..4).prop_map(Value::from),
+                    prop::collection::btree_map("[a-z_]{1,6}", inner, 0..4)
+                        .prop_map(|m| Value::Object(m.into_iter().collect())),
+                ]
+            })
+        }
+
+        proptest! {
+            /// The rewrite sets `model` and leaves every other member as the client sent it.
+            #[test]
+            fn rewrite_changes_only_model(
+                members in prop::collection::btree_map("[a-z_]{1,8}", value(), 0..6),
+                group in "\\PC{1,20}",
+                model in "\\PC{1,40}",
+            ) {
+                let mut object: Map<String, Value> = members.into_iter().collect();
+                object.insert("model".into(), Value::from(group.clone()));
+                let raw = serde_json::to_vec(&Value::Object(object.clone())).unwrap();
+                let body = Body::parse(&raw).unwrap();
+                prop_assert_eq!(&body.model, &group);
+                let out: Value = serde_json::from_slice(&body.with_model(&model)).unwrap();
+                object.insert("model".into(), Value::from(model.clone()));
+                prop_assert_eq!(&out, &Value::Object(object.clone()));
+                let again: Value = serde_json::from_slice(
+                    &rewrite_model(&raw, &model).unwrap_or_else(|| raw.clone()),
+                ).unwrap();
+                prop_assert_eq!(again, Value::Object(object));
+            }
+
+            /// Arbitrary bytes never panic the parser; they parse or give a 400.
+            #[test]
+            fn any_bytes_parse_or_400(bytes in prop::collection::vec(any::<u8>(), 0..256)) {
+                match Body::parse(&bytes) {
+                    Ok(body) => prop_assert!(!body.model.is_empty()),
+                    Err(reject) => prop_assert_eq!(reject.status, 400),
+                }
+                let _ = rewrite_model(&bytes, "m");
+            }
+        }
+    }
 }
