@@ -237,7 +237,7 @@ impl RouterConfig {
         for (i, d) in raw.deployments.into_iter().enumerate() {
             let at = |field: &str| format!("deployments[{i}].{field}");
             validate_name(&at("name"), &d.name)?;
-            validate_name(&at("cluster"), &d.cluster)?;
+            validate_cluster(&at("cluster"), &d.cluster)?;
             if d.model.is_empty() || d.model.len() > 256 || d.model.chars().any(char::is_control) {
                 return Err(ConfigError::new(
                     at("model"),
@@ -378,6 +378,23 @@ impl RouterConfig {
     }
 }
 
+/// A cluster name: what [`validate_name`] allows plus `|` (Higress names clusters
+/// `outbound|443||api.openai.com.dns`), up to 256 characters.
+fn validate_cluster(field: &str, value: &str) -> Result<(), ConfigError> {
+    if value.is_empty() || value.len() > 256 {
+        return Err(ConfigError::new(field, "must be 1 to 256 characters"));
+    }
+    if let Some(bad) = value.chars().find(|c| {
+        !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':' | '@' | '/' | '|'))
+    }) {
+        return Err(ConfigError::new(
+            field,
+            format!("character {bad:?} not allowed (use letters, digits and -_.:@/|)"),
+        ));
+    }
+    Ok(())
+}
+
 /// Parses a configuration document (plain JSON or Higress's global config + `_rules_`).
 pub fn parse_document(document: &[u8]) -> Result<RuleSet<RouterConfig>, ConfigError> {
     RuleSet::parse(document, parse_scope)
@@ -486,6 +503,15 @@ pub(crate) mod tests {
         let err = error(doc);
         assert_eq!(err.field(), "deployments[0].credential");
         assert!(!err.to_string().contains("sk-secret"));
+    }
+
+    #[test]
+    fn higress_cluster_names_are_accepted() {
+        let doc = r#"{"deployments":[{"name":"a","cluster":"outbound|443||api.openai.com.dns","model":"m","provider":"openai"}]}"#;
+        assert!(parse_document(doc.as_bytes()).is_ok());
+        let doc =
+            r#"{"deployments":[{"name":"a","cluster":"x y","model":"m","provider":"openai"}]}"#;
+        assert_eq!(error(doc).field(), "deployments[0].cluster");
     }
 
     #[test]
