@@ -301,6 +301,20 @@ async fn falls_back_on_connect_failure() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn falls_back_when_an_attempt_times_out() {
+    let gw = Gateway::start().await;
+    // the route's per_try_timeout is 1 s
+    gw.a.set_default_knobs(&[("x-mock-delay-ms", "3000")]);
+    let response = gw.ask("fast", &[]).await;
+    assert_eq!(response.status, 200, "{}", response.text());
+    assert_eq!(response.header("x-llm-deployment"), Some("b"));
+    assert_eq!(response.header("x-llm-attempts"), Some("2"));
+    let second = Gateway::take(&gw.b);
+    assert_eq!(second.len(), 1);
+    assert_provider_request(&second[0], "model-b", ("x-api-key", "cred-b"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn never_falls_back_on_client_errors() {
     let gw = Gateway::start().await;
     for status in ["400", "401", "404", "422"] {
