@@ -55,7 +55,8 @@ fn router_config() -> Value {
             {"name": "a", "cluster": "dep-a", "model": "model-a", "provider": "openai",
              "credential": "cred-a", "price": {"input": 150000, "output": 600000}, "price_version": "p1"},
             {"name": "b", "cluster": "dep-b", "model": "model-b", "provider": "anthropic",
-             "credential": "cred-b"},
+             "credential": "cred-b", "price": {"currency": "EUR", "input": 3000000, "output": 15000000},
+             "price_version": "p2"},
             {"name": "c", "cluster": "dep-c", "model": "model-c", "provider": "openai-compatible",
              "credential": "cred-c"},
             {"name": "dead", "cluster": "dep-dead", "model": "model-dead", "provider": "openai",
@@ -265,27 +266,73 @@ async fn falls_back_on_429_and_503_with_the_next_model_and_credential() {
     }
     assert_eq!(gw.stat("fallbacks"), 2);
 
-    // the published route info names the deployment that answered, with the same id
-    let escaped = format!("\\\"request_id\\\":\\\"{last_id}\\\"");
-    let attempt = format!("\"request_id\":\"{last_id}\"");
-    let logs = gw.logs_with(&[&escaped, &attempt]).await;
-    let line = logs
+    // The published route info names the deployment that answered. Its logical request id
+    // is the router's own (never a client header), one per downstream request: both
+    // attempts of this request ran under it.
+    let needle = format!("\"request_id\":\"{last_id}\"");
+    let logs = gw.logs_with(&[&needle]).await;
+    let entries: Vec<Value> = logs
         .lines()
-        .find(|l| l.contains("\"kind\":\"downstream\"") && l.contains(&escaped))
-        .unwrap();
-    let entry: Value = serde_json::from_str(line).unwrap();
-    let info: Value = serde_json::from_str(entry["route_info"].as_str().unwrap()).unwrap();
+        .filter(|l| l.contains(&needle))
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let attempts = entries.iter().filter(|e| e["kind"] == "attempt").count();
+    assert_eq!(attempts, 2, "{entries:?}");
+    let downstream = entries.iter().find(|e| e["kind"] == "downstream").unwrap();
+    let info: Value = serde_json::from_str(downstream["route_info"].as_str().unwrap()).unwrap();
     assert_eq!(info["deployment"], "b");
+    assert_eq!(info["model"], "model-b");
+    assert_eq!(info["provider"], "anthropic");
     assert_eq!(info["model_group"], "fast");
     assert_eq!(info["attempts"], 2);
     assert_eq!(info["route_version"], "e2e-v3");
-    assert_eq!(info["request_id"], last_id.as_str());
-    let attempts: Vec<Value> = logs
-        .lines()
-        .filter(|l| l.contains("\"kind\":\"attempt\"") && l.contains(&last_id))
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    assert_eq!(attempts.len(), 2, "{attempts:?}");
+    let id = info["request_id"].as_str().unwrap();
+    assert!(
+        id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{id}"
+    );
+
+    // a client cannot choose it: the same x-request-id twice gives two logical ids; and the
+    // served deployment's price is published with it
+    gw.a.set_default_knobs(&[]);
+    for _ in 0..2 {
+        gw.ask("fast", &[("x-request-id", "client-chosen-id")])
+            .await;
+    }
+    let mut infos = Vec::new();
+    for _ in 0..50 {
+        infos = gw
+            .envoy
+            .logs()
+            .lines()
+            .filter(|l| l.contains("\"kind\":\"downstream\"") && l.contains("client-chosen-id"))
+            .map(|l| serde_json::from_str::<Value>(l).unwrap())
+            .map(|e| serde_json::from_str::<Value>(e["route_info"].as_str().unwrap()).unwrap())
+            .collect();
+        if infos.len() == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(infos.len(), 2, "{infos:?}");
+    assert_ne!(infos[0]["request_id"], infos[1]["request_id"]);
+    assert_ne!(infos[0]["request_id"], "client-chosen-id");
+    // a's breaker may still be open (two failures above): whoever served, its own price
+    for info in &infos {
+        let (price, version) = match info["deployment"].as_str() {
+            Some("a") => (
+                json!({"currency": "USD", "input": 150000, "output": 600000}),
+                "p1",
+            ),
+            Some("b") => (
+                json!({"currency": "EUR", "input": 3000000, "output": 15000000}),
+                "p2",
+            ),
+            other => panic!("served by {other:?}"),
+        };
+        assert_eq!(info["price"], price);
+        assert_eq!(info["price_version"], version);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -27,6 +27,7 @@
 pub mod body;
 pub mod breaker;
 pub mod config;
+pub mod ids;
 pub mod plan;
 pub mod stream;
 

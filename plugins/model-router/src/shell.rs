@@ -19,6 +19,7 @@
 use crate::body::{is_context_length_error, is_routed_path, rewrite_model, Body};
 use crate::breaker::{is_failure, State, Transition, Verdict};
 use crate::config::{parse_document, Deployment, Provider, Role, RouterConfig};
+use crate::ids::IdSource;
 use crate::plan::{plan, Admission, Request as PlanRequest};
 use crate::stream::{interrupted_event, StreamWatcher};
 use llm_gateway_shared::headers;
@@ -28,6 +29,9 @@ use llm_gateway_shared::route_info::{RouteInfo, PROPERTY as ROUTE_PROPERTY};
 use llm_gateway_shared::rules::RuleSet;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType};
+use std::cell::RefCell;
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
 use std::rc::Rc;
 
 const PLUGIN: &str = "model_router";
@@ -64,9 +68,20 @@ fn now_ms() -> u64 {
     host::now_nanos().map_or(0, |n| n / 1_000_000)
 }
 
-#[derive(Default)]
 struct Root {
     rules: Option<Rc<RuleSet<RouterConfig>>>,
+    ids: Rc<RefCell<IdSource>>,
+}
+
+impl Default for Root {
+    fn default() -> Self {
+        // std seeds RandomState from the host's randomness (WASI `random_get`)
+        let seed = RandomState::new().hash_one(host::now_nanos().unwrap_or_default());
+        Root {
+            rules: None,
+            ids: Rc::new(RefCell::new(IdSource::new(seed))),
+        }
+    }
 }
 
 impl Context for Root {}
@@ -116,6 +131,7 @@ impl RootContext for Root {
         match role {
             Role::Downstream => Some(Box::new(Downstream {
                 rules,
+                ids: Rc::clone(&self.ids),
                 path: None,
                 routed: None,
                 watcher: None,
@@ -289,6 +305,7 @@ struct Routed {
 
 struct Downstream {
     rules: Option<Rc<RuleSet<RouterConfig>>>,
+    ids: Rc<RefCell<IdSource>>,
     /// `:path`, kept from the headers when it is one the router handles.
     path: Option<String>,
     routed: Option<Routed>,
@@ -339,9 +356,12 @@ impl Downstream {
         let internal = |_| Reject::internal("cannot route the request");
         replace_request_body(size, &body.with_model(&first.model)).map_err(internal)?;
         set_credential(first).map_err(internal)?;
-        let request_id = header_string(HeaderMap::RequestHeaders, "x-request-id")
-            .filter(|id| !id.is_empty() && id.len() <= 128 && id.is_ascii())
-            .unwrap_or_else(|| format!("llm-{now:x}-{:x}", std::ptr::addr_of!(*self) as usize));
+        // never the client's: see crate::ids
+        let request_id = self
+            .ids
+            .try_borrow_mut()
+            .map(|mut ids| ids.next_id(host::now_nanos().unwrap_or(now)))
+            .unwrap_or_default();
         let set = |name: &str, value: &str| {
             host::set_header(HeaderMap::RequestHeaders, name, value.as_bytes()).map_err(internal)
         };
