@@ -355,7 +355,16 @@ impl Downstream {
 
         let internal = |_| Reject::internal("cannot route the request");
         replace_request_body(size, &body.with_model(&first.model)).map_err(internal)?;
-        set_credential(first).map_err(internal)?;
+        if plan.deployments.len() == 1 {
+            set_credential(first).map_err(internal)?;
+        } else {
+            // Several deployments: each attempt's credential is the upstream role's job. Were
+            // it set here, a cluster without the upstream filter would forward the first
+            // provider's key to the second provider; this way it gets none (a 401 that shows
+            // the misconfiguration).
+            host::remove_header(HeaderMap::RequestHeaders, "authorization").map_err(internal)?;
+            host::remove_header(HeaderMap::RequestHeaders, "x-api-key").map_err(internal)?;
+        }
         // never the client's: see crate::ids
         let request_id = self
             .ids

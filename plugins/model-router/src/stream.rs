@@ -1,27 +1,64 @@
 //! After the first byte: a streamed response that ends without its terminator gets an
 //! in-band error event, so a client never mistakes a cut stream for a complete one.
 //!
-//! The watcher sees the SSE body chunk by chunk and remembers only whether the terminator
-//! went by: `data: [DONE]` for OpenAI APIs, `event: message_stop` for Anthropic Messages, and
-//! `response.completed` / `response.failed` / `response.incomplete` for the Responses API.
-//! A terminator split across chunks is found too: the watcher keeps the tail of the previous
-//! chunk.
+//! The watcher frames the SSE body with [`llm_gateway_shared::sse::Framer`] (so a terminator
+//! split across chunks is found, and the text `data: [DONE]` inside a JSON string is not taken
+//! for one) and remembers only whether a terminating event went by: `data: [DONE]` for OpenAI
+//! APIs, `message_stop` for Anthropic Messages, `response.completed` / `response.failed` /
+//! `response.incomplete` for the Responses API, or an `error` event the provider sent itself.
+
+use llm_gateway_shared::sse::{Event, Framer};
+
+/// Largest event the watcher frames; a larger one passes through without being looked at.
+const MAX_EVENT_BYTES: usize = 1024 * 1024;
+
+const TERMINAL_TYPES: [&str; 5] = [
+    "message_stop",
+    "response.completed",
+    "response.failed",
+    "response.incomplete",
+    "error",
+];
 
 /// Watches one SSE response body.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct StreamWatcher {
-    tail: Vec<u8>,
+    framer: Framer,
     finished: bool,
 }
 
-const TERMINATORS: [&[u8]; 5] = [
-    b"data: [DONE]",
-    b"event: message_stop",
-    b"\"type\":\"response.completed\"",
-    b"\"type\":\"response.failed\"",
-    b"\"type\":\"response.incomplete\"",
-];
-const KEEP: usize = 32;
+impl Default for StreamWatcher {
+    fn default() -> Self {
+        StreamWatcher {
+            framer: Framer::new(MAX_EVENT_BYTES),
+            finished: false,
+        }
+    }
+}
+
+fn is_terminal(event: &Event) -> bool {
+    if event.is_done() {
+        return true;
+    }
+    if let Some(name) = &event.event {
+        return TERMINAL_TYPES.contains(&name.as_str());
+    }
+    // no `event:` line: the JSON's top-level `type` (Responses API and Anthropic carry one)
+    let Some(data) = &event.data else {
+        return false;
+    };
+    let Ok(object) = llm_gateway_shared::json::scan_object(data.as_bytes(), &Default::default())
+    else {
+        return false;
+    };
+    if object.get("error").is_some() {
+        return true;
+    }
+    matches!(
+        object.str(data.as_bytes(), "type"),
+        Ok(Some(t)) if TERMINAL_TYPES.contains(&t.as_str())
+    )
+}
 
 impl StreamWatcher {
     /// Feeds the next chunk of the body.
@@ -29,16 +66,18 @@ impl StreamWatcher {
         if self.finished {
             return;
         }
-        let mut window = std::mem::take(&mut self.tail);
-        window.extend_from_slice(chunk);
-        self.finished = TERMINATORS
-            .iter()
-            .any(|t| window.windows(t.len()).any(|w| w == *t));
-        let keep_from = window.len().saturating_sub(KEEP);
-        self.tail = window.split_off(keep_from);
+        self.framer.push(chunk);
+        while let Some(item) = self.framer.next_event() {
+            if let Ok(event) = item {
+                if is_terminal(&event) {
+                    self.finished = true;
+                    return;
+                }
+            }
+        }
     }
 
-    /// True once a terminator went by.
+    /// True once a terminating event went by.
     pub fn finished(&self) -> bool {
         self.finished
     }
@@ -87,8 +126,25 @@ mod tests {
     fn a_cut_stream_is_not_finished() {
         let mut w = StreamWatcher::default();
         w.push(b"data: {\"choices\":[{\"delta\":{\"content\":\"[DONE\"}}]}\n\n");
+        w.push(b"data: {\"choices\":[{\"delta\":{\"content\":\"data: [DONE]\"}}]}\n\n");
         w.push(b"data: {\"choices\":[]}\n\n");
+        // an unterminated last event does not count
+        w.push(b"data: [DONE]");
         assert!(!w.finished());
+    }
+
+    #[test]
+    fn responses_api_and_provider_errors_end_a_stream() {
+        for stream in [
+            &b"event: response.completed\ndata: {\"type\":\"response.completed\"}\n\n"[..],
+            b"data: {\"type\":\"response.incomplete\"}\n\n",
+            b"event: error\ndata: {\"type\":\"error\"}\n\n",
+            b"data: {\"error\":{\"message\":\"x\"}}\n\n",
+        ] {
+            let mut w = StreamWatcher::default();
+            w.push(stream);
+            assert!(w.finished(), "{}", String::from_utf8_lossy(stream));
+        }
     }
 
     #[test]
