@@ -270,12 +270,20 @@ async fn falls_back_on_429_and_503_with_the_next_model_and_credential() {
     // is the router's own (never a client header), one per downstream request: both
     // attempts of this request ran under it.
     let needle = format!("\"request_id\":\"{last_id}\"");
-    let logs = gw.logs_with(&[&needle]).await;
-    let entries: Vec<Value> = logs
-        .lines()
-        .filter(|l| l.contains(&needle))
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let mut entries: Vec<Value> = Vec::new();
+    for _ in 0..50 {
+        entries = gw
+            .envoy
+            .logs()
+            .lines()
+            .filter(|l| l.contains(&needle))
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        if entries.len() == 3 {
+            break; // two attempts and the downstream line (files flush every 100 ms)
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let attempts = entries.iter().filter(|e| e["kind"] == "attempt").count();
     assert_eq!(attempts, 2, "{entries:?}");
     let downstream = entries.iter().find(|e| e["kind"] == "downstream").unwrap();

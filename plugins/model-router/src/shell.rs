@@ -112,6 +112,7 @@ impl RootContext for Root {
                         ),
                     );
                 }
+                seed_breakers(&rules);
                 self.rules = Some(Rc::new(rules));
                 true
             }
@@ -153,6 +154,20 @@ impl RootContext for Root {
 
 fn breaker_key(deployment: &str) -> String {
     format!("llm_router:breaker:{deployment}")
+}
+
+/// Creates every deployment's breaker entry that does not exist yet. proxy-wasm has no
+/// create-if-absent: a first write is unconditional (CAS 0), so doing it here, before traffic,
+/// leaves every later update a real compare-and-swap.
+fn seed_breakers(rules: &RuleSet<RouterConfig>) {
+    for config in rules.configs() {
+        for deployment in &config.deployments {
+            let key = breaker_key(&deployment.name);
+            if let Ok((None, _)) = host::shared_data(&key) {
+                let _ = host::set_shared_data(&key, &State::default().encode(), 0);
+            }
+        }
+    }
 }
 
 /// Asks the deployment's breaker; claims the probe with CAS when it is this request's turn.
