@@ -19,7 +19,7 @@ use tokio::net::TcpStream;
 const KEY_ALL: &str = "sk-e2e-router-all-5b1e0c";
 /// May use `fast` only.
 const KEY_FAST: &str = "sk-e2e-router-fast-9d2a71";
-const COOLDOWN_MS: u64 = 1_500;
+const COOLDOWN_MS: u64 = 3_000;
 
 struct Gateway {
     /// Deployment `a` (openai, cluster dep-a).
