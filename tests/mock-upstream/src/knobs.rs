@@ -10,6 +10,8 @@ pub(crate) const DELAY_MS: &str = "x-mock-delay-ms";
 pub(crate) const CHUNK_DELAY_MS: &str = "x-mock-chunk-delay-ms";
 pub(crate) const CHUNKS: &str = "x-mock-chunks";
 pub(crate) const CUT_AFTER: &str = "x-mock-cut-after";
+pub(crate) const END_AFTER: &str = "x-mock-end-after";
+pub(crate) const ERROR_CODE: &str = "x-mock-error-code";
 pub(crate) const NO_USAGE: &str = "x-mock-no-usage";
 pub(crate) const USAGE_IN_FINAL_CHUNK: &str = "x-mock-usage-in-final-chunk";
 pub(crate) const PROMPT_TOKENS: &str = "x-mock-prompt-tokens";
@@ -30,6 +32,8 @@ pub(crate) struct Knobs {
     pub(crate) chunk_delay: Option<Duration>,
     pub(crate) chunks: Option<u64>,
     pub(crate) cut_after: Option<u64>,
+    pub(crate) end_after: Option<u64>,
+    pub(crate) error_code: Option<String>,
     pub(crate) no_usage: bool,
     pub(crate) usage_in_final_chunk: bool,
     pub(crate) prompt_tokens: Option<u64>,
@@ -79,6 +83,10 @@ impl Knobs {
             chunk_delay: ms(CHUNK_DELAY_MS)?,
             chunks: int(headers, CHUNKS, 0, MAX_CHUNKS, "an integer in 0..=100000")?,
             cut_after: int(headers, CUT_AFTER, 0, u64::MAX, "a non-negative integer")?,
+            end_after: int(headers, END_AFTER, 0, u64::MAX, "a non-negative integer")?,
+            error_code: text(headers, ERROR_CODE, "a visible ASCII error code")?
+                .filter(|code| !code.is_empty())
+                .map(str::to_owned),
             no_usage: flag(headers, NO_USAGE)?,
             usage_in_final_chunk: flag(headers, USAGE_IN_FINAL_CHUNK)?,
             prompt_tokens: int(

@@ -1175,3 +1175,81 @@ async fn echo_knob_answers_with_the_last_user_message_in_small_pieces() {
 fn body_of_chat(text: &str) -> Value {
     json!({"model": "m", "messages": [{"role": "user", "content": text}]})
 }
+
+#[tokio::test]
+async fn default_knobs_apply_unless_the_request_sets_the_knob() {
+    let mock = start().await;
+    mock.set_default_knobs(&[("x-mock-status", "429")]);
+    let (status, _, _) = post(&mock, "/v1/chat/completions", &[], &chat_body(json!({}))).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    let (status, _, _) = post(
+        &mock,
+        "/v1/chat/completions",
+        &[("x-mock-status", "200")],
+        &chat_body(json!({})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "the request's own knob wins");
+    // recorded as received: the default knob is not in the recording
+    assert!(mock.requests()[0].header("x-mock-status").is_none());
+    mock.set_default_knobs(&[]);
+    let (status, _, _) = post(&mock, "/v1/chat/completions", &[], &chat_body(json!({}))).await;
+    assert_eq!(status, StatusCode::OK, "cleared");
+}
+
+#[tokio::test]
+async fn end_after_streaming_ends_cleanly_without_the_terminator() {
+    let mock = start().await;
+    let body = chat_body(json!({"stream": true})).to_string();
+    let out = raw(
+        mock.addr(),
+        &raw_post(
+            "/v1/chat/completions",
+            "x-mock-end-after: 2\r\nconnection: close\r\n",
+            &body,
+        ),
+    )
+    .await;
+    let text = String::from_utf8_lossy(&out);
+    assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text}");
+    assert_eq!(text.matches("data: ").count(), 2, "{text}");
+    assert!(!text.contains("[DONE]"));
+    assert!(text.ends_with("0\r\n\r\n"), "clean end: {text}");
+
+    // the hyper client reads a complete body
+    let (status, _, body) = post(
+        &mock,
+        "/v1/messages",
+        &[("x-mock-end-after", "1")],
+        &json!({"model": "m", "messages": [], "stream": true}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let text = String::from_utf8_lossy(&body);
+    assert!(!text.contains("message_stop"), "{text}");
+}
+
+#[tokio::test]
+async fn error_code_knob_names_the_error() {
+    let mock = start().await;
+    let (status, _, body) = post(
+        &mock,
+        "/v1/chat/completions",
+        &[
+            ("x-mock-status", "400"),
+            ("x-mock-error-code", "context_length_exceeded"),
+        ],
+        &chat_body(json!({})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(json_of(&body)["error"]["code"], "context_length_exceeded");
+    let (_, _, body) = post(
+        &mock,
+        "/v1/chat/completions",
+        &[("x-mock-status", "400")],
+        &chat_body(json!({})),
+    )
+    .await;
+    assert_eq!(json_of(&body)["error"]["code"], "mock_400");
+}
