@@ -25,6 +25,7 @@ pub mod config;
 pub mod headers;
 pub mod json;
 pub mod reject;
+pub mod route_info;
 pub mod rules;
 pub mod sse;
 pub mod tokens;
