@@ -8,6 +8,7 @@ use crate::record::{clean_attribution, Attempt, Record, UsageFields, UsageSource
 use crate::request::{self, RequestInfo};
 use crate::stream::{Forward, ResponseStream};
 use llm_gateway_shared::headers;
+use llm_gateway_shared::route_info;
 use llm_gateway_shared::tokens::{count_tokens, estimate_prompt_tokens, Encoding};
 use llm_gateway_shared::usage::{self, Api, Usage};
 
@@ -57,11 +58,13 @@ impl Attribution {
     }
 }
 
-/// What the router publishes about a request (deployment, attempts, price). The seam for
-/// `shared::route_info`: until the router's filter state is read, the shell fills
-/// it from the `x-llm-deployment` / `x-llm-model-group` headers and the plugin's own table.
+/// What the router publishes about a request (logical id, deployment that answered, attempts,
+/// price), read from its filter state `wasm.llm_route`; empty without the router (the
+/// `x-llm-*` headers and the plugin's own price table are used then).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RouteInfo {
+    /// The router's logical request id, overriding the headers.
+    pub request_id: Option<String>,
     /// Model group, overriding the header.
     pub model_group: Option<String>,
     /// Deployment of the final attempt, overriding the header.
@@ -72,41 +75,15 @@ pub struct RouteInfo {
     pub price: Option<Price>,
 }
 
-/// Filter state the model router publishes (`wasm.llm_route`; `shared::route_info` on the
-/// router's branch): read tolerantly here, so this plugin works with or without the router.
-pub const ROUTER_PROPERTY: &str = "llm_route";
-
-#[derive(serde::Deserialize)]
-struct RouterState {
-    #[serde(default)]
-    model_group: Option<String>,
-    #[serde(default)]
-    deployment: Option<String>,
-    #[serde(default)]
-    price: Option<RouterPrice>,
-    #[serde(default)]
-    price_version: Option<String>,
-    #[serde(default)]
-    attempts: Option<u32>,
-}
-
-/// Micro-units of `currency` per million tokens.
-#[derive(serde::Deserialize)]
-struct RouterPrice {
-    #[serde(default)]
-    currency: Option<String>,
-    input: u64,
-    output: u64,
-    #[serde(default)]
-    cached_input: Option<u64>,
-}
+/// Filter state the model router publishes ([`llm_gateway_shared::route_info`]).
+pub const ROUTER_PROPERTY: &str = route_info::PROPERTY;
 
 impl RouteInfo {
     /// The router's published state (`None` if `bytes` is not one). Its prices are
     /// micro-units per million tokens (×1 000 here); it reports how many attempts there were
     /// and which deployment answered, so earlier attempts are listed without a deployment.
     pub fn from_router_json(bytes: &[u8], status: u16) -> Option<RouteInfo> {
-        let state: RouterState = serde_json::from_slice(bytes).ok()?;
+        let state = route_info::RouteInfo::from_json(bytes)?;
         let nano = |micro: u64| micro.saturating_mul(1_000);
         let price = state.price.map(|p| Price {
             input: nano(p.input),
@@ -118,9 +95,10 @@ impl RouteInfo {
                 .price_version
                 .clone()
                 .unwrap_or_else(|| "unversioned".into()),
-            currency: p.currency.unwrap_or_else(|| "USD".into()),
+            currency: p.currency,
         });
-        let count = state.attempts.unwrap_or(1).clamp(1, 64);
+        let non_empty = |s: String| (!s.is_empty()).then_some(s);
+        let count = state.attempts.clamp(1, 64);
         let mut attempts: Vec<Attempt> = (1..count)
             .map(|_| Attempt {
                 deployment: None,
@@ -129,13 +107,14 @@ impl RouteInfo {
             .collect();
         if count > 1 {
             attempts.push(Attempt {
-                deployment: state.deployment.clone(),
+                deployment: non_empty(state.deployment.clone()),
                 status,
             });
         }
         Some(RouteInfo {
-            model_group: state.model_group,
-            deployment: state.deployment,
+            request_id: non_empty(state.request_id),
+            model_group: non_empty(state.model_group),
+            deployment: non_empty(state.deployment),
             attempts,
             price,
         })
@@ -569,7 +548,10 @@ impl Exchange {
         };
         let a = &self.attribution;
         let record = Record {
-            request_id: a.request_id.clone(),
+            request_id: route
+                .request_id
+                .clone()
+                .unwrap_or_else(|| a.request_id.clone()),
             ts_ms: self.started_ms,
             consumer: a.consumer.clone(),
             tenant: a.tenant.clone(),
@@ -790,8 +772,11 @@ mod tests {
         assert_eq!(record.cost_nano, Some(243_600));
         assert_eq!(record.price_version.as_deref(), Some("2026-01"));
         assert_eq!(record.model_group.as_deref(), Some("fast"));
-        let single =
-            RouteInfo::from_router_json(br#"{"deployment":"east","attempts":1}"#, 200).unwrap();
+        let single = RouteInfo::from_router_json(
+            br#"{"request_id":"r","model_group":"fast","deployment":"east","model":"m","provider":"openai","route_version":"v","attempts":1}"#,
+            200,
+        )
+        .unwrap();
         assert!(single.attempts.is_empty() && single.price.is_none());
         assert!(RouteInfo::from_router_json(b"nope", 200).is_none());
     }
