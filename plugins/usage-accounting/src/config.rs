@@ -306,6 +306,27 @@ mod tests {
     }
 
     #[test]
+    fn higress_rules_lay_over_the_global_config() {
+        // the shape higress/usage-accounting.yaml becomes
+        let doc = json!({
+            "price_version": "2026-11",
+            "prices": {"openai-mini": {"input": "0.15", "cached_input": "0.075", "output": "0.60"}},
+            "consumer_label": false,
+            "_rules_": [{"_match_route_": ["default/llm-batch"], "consumer_label": true}]
+        });
+        let rules = parse_document(doc.to_string().as_bytes()).unwrap();
+        assert!(!rules.global().unwrap().consumer_label);
+        let batch = rules
+            .select(&llm_gateway_shared::rules::MatchInput {
+                route: "default/llm-batch",
+                ..Default::default()
+            })
+            .unwrap();
+        assert!(batch.consumer_label);
+        assert_eq!(batch.prices["openai-mini"].input, 150_000_000);
+    }
+
+    #[test]
     fn the_ledger_needs_the_higress_build() {
         let result = parse(json!({"ledger": {"service": "outbound|6379||redis.static"}}));
         if crate::ledger::TRANSPORT {
