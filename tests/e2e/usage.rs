@@ -222,14 +222,24 @@ async fn streams_carry_usage_and_the_extra_chunk_is_hidden() {
                 id,
                 "east",
                 &chat(true),
-                &[("x-mock-chunks", "5"), ("x-mock-chunk-delay-ms", delay)],
+                &[
+                    ("x-mock-chunks", "5"),
+                    ("x-mock-chunk-delay-ms", delay),
+                    ("accept-encoding", "gzip, deflate"),
+                ],
             )
             .await
             .unwrap();
         assert_eq!(response.status, 200);
         let upstream = gw.upstream.requests();
         gw.upstream.clear_requests();
-        let sent = upstream.last().unwrap().json().unwrap();
+        let sent_request = upstream.last().unwrap();
+        assert_eq!(
+            sent_request.header("accept-encoding"),
+            None,
+            "the provider must answer uncompressed"
+        );
+        let sent = sent_request.json().unwrap();
         assert_eq!(
             sent["stream_options"],
             json!({"include_usage": true}),

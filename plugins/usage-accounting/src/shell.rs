@@ -172,6 +172,9 @@ impl HttpContext for Request {
             return Action::Continue;
         };
         exchange.set_request_length(header_text(&pairs, "content-length").trim().parse().ok());
+        // The usage is read from the response: ask the provider for it uncompressed (Envoy's
+        // compressor filter may compress it again for the client).
+        let _ = host::remove_header(HeaderMap::RequestHeaders, "accept-encoding");
         if exchange.may_rewrite_body(config) && !end_of_stream {
             // The body may grow by `stream_options`; the length is fixed when it is known
             // only if the headers are held, so drop it and let Envoy frame the body.
@@ -235,6 +238,12 @@ impl HttpContext for Request {
             .ok()
             .flatten()
             .and_then(|v| std::str::from_utf8(&v).ok()?.trim().parse::<u64>().ok());
+        let encoded = host::header(HeaderMap::ResponseHeaders, "content-encoding")
+            .ok()
+            .flatten()
+            .is_some_and(|v| !v.is_empty() && !v.eq_ignore_ascii_case(b"identity"));
+        // a compressed answer cannot be read: it passes through and the record is estimated
+        let content_type = if encoded { String::new() } else { content_type };
         let mode = active.exchange.on_response_headers(
             &active.config,
             status,
