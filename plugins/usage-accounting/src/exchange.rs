@@ -35,7 +35,11 @@ pub struct Attribution {
 
 impl Attribution {
     /// Reads the request headers (names lowercase, as Envoy gives them).
-    pub fn from_headers(pairs: &[(String, Vec<u8>)], host_request_id: Option<String>) -> Self {
+    /// `host_request_id` is asked only when neither request-id header is there.
+    pub fn from_headers(
+        pairs: &[(String, Vec<u8>)],
+        host_request_id: impl FnOnce() -> Option<String>,
+    ) -> Self {
         let get = |name: &str| {
             pairs
                 .iter()
@@ -45,7 +49,7 @@ impl Attribution {
         Attribution {
             request_id: get(headers::REQUEST_ID)
                 .or_else(|| get("x-request-id"))
-                .or(host_request_id)
+                .or_else(host_request_id)
                 .unwrap_or_default(),
             consumer: get(headers::CONSUMER),
             tenant: get(headers::TENANT),
@@ -624,7 +628,7 @@ mod tests {
                 ("x-llm-deployment", "east"),
                 ("x-request-id", "req-1"),
             ]),
-            Some("host-id".into()),
+            || Some("host-id".into()),
         )
     }
 
@@ -860,7 +864,7 @@ mod tests {
 
     #[test]
     fn request_id_falls_back_to_the_host() {
-        let a = Attribution::from_headers(&headers(&[]), Some("h".into()));
+        let a = Attribution::from_headers(&headers(&[]), || Some("h".into()));
         assert_eq!(a.request_id, "h");
         assert_eq!(a.tenant, None);
     }

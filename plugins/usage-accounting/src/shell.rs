@@ -166,8 +166,9 @@ impl HttpContext for Request {
             return Action::Continue;
         };
         let path = header_text(&pairs, ":path");
-        let host_id = host::property_string(&["request", "id"]).ok().flatten();
-        let attribution = Attribution::from_headers(&pairs, host_id);
+        let attribution = Attribution::from_headers(&pairs, || {
+            host::property_string(&["request", "id"]).ok().flatten()
+        });
         let Some(mut exchange) = Exchange::start(&path, attribution, now_ms()) else {
             return Action::Continue;
         };
