@@ -8,6 +8,9 @@
 //! original bytes, so the nested content reaches the provider byte for byte as the client sent
 //! it.
 //!
+//! [`walk`] is the same pass for filters that rewrite strings deep inside a body (PII redaction):
+//! it reports every scalar with its path and byte span, and [`splice`] puts replacements in.
+//!
 //! Grammar: RFC 8259, UTF-8 only, nesting bounded by [`Limits::max_depth`] (recursion is
 //! bounded, so hostile nesting is an error rather than a stack overflow). Duplicate keys: like
 //! `serde_json`, the last one wins for reading; [`Edits::set`] and [`Edits::remove`] act on every
@@ -123,6 +126,72 @@ pub fn scan_value(body: &[u8], limits: &Limits) -> Result<Kind, JsonError> {
     let kind = s.value(1)?;
     s.end()?;
     Ok(kind)
+}
+
+/// One step of a [`walk`] path: an object member or an array element.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Seg {
+    /// Member name (decoded, lossily: see [`decode_lossy`]).
+    Key(String),
+    /// Array position.
+    Index(usize),
+}
+
+impl Seg {
+    /// The member name, if this step is one.
+    pub fn key(&self) -> Option<&str> {
+        match self {
+            Seg::Key(k) => Some(k),
+            Seg::Index(_) => None,
+        }
+    }
+}
+
+/// What [`walk`] reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scalar {
+    /// A string; its span includes the quotes.
+    String,
+    /// A number.
+    Number,
+    /// `true` or `false`.
+    Bool,
+    /// `null`.
+    Null,
+    /// The opening `{` or `[` of a container (span: that one byte), before its contents.
+    Open,
+}
+
+/// The callback of [`walk`]: path, kind and byte span of one scalar (or container opening).
+pub type Visit<'v> = dyn FnMut(&[Seg], Scalar, Range<usize>) + 'v;
+
+/// Validates `body` as one JSON value, like [`scan_value`], and calls `visit(path, kind,
+/// span)` for every scalar and container opening, in document order.
+pub fn walk(body: &[u8], limits: &Limits, visit: &mut Visit<'_>) -> Result<(), JsonError> {
+    check_utf8(body)?;
+    let mut s = Scanner::new(body, limits.max_depth);
+    s.visit = Some(visit);
+    s.skip_ws();
+    s.value(1)?;
+    s.end()
+}
+
+/// Replaces the given spans of `body` (sorted by start, not overlapping; an overlapping one is
+/// skipped) with new bytes.
+pub fn splice(body: &[u8], edits: &[(Range<usize>, Vec<u8>)]) -> Vec<u8> {
+    let extra: usize = edits.iter().map(|(_, v)| v.len()).sum();
+    let mut out = Vec::with_capacity(body.len() + extra);
+    let mut at = 0;
+    for (span, bytes) in edits {
+        if span.start < at {
+            continue;
+        }
+        out.extend_from_slice(body.get(at..span.start).unwrap_or_default());
+        out.extend_from_slice(bytes);
+        at = span.end;
+    }
+    out.extend_from_slice(body.get(at..).unwrap_or_default());
+    out
 }
 
 impl Object {
@@ -385,28 +454,61 @@ fn open_brace_end(body: &[u8], close: usize) -> usize {
 
 /// `s` as a JSON string literal, quotes included.
 pub fn quote(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if (c as u32) < 0x20 => {
-                out.push_str(&format!("\\u{:04x}", c as u32));
-            }
-            c => out.push(c),
+    let mut out = Vec::with_capacity(s.len() + 2);
+    push_quoted(&mut out, s);
+    // Only ASCII escapes were added to valid UTF-8.
+    String::from_utf8(out).unwrap_or_default()
+}
+
+/// Appends the JSON string literal of `s` (with quotes).
+pub fn push_quoted(out: &mut Vec<u8>, s: &str) {
+    out.push(b'"');
+    push_escaped(out, s);
+    out.push(b'"');
+}
+
+/// Appends `s` escaped for the inside of a JSON string literal (no quotes).
+pub fn push_escaped(out: &mut Vec<u8>, s: &str) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let bytes = s.as_bytes();
+    let mut start = 0;
+    for (i, &b) in bytes.iter().enumerate() {
+        let escape: &[u8] = match b {
+            b'"' => b"\\\"",
+            b'\\' => b"\\\\",
+            b'\n' => b"\\n",
+            b'\r' => b"\\r",
+            b'\t' => b"\\t",
+            0..=0x1f => b"",
+            _ => continue,
+        };
+        out.extend_from_slice(bytes.get(start..i).unwrap_or_default());
+        if escape.is_empty() {
+            out.extend_from_slice(b"\\u00");
+            out.push(HEX.get(usize::from(b >> 4)).copied().unwrap_or(b'0'));
+            out.push(HEX.get(usize::from(b & 15)).copied().unwrap_or(b'0'));
+        } else {
+            out.extend_from_slice(escape);
         }
+        start = i + 1;
     }
-    out.push('"');
-    out
+    out.extend_from_slice(bytes.get(start..).unwrap_or_default());
+}
+
+/// Decodes a string literal (quotes included) that the scanner accepted, leniently: a lone
+/// surrogate escape becomes U+FFFD (as browsers do), so a string can always be inspected.
+/// `None` if `raw` is not a valid literal.
+pub fn decode_lossy(raw: &[u8]) -> Option<String> {
+    decode(raw, 0, true).ok()
 }
 
 /// The content of the JSON string literal `raw` (quotes included), unescaped. `offset` is
 /// where `raw` starts in the document, for error positions.
 pub fn unescape(raw: &[u8], offset: usize) -> Result<String, JsonError> {
+    decode(raw, offset, false)
+}
+
+fn decode(raw: &[u8], offset: usize, lossy: bool) -> Result<String, JsonError> {
     let err = |at: usize, reason| JsonError {
         at: offset + at,
         reason,
@@ -443,19 +545,23 @@ pub fn unescape(raw: &[u8], offset: usize) -> Result<String, JsonError> {
             Some(b'u') => {
                 let high = hex4(bytes, i).ok_or_else(|| err(1 + i, "bad \\u escape"))?;
                 i += 4;
-                let code = if (0xD800..0xDC00).contains(&high) {
-                    let low = match (bytes.get(i), bytes.get(i + 1)) {
-                        (Some(b'\\'), Some(b'u')) => hex4(bytes, i + 2),
-                        _ => None,
+                let low = match (bytes.get(i), bytes.get(i + 1)) {
+                    (Some(b'\\'), Some(b'u')) => hex4(bytes, i + 2),
+                    _ => None,
+                }
+                .filter(|low| (0xDC00..0xE000).contains(low));
+                let code = match low {
+                    Some(low) if (0xD800..0xDC00).contains(&high) => {
+                        i += 6;
+                        Some(0x10000 + ((high - 0xD800) << 10) + (low - 0xDC00))
                     }
-                    .filter(|low| (0xDC00..0xE000).contains(low))
-                    .ok_or_else(|| err(1 + i, "unpaired surrogate"))?;
-                    i += 6;
-                    0x10000 + ((high - 0xD800) << 10) + (low - 0xDC00)
-                } else {
-                    high
+                    _ => char::from_u32(high).map(u32::from),
                 };
-                out.push(char::from_u32(code).ok_or_else(|| err(1 + i, "unpaired surrogate"))?);
+                match code.and_then(char::from_u32) {
+                    Some(c) => out.push(c),
+                    None if lossy => out.push('\u{FFFD}'),
+                    None => return Err(err(1 + i, "unpaired surrogate")),
+                }
             }
             _ => return Err(err(i - 1, "bad escape")),
         }
@@ -483,18 +589,29 @@ fn check_utf8(body: &[u8]) -> Result<(), JsonError> {
         })
 }
 
-struct Scanner<'b> {
+struct Scanner<'b, 'v> {
     body: &'b [u8],
     at: usize,
     max_depth: usize,
+    /// Set for [`walk`]: told of every scalar; `path` is then kept.
+    visit: Option<&'v mut Visit<'v>>,
+    path: Vec<Seg>,
 }
 
-impl<'b> Scanner<'b> {
+impl<'b, 'v> Scanner<'b, 'v> {
     fn new(body: &'b [u8], max_depth: usize) -> Self {
         Scanner {
             body,
             at: 0,
             max_depth,
+            visit: None,
+            path: Vec::new(),
+        }
+    }
+
+    fn report(&mut self, kind: Scalar, span: Range<usize>) {
+        if let Some(visit) = self.visit.as_mut() {
+            visit(&self.path, kind, span);
         }
     }
 
@@ -534,17 +651,26 @@ impl<'b> Scanner<'b> {
     }
 
     fn value(&mut self, depth: usize) -> Result<Kind, JsonError> {
-        match self.peek() {
-            Some(b'{') => self.object(depth, false).map(|_| Kind::Object),
-            Some(b'[') => self.array(depth, false).map(|_| Kind::Array),
-            Some(b'"') => self.string().map(|_| Kind::String),
-            Some(b't') => self.literal(b"true").map(|_| Kind::Bool),
-            Some(b'f') => self.literal(b"false").map(|_| Kind::Bool),
-            Some(b'n') => self.literal(b"null").map(|_| Kind::Null),
-            Some(b'-' | b'0'..=b'9') => self.number().map(|_| Kind::Number),
-            Some(_) => Err(self.error("expected a value")),
-            None => Err(self.error("unexpected end of input")),
-        }
+        let start = self.at;
+        let (kind, scalar) = match self.peek() {
+            Some(b'{') => {
+                self.report(Scalar::Open, start..start + 1);
+                return self.object(depth, false).map(|_| Kind::Object);
+            }
+            Some(b'[') => {
+                self.report(Scalar::Open, start..start + 1);
+                return self.array(depth, false).map(|_| Kind::Array);
+            }
+            Some(b'"') => (self.string().map(|_| Kind::String)?, Scalar::String),
+            Some(b't') => (self.literal(b"true").map(|_| Kind::Bool)?, Scalar::Bool),
+            Some(b'f') => (self.literal(b"false").map(|_| Kind::Bool)?, Scalar::Bool),
+            Some(b'n') => (self.literal(b"null").map(|_| Kind::Null)?, Scalar::Null),
+            Some(b'-' | b'0'..=b'9') => (self.number().map(|_| Kind::Number)?, Scalar::Number),
+            Some(_) => return Err(self.error("expected a value")),
+            None => return Err(self.error("unexpected end of input")),
+        };
+        self.report(scalar, start..self.at);
+        Ok(kind)
     }
 
     /// An object at `depth`; members are recorded only when `record` (the top level).
@@ -572,7 +698,15 @@ impl<'b> Scanner<'b> {
             self.expect(b':', "expected ':'")?;
             self.skip_ws();
             let value_start = self.at;
+            if self.visit.is_some() {
+                let raw = self.body.get(key_span.clone()).unwrap_or_default();
+                self.path
+                    .push(Seg::Key(decode_lossy(raw).unwrap_or_default()));
+            }
             let kind = self.value(depth + 1)?;
+            if self.visit.is_some() {
+                self.path.pop();
+            }
             if record {
                 let raw = self.body.get(key_span.clone()).unwrap_or_default();
                 let key = if has_escape {
@@ -611,6 +745,7 @@ impl<'b> Scanner<'b> {
         }
         self.expect(b'[', "expected '['")?;
         let mut elements = Vec::new();
+        let mut index = 0;
         self.skip_ws();
         if self.peek() == Some(b']') {
             self.at += 1;
@@ -619,7 +754,14 @@ impl<'b> Scanner<'b> {
         loop {
             self.skip_ws();
             let start = self.at;
+            if self.visit.is_some() {
+                self.path.push(Seg::Index(index));
+            }
             let kind = self.value(depth + 1)?;
+            if self.visit.is_some() {
+                self.path.pop();
+            }
+            index += 1;
             if record {
                 elements.push(Element {
                     value: start..self.at,
@@ -667,7 +809,14 @@ impl<'b> Scanner<'b> {
                     }
                 }
                 Some(0x00..=0x1f) => return Err(self.error("control character in a string")),
-                Some(_) => self.at += 1,
+                Some(_) => {
+                    // Plain bytes in one tight loop.
+                    let rest = self.body.get(self.at..).unwrap_or_default();
+                    self.at += rest
+                        .iter()
+                        .position(|&c| c == b'"' || c == b'\\' || c < 0x20)
+                        .unwrap_or(rest.len());
+                }
                 None => return Err(self.error("unterminated string")),
             }
         }
@@ -977,6 +1126,71 @@ mod tests {
             unescape(quote("x\u{1f}\t\"").as_bytes(), 0).unwrap(),
             "x\u{1f}\t\""
         );
+    }
+
+    fn leaves(doc: &str) -> Result<Vec<(String, Scalar, String)>, JsonError> {
+        let mut out = Vec::new();
+        walk(
+            doc.as_bytes(),
+            &Limits::default(),
+            &mut |path, kind, span| {
+                let p: Vec<String> = path
+                    .iter()
+                    .map(|s| match s {
+                        Seg::Key(k) => k.clone(),
+                        Seg::Index(i) => i.to_string(),
+                    })
+                    .collect();
+                out.push((p.join("."), kind, doc[span].to_string()));
+            },
+        )?;
+        Ok(out)
+    }
+
+    #[test]
+    fn walk_reports_scalars_with_paths() {
+        let got = leaves(r#" {"a":[1,"x\"y",{"b":null}],"c":true, "d":-1.5e3} "#).unwrap();
+        assert_eq!(
+            got,
+            vec![
+                ("".into(), Scalar::Open, "{".into()),
+                ("a".into(), Scalar::Open, "[".into()),
+                ("a.0".into(), Scalar::Number, "1".into()),
+                ("a.1".into(), Scalar::String, r#""x\"y""#.into()),
+                ("a.2".into(), Scalar::Open, "{".into()),
+                ("a.2.b".into(), Scalar::Null, "null".into()),
+                ("c".into(), Scalar::Bool, "true".into()),
+                ("d".into(), Scalar::Number, "-1.5e3".into()),
+            ]
+        );
+        assert!(leaves("[1,]").is_err());
+        assert!(walk(b"\"\xff\"", &Limits::default(), &mut |_, _, _| {}).is_err());
+    }
+
+    #[test]
+    fn lossy_decoding_replaces_lone_surrogates() {
+        for s in ["", "plain", "q\"b\\s/\n\r\t\u{1}", "漢字 😀", "\u{7f}"] {
+            let quoted = quote(s);
+            assert_eq!(decode_lossy(quoted.as_bytes()).as_deref(), Some(s));
+            let parsed: String = serde_json::from_str(&quoted).unwrap();
+            assert_eq!(parsed, s);
+        }
+        let raw = br#""\ud83d\ude00 \u00e9 \ud800x \udc00""#;
+        assert_eq!(
+            decode_lossy(raw).as_deref(),
+            Some("😀 é \u{FFFD}x \u{FFFD}")
+        );
+        assert_eq!(unescape(raw, 0).unwrap_err().reason, "unpaired surrogate");
+        assert_eq!(decode_lossy(br#""\q""#), None);
+    }
+
+    #[test]
+    fn splice_replaces_spans() {
+        let out = splice(
+            b"0123456789",
+            &[(1..3, b"ab".to_vec()), (5..5, b"X".to_vec())],
+        );
+        assert_eq!(out, b"0ab34X56789");
     }
 
     #[cfg(not(target_arch = "wasm32"))]

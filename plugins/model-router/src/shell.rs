@@ -88,39 +88,24 @@ impl Context for Root {}
 
 impl RootContext for Root {
     fn on_configure(&mut self, _size: usize) -> bool {
-        let document = match host::buffer(Buffer::PluginConfiguration, 0, usize::MAX) {
-            Ok(document) => document,
-            Err(err) => {
-                log(
-                    LogLevel::Error,
-                    &format!("cannot read configuration: {err}"),
-                );
-                return false;
-            }
+        let Some(rules) = host::load_config("model-router", parse_document) else {
+            return false;
         };
-        match parse_document(&document) {
-            Ok(rules) => {
-                if let Some(c) = rules.global() {
-                    log(
-                        LogLevel::Info,
-                        &format!(
-                            "configured ({:?}) version {} with {} deployments and {} groups",
-                            c.role,
-                            c.version,
-                            c.deployments.len(),
-                            c.groups.len()
-                        ),
-                    );
-                }
-                seed_breakers(&rules);
-                self.rules = Some(Rc::new(rules));
-                true
-            }
-            Err(err) => {
-                log(LogLevel::Error, &err.to_string());
-                false
-            }
+        if let Some(c) = rules.global() {
+            log(
+                LogLevel::Info,
+                &format!(
+                    "configured ({:?}) version {} with {} deployments and {} groups",
+                    c.role,
+                    c.version,
+                    c.deployments.len(),
+                    c.groups.len()
+                ),
+            );
         }
+        seed_breakers(&rules);
+        self.rules = Some(Rc::new(rules));
+        true
     }
 
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {

@@ -25,7 +25,6 @@
 
 pub mod config;
 pub mod detect;
-pub mod json;
 pub mod mask;
 pub mod request;
 pub mod response;

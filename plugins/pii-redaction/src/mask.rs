@@ -166,7 +166,7 @@ impl PlaceholderMap {
                     out.push_str(text.get(copied..open).unwrap_or_default());
                     if escape {
                         let mut bytes = Vec::with_capacity(original.len());
-                        crate::json::push_escaped(&mut bytes, original);
+                        llm_gateway_shared::json::push_escaped(&mut bytes, original);
                         out.push_str(std::str::from_utf8(&bytes).unwrap_or_default());
                     } else {
                         out.push_str(original);

@@ -11,8 +11,8 @@
 //! valid and everything else keeps its bytes.
 
 use crate::config::{BodyScope, PiiConfig};
-use crate::json::{self, Scalar, Seg};
 use crate::mask::{Blocked, PlaceholderMap};
+use llm_gateway_shared::json::{self, Scalar, Seg};
 use std::ops::Range;
 
 const TOP: &[&str] = &["messages", "system", "input", "instructions", "prompt"];
@@ -171,17 +171,17 @@ fn redact_messages(
     let mut anchors = Anchors::default();
     // fail closed: text that cannot be decoded cannot be scanned, so it is not forwarded
     let mut undecodable: Option<usize> = None;
-    json::walk(body, &mut |path, kind, span| {
+    json::walk(body, &json::Limits::default(), &mut |path, kind, span| {
         anchors.note(path, kind, &span);
         if kind != Scalar::String || blocked.is_some() || !is_message_text(path) {
             return;
         }
-        let Some(text) = body.get(span.clone()).and_then(json::decode_string) else {
+        let Some(text) = body.get(span.clone()).and_then(json::decode_lossy) else {
             undecodable = Some(span.start);
             return;
         };
         match config.redactor.redact(&text, map) {
-            Ok(Some(new)) => edits.push((span, json::quote(&new))),
+            Ok(Some(new)) => edits.push((span, json::quote(&new).into_bytes())),
             Ok(None) => {}
             Err(b) => blocked = Some(b),
         }
@@ -252,8 +252,11 @@ impl Anchors {
         };
         // an existing string: the preamble goes first, then a blank line
         let prefix = |span: &Range<usize>| {
-            let old = body.get(span.clone()).and_then(json::decode_string)?;
-            Some((span.clone(), json::quote(&format!("{preamble}\n\n{old}"))))
+            let old = body.get(span.clone()).and_then(json::decode_lossy)?;
+            Some((
+                span.clone(),
+                json::quote(&format!("{preamble}\n\n{old}")).into_bytes(),
+            ))
         };
         match api {
             Api::Chat => {

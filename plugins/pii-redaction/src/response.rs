@@ -15,8 +15,8 @@
 //! extra delta event cloned from that stream's last one, sent just before the event that ended
 //! it. Every other event has its strings restored whole.
 
-use crate::json::{self, Scalar, Seg};
 use crate::mask::{OutputHold, PlaceholderMap, Redactor, TextRestorer};
+use llm_gateway_shared::json::{self, Scalar, Seg};
 use llm_gateway_shared::sse::{Event, Framer};
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -40,15 +40,15 @@ pub fn redact_output_body(
     body: &[u8],
 ) -> Option<Vec<u8>> {
     let mut edits: Vec<(Range<usize>, Vec<u8>)> = Vec::new();
-    json::walk(body, &mut |path, kind, span| {
+    json::walk(body, &json::Limits::default(), &mut |path, kind, span| {
         if kind != Scalar::String || path.last().and_then(Seg::key).is_some_and(is_protocol_key) {
             return;
         }
-        let Some(text) = body.get(span.clone()).and_then(json::decode_string) else {
+        let Some(text) = body.get(span.clone()).and_then(json::decode_lossy) else {
             return;
         };
         if let Some(new) = output.redact_output(&text, map) {
-            edits.push((span, json::quote(&new)));
+            edits.push((span, json::quote(&new).into_bytes()));
         }
     })
     .ok()?;
@@ -170,7 +170,7 @@ impl StreamRestorer {
             let text = data
                 .as_bytes()
                 .get(delta.span.clone())
-                .and_then(json::decode_string)
+                .and_then(json::decode_lossy)
                 .unwrap_or_default();
             let held = self.streams.entry(delta.key).or_insert_with(|| Held {
                 restorer: if delta.json_text {
@@ -190,14 +190,14 @@ impl StreamRestorer {
             };
             held.template = Some((event.event.clone(), data.to_owned(), delta.span.clone()));
             if emit != text {
-                edits.push((delta.span, json::quote(&emit)));
+                edits.push((delta.span, json::quote(&emit).into_bytes()));
             }
         }
         for span in reading.strings {
             let Some(text) = data
                 .as_bytes()
                 .get(span.clone())
-                .and_then(json::decode_string)
+                .and_then(json::decode_lossy)
             else {
                 continue;
             };
@@ -207,7 +207,7 @@ impl StreamRestorer {
                 .and_then(|o| o.redact_output(&text, map));
             let restored = map.restore(redacted.as_deref().unwrap_or(&text));
             if restored != text {
-                edits.push((span, json::quote(&restored)));
+                edits.push((span, json::quote(&restored).into_bytes()));
             }
         }
         if edits.is_empty() {
@@ -242,7 +242,10 @@ impl StreamRestorer {
             }
             text.push_str(&held.restorer.finish(map));
             if let Some((name, data, span)) = &held.template {
-                let new_data = json::splice(data.as_bytes(), &[(span.clone(), json::quote(&text))]);
+                let new_data = json::splice(
+                    data.as_bytes(),
+                    &[(span.clone(), json::quote(&text).into_bytes())],
+                );
                 write_event(out, name.as_deref(), None, &new_data);
             }
         }
@@ -331,27 +334,31 @@ fn read(data: &str) -> Reading {
     let mut kind: Option<String> = None;
     // (path, kind, span) of the scalars that matter, collected in one walk
     let mut leaves: Vec<(Vec<Seg>, Scalar, Range<usize>)> = Vec::new();
-    let walked = json::walk(data.as_bytes(), &mut |path, scalar, span| {
-        if matches!(scalar, Scalar::Open | Scalar::Null | Scalar::Bool) {
-            return;
-        }
-        if let ([Seg::Key(k)], Scalar::String) = (path, scalar) {
-            if k == "type" {
-                kind = data
+    let walked = json::walk(
+        data.as_bytes(),
+        &json::Limits::default(),
+        &mut |path, scalar, span| {
+            if matches!(scalar, Scalar::Open | Scalar::Null | Scalar::Bool) {
+                return;
+            }
+            if let ([Seg::Key(k)], Scalar::String) = (path, scalar) {
+                if k == "type" {
+                    kind = data
+                        .as_bytes()
+                        .get(span.clone())
+                        .and_then(json::decode_lossy);
+                }
+            }
+            let relevant = scalar == Scalar::Number
+                || data
                     .as_bytes()
                     .get(span.clone())
-                    .and_then(json::decode_string);
+                    .is_some_and(|s| s.contains(&b'[') || is_delta_path(path));
+            if relevant {
+                leaves.push((path.to_vec(), scalar, span));
             }
-        }
-        let relevant = scalar == Scalar::Number
-            || data
-                .as_bytes()
-                .get(span.clone())
-                .is_some_and(|s| s.contains(&b'[') || is_delta_path(path));
-        if relevant {
-            leaves.push((path.to_vec(), scalar, span));
-        }
-    });
+        },
+    );
     if walked.is_err() {
         return reading; // not JSON: passed through as is
     }
@@ -374,7 +381,7 @@ fn read(data: &str) -> Reading {
                 .then(|| {
                     data.as_bytes()
                         .get(span.clone())
-                        .and_then(json::decode_string)
+                        .and_then(json::decode_lossy)
                 })
                 .flatten()
         })
@@ -585,7 +592,7 @@ mod tests {
     fn chat_chunk(content: &str) -> String {
         format!(
             r#"{{"id":"c","choices":[{{"index":0,"delta":{{"content":{}}},"finish_reason":null}}]}}"#,
-            String::from_utf8(json::quote(content)).unwrap()
+            json::quote(content)
         )
     }
 
@@ -627,7 +634,7 @@ mod tests {
         let tool = |i: u64, args: &str| {
             format!(
                 r#"{{"choices":[{{"index":1,"delta":{{"tool_calls":[{{"index":{i},"function":{{"arguments":{}}}}}]}}}}]}}"#,
-                String::from_utf8(json::quote(args)).unwrap()
+                json::quote(args)
             )
         };
         let events = vec![
@@ -653,7 +660,7 @@ mod tests {
         let anth = |t: &str| {
             format!(
                 r#"{{"type":"content_block_delta","index":0,"delta":{{"type":"text_delta","text":{}}}}}"#,
-                String::from_utf8(json::quote(t)).unwrap()
+                json::quote(t)
             )
         };
         let events = vec![
@@ -677,7 +684,7 @@ mod tests {
         let resp = |t: &str| {
             format!(
                 r#"{{"type":"response.output_text.delta","output_index":0,"content_index":0,"delta":{}}}"#,
-                String::from_utf8(json::quote(t)).unwrap()
+                json::quote(t)
             )
         };
         let events = vec![
@@ -755,7 +762,7 @@ mod tests {
         let mut body = Vec::new();
         let mut from = 0;
         for b in bounds.into_iter().chain([text.len()]) {
-            let piece = String::from_utf8(json::quote(&text[from..b])).unwrap();
+            let piece = json::quote(&text[from..b]);
             if anthropic {
                 let data = format!(
                     r#"{{"type":"content_block_delta","index":0,"delta":{{"type":"text_delta","text":{piece}}}}}"#
@@ -879,7 +886,7 @@ mod tests {
         let delta = |t: &str| {
             format!(
                 r#"{{"type":"content_block_delta","index":1,"delta":{{"type":"input_json_delta","partial_json":{}}}}}"#,
-                String::from_utf8(json::quote(t)).unwrap()
+                json::quote(t)
             )
         };
         let events = vec![

@@ -107,32 +107,17 @@ impl Context for Root {}
 
 impl RootContext for Root {
     fn on_configure(&mut self, _size: usize) -> bool {
-        let document = match host::buffer(Buffer::PluginConfiguration, 0, usize::MAX) {
-            Ok(document) => document,
-            Err(err) => {
-                host::log(
-                    LogLevel::Error,
-                    &format!("pii-redaction: cannot read configuration: {err}"),
-                );
-                return false;
-            }
+        let Some(rules) = host::load_config("pii-redaction", parse_document) else {
+            return false;
         };
-        match parse_document(&document) {
-            Ok(rules) => {
-                let count = rules.global().map_or(0, |c| c.redactor.rules().len());
-                host::log(
-                    LogLevel::Info,
-                    &format!("pii-redaction: configured with {count} rules"),
-                );
-                let metrics = Metrics::define(&rules);
-                self.state = Some(Rc::new(State { rules, metrics }));
-                true
-            }
-            Err(err) => {
-                host::log(LogLevel::Error, &format!("pii-redaction: {err}"));
-                false
-            }
-        }
+        let count = rules.global().map_or(0, |c| c.redactor.rules().len());
+        host::log(
+            LogLevel::Info,
+            &format!("pii-redaction: configured with {count} rules"),
+        );
+        let metrics = Metrics::define(&rules);
+        self.state = Some(Rc::new(State { rules, metrics }));
+        true
     }
 
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
