@@ -64,34 +64,19 @@ impl Context for Root {}
 
 impl RootContext for Root {
     fn on_configure(&mut self, _size: usize) -> bool {
-        let document = match host::buffer(Buffer::PluginConfiguration, 0, usize::MAX) {
-            Ok(document) => document,
-            Err(err) => {
-                host::log(
-                    LogLevel::Error,
-                    &format!("usage-accounting: cannot read configuration: {err}"),
-                );
-                return false;
-            }
+        let Some(rules) = host::load_config("usage-accounting", parse_document) else {
+            return false;
         };
-        match parse_document(&document) {
-            Ok(rules) => {
-                let prices = rules.global().map_or(0, |c| c.prices.len());
-                host::log(
-                    LogLevel::Info,
-                    &format!("usage-accounting: configured with {prices} prices"),
-                );
-                self.state = Some(Rc::new(State {
-                    rules,
-                    metrics: RefCell::new(HashMap::new()),
-                }));
-                true
-            }
-            Err(err) => {
-                host::log(LogLevel::Error, &format!("usage-accounting: {err}"));
-                false
-            }
-        }
+        let prices = rules.global().map_or(0, |c| c.prices.len());
+        host::log(
+            LogLevel::Info,
+            &format!("usage-accounting: configured with {prices} prices"),
+        );
+        self.state = Some(Rc::new(State {
+            rules,
+            metrics: RefCell::new(HashMap::new()),
+        }));
+        true
     }
 
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
