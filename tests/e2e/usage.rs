@@ -650,3 +650,29 @@ async fn a_json_answer_larger_than_envoys_buffer_passes_and_is_counted() {
         ((u128::from(prompt) * 300_000_000 + 500_000) / 1_000_000) as u64
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_validates_the_config_and_refuses_a_bad_one() {
+    let vars = |config: Value| {
+        vec![
+            ("MOCK_PORT", "9".to_string()),
+            ("USAGE_CONFIG", config.to_string().replace('\'', "''")),
+        ]
+    };
+    let good = vars(usage_config());
+    tokio::task::spawn_blocking(move || Envoy::validate("e2e-usage.yaml", &good))
+        .await
+        .unwrap()
+        .unwrap();
+    let mut bad = usage_config();
+    bad["prices"]["east"]["output"] = json!("1.2e-3");
+    let bad = vars(bad);
+    let err = tokio::task::spawn_blocking(move || Envoy::validate("e2e-usage.yaml", &bad))
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert!(
+        err.contains("usage-accounting: invalid configuration: `prices.east.output`"),
+        "{err}"
+    );
+}
