@@ -21,7 +21,9 @@
 
 pub mod config;
 pub mod headers;
+pub mod pending;
 pub mod reject;
+pub mod resp;
 pub mod rules;
 pub mod wire;
 

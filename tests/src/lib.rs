@@ -13,6 +13,7 @@
 
 pub mod demo;
 pub mod envoy;
+pub mod harness;
 pub mod http;
 pub mod redis;
 pub mod workspace;

@@ -10,6 +10,8 @@
 #![allow(unsafe_code)]
 
 mod abi;
+#[cfg(feature = "redis")]
+pub mod redis;
 
 use crate::reject::Reject;
 use crate::rules::{MatchInput, RuleSet};
