@@ -27,5 +27,8 @@ pub mod resp;
 pub mod rules;
 pub mod wire;
 
-#[cfg(target_arch = "wasm32")]
+// wasm32-wasip1 only (the proxy-wasm target): `host` links the SDK for its dispatcher, whose
+// exports import the host's functions, which the wasm-bindgen test runner (wasm32-unknown-
+// unknown, Node) cannot provide.
+#[cfg(all(target_arch = "wasm32", target_os = "wasi"))]
 pub mod host;

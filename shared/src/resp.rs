@@ -194,10 +194,13 @@ fn value(input: &[u8], pos: &mut usize, limits: &Limits, depth: usize) -> Result
             if len == -1 {
                 return Ok(Reply::Bulk(None));
             }
-            let len = usize::try_from(len).map_err(|_| RespError::BadNumber(start + 1))?;
-            if len > limits.max_bulk {
+            // compare before converting: on wasm32 a huge length does not fit a usize, and
+            // that is "too large", not "not a number"
+            let len = u64::try_from(len).map_err(|_| RespError::BadNumber(start + 1))?;
+            if len > limits.max_bulk as u64 {
                 return Err(RespError::BulkTooLarge);
             }
+            let len = len as usize;
             let end = pos.checked_add(len).ok_or(RespError::BulkTooLarge)?;
             let body = input.get(*pos..end).ok_or(RespError::Incomplete)?.to_vec();
             match input.get(end..end + 2) {
@@ -213,10 +216,11 @@ fn value(input: &[u8], pos: &mut usize, limits: &Limits, depth: usize) -> Result
             if count == -1 {
                 return Ok(Reply::Array(None));
             }
-            let count = usize::try_from(count).map_err(|_| RespError::BadNumber(start + 1))?;
-            if count > limits.max_elements {
+            let count = u64::try_from(count).map_err(|_| RespError::BadNumber(start + 1))?;
+            if count > limits.max_elements as u64 {
                 return Err(RespError::TooManyElements);
             }
+            let count = count as usize;
             // every element takes at least 3 bytes (`+\r\n`): reserve only what the input
             // can hold, so a lying count costs no memory
             let room = input.len().saturating_sub(*pos) / 3;
@@ -358,6 +362,10 @@ mod tests {
         assert_eq!(
             decode(b"$9223372036854775807\r\n", &Limits::default()),
             Err(RespError::BulkTooLarge)
+        );
+        assert_eq!(
+            decode(b"*9223372036854775807\r\n", &Limits::default()),
+            Err(RespError::TooManyElements)
         );
     }
 

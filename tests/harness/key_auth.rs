@@ -364,3 +364,13 @@ fn two_key_auth_filters_a_refusal_short_circuits_the_second() {
         .collect();
     assert_eq!(order, vec![1, 0]);
 }
+
+#[test]
+fn the_plain_envoy_build_imports_no_higress_redis_call() {
+    // plain Envoy refuses a module importing proxy_redis_*; the harness would accept it
+    let path = workspace::plugin_wasm("key-auth").unwrap();
+    let module = llm_gateway_tests::harness::engine::module(&path).unwrap();
+    let imports = llm_gateway_tests::harness::engine::imports(&module);
+    assert!(imports.iter().all(|i| !i.contains("redis")), "{imports:?}");
+    assert!(imports.contains(&"env::proxy_get_header_map_pairs".to_string()));
+}

@@ -1,0 +1,220 @@
+//! The harness's Envoy semantics, shown with the fixture plugin `redis-probe`: chain order,
+//! cumulative bodies under `Pause`, headers frozen after `Continue`, `set_buffer_bytes`
+//! appends, the buffer limit, chunk splits, filter state between filters, traps.
+
+use llm_gateway_tests::harness::{Direction, FilterSpec, Fleet, Request, Response};
+use serde_json::json;
+
+fn probe(name: &str) -> FilterSpec {
+    FilterSpec::plugin("redis-probe", &json!({ "name": name }))
+        .unwrap()
+        .vm_id(name)
+}
+
+fn body_request(body: &[u8], splits: &[usize]) -> Request {
+    Request::post("/v1/chat/completions")
+        .body(body)
+        .split_at(splits)
+}
+
+#[test]
+fn request_in_chain_order_response_in_reverse() {
+    let fleet = Fleet::builder()
+        .filter(probe("a"))
+        .filter(probe("b"))
+        .filter(probe("c"))
+        .build()
+        .unwrap();
+    let ex = fleet
+        .exchange(0, 0, &Request::get("/x"), |_| Response::status(200))
+        .unwrap();
+    assert_eq!(ex.upstream_header("x-probe-path"), Some("a,b,c"));
+    assert_eq!(ex.header("x-probe-path"), Some("c,b,a"));
+}
+
+#[test]
+fn a_paused_body_is_cumulative_at_every_split() {
+    let body = b"0123456789abcdefghij";
+    for splits in [
+        vec![],
+        vec![1],
+        vec![5, 10, 15],
+        (1..20).collect::<Vec<_>>(),
+    ] {
+        let fleet = Fleet::single(probe("a")).unwrap();
+        let ex = fleet
+            .exchange(0, 0, &body_request(body, &splits), |_| {
+                Response::status(200)
+            })
+            .unwrap();
+        let state = |k: &str| {
+            String::from_utf8(ex.filter_state[&format!("wasm.probe.a.{k}")].clone()).unwrap()
+        };
+        // each callback paused until the end; the last one saw all 20 bytes at once
+        assert_eq!(state("body_size"), "20", "{splits:?}");
+        assert_eq!(
+            state("body_callbacks"),
+            (splits.len() + 1).to_string(),
+            "{splits:?}"
+        );
+        // the upstream got the whole body once, with the append at the end
+        let up = ex.upstream.unwrap();
+        assert_eq!(up.body, b"0123456789abcdefghij|a", "{splits:?}");
+    }
+}
+
+#[test]
+fn headers_are_frozen_after_continue_unless_held() {
+    // the probe continues its headers: a header change from a body callback is refused
+    let fleet = Fleet::single(probe("a")).unwrap();
+    let ex = fleet
+        .exchange(0, 0, &body_request(b"{}", &[]), |_| Response::status(200))
+        .unwrap();
+    assert_eq!(ex.filter_state["wasm.probe.a.late_header"], b"BadArgument");
+    assert_eq!(ex.upstream_header("x-probe-late"), None);
+}
+
+#[test]
+fn stop_all_holds_the_body_until_resume() {
+    // a Redis route pauses the headers: under the default StopAllIterationAndWatermark the
+    // body waits at the filter without body callbacks; no Redis is mapped, so the plugin
+    // refuses at redis_call... use a chain where the first filter holds via the hold call
+    let fleet = Fleet::builder()
+        .filter(probe("a"))
+        .http_cluster("hold", |_| {
+            llm_gateway_tests::harness::HttpCallOutcome::Failure
+        })
+        .build()
+        .unwrap();
+    let s = fleet.stream(0, 0).unwrap();
+    s.send_request_headers(
+        &[
+            (":method", "POST"),
+            (":path", "/shared/incr/k"),
+            (":authority", "t"),
+            ("x-probe-hold", "1"),
+        ],
+        false,
+    )
+    .unwrap();
+    s.send_request_body(b"abc", false).unwrap();
+    s.send_request_body(b"def", true).unwrap();
+    assert_eq!(s.paused(), vec![(0, Direction::Request)]);
+    let before: Vec<_> = s.costs().iter().map(|c| c.callback).collect();
+    assert!(!before.contains(&"proxy_on_request_body"), "{before:?}");
+    assert!(s.upstream().headers.is_none());
+    // the hold call answers: the filter resumes; it now gets the whole body in one callback
+    fleet.pump().unwrap();
+    let up = s.upstream();
+    assert!(up.end);
+    assert_eq!(up.body, b"abcdef|a");
+    let bodies = s
+        .costs()
+        .iter()
+        .filter(|c| c.callback == "proxy_on_request_body")
+        .count();
+    assert_eq!(bodies, 1);
+    s.finish().unwrap();
+}
+
+#[test]
+fn over_the_buffer_limit_the_request_gets_413_and_a_started_response_a_reset() {
+    let fleet = Fleet::builder()
+        .filter(probe("a"))
+        .buffer_limit(16)
+        .build()
+        .unwrap();
+    let ex = fleet
+        .exchange(0, 0, &body_request(&[b'x'; 40], &[10, 20, 30]), |_| {
+            Response::status(200)
+        })
+        .unwrap();
+    assert_eq!(ex.status(), 413, "{}", ex.text());
+    assert_eq!(
+        ex.local_reply.as_ref().unwrap().details,
+        "request_payload_too_large"
+    );
+    assert_eq!(ex.local_reply.as_ref().unwrap().filter, None);
+
+    let ex = fleet
+        .exchange(0, 0, &Request::get("/x"), |_| {
+            Response::status(200)
+                .body(&[b'y'; 40])
+                .split_at(&[10, 20, 30])
+        })
+        .unwrap();
+    // the probe let the response headers go downstream before it buffered the body: too
+    // late for a 500, Envoy resets the stream
+    assert_eq!(ex.status(), 200);
+    assert!(ex.downstream.reset);
+    assert!(ex.local_reply.is_none());
+}
+
+#[test]
+fn a_local_reply_passes_only_filters_that_saw_the_request() {
+    // b refuses (no Redis service configured: 503 before any call); c never runs; the
+    // reply passes b then a on the way out
+    let fleet = Fleet::builder()
+        .filter(probe("a"))
+        .filter(probe("b"))
+        .filter(probe("c"))
+        .build()
+        .unwrap();
+    let ex = fleet
+        .exchange(0, 0, &Request::get("/redis/incr/k"), |_| {
+            Response::status(200)
+        })
+        .unwrap();
+    // a did not refuse? a runs first and refuses: the reply is a's
+    assert_eq!(ex.status(), 503);
+    assert_eq!(ex.local_reply.as_ref().unwrap().filter, Some(0));
+    assert_eq!(ex.header("x-probe-path"), Some("a"));
+    assert!(ex.cost.iter().all(|c| c.filter == 0), "b and c never ran");
+}
+
+#[test]
+fn filter_state_set_by_one_filter_is_visible_to_the_next() {
+    let fleet = Fleet::builder()
+        .filter(probe("a"))
+        .filter(probe("b"))
+        .build()
+        .unwrap();
+    let ex = fleet
+        .exchange(0, 0, &body_request(b"hello", &[2]), |_| {
+            Response::status(200)
+        })
+        .unwrap();
+    // both wrote their own keys into the same request's filter state
+    assert_eq!(ex.filter_state["wasm.probe.a.body_size"], b"5");
+    // b saw a's append: 5 bytes + "|a"
+    assert_eq!(ex.filter_state["wasm.probe.b.body_size"], b"7");
+    assert_eq!(ex.upstream.unwrap().body, b"hello|a|b");
+}
+
+#[test]
+fn an_unknown_import_fails_at_instantiation_with_its_name() {
+    // a module importing a function the harness does not define
+    let dir = llm_gateway_tests::workspace::TempDir::new("harness-import").unwrap();
+    let path = dir.path().join("bad.wasm");
+    // (module (import "env" "proxy_does_not_exist" (func)) (memory (export "memory") 1)
+    //         (func (export "proxy_abi_version_0_2_1")))
+    let wasm: &[u8] = &[
+        0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00, // magic, version
+        0x01, 0x04, 0x01, 0x60, 0x00, 0x00, // type: () -> ()
+        0x02, 0x1c, 0x01, 0x03, b'e', b'n', b'v', 0x14, b'p', b'r', b'o', b'x', b'y', b'_', b'd',
+        b'o', b'e', b's', b'_', b'n', b'o', b't', b'_', b'e', b'x', b'i', b's', b't', 0x00, 0x00,
+        0x03, 0x02, 0x01, 0x00, // func section: one func of type 0
+        0x05, 0x03, 0x01, 0x00, 0x01, // memory 1
+        0x07, 0x24, 0x02, 0x06, b'm', b'e', b'm', b'o', b'r', b'y', 0x02, 0x00, 0x17, b'p', b'r',
+        b'o', b'x', b'y', b'_', b'a', b'b', b'i', b'_', b'v', b'e', b'r', b's', b'i', b'o', b'n',
+        b'_', b'0', b'_', b'2', b'_', b'1', 0x00, 0x01, // exports
+        0x0a, 0x04, 0x01, 0x02, 0x00, 0x0b, // code: empty body
+    ];
+    std::fs::write(&path, wasm).unwrap();
+    let spec = FilterSpec {
+        path,
+        ..probe("bad")
+    };
+    let err = Fleet::single(spec).err().unwrap();
+    assert!(err.contains("proxy_does_not_exist"), "{err}");
+}
