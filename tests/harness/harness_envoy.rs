@@ -76,9 +76,9 @@ fn headers_are_frozen_after_continue_unless_held() {
 
 #[test]
 fn stop_all_holds_the_body_until_resume() {
-    // a Redis route pauses the headers: under the default StopAllIterationAndWatermark the
-    // body waits at the filter without body callbacks; no Redis is mapped, so the plugin
-    // refuses at redis_call... use a chain where the first filter holds via the hold call
+    // the shared-data route with x-probe-hold pauses the headers until an HTTP call
+    // answers: under Envoy's default StopAllIterationAndWatermark the body waits at the
+    // filter without body callbacks
     let fleet = Fleet::builder()
         .filter(probe("a"))
         .http_cluster("hold", |_| {
@@ -152,8 +152,10 @@ fn over_the_buffer_limit_the_request_gets_413_and_a_started_response_a_reset() {
 
 #[test]
 fn a_local_reply_passes_only_filters_that_saw_the_request() {
-    // b refuses (no Redis service configured: 503 before any call); c never runs; the
-    // reply passes b then a on the way out
+    // a refuses (no Redis service configured: 503 before any call); b and c never run,
+    // their contexts are never created, so the reply passes a only (Envoy 1.36+ skips wasm
+    // filters whose context does not exist). The reverse order over several filters is in
+    // harness_key_auth::two_key_auth_filters_a_refusal_short_circuits_the_second.
     let fleet = Fleet::builder()
         .filter(probe("a"))
         .filter(probe("b"))
@@ -165,7 +167,6 @@ fn a_local_reply_passes_only_filters_that_saw_the_request() {
             Response::status(200)
         })
         .unwrap();
-    // a did not refuse? a runs first and refuses: the reply is a's
     assert_eq!(ex.status(), 503);
     assert_eq!(ex.local_reply.as_ref().unwrap().filter, Some(0));
     assert_eq!(ex.header("x-probe-path"), Some("a"));
@@ -217,4 +218,113 @@ fn an_unknown_import_fails_at_instantiation_with_its_name() {
     };
     let err = Fleet::single(spec).err().unwrap();
     assert!(err.contains("proxy_does_not_exist"), "{err}");
+}
+
+fn hold_headers(allow: bool) -> (Fleet, llm_gateway_tests::harness::Stream) {
+    let fleet = Fleet::single(probe("a").allow_on_headers_stop_iteration(allow)).unwrap();
+    let s = fleet.stream(0, 0).unwrap();
+    s.send_request_headers(
+        &[
+            (":method", "POST"),
+            (":path", "/hold-headers"),
+            (":authority", "t"),
+        ],
+        false,
+    )
+    .unwrap();
+    s.send_request_body(b"ab", false).unwrap();
+    s.send_request_body(b"cd", true).unwrap();
+    (fleet, s)
+}
+
+#[test]
+fn allow_on_headers_stop_iteration_delivers_the_body_to_a_filter_holding_headers() {
+    let (_fleet, s) = hold_headers(true);
+    // body callbacks arrived while the headers were held, and could still change them
+    assert_eq!(
+        s.filter_state("wasm.probe.a.late_header").as_deref(),
+        Some(&b"ok"[..])
+    );
+    assert_eq!(
+        s.filter_state("wasm.probe.a.body_callbacks").as_deref(),
+        Some(&b"2"[..])
+    );
+    let up = s.upstream();
+    assert!(up.end);
+    assert_eq!(up.body, b"abcd|a");
+    let headers = up.headers.unwrap();
+    assert_eq!(
+        llm_gateway_tests::harness::stream::header_value(&headers, "x-probe-late"),
+        Some("1")
+    );
+    s.finish().unwrap();
+}
+
+#[test]
+fn without_it_pausing_the_headers_withholds_the_body_for_good() {
+    // Envoy's default StopAllIterationAndWatermark: no body callback ever comes, and a
+    // plugin that waits for the body to release the headers hangs the request
+    let (_fleet, s) = hold_headers(false);
+    assert!(s
+        .costs()
+        .iter()
+        .all(|c| c.callback != "proxy_on_request_body"));
+    assert!(s.upstream().headers.is_none());
+    assert_eq!(s.paused(), vec![(0, Direction::Request)]);
+    s.finish().unwrap();
+}
+
+#[test]
+fn a_trap_fails_with_the_plugin_log_and_the_vm_stays_failed() {
+    let fleet = Fleet::single(probe("a")).unwrap();
+    let err = fleet
+        .exchange(0, 0, &Request::get("/trap"), |_| Response::status(200))
+        .err()
+        .unwrap();
+    assert!(err.contains("trapped in proxy_on_request_headers"), "{err}");
+    assert!(err.contains("redis-probe: about to trap"), "{err}");
+    assert!(err.contains("trap requested"), "{err}");
+    // like Envoy, a VM that trapped serves no more requests
+    let err = fleet
+        .exchange(0, 0, &Request::get("/x"), |_| Response::status(200))
+        .err()
+        .unwrap();
+    assert!(err.contains("VM failed earlier"), "{err}");
+}
+
+#[test]
+fn ticks_metrics_and_queues() {
+    let fleet = Fleet::builder()
+        .filter(FilterSpec::plugin("redis-probe", &json!({"name": "a", "tick_ms": 1000})).unwrap())
+        .workers(3)
+        .build()
+        .unwrap();
+    // one tick per worker VM, like Envoy
+    assert_eq!(fleet.tick().unwrap(), 3);
+    fleet.clock().advance(std::time::Duration::from_secs(5));
+    assert_eq!(fleet.tick().unwrap(), 3);
+    assert_eq!(
+        fleet.metric(0, "redis_probe.ticks"),
+        Some(6),
+        "one stat for all workers"
+    );
+    assert_eq!(
+        fleet.metric(0, "redis_probe.last_tick_secs"),
+        Some(fleet.clock().now_secs())
+    );
+    // every tick enqueued one item; the queue's owner (the last VM to register it) got
+    // notified when pumped
+    assert_eq!(fleet.pending(), 6);
+    fleet.pump().unwrap();
+    assert_eq!(fleet.metric(0, "redis_probe.queue_items"), Some(6));
+    // a histogram records samples
+    fleet
+        .exchange(0, 1, &body_request(b"12345", &[2]), |_| {
+            Response::status(200)
+        })
+        .unwrap();
+    assert_eq!(
+        fleet.services(0).metrics.samples("redis_probe.body_size"),
+        Some(vec![5])
+    );
 }

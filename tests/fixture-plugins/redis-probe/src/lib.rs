@@ -12,6 +12,10 @@
 //! - anything else: passes; bodies are held until the end (each body callback pauses) and
 //!   then described in filter state `probe.<name>.body_size` / `.body_callbacks`, and
 //!   `|<name>` is appended to the body;
+//! - `/hold-headers`: pauses in the headers callback, changes a request header from the
+//!   body callbacks, releases everything at the end of the body;
+//! - `/trap`: panics (the harness must report the trap with this plugin's log);
+//! - with `tick_ms`, ticks count a metric and feed a shared queue;
 //! - every filter appends its `name` (config) to request header `x-probe-path` and response
 //!   header `x-probe-path`, showing the order filters ran in.
 //!
@@ -39,6 +43,11 @@ pub struct Config {
     /// Redis timeout.
     #[serde(default = "default_timeout")]
     pub timeout_ms: u32,
+    /// Tick period; each tick counts `redis_probe.ticks`, sets gauge
+    /// `redis_probe.last_tick_secs` and enqueues an item on shared queue `probe`, whose
+    /// owner counts `redis_probe.queue_items`.
+    #[serde(default)]
+    pub tick_ms: u32,
 }
 
 fn default_timeout() -> u32 {
@@ -60,6 +69,11 @@ pub enum Route {
         /// The key.
         key: String,
     },
+    /// Pause in the headers callback and release the headers from the last body callback
+    /// (works only with `allow_on_headers_stop_iteration`, else the request hangs).
+    HoldHeaders,
+    /// Panic (a trap), to show how the harness reports one.
+    Trap,
     /// Pass through, probing bodies.
     Other,
 }
@@ -80,6 +94,8 @@ pub fn route(path: &str) -> Route {
         ["shared", "incr", key] if !key.is_empty() => Route::Shared {
             key: (*key).to_string(),
         },
+        ["hold-headers"] => Route::HoldHeaders,
+        ["trap"] => Route::Trap,
         _ => Route::Other,
     }
 }

@@ -4,7 +4,7 @@ use crate::{route, Config, Route};
 use llm_gateway_shared::host::redis::{
     on_redis_call_response, redis_call, redis_init, redis_reply, RedisResponse,
 };
-use llm_gateway_shared::host::{self, Buffer, HeaderMap, HostError, LogLevel};
+use llm_gateway_shared::host::{self, Buffer, HeaderMap, HostError, LogLevel, Metric};
 use llm_gateway_shared::pending::Pending;
 use llm_gateway_shared::reject::{ErrorType, Reject};
 use llm_gateway_shared::resp::{self, Reply};
@@ -18,8 +18,18 @@ proxy_wasm::main! {{
 }}
 
 #[derive(Default)]
+struct Metrics {
+    ticks: Option<Metric>,
+    last_tick: Option<Metric>,
+    queue_items: Option<Metric>,
+    body_size: Option<Metric>,
+}
+
+#[derive(Default)]
 struct Shared {
     config: Config,
+    metrics: Metrics,
+    queue: Option<u32>,
     redis: Pending<()>,
     holds: Pending<HeldIncrement>,
 }
@@ -40,6 +50,18 @@ impl Context for Root {
     fn on_http_call_response(&mut self, _token: u32, _: usize, _: usize, _: usize) {}
 }
 
+// Shared queues have no wrapper in `shared::host` (no product plugin uses them); the fixture
+// calls the SDK's hostcalls, which return errors for every status Envoy gives queues.
+fn queue_ready(shared: &Rc<RefCell<Shared>>, queue: u32) {
+    let mut items = 0;
+    while let Ok(Some(_)) = proxy_wasm::hostcalls::dequeue_shared_queue(queue) {
+        items += 1;
+    }
+    if let Some(m) = shared.borrow().metrics.queue_items {
+        let _ = m.increment(items);
+    }
+}
+
 impl RootContext for Root {
     fn on_configure(&mut self, _size: usize) -> bool {
         let raw = host::buffer(Buffer::PluginConfiguration, 0, usize::MAX).unwrap_or_default();
@@ -56,12 +78,39 @@ impl RootContext for Root {
                 return false;
             }
         }
+        if config.tick_ms > 0 {
+            let _ = host::set_tick_period_ms(config.tick_ms);
+        }
         let mut shared = self.shared.borrow_mut();
+        shared.metrics = Metrics {
+            ticks: Metric::counter("redis_probe.ticks").ok(),
+            last_tick: Metric::gauge("redis_probe.last_tick_secs").ok(),
+            queue_items: Metric::counter("redis_probe.queue_items").ok(),
+            body_size: Metric::histogram("redis_probe.body_size").ok(),
+        };
+        shared.queue = proxy_wasm::hostcalls::register_shared_queue("probe").ok();
         shared.config = config;
         drop(shared);
         let for_replies = self.shared.clone();
         on_redis_call_response(move |response| on_redis_reply(&for_replies, response));
         true
+    }
+
+    fn on_tick(&mut self) {
+        let shared = self.shared.borrow();
+        if let Some(m) = shared.metrics.ticks {
+            let _ = m.increment(1);
+        }
+        if let (Some(m), Ok(now)) = (shared.metrics.last_tick, host::now_nanos()) {
+            let _ = m.record(now / 1_000_000_000);
+        }
+        if let Some(queue) = shared.queue {
+            let _ = proxy_wasm::hostcalls::enqueue_shared_queue(queue, Some(b"tick"));
+        }
+    }
+
+    fn on_queue_ready(&mut self, queue_id: u32) {
+        queue_ready(&self.shared, queue_id);
     }
 
     fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
@@ -190,6 +239,12 @@ fn set_increment_headers(value: u64, retries: u32) {
     );
 }
 
+#[allow(clippy::panic)]
+fn trap() -> Action {
+    host::log(LogLevel::Info, "redis-probe: about to trap");
+    panic!("redis-probe: trap requested")
+}
+
 fn refuse(reject: &Reject) {
     let _ = host::send_reject("redis_probe", reject);
 }
@@ -218,6 +273,9 @@ impl HttpContext for Request {
             .unwrap_or_default();
         match route(&path) {
             Route::Other => Action::Continue,
+            // released by `Continue` from the last body callback
+            Route::HoldHeaders => Action::Pause,
+            Route::Trap => trap(),
             Route::Redis { command, key } => {
                 let service = self.shared.borrow().config.redis_service.clone();
                 let Some(service) = service else {
@@ -309,6 +367,9 @@ impl HttpContext for Request {
             return Action::Pause;
         }
         let body = host::buffer(Buffer::RequestBody, 0, size).unwrap_or_default();
+        if let Some(m) = self.shared.borrow().metrics.body_size {
+            let _ = m.record(body.len() as u64);
+        }
         let _ = host::set_property(
             &["probe", &name, "body_size"],
             body.len().to_string().as_bytes(),
