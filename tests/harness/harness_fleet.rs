@@ -139,3 +139,29 @@ fn a_cas_conflict_between_two_workers_is_resolved_by_retry() {
         s.finish().unwrap();
     }
 }
+
+#[test]
+fn an_http_call_can_reach_a_real_loopback_server() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let upstream = runtime
+        .block_on(mock_upstream::MockUpstream::start(
+            "127.0.0.1:0".parse().unwrap(),
+        ))
+        .unwrap();
+    let fleet = Fleet::builder()
+        .filter(FilterSpec::plugin("redis-probe", &json!({"name": "p"})).unwrap())
+        .http_cluster(
+            "hold",
+            llm_gateway_tests::harness::http_call::loopback(upstream.addr()),
+        )
+        .build()
+        .unwrap();
+    let s = start(&fleet, 0, 0, "/shared/incr/k", true);
+    fleet.pump().unwrap();
+    // the plugin resumed after the real server answered
+    assert_eq!(upstream_header(&s, "x-probe-value").as_deref(), Some("1"));
+    let seen = upstream.requests();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(seen[0].path, "/hold");
+    s.finish().unwrap();
+}

@@ -92,3 +92,53 @@ pub fn by_plugin(costs: &[CallCost]) -> Vec<(String, Totals)> {
     }
     out
 }
+
+/// A markdown table of `costs` per plugin and callback: calls, and per call the mean fuel,
+/// host calls, bytes in and bytes out. `per` divides the totals column (requests, say).
+pub fn table(costs: &[CallCost], per: u64) -> String {
+    let mut rows: Vec<(String, &'static str, Totals)> = Vec::new();
+    for c in costs {
+        let i = match rows
+            .iter()
+            .position(|(p, cb, _)| *p == c.plugin && *cb == c.callback)
+        {
+            Some(i) => i,
+            None => {
+                rows.push((c.plugin.clone(), c.callback, Totals::default()));
+                rows.len() - 1
+            }
+        };
+        let t = &mut rows[i].2;
+        t.callbacks += 1;
+        t.fuel += c.fuel;
+        t.host_calls += c.counters.host_calls;
+        t.bytes_in += c.counters.bytes_in;
+        t.bytes_out += c.counters.bytes_out;
+    }
+    let per = per.max(1);
+    let mut out = String::from(
+        "| plugin | callback | calls | fuel/call | host calls/call | bytes in/call | bytes out/call | fuel per unit |\n|---|---|---:|---:|---:|---:|---:|---:|\n",
+    );
+    for (plugin, callback, t) in &rows {
+        let n = t.callbacks.max(1);
+        out.push_str(&format!(
+            "| {plugin} | {callback} | {} | {} | {:.1} | {:.1} | {:.1} | {} |\n",
+            t.callbacks,
+            t.fuel / n,
+            t.host_calls as f64 / n as f64,
+            t.bytes_in as f64 / n as f64,
+            t.bytes_out as f64 / n as f64,
+            t.fuel / per,
+        ));
+    }
+    let all = Totals::of(costs);
+    out.push_str(&format!(
+        "| **all** | | {} | | {:.1} per unit | {:.1} per unit | {:.1} per unit | {} |\n",
+        all.callbacks,
+        all.host_calls as f64 / per as f64,
+        all.bytes_in as f64 / per as f64,
+        all.bytes_out as f64 / per as f64,
+        all.fuel / per,
+    ));
+    out
+}

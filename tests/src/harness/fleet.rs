@@ -648,10 +648,10 @@ impl Fleet {
                 self.log_text()
             ));
         }
-        let cost = stream.costs();
         let local_reply = stream.local_reply();
         let filter_state = stream.filter_state_all();
         stream.finish()?;
+        let cost = stream.costs();
         Ok(Exchange {
             upstream: if seen.headers.is_some() {
                 Some(seen)

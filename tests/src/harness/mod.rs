@@ -15,6 +15,7 @@ pub mod chain;
 pub mod cost;
 pub mod engine;
 pub mod fleet;
+pub mod http_call;
 pub mod redis;
 pub mod services;
 pub mod state;
