@@ -328,3 +328,51 @@ fn ticks_metrics_and_queues() {
         Some(vec![5])
     );
 }
+
+#[test]
+fn set_buffer_bytes_replaces_at_zero_appends_at_the_end_and_refuses_the_middle() {
+    let fleet = Fleet::single(probe("a")).unwrap();
+    let request = body_request(b"original", &[3]).header("x-probe-replace", "new!");
+    let ex = fleet
+        .exchange(0, 0, &request, |_| Response::status(200))
+        .unwrap();
+    assert_eq!(ex.filter_state["wasm.probe.a.replace"], b"ok");
+    assert_eq!(ex.filter_state["wasm.probe.a.mid_write"], b"BadArgument");
+    assert_eq!(ex.upstream.unwrap().body, b"new!|a");
+}
+
+#[test]
+fn a_local_reply_is_refused_once_the_response_headers_went_downstream() {
+    let fleet = Fleet::single(probe("a")).unwrap();
+    let ex = fleet
+        .exchange(0, 0, &Request::get("/late-reply"), |_| {
+            Response::status(200).body(b"upstream body").split_at(&[4])
+        })
+        .unwrap();
+    assert_eq!(ex.filter_state["wasm.probe.a.late_reply"], b"BadArgument");
+    assert_eq!(ex.status(), 200);
+    assert_eq!(ex.downstream.body, b"upstream body");
+    assert!(ex.local_reply.is_none());
+}
+
+#[test]
+fn a_response_held_at_its_headers_gets_500_over_the_limit() {
+    let fleet = Fleet::builder()
+        .filter(probe("a"))
+        .buffer_limit(16)
+        .build()
+        .unwrap();
+    let ex = fleet
+        .exchange(0, 0, &Request::get("/hold-response"), |_| {
+            Response::status(200)
+                .body(&[b'z'; 40])
+                .split_at(&[10, 20, 30])
+        })
+        .unwrap();
+    assert_eq!(ex.status(), 500, "{}", ex.text());
+    assert_eq!(
+        ex.local_reply.as_ref().unwrap().details,
+        "response_payload_too_large"
+    );
+    assert_eq!(ex.text(), "Internal Server Error");
+}

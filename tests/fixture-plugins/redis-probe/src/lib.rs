@@ -15,6 +15,10 @@
 //! - `/hold-headers`: pauses in the headers callback, changes a request header from the
 //!   body callbacks, releases everything at the end of the body;
 //! - `/trap`: panics (the harness must report the trap with this plugin's log);
+//! - bodies: with request header `x-probe-replace`, the body is replaced by its value; a
+//!   write in the middle of the body is tried and its verdict kept in filter state;
+//! - `/hold-response`: pauses the response headers for good (only a limit ends it);
+//! - `/late-reply`: tries a local reply after the response headers went downstream;
 //! - with `tick_ms`, ticks count a metric and feed a shared queue;
 //! - every filter appends its `name` (config) to request header `x-probe-path` and response
 //!   header `x-probe-path`, showing the order filters ran in.

@@ -118,6 +118,7 @@ impl RootContext for Root {
             id: context_id,
             shared: self.shared.clone(),
             body_callbacks: 0,
+            path: String::new(),
         }))
     }
 
@@ -174,6 +175,7 @@ struct Request {
     id: u32,
     shared: Rc<RefCell<Shared>>,
     body_callbacks: u32,
+    path: String,
 }
 
 impl Context for Request {
@@ -245,6 +247,13 @@ fn trap() -> Action {
     panic!("redis-probe: trap requested")
 }
 
+fn verdict(result: Result<(), HostError>) -> String {
+    match result {
+        Ok(()) => "ok".to_string(),
+        Err(e) => e.to_string(),
+    }
+}
+
 fn refuse(reject: &Reject) {
     let _ = host::send_reject("redis_probe", reject);
 }
@@ -271,6 +280,7 @@ impl HttpContext for Request {
             .flatten()
             .and_then(|p| String::from_utf8(p).ok())
             .unwrap_or_default();
+        self.path.clone_from(&path);
         match route(&path) {
             Route::Other => Action::Continue,
             // released by `Continue` from the last body callback
@@ -358,11 +368,12 @@ impl HttpContext for Request {
         self.body_callbacks += 1;
         let name = self.shared.borrow().config.name.clone();
         // a header change after Continue must be refused (Envoy); record what the host said
-        let verdict = match host::set_header(HeaderMap::RequestHeaders, "x-probe-late", b"1") {
-            Ok(()) => "ok".to_string(),
-            Err(e) => e.to_string(),
-        };
-        let _ = host::set_property(&["probe", &name, "late_header"], verdict.as_bytes());
+        let late = verdict(host::set_header(
+            HeaderMap::RequestHeaders,
+            "x-probe-late",
+            b"1",
+        ));
+        let _ = host::set_property(&["probe", &name, "late_header"], late.as_bytes());
         if !end_of_stream {
             return Action::Pause;
         }
@@ -378,18 +389,39 @@ impl HttpContext for Request {
             &["probe", &name, "body_callbacks"],
             self.body_callbacks.to_string().as_bytes(),
         );
+        let mut len = body.len();
+        if let Ok(Some(replacement)) = host::header(HeaderMap::RequestHeaders, "x-probe-replace") {
+            // start 0 with the whole size: replace
+            let replaced = verdict(host::set_buffer(Buffer::RequestBody, 0, len, &replacement));
+            let _ = host::set_property(&["probe", &name, "replace"], replaced.as_bytes());
+            len = replacement.len();
+        }
+        // neither at 0 nor at the end: Envoy refuses
+        if len > 1 {
+            let middle = verdict(host::set_buffer(Buffer::RequestBody, 1, 0, b"x"));
+            let _ = host::set_property(&["probe", &name, "mid_write"], middle.as_bytes());
+        }
         let suffix = format!("|{name}");
-        let _ = host::set_buffer(Buffer::RequestBody, body.len(), 0, suffix.as_bytes());
+        let _ = host::set_buffer(Buffer::RequestBody, len, 0, suffix.as_bytes());
         Action::Continue
     }
 
     fn on_http_response_headers(&mut self, _: usize, _: bool) -> Action {
         let name = self.shared.borrow().config.name.clone();
         append_path(HeaderMap::ResponseHeaders, &name);
+        if self.path == "/hold-response" {
+            return Action::Pause; // never resumed: only the buffer limit ends it
+        }
         Action::Continue
     }
 
     fn on_http_response_body(&mut self, _size: usize, end_of_stream: bool) -> Action {
+        if end_of_stream && self.path == "/late-reply" {
+            // the response headers went downstream already: Envoy refuses
+            let name = self.shared.borrow().config.name.clone();
+            let sent = host::send_local_response(418, "probe.late", &[], b"late");
+            let _ = host::set_property(&["probe", &name, "late_reply"], verdict(sent).as_bytes());
+        }
         if end_of_stream {
             Action::Continue
         } else {
