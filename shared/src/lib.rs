@@ -3,8 +3,10 @@
 //! What is here: the plugin configuration format of both hosts (plain Envoy JSON and Higress's
 //! global config + `_rules_`) with one rule matcher ([`rules`]), validation errors that name the
 //! field ([`config`]), OpenAI-shaped error responses ([`reject`]), the internal header names of
-//! the filter contract ([`headers`]), and — compiled only for `wasm32` — a safe layer over the
-//! proxy-wasm host calls ([`host`]) that turns every non-OK host status into an error value.
+//! the filter contract ([`headers`]), reading and editing the top level of JSON bodies without a
+//! full parse ([`json`]), server-sent events framed across chunk splits ([`sse`]), and —
+//! compiled only for `wasm32` — a safe layer over the proxy-wasm host calls ([`host`]) that
+//! turns every non-OK host status into an error value.
 //!
 //! What is not here: anything that decides for one plugin only. Modules take plain values and
 //! return plain values; the clock and randomness come in as arguments, so everything but
@@ -21,10 +23,13 @@
 
 pub mod config;
 pub mod headers;
+pub mod json;
 pub mod pending;
 pub mod reject;
 pub mod resp;
+pub mod route_info;
 pub mod rules;
+pub mod sse;
 pub mod wire;
 
 // wasm32-wasip1 only (the proxy-wasm target): `host` links the SDK for its dispatcher, whose

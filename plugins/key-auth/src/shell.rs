@@ -3,7 +3,7 @@
 
 use crate::auth::{authenticate, DenyReason, Outcome, Plan};
 use crate::config::{parse_document, KeyAuthConfig};
-use llm_gateway_shared::host::{self, Buffer, HeaderMap, LogLevel, Metric};
+use llm_gateway_shared::host::{self, HeaderMap, LogLevel, Metric};
 use llm_gateway_shared::reject::Reject;
 use llm_gateway_shared::rules::RuleSet;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
@@ -62,34 +62,19 @@ impl Context for Root {}
 
 impl RootContext for Root {
     fn on_configure(&mut self, _size: usize) -> bool {
-        let document = match host::buffer(Buffer::PluginConfiguration, 0, usize::MAX) {
-            Ok(document) => document,
-            Err(err) => {
-                host::log(
-                    LogLevel::Error,
-                    &format!("key-auth: cannot read configuration: {err}"),
-                );
-                return false;
-            }
+        let Some(rules) = host::load_config("key-auth", parse_document) else {
+            return false;
         };
-        match parse_document(&document) {
-            Ok(rules) => {
-                let keys = rules.global().map_or(0, |c| c.keys.len());
-                host::log(
-                    LogLevel::Info,
-                    &format!("key-auth: configured with {keys} keys"),
-                );
-                self.state = Some(Rc::new(State {
-                    rules,
-                    metrics: Metrics::define(),
-                }));
-                true
-            }
-            Err(err) => {
-                host::log(LogLevel::Error, &format!("key-auth: {err}"));
-                false
-            }
-        }
+        let keys = rules.global().map_or(0, |c| c.keys.len());
+        host::log(
+            LogLevel::Info,
+            &format!("key-auth: configured with {keys} keys"),
+        );
+        self.state = Some(Rc::new(State {
+            rules,
+            metrics: Metrics::define(),
+        }));
+        true
     }
 
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {

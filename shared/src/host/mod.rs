@@ -13,6 +13,7 @@ mod abi;
 #[cfg(feature = "redis")]
 pub mod redis;
 
+use crate::config::ConfigError;
 use crate::reject::Reject;
 use crate::rules::{MatchInput, RuleSet};
 use crate::wire;
@@ -280,6 +281,33 @@ fn first_string_property(paths: &[&[&str]], works: &AtomicUsize) -> String {
         }
     }
     String::new()
+}
+
+/// The plugin configuration, parsed by `parse` — for `on_configure`. When it cannot be read
+/// or is invalid, logs `"<plugin>: <why>"` at error level (a [`ConfigError`] names the field and
+/// never quotes a value) and returns `None`; the caller then returns `false` so the host
+/// refuses the configuration.
+pub fn load_config<T>(
+    plugin: &str,
+    parse: impl FnOnce(&[u8]) -> Result<T, ConfigError>,
+) -> Option<T> {
+    let document = match buffer(Buffer::PluginConfiguration, 0, usize::MAX) {
+        Ok(document) => document,
+        Err(err) => {
+            log(
+                LogLevel::Error,
+                &format!("{plugin}: cannot read configuration: {err}"),
+            );
+            return None;
+        }
+    };
+    match parse(&document) {
+        Ok(config) => Some(config),
+        Err(err) => {
+            log(LogLevel::Error, &format!("{plugin}: {err}"));
+            None
+        }
+    }
 }
 
 /// The config of `rules` for the current request: reads the route and cluster names from

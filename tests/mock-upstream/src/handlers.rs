@@ -162,6 +162,40 @@ pub(crate) fn content_chars(content: &Value, text_types: &[&str]) -> usize {
     }
 }
 
+/// The text of a message `content` (a string, or the concatenated text parts).
+pub(crate) fn content_text(content: &Value, text_types: &[&str]) -> String {
+    match content {
+        Value::String(s) => s.clone(),
+        Value::Array(parts) => parts
+            .iter()
+            .filter_map(|part| match part {
+                Value::String(s) => Some(s.as_str()),
+                Value::Object(o) => {
+                    let is_text = o
+                        .get("type")
+                        .and_then(Value::as_str)
+                        .is_some_and(|t| text_types.contains(&t));
+                    o.get("text").and_then(Value::as_str).filter(|_| is_text)
+                }
+                _ => None,
+            })
+            .collect(),
+        _ => String::new(),
+    }
+}
+
+/// The text of the last message whose `role` is `user` (empty if none): what `x-mock-echo`
+/// answers with.
+pub(crate) fn last_user_text(messages: &[Value], text_types: &[&str]) -> String {
+    messages
+        .iter()
+        .rev()
+        .find(|m| m.get("role").and_then(Value::as_str) == Some("user"))
+        .and_then(|m| m.get("content"))
+        .map(|c| content_text(c, text_types))
+        .unwrap_or_default()
+}
+
 /// Tokens of one message: `ceil(text chars / 4) + 4`.
 pub(crate) fn message_tokens(content: Option<&Value>, text_types: &[&str]) -> u64 {
     text_tokens(content.map_or(0, |c| content_chars(c, text_types))).saturating_add(4)

@@ -58,6 +58,68 @@ pub(crate) fn push_tokens(buf: &mut String, n: u64) {
     }
 }
 
+/// Characters per piece of an echoed completion (small, so that a word spans several deltas).
+pub(crate) const ECHO_PIECE_CHARS: usize = 3;
+
+/// The completion text: `tok{i} ` tokens, or (`x-mock-echo`) the last user message cut into
+/// pieces of [`ECHO_PIECE_CHARS`] characters, one piece per delta.
+pub(crate) enum Completion {
+    Tokens,
+    Echo(Vec<String>),
+}
+
+impl Completion {
+    pub(crate) fn new(echo: bool, text: &str) -> Completion {
+        if !echo {
+            return Completion::Tokens;
+        }
+        let chars: Vec<char> = text.chars().collect();
+        Completion::Echo(
+            chars
+                .chunks(ECHO_PIECE_CHARS)
+                .map(|c| c.iter().collect())
+                .collect(),
+        )
+    }
+
+    /// Number of pieces under the request's cap, and whether the cap cut them short.
+    pub(crate) fn count(&self, knobs: &crate::knobs::Knobs, cap: Option<u64>) -> (u64, bool) {
+        match self {
+            Completion::Tokens => knobs.completion(cap),
+            Completion::Echo(pieces) => {
+                let len = pieces.len() as u64;
+                match cap {
+                    Some(cap) if cap < len => (cap, true),
+                    _ => (len, false),
+                }
+            }
+        }
+    }
+
+    /// Appends piece `i`, escaped for the inside of a JSON string.
+    pub(crate) fn push(&self, buf: &mut String, i: u64) {
+        match self {
+            Completion::Tokens => push_token(buf, i),
+            Completion::Echo(pieces) => {
+                let piece = usize::try_from(i)
+                    .ok()
+                    .and_then(|i| pieces.get(i))
+                    .map_or("", String::as_str);
+                let lit = str_lit(piece);
+                buf.push_str(&lit[1..lit.len() - 1]);
+            }
+        }
+    }
+
+    /// Appends pieces `0..n`.
+    pub(crate) fn push_all(&self, buf: &mut String, n: u64) {
+        match self {
+            Completion::Tokens => push_tokens(buf, n),
+            Completion::Echo(_) => (0..n).for_each(|i| self.push(buf, i)),
+        }
+    }
+}
+
 /// A server-sent-events stream being built in one buffer, remembering where each event ends.
 pub(crate) struct Sse {
     buf: String,
@@ -110,6 +172,19 @@ mod tests {
             let back: String = serde_json::from_str(&lit).expect("valid JSON string");
             assert_eq!(back, s);
         }
+    }
+
+    #[test]
+    fn echo_pieces() {
+        let c = Completion::new(true, "ab\"c漢字x");
+        let mut b = String::new();
+        c.push_all(&mut b, 3);
+        assert_eq!(b, "ab\\\"c漢字x");
+        let mut first = String::new();
+        c.push(&mut first, 0);
+        assert_eq!(first, "ab\\\"");
+        assert_eq!(c.count(&crate::knobs::Knobs::default(), None), (3, false));
+        assert_eq!(c.count(&crate::knobs::Knobs::default(), Some(1)), (1, true));
     }
 
     #[test]

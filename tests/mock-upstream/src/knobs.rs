@@ -10,10 +10,13 @@ pub(crate) const DELAY_MS: &str = "x-mock-delay-ms";
 pub(crate) const CHUNK_DELAY_MS: &str = "x-mock-chunk-delay-ms";
 pub(crate) const CHUNKS: &str = "x-mock-chunks";
 pub(crate) const CUT_AFTER: &str = "x-mock-cut-after";
+pub(crate) const END_AFTER: &str = "x-mock-end-after";
+pub(crate) const ERROR_CODE: &str = "x-mock-error-code";
 pub(crate) const NO_USAGE: &str = "x-mock-no-usage";
 pub(crate) const USAGE_IN_FINAL_CHUNK: &str = "x-mock-usage-in-final-chunk";
 pub(crate) const PROMPT_TOKENS: &str = "x-mock-prompt-tokens";
 pub(crate) const CACHE_READ_TOKENS: &str = "x-mock-cache-read-tokens";
+pub(crate) const ECHO: &str = "x-mock-echo";
 
 /// Default number of completion tokens.
 pub(crate) const DEFAULT_CHUNKS: u64 = 8;
@@ -29,10 +32,13 @@ pub(crate) struct Knobs {
     pub(crate) chunk_delay: Option<Duration>,
     pub(crate) chunks: Option<u64>,
     pub(crate) cut_after: Option<u64>,
+    pub(crate) end_after: Option<u64>,
+    pub(crate) error_code: Option<String>,
     pub(crate) no_usage: bool,
     pub(crate) usage_in_final_chunk: bool,
     pub(crate) prompt_tokens: Option<u64>,
     pub(crate) cache_read_tokens: Option<u64>,
+    pub(crate) echo: bool,
 }
 
 /// A knob header with a value it cannot take.
@@ -77,6 +83,10 @@ impl Knobs {
             chunk_delay: ms(CHUNK_DELAY_MS)?,
             chunks: int(headers, CHUNKS, 0, MAX_CHUNKS, "an integer in 0..=100000")?,
             cut_after: int(headers, CUT_AFTER, 0, u64::MAX, "a non-negative integer")?,
+            end_after: int(headers, END_AFTER, 0, u64::MAX, "a non-negative integer")?,
+            error_code: text(headers, ERROR_CODE, "a visible ASCII error code")?
+                .filter(|code| !code.is_empty())
+                .map(str::to_owned),
             no_usage: flag(headers, NO_USAGE)?,
             usage_in_final_chunk: flag(headers, USAGE_IN_FINAL_CHUNK)?,
             prompt_tokens: int(
@@ -93,6 +103,7 @@ impl Knobs {
                 u64::MAX,
                 "a non-negative integer",
             )?,
+            echo: flag(headers, ECHO)?,
         })
     }
 
@@ -185,6 +196,7 @@ mod tests {
             (USAGE_IN_FINAL_CHUNK, "1"),
             (PROMPT_TOKENS, "12"),
             (CACHE_READ_TOKENS, "3"),
+            (ECHO, "on"),
         ])
         .expect("valid knobs");
         assert_eq!(k.status, Some(StatusCode::TOO_MANY_REQUESTS));
@@ -195,6 +207,7 @@ mod tests {
         assert!(k.no_usage && k.usage_in_final_chunk);
         assert_eq!(k.prompt_tokens, Some(12));
         assert_eq!(k.cache_read_tokens, Some(3));
+        assert!(k.echo);
     }
 
     #[test]
@@ -213,6 +226,7 @@ mod tests {
             (USAGE_IN_FINAL_CHUNK, "2"),
             (PROMPT_TOKENS, "99999999999999999999999"),
             (CACHE_READ_TOKENS, "x"),
+            (ECHO, "2"),
         ] {
             let err = parse(&[(knob, value)]).expect_err(value);
             assert_eq!(err.knob, knob, "{knob}: {value}");

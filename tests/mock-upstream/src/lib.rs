@@ -63,6 +63,8 @@
 //! * `x-mock-status: NNN` (200..=599) — answer that status with the body
 //!   `{"error":{"message":"mock status NNN","type":"mock_error","code":"mock_NNN"}}`; a 429 also
 //!   carries `retry-after: 1`. Applied after `x-mock-delay-ms`, before the body is validated.
+//! * `x-mock-error-code: CODE` — with `x-mock-status`: `CODE` instead of `mock_NNN` in
+//!   `error.code` (e.g. `context_length_exceeded`).
 //! * `x-mock-delay-ms: N` — wait N ms (at most 3 600 000) before sending the response head.
 //! * `x-mock-chunk-delay-ms: N` — streaming: wait N ms between SSE events; each event is then
 //!   its own body frame (network write).
@@ -72,6 +74,9 @@
 //!   the number of events every event is sent and the connection is still aborted).
 //!   Non-streaming: the head announces the full `content-length`, the first half of the body is
 //!   sent, then the connection is aborted (N is ignored).
+//! * `x-mock-end-after: N` — streaming: send only the first N SSE events, then end the body
+//!   cleanly (terminating chunk): a stream that looks complete to the transport but lacks its
+//!   terminator (`[DONE]`, `message_stop`). `x-mock-cut-after` wins when both are set.
 //! * `x-mock-no-usage: 1` — never send a usage object (streaming or not, all APIs; the
 //!   Responses API sends `"usage": null`).
 //! * `x-mock-usage-in-final-chunk: 1` — chat streaming: put `usage` into the chunk carrying
@@ -80,6 +85,12 @@
 //! * `x-mock-cache-read-tokens: N` — Anthropic: `cache_read_input_tokens` (`input_tokens` stays
 //!   the prompt count, as Anthropic reports uncached input separately); Responses:
 //!   `input_tokens_details.cached_tokens`; chat: adds `prompt_tokens_details.cached_tokens`.
+//!
+//! * `x-mock-echo: 1` — the completion is the text of the last `user` message (chat and
+//!   Anthropic: `messages`; Responses: `input` as a string, or its last `user` item) instead of
+//!   the `tok{i}` tokens, cut into pieces of 3 characters: one piece per "token" (delta event in
+//!   a stream), so a word spans several events. The completion token count is the number of
+//!   pieces; the caps apply to it as to tokens.
 //!
 //! Boolean knobs accept `1`/`true`/`yes`/`on` and `0`/`false`/`no`/`off`.
 //!
@@ -170,6 +181,25 @@ impl MockUpstream {
     /// Forgets the recorded requests.
     pub fn clear_requests(&self) {
         self.state.recorded().clear();
+    }
+
+    /// Knob headers (`x-mock-*`, see the crate docs) this instance applies to every request
+    /// that does not carry the same knob itself, replacing earlier defaults; `&[]` clears
+    /// them. Gives one instance its own behaviour — "this provider answers 429" — when several
+    /// mocks sit behind one gateway. Recorded requests keep the headers as received.
+    ///
+    /// # Panics
+    /// On a name or value that is not a valid header (a test bug).
+    pub fn set_default_knobs(&self, knobs: &[(&str, &str)]) {
+        let mut map = hyper::header::HeaderMap::new();
+        for (name, value) in knobs {
+            let name = hyper::header::HeaderName::from_bytes(name.as_bytes())
+                .unwrap_or_else(|_| panic!("invalid header name {name:?}"));
+            let value = hyper::header::HeaderValue::from_str(value)
+                .unwrap_or_else(|_| panic!("invalid header value {value:?}"));
+            map.insert(name, value);
+        }
+        self.state.set_default_knobs(map);
     }
 }
 

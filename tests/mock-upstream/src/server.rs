@@ -28,6 +28,9 @@ pub(crate) struct State {
     record: bool,
     log: bool,
     next_id: AtomicU64,
+    /// Knob headers applied to requests that do not carry them (see
+    /// `MockUpstream::set_default_knobs`).
+    default_knobs: std::sync::Mutex<hyper::header::HeaderMap>,
 }
 
 impl State {
@@ -37,7 +40,31 @@ impl State {
             record,
             log,
             next_id: AtomicU64::new(1),
+            default_knobs: std::sync::Mutex::new(hyper::header::HeaderMap::new()),
         }
+    }
+
+    /// Replaces the default knob headers.
+    pub(crate) fn set_default_knobs(&self, knobs: hyper::header::HeaderMap) {
+        *self
+            .default_knobs
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = knobs;
+    }
+
+    /// `headers` plus every default knob they do not carry themselves.
+    fn with_default_knobs(&self, headers: &hyper::header::HeaderMap) -> hyper::header::HeaderMap {
+        let defaults = self
+            .default_knobs
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut merged = headers.clone();
+        for (name, value) in defaults.iter() {
+            if !merged.contains_key(name) {
+                merged.insert(name.clone(), value.clone());
+            }
+        }
+        merged
     }
 
     /// The recorded requests (always empty when recording is off).
@@ -176,7 +203,7 @@ async fn handle_inner(
         }
     };
 
-    let knobs = match Knobs::from_headers(&parts.headers) {
+    let knobs = match Knobs::from_headers(&state.with_default_knobs(&parts.headers)) {
         Ok(knobs) => knobs,
         Err(e) => return error_response(&e.into()),
     };
@@ -191,7 +218,10 @@ async fn handle_inner(
             status,
             message: format!("mock status {code}"),
             kind: "mock_error",
-            code: format!("mock_{code}"),
+            code: knobs
+                .error_code
+                .clone()
+                .unwrap_or_else(|| format!("mock_{code}")),
             param: None,
         });
         if status == StatusCode::TOO_MANY_REQUESTS {
@@ -286,10 +316,12 @@ fn reply_response(reply: Reply, knobs: &Knobs) -> Response<MockBody> {
         }
         Reply::Sse(sse) => {
             let (bytes, ends) = sse.finish();
-            let body = if knobs.cut_after.is_none() && knobs.chunk_delay.is_none() {
+            // `x-mock-end-after` stops early like `x-mock-cut-after` but ends the body cleanly
+            let limit = knobs.cut_after.or(knobs.end_after);
+            let body = if limit.is_none() && knobs.chunk_delay.is_none() {
                 MockBody::full(bytes, false)
             } else {
-                let count = knobs.cut_after.map_or(ends.len(), |n| {
+                let count = limit.map_or(ends.len(), |n| {
                     ends.len().min(usize::try_from(n).unwrap_or(usize::MAX))
                 });
                 let frames = match knobs.chunk_delay {

@@ -1097,3 +1097,159 @@ async fn drop_stops_the_server() {
     let read = tokio::time::timeout(Duration::from_secs(5), idle.read(&mut buf)).await;
     assert!(matches!(read, Ok(Ok(0) | Err(_))), "{read:?}");
 }
+
+#[tokio::test]
+async fn echo_knob_answers_with_the_last_user_message_in_small_pieces() {
+    let mock = start().await;
+    let text = "Hello \"world\" 漢字!";
+    // chat, streaming: the text split into deltas of 3 characters
+    let body = json!({"model": "m", "stream": true, "messages": [
+        {"role": "user", "content": "earlier"},
+        {"role": "assistant", "content": "reply"},
+        {"role": "user", "content": [{"type": "text", "text": "Hello \"world\" "}, {"type": "text", "text": "漢字!"}]}
+    ]});
+    let (status, _, resp) = post(
+        &mock,
+        "/v1/chat/completions",
+        &[("x-mock-echo", "1")],
+        &body,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let chunks = chat_chunks(&resp);
+    let deltas: Vec<&str> = chunks[1..chunks.len() - 1]
+        .iter()
+        .map(|c| {
+            c["choices"][0]["delta"]["content"]
+                .as_str()
+                .expect("content")
+        })
+        .collect();
+    assert_eq!(deltas.concat(), text);
+    assert_eq!(deltas[0], "Hel");
+    assert_eq!(deltas.len(), text.chars().count().div_ceil(3));
+
+    // chat, not streaming
+    let body = json!({"model": "m", "messages": [{"role": "user", "content": text}]});
+    let (_, _, resp) = post(
+        &mock,
+        "/v1/chat/completions",
+        &[("x-mock-echo", "yes")],
+        &body,
+    )
+    .await;
+    let v = json_of(&resp);
+    assert_eq!(v["choices"][0]["message"]["content"], text);
+    assert_eq!(
+        v["usage"]["completion_tokens"],
+        text.chars().count().div_ceil(3)
+    );
+
+    // Anthropic and Responses
+    let body =
+        json!({"model": "m", "max_tokens": 100, "messages": [{"role": "user", "content": text}]});
+    let (_, _, resp) = post(&mock, "/v1/messages", &[("x-mock-echo", "1")], &body).await;
+    assert_eq!(json_of(&resp)["content"][0]["text"], text);
+    let body = json!({"model": "m", "input": text, "stream": true});
+    let (_, _, resp) = post(&mock, "/v1/responses", &[("x-mock-echo", "1")], &body).await;
+    let echoed: String = sse(&resp)
+        .iter()
+        .filter(|(name, _)| name.as_deref() == Some("response.output_text.delta"))
+        .map(|(_, data)| {
+            serde_json::from_str::<Value>(data).expect("json")["delta"]
+                .as_str()
+                .expect("delta")
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(echoed, text);
+
+    // without the knob: tokens as before
+    let (_, _, resp) = post(&mock, "/v1/chat/completions", &[], &body_of_chat(text)).await;
+    assert_eq!(
+        json_of(&resp)["choices"][0]["message"]["content"],
+        tokens(8)
+    );
+}
+
+fn body_of_chat(text: &str) -> Value {
+    json!({"model": "m", "messages": [{"role": "user", "content": text}]})
+}
+
+#[tokio::test]
+async fn default_knobs_apply_unless_the_request_sets_the_knob() {
+    let mock = start().await;
+    mock.set_default_knobs(&[("x-mock-status", "429")]);
+    let (status, _, _) = post(&mock, "/v1/chat/completions", &[], &chat_body(json!({}))).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    let (status, _, _) = post(
+        &mock,
+        "/v1/chat/completions",
+        &[("x-mock-status", "200")],
+        &chat_body(json!({})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "the request's own knob wins");
+    // recorded as received: the default knob is not in the recording
+    assert!(mock.requests()[0].header("x-mock-status").is_none());
+    mock.set_default_knobs(&[]);
+    let (status, _, _) = post(&mock, "/v1/chat/completions", &[], &chat_body(json!({}))).await;
+    assert_eq!(status, StatusCode::OK, "cleared");
+}
+
+#[tokio::test]
+async fn end_after_streaming_ends_cleanly_without_the_terminator() {
+    let mock = start().await;
+    let body = chat_body(json!({"stream": true})).to_string();
+    let out = raw(
+        mock.addr(),
+        &raw_post(
+            "/v1/chat/completions",
+            "x-mock-end-after: 2\r\nconnection: close\r\n",
+            &body,
+        ),
+    )
+    .await;
+    let text = String::from_utf8_lossy(&out);
+    assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text}");
+    assert_eq!(text.matches("data: ").count(), 2, "{text}");
+    assert!(!text.contains("[DONE]"));
+    assert!(text.ends_with("0\r\n\r\n"), "clean end: {text}");
+
+    // the hyper client reads a complete body
+    let (status, _, body) = post(
+        &mock,
+        "/v1/messages",
+        &[("x-mock-end-after", "1")],
+        &json!({"model": "m", "messages": [], "stream": true}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let text = String::from_utf8_lossy(&body);
+    assert!(!text.contains("message_stop"), "{text}");
+}
+
+#[tokio::test]
+async fn error_code_knob_names_the_error() {
+    let mock = start().await;
+    let (status, _, body) = post(
+        &mock,
+        "/v1/chat/completions",
+        &[
+            ("x-mock-status", "400"),
+            ("x-mock-error-code", "context_length_exceeded"),
+        ],
+        &chat_body(json!({})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(json_of(&body)["error"]["code"], "context_length_exceeded");
+    let (_, _, body) = post(
+        &mock,
+        "/v1/chat/completions",
+        &[("x-mock-status", "400")],
+        &chat_body(json!({})),
+    )
+    .await;
+    assert_eq!(json_of(&body)["error"]["code"], "mock_400");
+}

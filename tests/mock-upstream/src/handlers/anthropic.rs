@@ -4,9 +4,10 @@ use serde_json::Value;
 
 use super::openai::tokens_len;
 use super::{
-    array, conversation_tokens, message_tokens, model, opt_bool, opt_u64, ApiError, Ctx, Reply,
+    array, conversation_tokens, last_user_text, message_tokens, model, opt_bool, opt_u64, ApiError,
+    Ctx, Reply,
 };
-use crate::json::{push_token, push_tokens, str_lit, w, Sse};
+use crate::json::{str_lit, w, Completion, Sse};
 
 const TEXT: &[&str] = &["text"];
 
@@ -32,7 +33,8 @@ pub(crate) fn messages(req: &Value, ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
         conversation_tokens(messages.iter().map(|m| m.get("content")), TEXT).saturating_add(system)
     });
     let cache_read = knobs.cache_read_tokens.unwrap_or(0);
-    let (n, capped) = knobs.completion(cap);
+    let completion = Completion::new(knobs.echo, &last_user_text(messages, TEXT));
+    let (n, capped) = completion.count(knobs, cap);
     let stop = if capped { "max_tokens" } else { "end_turn" };
     let usage = |output: u64| {
         (!knobs.no_usage).then(|| {
@@ -49,7 +51,7 @@ pub(crate) fn messages(req: &Value, ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
             b,
             r#"{{"id":"msg_mock_{id}","type":"message","role":"assistant","model":{model},"content":[{{"type":"text","text":""#
         );
-        push_tokens(&mut b, n);
+        completion.push_all(&mut b, n);
         w!(b, r#""}}],"stop_reason":"{stop}","stop_sequence":null"#);
         if let Some(usage) = usage(n) {
             w!(b, r#","usage":{usage}"#);
@@ -80,7 +82,7 @@ pub(crate) fn messages(req: &Value, ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
             b.push_str(
                 r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":""#,
             );
-            push_token(b, i);
+            completion.push(b, i);
             b.push_str(r#""}}"#);
         });
     }

@@ -3,10 +3,10 @@
 use serde_json::Value;
 
 use super::{
-    array, conversation_tokens, message_tokens, model, opt_bool, opt_u64, text_tokens, ApiError,
-    Ctx, Reply,
+    array, conversation_tokens, last_user_text, message_tokens, model, opt_bool, opt_u64,
+    text_tokens, ApiError, Ctx, Reply,
 };
-use crate::json::{push_token, push_tokens, str_lit, w, Sse};
+use crate::json::{str_lit, w, Completion, Sse};
 
 const CHAT_TEXT: &[&str] = &["text"];
 const RESPONSES_TEXT: &[&str] = &["input_text", "output_text", "text"];
@@ -37,7 +37,8 @@ pub(crate) fn chat(req: &Value, ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
     let prompt = knobs.prompt_tokens.unwrap_or_else(|| {
         conversation_tokens(messages.iter().map(|m| m.get("content")), CHAT_TEXT)
     });
-    let (n, capped) = knobs.completion(cap);
+    let completion = Completion::new(knobs.echo, &last_user_text(messages, CHAT_TEXT));
+    let (n, capped) = completion.count(knobs, cap);
     let finish = if capped { "length" } else { "stop" };
     let usage = (!knobs.no_usage).then(|| {
         let mut u = String::with_capacity(128);
@@ -63,7 +64,7 @@ pub(crate) fn chat(req: &Value, ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
             b,
             r#"{{"id":"chatcmpl-mock-{id}","object":"chat.completion","created":{created},"model":{model},"choices":[{{"index":0,"message":{{"role":"assistant","content":""#
         );
-        push_tokens(&mut b, n);
+        completion.push_all(&mut b, n);
         w!(b, r#""}},"logprobs":null,"finish_reason":"{finish}"}}]"#);
         if let Some(usage) = &usage {
             w!(b, r#","usage":{usage}"#);
@@ -91,7 +92,7 @@ pub(crate) fn chat(req: &Value, ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
         sse.event(None, |b| {
             b.push_str(&head);
             b.push_str(r#"[{"index":0,"delta":{"content":""#);
-            push_token(b, i);
+            completion.push(b, i);
             b.push_str(r#""},"logprobs":null,"finish_reason":null}]"#);
             b.push_str(tail);
         });
@@ -153,10 +154,16 @@ pub(crate) fn responses(req: &Value, ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
     let cap = opt_u64(req, "max_output_tokens")?;
 
     let knobs = ctx.knobs;
+    let user_text = match req.get("input") {
+        Some(Value::String(text)) => text.clone(),
+        Some(Value::Array(items)) => last_user_text(items, RESPONSES_TEXT),
+        _ => String::new(),
+    };
+    let completion = Completion::new(knobs.echo, &user_text);
     let prompt = knobs
         .prompt_tokens
         .unwrap_or_else(|| input_tokens.saturating_add(instructions).max(1));
-    let (n, capped) = knobs.completion(cap);
+    let (n, capped) = completion.count(knobs, cap);
     let usage = if knobs.no_usage {
         "null".to_owned()
     } else {
@@ -185,7 +192,7 @@ pub(crate) fn responses(req: &Value, ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
                 r#"{{"type":"message","id":"msg_mock_{id}","status":"{}","role":"assistant","content":[{{"type":"output_text","text":""#,
                 if capped { "incomplete" } else { "completed" }
             );
-            push_tokens(b, n);
+            completion.push_all(b, n);
             b.push_str(r#"","annotations":[]}]}"#);
         }
         b.push_str(r#"],"incomplete_details":"#);
@@ -218,7 +225,7 @@ pub(crate) fn responses(req: &Value, ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
                 r#"{{"type":"response.output_text.delta","sequence_number":{},"item_id":"msg_mock_{id}","output_index":0,"content_index":0,"delta":""#,
                 i + 1
             );
-            push_token(b, i);
+            completion.push(b, i);
             b.push_str(r#""}"#);
         });
     }

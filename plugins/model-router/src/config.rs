@@ -1,0 +1,525 @@
+//! The router's configuration: deployments, model groups, breaker and attempt bounds.
+//!
+//! Read in two steps like every plugin here: serde into [`RawConfig`] (defaults in one place),
+//! then [`RouterConfig::try_from_raw`] validates names, references and numbers and builds the
+//! lookup tables. Errors name the field; a credential is never echoed.
+
+use llm_gateway_shared::config::{validate_name, ConfigError};
+use llm_gateway_shared::route_info::Price;
+use llm_gateway_shared::rules::{RuleSet, Scope};
+use serde::Deserialize;
+use serde_json::{Map, Value};
+use std::collections::HashMap;
+
+/// Largest `max_attempts` (one per filter-state slot `llm_try_<k>` the route's matcher reads).
+pub const MAX_ATTEMPTS: usize = 8;
+
+/// How a provider wants its credential.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Provider {
+    /// `Authorization: Bearer <credential>`.
+    Openai,
+    /// `x-api-key: <credential>` (plus `anthropic-version` when the client sent none).
+    Anthropic,
+    /// An OpenAI-compatible API: `Authorization: Bearer <credential>`.
+    OpenaiCompatible,
+}
+
+impl Provider {
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Provider::Openai => "openai",
+            Provider::Anthropic => "anthropic",
+            Provider::OpenaiCompatible => "openai-compatible",
+        }
+    }
+}
+
+/// Which filter instance this configuration drives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// The HTTP filter of the listener: group resolution, ACL, plan, first choice.
+    #[default]
+    Downstream,
+    /// The cluster's upstream HTTP filter: runs once per attempt, rewrites `model` and the
+    /// credential for that attempt's deployment and records its outcome for the breaker.
+    Upstream,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDeployment {
+    name: String,
+    cluster: String,
+    model: String,
+    provider: Provider,
+    #[serde(default)]
+    credential: Option<String>,
+    #[serde(default)]
+    context_window: Option<u64>,
+    #[serde(default)]
+    price: Option<Price>,
+    #[serde(default)]
+    price_version: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTarget {
+    deployment: String,
+    #[serde(default)]
+    weight: Option<u32>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawGroup {
+    name: String,
+    deployments: Vec<RawTarget>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+struct RawBreaker {
+    consecutive_failures: Option<u32>,
+    window: Option<u32>,
+    failure_rate_percent: Option<u32>,
+    min_calls: Option<u32>,
+    cooldown_ms: Option<u64>,
+}
+
+/// The raw form (top level is not `deny_unknown_fields`: Higress adds `_rules_` keys, which
+/// [`RuleSet`] strips before this sees the object).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    #[serde(default)]
+    role: Role,
+    #[serde(default)]
+    version: Option<String>,
+    #[serde(default = "default_max_attempts")]
+    max_attempts: usize,
+    #[serde(default = "yes")]
+    enforce_groups: bool,
+    #[serde(default)]
+    deployments: Vec<RawDeployment>,
+    #[serde(default)]
+    groups: Vec<RawGroup>,
+    #[serde(default)]
+    breaker: RawBreaker,
+}
+
+fn default_max_attempts() -> usize {
+    3
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// A provider deployment: one model at one provider, reached through one upstream cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Deployment {
+    /// Unique name (`x-llm-deployment`).
+    pub name: String,
+    /// The Envoy / Higress cluster that reaches the provider.
+    pub cluster: String,
+    /// The provider's model name that replaces the group name in `model`.
+    pub model: String,
+    /// The provider's API kind (decides the credential header).
+    pub provider: Provider,
+    /// The provider credential; `None` when the cluster injects its own.
+    pub credential: Option<String>,
+    /// Prompt + output tokens the model accepts; `None`: unknown, never skipped for size.
+    pub context_window: Option<u64>,
+    /// Price of the deployment (published for usage-accounting and token-ratelimit).
+    pub price: Option<Price>,
+    /// Version of that price.
+    pub price_version: Option<String>,
+}
+
+/// One member of a group: a deployment and its share of first choices.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    /// Index into [`RouterConfig::deployments`].
+    pub deployment: usize,
+    /// Share of first choices (0: fallback only).
+    pub weight: u32,
+}
+
+/// A model group: the name clients use, its deployments in fallback order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Group {
+    /// The name clients put in `model`.
+    pub name: String,
+    /// Deployments in fallback order.
+    pub targets: Vec<Target>,
+    /// Sum of the weights (0: the first target is always the first choice).
+    pub total_weight: u64,
+}
+
+/// Circuit-breaker thresholds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BreakerConfig {
+    /// Opens after this many failures in a row (0: never by count).
+    pub consecutive_failures: u32,
+    /// Size of the sliding window of recent calls (at most 64).
+    pub window: u32,
+    /// Opens when failures in the window reach this percentage (0: never by rate).
+    pub failure_rate_percent: u32,
+    /// The rate rule needs at least this many calls in the window.
+    pub min_calls: u32,
+    /// How long an open breaker skips the deployment before one probe goes through.
+    pub cooldown_ms: u64,
+}
+
+impl Default for BreakerConfig {
+    fn default() -> Self {
+        BreakerConfig {
+            consecutive_failures: 5,
+            window: 20,
+            failure_rate_percent: 50,
+            min_calls: 10,
+            cooldown_ms: 30_000,
+        }
+    }
+}
+
+/// The validated configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouterConfig {
+    /// Which filter instance this is.
+    pub role: Role,
+    /// Config version, reported in `x-llm-route-version` and metrics.
+    pub version: String,
+    /// Upper bound of attempts per request (first try included).
+    pub max_attempts: usize,
+    /// Refuse (403) a request without `x-llm-groups`.
+    pub enforce_groups: bool,
+    /// Every deployment.
+    pub deployments: Vec<Deployment>,
+    /// Every group.
+    pub groups: Vec<Group>,
+    /// Breaker thresholds.
+    pub breaker: BreakerConfig,
+    group_index: HashMap<String, usize>,
+    deployment_index: HashMap<String, usize>,
+}
+
+impl RouterConfig {
+    /// The group named `name`.
+    pub fn group(&self, name: &str) -> Option<&Group> {
+        self.group_index.get(name).and_then(|i| self.groups.get(*i))
+    }
+
+    /// The deployment named `name` and its index.
+    pub fn deployment(&self, name: &str) -> Option<(usize, &Deployment)> {
+        let index = *self.deployment_index.get(name)?;
+        self.deployments.get(index).map(|d| (index, d))
+    }
+
+    /// Validates the raw form.
+    fn try_from_raw(raw: RawConfig) -> Result<RouterConfig, ConfigError> {
+        if raw.max_attempts == 0 || raw.max_attempts > MAX_ATTEMPTS {
+            return Err(ConfigError::new(
+                "max_attempts",
+                format!("must be in 1..={MAX_ATTEMPTS}"),
+            ));
+        }
+        let version = raw.version.unwrap_or_else(|| "unversioned".to_string());
+        validate_name("version", &version)?;
+
+        let mut deployments = Vec::with_capacity(raw.deployments.len());
+        let mut deployment_index = HashMap::new();
+        for (i, d) in raw.deployments.into_iter().enumerate() {
+            let at = |field: &str| format!("deployments[{i}].{field}");
+            validate_name(&at("name"), &d.name)?;
+            validate_cluster(&at("cluster"), &d.cluster)?;
+            if d.model.is_empty() || d.model.len() > 256 || d.model.chars().any(char::is_control) {
+                return Err(ConfigError::new(
+                    at("model"),
+                    "must be 1 to 256 characters without control characters",
+                ));
+            }
+            if let Some(credential) = &d.credential {
+                let header_safe = credential
+                    .bytes()
+                    .all(|b| b.is_ascii_graphic() || b == b' ');
+                if credential.is_empty() || !header_safe {
+                    // never echo the value
+                    return Err(ConfigError::new(
+                        at("credential"),
+                        "must be non-empty printable ASCII (value not shown)",
+                    ));
+                }
+            }
+            if d.context_window == Some(0) {
+                return Err(ConfigError::new(at("context_window"), "must be positive"));
+            }
+            if let Some(v) = &d.price_version {
+                validate_name(&at("price_version"), v)?;
+            }
+            if let Some(price) = &d.price {
+                price.validate().map_err(|e| e.within(&at("price")))?;
+            }
+            if deployment_index.insert(d.name.clone(), i).is_some() {
+                return Err(ConfigError::new(at("name"), "duplicate deployment name"));
+            }
+            deployments.push(Deployment {
+                name: d.name,
+                cluster: d.cluster,
+                model: d.model,
+                provider: d.provider,
+                credential: d.credential,
+                context_window: d.context_window,
+                price: d.price,
+                price_version: d.price_version,
+            });
+        }
+
+        let mut groups = Vec::with_capacity(raw.groups.len());
+        let mut group_index = HashMap::new();
+        for (i, g) in raw.groups.into_iter().enumerate() {
+            let at = |field: &str| format!("groups[{i}].{field}");
+            validate_name(&at("name"), &g.name)?;
+            if g.name == "*" {
+                return Err(ConfigError::new(at("name"), "`*` is reserved"));
+            }
+            if g.deployments.is_empty() {
+                return Err(ConfigError::new(at("deployments"), "must not be empty"));
+            }
+            let mut targets = Vec::with_capacity(g.deployments.len());
+            let mut clusters: Vec<&str> = Vec::new();
+            for (j, t) in g.deployments.iter().enumerate() {
+                let field = format!("deployments[{j}].deployment");
+                let Some(&index) = deployment_index.get(&t.deployment) else {
+                    return Err(ConfigError::new(
+                        at(&field),
+                        "names no configured deployment",
+                    ));
+                };
+                if targets.iter().any(|x: &Target| x.deployment == index) {
+                    return Err(ConfigError::new(at(&field), "deployment listed twice"));
+                }
+                let cluster = deployments
+                    .get(index)
+                    .map(|d| d.cluster.as_str())
+                    .unwrap_or_default();
+                if clusters.contains(&cluster) {
+                    // the upstream filter identifies an attempt's deployment by group + cluster
+                    return Err(ConfigError::new(
+                        at(&field),
+                        "two deployments of one group must use different clusters",
+                    ));
+                }
+                clusters.push(cluster);
+                targets.push(Target {
+                    deployment: index,
+                    weight: t.weight.unwrap_or(0),
+                });
+            }
+            let total_weight = targets.iter().map(|t| u64::from(t.weight)).sum();
+            if group_index.insert(g.name.clone(), i).is_some() {
+                return Err(ConfigError::new(at("name"), "duplicate group name"));
+            }
+            groups.push(Group {
+                name: g.name,
+                targets,
+                total_weight,
+            });
+        }
+
+        let b = raw.breaker;
+        let defaults = BreakerConfig::default();
+        let breaker = BreakerConfig {
+            consecutive_failures: b
+                .consecutive_failures
+                .unwrap_or(defaults.consecutive_failures),
+            window: b.window.unwrap_or(defaults.window),
+            failure_rate_percent: b
+                .failure_rate_percent
+                .unwrap_or(defaults.failure_rate_percent),
+            min_calls: b.min_calls.unwrap_or(defaults.min_calls),
+            cooldown_ms: b.cooldown_ms.unwrap_or(defaults.cooldown_ms),
+        };
+        if breaker.window == 0 || breaker.window > 64 {
+            return Err(ConfigError::new("breaker.window", "must be in 1..=64"));
+        }
+        if breaker.failure_rate_percent > 100 {
+            return Err(ConfigError::new(
+                "breaker.failure_rate_percent",
+                "must be in 0..=100",
+            ));
+        }
+        if breaker.min_calls > breaker.window {
+            return Err(ConfigError::new(
+                "breaker.min_calls",
+                "must not exceed breaker.window",
+            ));
+        }
+        if breaker.cooldown_ms == 0 {
+            return Err(ConfigError::new("breaker.cooldown_ms", "must be positive"));
+        }
+
+        Ok(RouterConfig {
+            role: raw.role,
+            version,
+            max_attempts: raw.max_attempts,
+            enforce_groups: raw.enforce_groups,
+            deployments,
+            groups,
+            breaker,
+            group_index,
+            deployment_index,
+        })
+    }
+}
+
+/// A cluster name: what [`validate_name`] allows plus `|` (Higress names clusters
+/// `outbound|443||api.openai.com.dns`), up to 256 characters.
+fn validate_cluster(field: &str, value: &str) -> Result<(), ConfigError> {
+    if value.is_empty() || value.len() > 256 {
+        return Err(ConfigError::new(field, "must be 1 to 256 characters"));
+    }
+    if let Some(bad) = value.chars().find(|c| {
+        !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':' | '@' | '/' | '|'))
+    }) {
+        return Err(ConfigError::new(
+            field,
+            format!("character {bad:?} not allowed (use letters, digits and -_.:@/|)"),
+        ));
+    }
+    Ok(())
+}
+
+/// Parses a configuration document (plain JSON or Higress's global config + `_rules_`).
+pub fn parse_document(document: &[u8]) -> Result<RuleSet<RouterConfig>, ConfigError> {
+    RuleSet::parse(document, parse_scope)
+}
+
+fn parse_scope(fields: &Map<String, Value>, _scope: Scope) -> Result<RouterConfig, ConfigError> {
+    let raw: RawConfig = serde_json::from_value(Value::Object(fields.clone()))
+        .map_err(|e| ConfigError::from_serde("", &e))?;
+    RouterConfig::try_from_raw(raw)
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    pub(crate) const EXAMPLE: &str = r#"{
+        "version": "v7",
+        "deployments": [
+            {"name": "openai-mini", "cluster": "openai", "model": "gpt-4o-mini", "provider": "openai",
+             "credential": "sk-openai", "context_window": 128000,
+             "price": {"input": 150000, "output": 600000}, "price_version": "2026-01"},
+            {"name": "azure-mini", "cluster": "azure", "model": "gpt-4o-mini-2024", "provider": "openai-compatible",
+             "credential": "az-key", "context_window": 8000},
+            {"name": "claude", "cluster": "anthropic", "model": "claude-sonnet-4", "provider": "anthropic",
+             "credential": "sk-ant", "context_window": 200000}
+        ],
+        "groups": [
+            {"name": "fast", "deployments": [{"deployment": "openai-mini"}, {"deployment": "azure-mini"}]},
+            {"name": "smart", "deployments": [{"deployment": "claude", "weight": 90}, {"deployment": "openai-mini", "weight": 10}]}
+        ]
+    }"#;
+
+    pub(crate) fn example() -> RouterConfig {
+        parse_document(EXAMPLE.as_bytes())
+            .unwrap()
+            .global()
+            .unwrap()
+            .clone()
+    }
+
+    fn error(doc: &str) -> ConfigError {
+        parse_document(doc.as_bytes()).unwrap_err()
+    }
+
+    #[test]
+    fn parses_the_example() {
+        let config = example();
+        assert_eq!(config.version, "v7");
+        assert_eq!(config.max_attempts, 3);
+        assert_eq!(config.role, Role::Downstream);
+        let fast = config.group("fast").unwrap();
+        assert_eq!(fast.targets.len(), 2);
+        assert_eq!(fast.total_weight, 0);
+        assert_eq!(config.group("smart").unwrap().total_weight, 100);
+        let (index, claude) = config.deployment("claude").unwrap();
+        assert_eq!(index, 2);
+        assert_eq!(claude.provider, Provider::Anthropic);
+        assert_eq!(config.breaker, BreakerConfig::default());
+    }
+
+    #[test]
+    fn refuses_bad_references_and_numbers_naming_the_field() {
+        let cases = [
+            (
+                r#"{"groups":[{"name":"g","deployments":[{"deployment":"nope"}]}]}"#,
+                "groups[0].deployments[0].deployment",
+            ),
+            (r#"{"max_attempts":0}"#, "max_attempts"),
+            (r#"{"max_attempts":9}"#, "max_attempts"),
+            (r#"{"breaker":{"window":65}}"#, "breaker.window"),
+            (
+                r#"{"breaker":{"window":5,"min_calls":6}}"#,
+                "breaker.min_calls",
+            ),
+            (r#"{"breaker":{"cooldown_ms":0}}"#, "breaker.cooldown_ms"),
+            (
+                r#"{"groups":[{"name":"g","deployments":[]}]}"#,
+                "groups[0].deployments",
+            ),
+            (
+                r#"{"deployments":[{"name":"a b","cluster":"c","model":"m","provider":"openai"}]}"#,
+                "deployments[0].name",
+            ),
+            (
+                r#"{"deployments":[{"name":"a","cluster":"c","model":"m","provider":"openai","context_window":0}]}"#,
+                "deployments[0].context_window",
+            ),
+        ];
+        for (doc, field) in cases {
+            assert_eq!(error(doc).field(), field, "{doc}");
+        }
+    }
+
+    #[test]
+    fn two_deployments_of_a_group_need_two_clusters() {
+        let doc = r#"{"deployments":[
+            {"name":"a","cluster":"c","model":"m","provider":"openai"},
+            {"name":"b","cluster":"c","model":"n","provider":"openai"}],
+            "groups":[{"name":"g","deployments":[{"deployment":"a"},{"deployment":"b"}]}]}"#;
+        assert_eq!(error(doc).field(), "groups[0].deployments[1].deployment");
+    }
+
+    #[test]
+    fn a_bad_credential_is_never_echoed() {
+        let doc = "{\"deployments\":[{\"name\":\"a\",\"cluster\":\"c\",\"model\":\"m\",\"provider\":\"openai\",\"credential\":\"sk-secret\\n\"}]}";
+        let err = error(doc);
+        assert_eq!(err.field(), "deployments[0].credential");
+        assert!(!err.to_string().contains("sk-secret"));
+    }
+
+    #[test]
+    fn higress_cluster_names_are_accepted() {
+        let doc = r#"{"deployments":[{"name":"a","cluster":"outbound|443||api.openai.com.dns","model":"m","provider":"openai"}]}"#;
+        assert!(parse_document(doc.as_bytes()).is_ok());
+        let doc =
+            r#"{"deployments":[{"name":"a","cluster":"x y","model":"m","provider":"openai"}]}"#;
+        assert_eq!(error(doc).field(), "deployments[0].cluster");
+    }
+
+    #[test]
+    fn unknown_fields_are_refused() {
+        let err = error(
+            r#"{"deployments":[{"name":"a","cluster":"c","model":"m","provider":"openai","credentail":"x"}]}"#,
+        );
+        assert!(err.reason().contains("credentail"), "{err}");
+        assert!(error(r#"{"provider":"x"}"#).reason().contains("provider"));
+    }
+}

@@ -1,0 +1,35 @@
+//! model-router: model groups in, provider deployments out.
+//!
+//! Clients put a model *group* (`fast`, `smart`) in the body's `model`. The router checks it
+//! against the groups the key may use (`x-llm-groups`, 404 / 403), plans the deployments to
+//! try (canary split by a stable hash of the user or consumer, circuit breakers in shared
+//! data, context windows), rewrites `model` to the first deployment's real model name, injects
+//! its credential, publishes the plan in filter state for the route's cluster matcher, and
+//! clears the route cache. The same module, configured with `"role": "upstream"` as the
+//! clusters' upstream HTTP filter, runs once per attempt: it rewrites `model` and the
+//! credential for that attempt's deployment and feeds the breaker. After the first response
+//! byte a failure cannot be retried: a streamed response that ends without its terminator gets
+//! an in-band SSE error event instead of `[DONE]`.
+//!
+//! Decisions live in [`config`], [`plan`], [`breaker`], [`body`] and [`stream`] (pure, tested
+//! natively); the proxy-wasm shell is compiled only for `wasm32`. It never logs a credential,
+//! a key or a prompt.
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::indexing_slicing
+    )
+)]
+
+pub mod body;
+pub mod breaker;
+pub mod config;
+pub mod ids;
+pub mod plan;
+pub mod stream;
+
+#[cfg(target_arch = "wasm32")]
+mod shell;

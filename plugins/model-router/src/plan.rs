@@ -1,0 +1,327 @@
+//! Which deployments a request tries, in which order: group resolution, the group ACL, the
+//! canary split, the breaker and the context window.
+//!
+//! Pure: the breaker's verdicts and the prompt-size estimate come in as arguments.
+
+use crate::config::{Group, RouterConfig};
+use llm_gateway_shared::reject::Reject;
+
+/// What the router knows about the request when it plans.
+#[derive(Debug, Clone, Default)]
+pub struct Request<'a> {
+    /// The `model` of the body: a group name.
+    pub model: &'a str,
+    /// `x-llm-groups` as key-auth set it (comma-separated, `*` = any); `None` if absent.
+    pub allowed_groups: Option<&'a str>,
+    /// The canary subject: `x-user-id` when present, else the consumer; `None`: neither.
+    pub subject: Option<&'a str>,
+    /// Estimated prompt tokens plus the output cap (0: unknown).
+    pub estimated_tokens: u64,
+}
+
+/// The deployments to try, by index into [`RouterConfig::deployments`], first choice first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    /// The group's name.
+    pub group: String,
+    /// Deployment indexes in attempt order, at most `max_attempts`.
+    pub deployments: Vec<usize>,
+}
+
+/// Why no plan: the reject to send.
+pub type Refusal = Reject;
+
+/// A breaker's answer for one deployment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// Closed, or this request is the half-open probe.
+    Admit,
+    /// Open: skip it; the value is how long until a probe may go through (ms).
+    Skip(u64),
+}
+
+/// Plans a request. `admit` is asked once per candidate deployment, in the order they would
+/// be tried, and only until `max_attempts` are admitted (so a half-open probe is claimed only
+/// by a request that will actually try it).
+pub fn plan(
+    config: &RouterConfig,
+    request: &Request<'_>,
+    mut admit: impl FnMut(usize) -> Admission,
+) -> Result<Plan, Refusal> {
+    let Some(group) = config.group(request.model) else {
+        return Err(Reject::not_found(
+            "model_not_found",
+            "the model does not exist or you do not have access to it",
+        ));
+    };
+    if !group_allowed(config, request.allowed_groups, &group.name) {
+        return Err(Reject::forbidden(
+            "model_not_allowed",
+            "this key may not use this model group",
+        ));
+    }
+
+    let order = ordered_targets(group, request.subject);
+    let mut deployments = Vec::with_capacity(order.len().min(config.max_attempts));
+    let mut too_small = false;
+    let mut retry_after_ms: Option<u64> = None;
+    for index in order {
+        if deployments.len() >= config.max_attempts {
+            break;
+        }
+        let Some(deployment) = config.deployments.get(index) else {
+            continue;
+        };
+        if let Some(window) = deployment.context_window {
+            if request.estimated_tokens > window {
+                too_small = true;
+                continue;
+            }
+        }
+        match admit(index) {
+            Admission::Admit => deployments.push(index),
+            Admission::Skip(ms) => {
+                retry_after_ms = Some(retry_after_ms.map_or(ms, |m| m.min(ms)));
+            }
+        }
+    }
+    if deployments.is_empty() {
+        if let Some(ms) = retry_after_ms {
+            return Err(Reject::new(
+                503,
+                llm_gateway_shared::reject::ErrorType::Api,
+                "deployments_unavailable",
+                "every deployment of this model group is failing; retry later",
+            )
+            .with_header("retry-after", ms.div_ceil(1000).max(1).to_string()));
+        }
+        if too_small {
+            return Err(Reject::bad_request(
+                "context_length_exceeded",
+                "the request is larger than the context window of every deployment of this model group",
+            ));
+        }
+    }
+    Ok(Plan {
+        group: group.name.clone(),
+        deployments,
+    })
+}
+
+/// True if `allowed` (the `x-llm-groups` value) lets the caller use `group`.
+pub fn group_allowed(config: &RouterConfig, allowed: Option<&str>, group: &str) -> bool {
+    match allowed {
+        None => !config.enforce_groups,
+        Some(list) => list
+            .split(',')
+            .map(str::trim)
+            .any(|g| g == "*" || g == group),
+    }
+}
+
+/// The group's deployments with the first choice first: by the canary split when the group
+/// has weights (a stable hash of the subject picks the bucket), the rest in configured order.
+pub fn ordered_targets(group: &Group, subject: Option<&str>) -> Vec<usize> {
+    let mut order: Vec<usize> = group.targets.iter().map(|t| t.deployment).collect();
+    if group.total_weight == 0 {
+        return order;
+    }
+    let point = match subject {
+        Some(subject) => split_point(&group.name, subject) % group.total_weight,
+        None => 0,
+    };
+    let mut begin = 0u64;
+    let mut first = 0usize;
+    for (i, target) in group.targets.iter().enumerate() {
+        let end = begin + u64::from(target.weight);
+        if point >= begin && point < end {
+            first = i;
+            break;
+        }
+        begin = end;
+    }
+    if first > 0 && first < order.len() {
+        let chosen = order.remove(first);
+        order.insert(0, chosen);
+    }
+    order
+}
+
+/// A stable 64-bit hash of (group, subject): FNV-1a, then a murmur3 finalizer so that
+/// subjects that differ only in their last characters spread over the whole range. The same
+/// subject always lands in the same place of a group's split; different groups split
+/// independently.
+pub fn split_point(group: &str, subject: &str) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in group.bytes().chain([0u8]).chain(subject.bytes()) {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    hash ^= hash >> 33;
+    hash = hash.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    hash ^= hash >> 33;
+    hash = hash.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    hash ^ (hash >> 33)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::tests::example;
+
+    fn names(config: &RouterConfig, plan: &Plan) -> Vec<String> {
+        plan.deployments
+            .iter()
+            .map(|i| config.deployments[*i].name.clone())
+            .collect()
+    }
+
+    fn request<'a>(model: &'a str, groups: &'a str) -> Request<'a> {
+        Request {
+            model,
+            allowed_groups: Some(groups),
+            subject: Some("team-a"),
+            estimated_tokens: 0,
+        }
+    }
+
+    #[test]
+    fn resolves_a_group_to_its_deployments_in_order() {
+        let config = example();
+        let plan = plan(&config, &request("fast", "fast,smart"), |_| {
+            Admission::Admit
+        })
+        .unwrap();
+        assert_eq!(plan.group, "fast");
+        assert_eq!(names(&config, &plan), ["openai-mini", "azure-mini"]);
+    }
+
+    #[test]
+    fn unknown_group_is_404_and_a_group_not_allowed_is_403() {
+        let config = example();
+        let err = plan(&config, &request("gpt-9", "*"), |_| Admission::Admit).unwrap_err();
+        assert_eq!((err.status, err.code.as_ref()), (404, "model_not_found"));
+        let err = plan(&config, &request("smart", "fast"), |_| Admission::Admit).unwrap_err();
+        assert_eq!(err.status, 403);
+        let missing = Request {
+            allowed_groups: None,
+            ..request("fast", "")
+        };
+        assert_eq!(
+            plan(&config, &missing, |_| Admission::Admit)
+                .unwrap_err()
+                .status,
+            403
+        );
+        assert!(plan(&config, &request("smart", "x, *"), |_| Admission::Admit).is_ok());
+        assert!(plan(&config, &request("smart", "fast, smart"), |_| {
+            Admission::Admit
+        })
+        .is_ok());
+        // a group name is matched whole, not as a prefix
+        assert!(plan(&config, &request("fast", "faster"), |_| Admission::Admit).is_err());
+    }
+
+    #[test]
+    fn the_breaker_skips_and_max_attempts_bounds_the_plan() {
+        let mut config = example();
+        let skipped = config.deployment("openai-mini").unwrap().0;
+        let plan1 = plan(&config, &request("fast", "*"), |i| {
+            if i == skipped {
+                Admission::Skip(500)
+            } else {
+                Admission::Admit
+            }
+        })
+        .unwrap();
+        assert_eq!(names(&config, &plan1), ["azure-mini"]);
+        let err = plan(&config, &request("fast", "*"), |_| Admission::Skip(1500)).unwrap_err();
+        assert_eq!(err.status, 503);
+        assert!(err.headers.contains(&("retry-after", "2".to_string())));
+
+        config.max_attempts = 1;
+        let mut asked = Vec::new();
+        let plan2 = plan(&config, &request("fast", "*"), |i| {
+            asked.push(i);
+            Admission::Admit
+        })
+        .unwrap();
+        assert_eq!(plan2.deployments.len(), 1);
+        assert_eq!(
+            asked.len(),
+            1,
+            "a probe is claimed only by a request that tries it"
+        );
+    }
+
+    #[test]
+    fn a_deployment_whose_window_is_too_small_is_left_out() {
+        let config = example();
+        let big = Request {
+            estimated_tokens: 10_000,
+            ..request("fast", "*")
+        };
+        let p = plan(&config, &big, |_| Admission::Admit).unwrap();
+        assert_eq!(names(&config, &p), ["openai-mini"]);
+        let huge = Request {
+            estimated_tokens: 1_000_000,
+            ..request("fast", "*")
+        };
+        let err = plan(&config, &huge, |_| Admission::Admit).unwrap_err();
+        assert_eq!(err.code, "context_length_exceeded");
+    }
+
+    #[test]
+    fn canary_split_of_10000_consumers_is_within_one_percent() {
+        let config = example();
+        let group = config.group("smart").unwrap(); // claude 90, openai-mini 10
+        let claude = config.deployment("claude").unwrap().0;
+        let n = 10_000;
+        let first_is_claude = (0..n)
+            .filter(|i| ordered_targets(group, Some(&format!("consumer-{i}")))[0] == claude)
+            .count();
+        let share = first_is_claude as f64 / n as f64;
+        assert!((share - 0.90).abs() <= 0.01, "claude share {share}");
+        // the other deployment stays as fallback
+        assert_eq!(ordered_targets(group, Some("consumer-1")).len(), 2);
+    }
+
+    #[test]
+    fn canary_splits_of_other_shapes_hold_too() {
+        for weights in [[50u32, 50], [1, 99], [30, 70]] {
+            let doc = format!(
+                r#"{{"deployments":[
+                    {{"name":"a","cluster":"ca","model":"m","provider":"openai"}},
+                    {{"name":"b","cluster":"cb","model":"m","provider":"openai"}}],
+                   "groups":[{{"name":"g","deployments":[{{"deployment":"a","weight":{}}},{{"deployment":"b","weight":{}}}]}}]}}"#,
+                weights[0], weights[1]
+            );
+            let set = crate::config::parse_document(doc.as_bytes()).unwrap();
+            let group = set.global().unwrap().group("g").unwrap();
+            let a = (0..10_000)
+                .filter(|i| ordered_targets(group, Some(&format!("user-{i}@example.com")))[0] == 0)
+                .count();
+            let expected = f64::from(weights[0]) / 100.0;
+            let share = a as f64 / 10_000.0;
+            assert!((share - expected).abs() <= 0.01, "{weights:?}: {share}");
+        }
+    }
+
+    #[test]
+    fn a_subject_stays_on_its_side() {
+        let config = example();
+        let group = config.group("smart").unwrap();
+        for i in 0..100 {
+            let subject = format!("u{i}");
+            assert_eq!(
+                ordered_targets(group, Some(&subject)),
+                ordered_targets(group, Some(&subject))
+            );
+        }
+        // no subject: the first bucket, deterministically
+        assert_eq!(
+            ordered_targets(group, None)[0],
+            config.deployment("claude").unwrap().0
+        );
+    }
+}

@@ -1,0 +1,702 @@
+//! The proxy-wasm adapter: copies host data in, calls [`crate::plan`], [`crate::breaker`],
+//! [`crate::body`] and [`crate::stream`], applies the results. Every host call goes through
+//! `llm_gateway_shared::host`; nothing here decides.
+//!
+//! Two roles, one module (`"role"` in the config):
+//! * **downstream** (the listener's HTTP filter): plans, rewrites `model` and the credential
+//!   for the first choice, publishes the plan in filter state (`llm_try_<k>` = the cluster of
+//!   attempt k+1, read by the route's matcher cluster specifier; `llm_route_plan` = the
+//!   deployments; `llm_route` = [`RouteInfo`]), bounds the retries (`x-envoy-max-retries`),
+//!   clears the route cache; on the response adds `x-llm-*` headers and guards streams.
+//! * **upstream** (each provider cluster's upstream HTTP filter, runs once per attempt):
+//!   rewrites `model` and the credential for the attempt's deployment.
+//!
+//! Breaker outcomes are recorded by the downstream role when the response headers arrive:
+//! every attempt before the last one was retried, so it failed; the last one's status decides.
+//! (Envoy 1.40 calls no upstream-filter callback for an attempt whose connection failed, so the
+//! upstream role could not see those.)
+
+use crate::body::{is_context_length_error, is_routed_path, rewrite_model, Body};
+use crate::breaker::{is_failure, State, Transition, Verdict};
+use crate::config::{parse_document, Deployment, Provider, Role, RouterConfig};
+use crate::ids::IdSource;
+use crate::plan::{plan, Admission, Request as PlanRequest};
+use crate::stream::{interrupted_event, StreamWatcher};
+use llm_gateway_shared::headers;
+use llm_gateway_shared::host::{self, Buffer, HeaderMap, HostError, LogLevel, Metric};
+use llm_gateway_shared::reject::Reject;
+use llm_gateway_shared::route_info::{RouteInfo, PROPERTY as ROUTE_PROPERTY};
+use llm_gateway_shared::rules::RuleSet;
+use proxy_wasm::traits::{Context, HttpContext, RootContext};
+use proxy_wasm::types::{Action, ContextType};
+use std::cell::RefCell;
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
+use std::rc::Rc;
+
+const PLUGIN: &str = "model_router";
+/// Filter state holding the plan's deployment names, comma-separated.
+const PLAN_PROPERTY: &str = "llm_route_plan";
+/// Response headers.
+const ATTEMPTS: &str = "x-llm-attempts";
+const ROUTE_VERSION: &str = "x-llm-route-version";
+/// Envoy's attempt counter (route's virtual host: `include_request_attempt_count: true`).
+const ATTEMPT_COUNT: &str = "x-envoy-attempt-count";
+const MAX_RETRIES: &str = "x-envoy-max-retries";
+/// Set by the upstream role on a provider's context-length error; the route retries on it
+/// (`retry_on: retriable-headers`), the downstream role removes it before the client.
+const FALLBACK_HEADER: &str = "x-llm-fallback";
+/// Largest error body the upstream role reads to classify a 400.
+const MAX_ERROR_BODY: usize = 64 * 1024;
+const CAS_ROUNDS: usize = 8;
+
+proxy_wasm::main! {{
+    proxy_wasm::set_root_context(|_| Box::new(Root::default()));
+}}
+
+fn log(level: LogLevel, message: &str) {
+    host::log(level, &format!("model-router: {message}"));
+}
+
+fn count(name: &str) {
+    if let Ok(metric) = Metric::counter(&format!("llm_gateway.model_router.{name}")) {
+        let _ = metric.increment(1);
+    }
+}
+
+fn now_ms() -> u64 {
+    host::now_nanos().map_or(0, |n| n / 1_000_000)
+}
+
+struct Root {
+    rules: Option<Rc<RuleSet<RouterConfig>>>,
+    ids: Rc<RefCell<IdSource>>,
+}
+
+impl Default for Root {
+    fn default() -> Self {
+        // std seeds RandomState from the host's randomness (WASI `random_get`)
+        let seed = RandomState::new().hash_one(host::now_nanos().unwrap_or_default());
+        Root {
+            rules: None,
+            ids: Rc::new(RefCell::new(IdSource::new(seed))),
+        }
+    }
+}
+
+impl Context for Root {}
+
+impl RootContext for Root {
+    fn on_configure(&mut self, _size: usize) -> bool {
+        let Some(rules) = host::load_config("model-router", parse_document) else {
+            return false;
+        };
+        if let Some(c) = rules.global() {
+            log(
+                LogLevel::Info,
+                &format!(
+                    "configured ({:?}) version {} with {} deployments and {} groups",
+                    c.role,
+                    c.version,
+                    c.deployments.len(),
+                    c.groups.len()
+                ),
+            );
+        }
+        seed_breakers(&rules);
+        self.rules = Some(Rc::new(rules));
+        true
+    }
+
+    fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
+        let rules = self.rules.clone();
+        let role = rules
+            .as_ref()
+            .and_then(|r| r.configs().next().map(|c| c.role))
+            .unwrap_or_default();
+        match role {
+            Role::Downstream => Some(Box::new(Downstream {
+                rules,
+                ids: Rc::clone(&self.ids),
+                path: None,
+                routed: None,
+                watcher: None,
+            })),
+            Role::Upstream => Some(Box::new(Upstream {
+                rules,
+                attempt: None,
+            })),
+        }
+    }
+
+    fn get_type(&self) -> Option<ContextType> {
+        Some(ContextType::HttpContext)
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Breaker state in shared data
+
+fn breaker_key(deployment: &str) -> String {
+    format!("llm_router:breaker:{deployment}")
+}
+
+/// Creates every deployment's breaker entry that does not exist yet. proxy-wasm has no
+/// create-if-absent: a first write is unconditional (CAS 0), so doing it here, before traffic,
+/// leaves every later update a real compare-and-swap.
+fn seed_breakers(rules: &RuleSet<RouterConfig>) {
+    for config in rules.configs() {
+        for deployment in &config.deployments {
+            let key = breaker_key(&deployment.name);
+            if let Ok((None, _)) = host::shared_data(&key) {
+                let _ = host::set_shared_data(&key, &State::default().encode(), 0);
+            }
+        }
+    }
+}
+
+/// Asks the deployment's breaker; claims the probe with CAS when it is this request's turn.
+fn admit(config: &RouterConfig, deployment: &Deployment, now: u64) -> Admission {
+    let key = breaker_key(&deployment.name);
+    for _ in 0..CAS_ROUNDS {
+        let Ok((value, cas)) = host::shared_data(&key) else {
+            return Admission::Admit; // no shared data: fail open
+        };
+        let state = value.as_deref().map(State::decode).unwrap_or_default();
+        match state.admit(&config.breaker, now) {
+            Verdict::Admit(None) => return Admission::Admit,
+            Verdict::Skip(ms) => return Admission::Skip(ms),
+            Verdict::Admit(Some(probing)) => {
+                match host::set_shared_data(&key, &probing.encode(), cas) {
+                    Ok(()) => {
+                        log(
+                            LogLevel::Info,
+                            &format!("breaker half-open: probing deployment {}", deployment.name),
+                        );
+                        count(&format!("breaker.probe.{}", deployment.name));
+                        return Admission::Admit;
+                    }
+                    Err(HostError::CasMismatch) => continue,
+                    Err(_) => return Admission::Admit,
+                }
+            }
+        }
+    }
+    Admission::Skip(config.breaker.cooldown_ms) // lost every race: someone else probes
+}
+
+/// Records an attempt's outcome in the deployment's breaker.
+fn record(config: &RouterConfig, deployment: &str, failed: bool, now: u64) {
+    let key = breaker_key(deployment);
+    for _ in 0..CAS_ROUNDS {
+        let Ok((value, cas)) = host::shared_data(&key) else {
+            return;
+        };
+        let state = value.as_deref().map(State::decode).unwrap_or_default();
+        let (next, transition) = state.record(&config.breaker, failed, now);
+        if next == state {
+            return;
+        }
+        match host::set_shared_data(&key, &next.encode(), cas) {
+            Ok(()) => {
+                match transition {
+                    Transition::Opened => {
+                        log(
+                            LogLevel::Warn,
+                            &format!(
+                                "breaker opened: deployment {deployment} skipped for {} ms",
+                                config.breaker.cooldown_ms
+                            ),
+                        );
+                        count(&format!("breaker.opened.{deployment}"));
+                    }
+                    Transition::Recovered => {
+                        log(
+                            LogLevel::Info,
+                            &format!("breaker closed: deployment {deployment} recovered"),
+                        );
+                        count(&format!("breaker.recovered.{deployment}"));
+                    }
+                    Transition::Probing | Transition::None => {}
+                }
+                return;
+            }
+            Err(HostError::CasMismatch) => continue,
+            Err(_) => return,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Shared helpers
+
+fn header_string(map: HeaderMap, name: &str) -> Option<String> {
+    host::header(map, name)
+        .ok()
+        .flatten()
+        .and_then(|v| String::from_utf8(v).ok())
+}
+
+/// Replaces the provider credential headers with the deployment's.
+fn set_credential(deployment: &Deployment) -> Result<(), HostError> {
+    host::remove_header(HeaderMap::RequestHeaders, "authorization")?;
+    host::remove_header(HeaderMap::RequestHeaders, "x-api-key")?;
+    let Some(credential) = &deployment.credential else {
+        return Ok(());
+    };
+    match deployment.provider {
+        Provider::Anthropic => host::set_header(
+            HeaderMap::RequestHeaders,
+            "x-api-key",
+            credential.as_bytes(),
+        ),
+        Provider::Openai | Provider::OpenaiCompatible => host::set_header(
+            HeaderMap::RequestHeaders,
+            "authorization",
+            format!("Bearer {credential}").as_bytes(),
+        ),
+    }
+}
+
+/// Replaces the whole request body and fixes `content-length` (headers are still held).
+fn replace_request_body(size: usize, body: &[u8]) -> Result<(), HostError> {
+    host::set_buffer(Buffer::RequestBody, 0, size, body)?;
+    if host::header(HeaderMap::RequestHeaders, "content-length")?.is_some() {
+        host::set_header(
+            HeaderMap::RequestHeaders,
+            "content-length",
+            body.len().to_string().as_bytes(),
+        )?;
+    }
+    Ok(())
+}
+
+fn refuse(reject: &Reject) -> Action {
+    count(&format!("rejected.{}", reject.code));
+    if let Err(err) = host::send_reject(PLUGIN, reject) {
+        log(
+            LogLevel::Error,
+            &format!("cannot send the local reply: {err}"),
+        );
+    }
+    Action::Pause
+}
+
+fn attempt_number() -> u32 {
+    header_string(HeaderMap::RequestHeaders, ATTEMPT_COUNT)
+        .and_then(|v| v.trim().parse::<u32>().ok())
+        .unwrap_or(1)
+        .max(1)
+}
+
+// ---------------------------------------------------------------------------------------
+// Downstream role
+
+struct Routed {
+    /// Position of the selected config in `config.configs()`.
+    config_index: usize,
+    group: String,
+    deployments: Vec<usize>,
+    request_id: String,
+    /// The client speaks Anthropic Messages (`/v1/messages`): its error event is Anthropic's.
+    anthropic_api: bool,
+    config: Rc<RuleSet<RouterConfig>>,
+}
+
+struct Downstream {
+    rules: Option<Rc<RuleSet<RouterConfig>>>,
+    ids: Rc<RefCell<IdSource>>,
+    /// `:path`, kept from the headers when it is one the router handles.
+    path: Option<String>,
+    routed: Option<Routed>,
+    watcher: Option<StreamWatcher>,
+}
+
+impl Context for Downstream {}
+
+impl Downstream {
+    fn config(&self) -> Option<&RouterConfig> {
+        let rules = self.rules.as_ref()?;
+        host::select_config(rules, None)
+    }
+
+    fn route(&mut self, size: usize) -> Result<(), Reject> {
+        let Some(rules) = self.rules.clone() else {
+            return Err(Reject::internal("model-router is not configured"));
+        };
+        let Some(config) = host::select_config(&rules, None) else {
+            return Ok(());
+        };
+        let bytes = host::buffer(Buffer::RequestBody, 0, size)
+            .map_err(|_| Reject::internal("cannot read the request body"))?;
+        let body = Body::parse(&bytes)?;
+        let allowed = header_string(HeaderMap::RequestHeaders, headers::GROUPS);
+        let subject = header_string(HeaderMap::RequestHeaders, "x-user-id")
+            .filter(|s| !s.is_empty())
+            .or_else(|| header_string(HeaderMap::RequestHeaders, headers::CONSUMER));
+        let request = PlanRequest {
+            model: &body.model,
+            allowed_groups: allowed.as_deref(),
+            subject: subject.as_deref(),
+            estimated_tokens: body.estimated_tokens(),
+        };
+        let now = now_ms();
+        let plan = plan(config, &request, |index| {
+            match config.deployments.get(index) {
+                Some(deployment) => admit(config, deployment, now),
+                None => Admission::Skip(0),
+            }
+        })?;
+        let first = plan
+            .deployments
+            .first()
+            .and_then(|i| config.deployments.get(*i))
+            .ok_or_else(|| Reject::internal("empty plan"))?;
+
+        let internal = |_| Reject::internal("cannot route the request");
+        replace_request_body(size, &body.with_model(&first.model)).map_err(internal)?;
+        if plan.deployments.len() == 1 {
+            set_credential(first).map_err(internal)?;
+        } else {
+            // Several deployments: each attempt's credential is the upstream role's job. Were
+            // it set here, a cluster without the upstream filter would forward the first
+            // provider's key to the second provider; this way it gets none (a 401 that shows
+            // the misconfiguration).
+            host::remove_header(HeaderMap::RequestHeaders, "authorization").map_err(internal)?;
+            host::remove_header(HeaderMap::RequestHeaders, "x-api-key").map_err(internal)?;
+        }
+        // never the client's: see crate::ids
+        let request_id = self
+            .ids
+            .try_borrow_mut()
+            .map(|mut ids| ids.next_id(host::now_nanos().unwrap_or(now)))
+            .unwrap_or_default();
+        let set = |name: &str, value: &str| {
+            host::set_header(HeaderMap::RequestHeaders, name, value.as_bytes()).map_err(internal)
+        };
+        set(headers::MODEL_GROUP, &plan.group)?;
+        set(headers::DEPLOYMENT, &first.name)?;
+        set(headers::CLUSTER, &first.cluster)?;
+        set(headers::REQUEST_ID, &request_id)?;
+        set(ATTEMPT_COUNT, "0")?;
+        set(
+            MAX_RETRIES,
+            &(plan.deployments.len().saturating_sub(1)).to_string(),
+        )?;
+        let names: Vec<&str> = plan
+            .deployments
+            .iter()
+            .filter_map(|i| config.deployments.get(*i))
+            .map(|d| d.name.as_str())
+            .collect();
+        for (slot, index) in plan.deployments.iter().enumerate() {
+            if let Some(deployment) = config.deployments.get(*index) {
+                host::set_property(&[&format!("llm_try_{slot}")], deployment.cluster.as_bytes())
+                    .map_err(internal)?;
+            }
+        }
+        host::set_property(&[PLAN_PROPERTY], names.join(",").as_bytes()).map_err(internal)?;
+        let info = route_info(config, &plan.group, first, &request_id, 1);
+        host::set_property(&[ROUTE_PROPERTY], &info.to_json()).map_err(internal)?;
+        host::clear_route_cache().map_err(internal)?;
+
+        count(&format!("version.{}.requests", config.version));
+        self.routed = Some(Routed {
+            config_index: rules
+                .configs()
+                .position(|c| std::ptr::eq(c, config))
+                .unwrap_or(0),
+            group: plan.group,
+            deployments: plan.deployments,
+            request_id,
+            anthropic_api: self
+                .path
+                .as_deref()
+                .is_some_and(|p| p.starts_with("/v1/messages")),
+            config: Rc::clone(&rules),
+        });
+        Ok(())
+    }
+}
+
+fn route_info(
+    config: &RouterConfig,
+    group: &str,
+    deployment: &Deployment,
+    request_id: &str,
+    attempts: u32,
+) -> RouteInfo {
+    RouteInfo {
+        request_id: request_id.to_string(),
+        model_group: group.to_string(),
+        deployment: deployment.name.clone(),
+        model: deployment.model.clone(),
+        provider: deployment.provider.as_str().to_string(),
+        price: deployment.price.clone(),
+        price_version: deployment.price_version.clone(),
+        route_version: config.version.clone(),
+        attempts,
+    }
+}
+
+impl HttpContext for Downstream {
+    fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
+        let path = header_string(HeaderMap::RequestHeaders, ":path").unwrap_or_default();
+        if !is_routed_path(&path) || self.config().is_none() {
+            return Action::Continue;
+        }
+        self.path = Some(path);
+        if end_of_stream {
+            return refuse(&Reject::bad_request(
+                "invalid_request_body",
+                "the request needs a JSON body with a `model`",
+            ));
+        }
+        // Hold the headers until the body decides the route (Envoy:
+        // `allow_on_headers_stop_iteration: true` keeps body callbacks coming).
+        Action::Pause
+    }
+
+    fn on_http_request_body(&mut self, size: usize, end_of_stream: bool) -> Action {
+        if self.path.is_none() || self.routed.is_some() {
+            return Action::Continue;
+        }
+        if !end_of_stream {
+            return Action::Pause;
+        }
+        match self.route(size) {
+            Ok(()) => Action::Continue,
+            Err(reject) => {
+                if reject.status >= 500 {
+                    log(LogLevel::Warn, &format!("refused: {}", reject.code));
+                }
+                refuse(&reject)
+            }
+        }
+    }
+
+    fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+        let Some(routed) = self.routed.as_mut() else {
+            return Action::Continue;
+        };
+        let Some(config) = routed.config.configs().nth(routed.config_index) else {
+            return Action::Continue;
+        };
+        let attempts = attempt_number();
+        let index = usize::try_from(attempts - 1).unwrap_or(0);
+        let served = routed
+            .deployments
+            .get(index)
+            .or(routed.deployments.last())
+            .and_then(|i| config.deployments.get(*i));
+        let status = header_string(HeaderMap::ResponseHeaders, ":status")
+            .and_then(|s| s.parse::<u16>().ok());
+        let add = |name: &str, value: &str| {
+            let _ = host::set_header(HeaderMap::ResponseHeaders, name, value.as_bytes());
+        };
+        let _ = host::remove_header(HeaderMap::ResponseHeaders, FALLBACK_HEADER);
+        add(headers::MODEL_GROUP, &routed.group);
+        add(ATTEMPTS, &attempts.to_string());
+        add(ROUTE_VERSION, &config.version);
+        if let Some(deployment) = served {
+            add(headers::DEPLOYMENT, &deployment.name);
+            let info = route_info(
+                config,
+                &routed.group,
+                deployment,
+                &routed.request_id,
+                attempts,
+            );
+            let _ = host::set_property(&[ROUTE_PROPERTY], &info.to_json());
+            count(&format!("served.{}.{}", routed.group, deployment.name));
+        }
+        // Every attempt before the last was retried, and Envoy retries only failures (429,
+        // 5xx, reset, timeout, connect failure): they all count against their breakers.
+        let now = now_ms();
+        for (n, index) in routed.deployments.iter().enumerate() {
+            let Some(deployment) = config.deployments.get(*index) else {
+                continue;
+            };
+            if n + 1 < attempts as usize {
+                record(config, &deployment.name, true, now);
+            } else if n + 1 == attempts as usize {
+                record(config, &deployment.name, is_failure(status), now);
+            }
+        }
+        if attempts > 1 {
+            count("fallbacks");
+        }
+        let event_stream = header_string(HeaderMap::ResponseHeaders, "content-type")
+            .is_some_and(|ct| ct.to_ascii_lowercase().starts_with("text/event-stream"));
+        if event_stream && status == Some(200) {
+            // the body will change length if it needs the error event
+            let _ = host::remove_header(HeaderMap::ResponseHeaders, "content-length");
+            self.watcher = Some(StreamWatcher::default());
+        }
+        Action::Continue
+    }
+
+    fn on_http_response_body(&mut self, size: usize, end_of_stream: bool) -> Action {
+        let Some(watcher) = self.watcher.as_mut() else {
+            return Action::Continue;
+        };
+        if size > 0 {
+            if let Ok(chunk) = host::buffer(Buffer::ResponseBody, 0, size) {
+                watcher.push(&chunk);
+            }
+        }
+        if end_of_stream && !watcher.finished() {
+            let anthropic = self.routed.as_ref().is_some_and(|r| r.anthropic_api);
+            let event = interrupted_event(anthropic);
+            if let Err(err) = host::set_buffer(Buffer::ResponseBody, size, 0, &event) {
+                log(
+                    LogLevel::Error,
+                    &format!("cannot append the stream error event: {err}"),
+                );
+            }
+            log(
+                LogLevel::Warn,
+                "stream ended without its terminator: error event sent",
+            );
+            count("stream_interrupted");
+            self.watcher = None;
+        }
+        Action::Continue
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Upstream role
+
+struct Attempt {
+    deployment: usize,
+    config_version: String,
+    /// A later deployment exists: a context-length 400 may move there.
+    has_next: bool,
+    /// The response is a 400 held until its body says whether it is a context-length error.
+    inspecting: bool,
+}
+
+struct Upstream {
+    rules: Option<Rc<RuleSet<RouterConfig>>>,
+    attempt: Option<Attempt>,
+}
+
+impl Context for Upstream {}
+
+impl Upstream {
+    fn config(&self) -> Option<&RouterConfig> {
+        let rules = self.rules.as_ref()?;
+        let version = self.attempt.as_ref().map(|a| a.config_version.as_str());
+        match version {
+            Some(v) => rules.configs().find(|c| c.version == v),
+            None => rules.global().or_else(|| rules.configs().next()),
+        }
+    }
+
+    fn deployment(&self) -> Option<&Deployment> {
+        let attempt = self.attempt.as_ref()?;
+        self.config()?.deployments.get(attempt.deployment)
+    }
+}
+
+impl HttpContext for Upstream {
+    fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
+        let Some(config) = self.config() else {
+            return Action::Continue;
+        };
+        let Ok(Some(plan)) = host::property_string(&[PLAN_PROPERTY]) else {
+            return Action::Continue; // not a routed request
+        };
+        let attempt = attempt_number();
+        let name = plan
+            .split(',')
+            .nth(usize::try_from(attempt - 1).unwrap_or(usize::MAX))
+            .unwrap_or_default();
+        let Some((index, deployment)) = config.deployment(name) else {
+            log(
+                LogLevel::Warn,
+                &format!("attempt {attempt}: no deployment in the plan; request unchanged"),
+            );
+            return Action::Continue;
+        };
+        if let Err(err) = set_credential(deployment) {
+            log(
+                LogLevel::Error,
+                &format!("cannot set the credential: {err}"),
+            );
+        }
+        let has_next = plan.split(',').count() > usize::try_from(attempt).unwrap_or(usize::MAX);
+        self.attempt = Some(Attempt {
+            deployment: index,
+            config_version: config.version.clone(),
+            has_next,
+            inspecting: false,
+        });
+        if end_of_stream {
+            Action::Continue
+        } else {
+            Action::Pause // hold the headers: the body's length may change
+        }
+    }
+
+    fn on_http_request_body(&mut self, size: usize, end_of_stream: bool) -> Action {
+        let Some(deployment) = self.deployment() else {
+            return Action::Continue;
+        };
+        if !end_of_stream {
+            return Action::Pause;
+        }
+        let model = deployment.model.clone();
+        if let Ok(bytes) = host::buffer(Buffer::RequestBody, 0, size) {
+            if let Some(rewritten) = rewrite_model(&bytes, &model) {
+                if let Err(err) = replace_request_body(size, &rewritten) {
+                    log(LogLevel::Error, &format!("cannot rewrite the model: {err}"));
+                }
+            }
+        }
+        Action::Continue
+    }
+
+    fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
+        let Some(attempt) = self.attempt.as_mut() else {
+            return Action::Continue;
+        };
+        let status = header_string(HeaderMap::ResponseHeaders, ":status");
+        if status.as_deref() == Some("400") && attempt.has_next && !end_of_stream {
+            // hold the headers until the body tells whether it is a context-length error
+            attempt.inspecting = true;
+            return Action::Pause;
+        }
+        Action::Continue
+    }
+
+    fn on_http_response_body(&mut self, size: usize, end_of_stream: bool) -> Action {
+        let Some(attempt) = self.attempt.as_mut() else {
+            return Action::Continue;
+        };
+        if !attempt.inspecting {
+            return Action::Continue;
+        }
+        if !end_of_stream && size < MAX_ERROR_BODY {
+            return Action::Pause;
+        }
+        attempt.inspecting = false;
+        let body =
+            host::buffer(Buffer::ResponseBody, 0, size.min(MAX_ERROR_BODY)).unwrap_or_default();
+        if is_context_length_error(&body) {
+            if let Err(err) = host::set_header(
+                HeaderMap::ResponseHeaders,
+                FALLBACK_HEADER,
+                b"context_length_exceeded",
+            ) {
+                log(
+                    LogLevel::Error,
+                    &format!("cannot mark a context-length error: {err}"),
+                );
+            }
+            count("context_length_fallbacks");
+        }
+        Action::Continue
+    }
+}

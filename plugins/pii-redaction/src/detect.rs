@@ -1,0 +1,895 @@
+//! Detectors: hand-written linear scanners for the built-in kinds of personal data, with
+//! validation (GB 11643 check digit, Luhn, address ranges), and `regex-lite` for user rules
+//! and deny words.
+//!
+//! Every scanner looks at each byte a bounded number of times, so the time is linear in the
+//! text whatever it contains; `regex-lite` has no backtracking. Built-in matches start and
+//! end on ASCII bytes, so their spans are always on `char` boundaries.
+
+use std::net::Ipv6Addr;
+use std::ops::Range;
+use std::str::FromStr;
+
+/// A built-in detector.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Builtin {
+    /// `local@domain.tld`.
+    Email,
+    /// Mainland China mobile: `1[3-9]` + 9 digits, optional `+86`/`0086`, 3-4-4 grouping.
+    PhoneCn,
+    /// E.164 international: `+`, 8 to 15 digits, single spaces, dashes or dots between groups.
+    PhoneE164,
+    /// PRC resident ID (18 characters), birth date plausible and GB 11643 check digit valid.
+    IdCn,
+    /// Payment card: 13 to 19 digits (groups by one space or dash), Luhn valid.
+    Card,
+    /// Dotted quad, each part 0..=255 without leading zeros.
+    Ipv4,
+    /// An IPv6 address, as `std::net::Ipv6Addr` parses it, with at least two colons.
+    Ipv6,
+    /// OpenAI-style secret key `sk-…` (20 or more key characters).
+    OpenAiKey,
+    /// AWS access key id `AKIA…` / `ASIA…` (16 more upper-case letters or digits).
+    AwsAccessKey,
+    /// A JSON Web Token: `eyJ…` `.` `eyJ…` `.` signature.
+    Jwt,
+    /// A PEM private key block, `-----BEGIN … PRIVATE KEY-----` to its `-----END …-----`.
+    PrivateKey,
+}
+
+impl Builtin {
+    /// Every built-in, in the default rule order.
+    pub const ALL: [Builtin; 11] = [
+        Builtin::PrivateKey,
+        Builtin::Jwt,
+        Builtin::OpenAiKey,
+        Builtin::AwsAccessKey,
+        Builtin::Email,
+        Builtin::IdCn,
+        Builtin::Card,
+        Builtin::PhoneCn,
+        Builtin::PhoneE164,
+        Builtin::Ipv6,
+        Builtin::Ipv4,
+    ];
+
+    /// The name used in config (`"detector": "email"`).
+    pub fn id(self) -> &'static str {
+        match self {
+            Builtin::Email => "email",
+            Builtin::PhoneCn => "phone_cn",
+            Builtin::PhoneE164 => "phone_e164",
+            Builtin::IdCn => "id_cn",
+            Builtin::Card => "card",
+            Builtin::Ipv4 => "ipv4",
+            Builtin::Ipv6 => "ipv6",
+            Builtin::OpenAiKey => "openai_key",
+            Builtin::AwsAccessKey => "aws_access_key",
+            Builtin::Jwt => "jwt",
+            Builtin::PrivateKey => "private_key",
+        }
+    }
+
+    /// The default rule name, which is also the placeholder's (`[EMAIL_1]`).
+    pub fn default_name(self) -> &'static str {
+        match self {
+            Builtin::Email => "EMAIL",
+            Builtin::PhoneCn | Builtin::PhoneE164 => "PHONE",
+            Builtin::IdCn => "ID",
+            Builtin::Card => "CARD",
+            Builtin::Ipv4 | Builtin::Ipv6 => "IP",
+            Builtin::OpenAiKey => "API_KEY",
+            Builtin::AwsAccessKey => "AWS_KEY",
+            Builtin::Jwt => "JWT",
+            Builtin::PrivateKey => "PRIVATE_KEY",
+        }
+    }
+
+    /// The built-in with this config name.
+    pub fn from_id(id: &str) -> Option<Builtin> {
+        Builtin::ALL.into_iter().find(|b| b.id() == id)
+    }
+
+    /// Calls `found` with the span of every match in `text`, in order, not overlapping.
+    pub fn find(self, text: &str, found: &mut dyn FnMut(Range<usize>)) {
+        let b = text.as_bytes();
+        match self {
+            Builtin::Email => email(b, found),
+            Builtin::PhoneCn => starts(b, found, |c| matches!(c, b'+' | b'0' | b'1'), phone_cn),
+            Builtin::PhoneE164 => starts(b, found, |c| c == b'+', phone_e164),
+            Builtin::IdCn => starts(b, found, is_digit, id_cn),
+            Builtin::Card => starts(b, found, |c| matches!(c, b'2'..=b'6'), card),
+            Builtin::Ipv4 => starts(b, found, is_digit, ipv4),
+            Builtin::Ipv6 => ipv6_runs(b, found),
+            Builtin::OpenAiKey => starts(b, found, |c| c == b's', openai_key),
+            Builtin::AwsAccessKey => starts(b, found, |c| c == b'A', aws_key),
+            Builtin::Jwt => starts(b, found, |c| c == b'e', jwt),
+            Builtin::PrivateKey => private_key(text, found),
+        }
+    }
+}
+
+/// A detector of a rule.
+#[derive(Debug, Clone)]
+pub enum Detector {
+    /// A built-in scanner.
+    Builtin(Builtin),
+    /// A user pattern (also used for deny words, compiled into one alternation).
+    Regex(regex_lite::Regex),
+}
+
+impl Detector {
+    /// Calls `found` with the span of every non-empty match in `text`.
+    pub fn find(&self, text: &str, found: &mut dyn FnMut(Range<usize>)) {
+        match self {
+            Detector::Builtin(b) => b.find(text, found),
+            Detector::Regex(re) => {
+                for m in re.find_iter(text) {
+                    if !m.range().is_empty() {
+                        found(m.range());
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The regex of a deny-word list: any of the words, case-insensitive, as whole words where a
+/// word begins or ends with an ASCII letter or digit.
+pub fn deny_words_pattern(words: &[String]) -> String {
+    let alternatives: Vec<String> = words
+        .iter()
+        .map(|w| {
+            let lead = w.chars().next().is_some_and(|c| c.is_ascii_alphanumeric());
+            let tail = w.chars().last().is_some_and(|c| c.is_ascii_alphanumeric());
+            format!(
+                "{}{}{}",
+                if lead { r"\b" } else { "" },
+                regex_lite::escape(w),
+                if tail { r"\b" } else { "" }
+            )
+        })
+        .collect();
+    format!("(?i)(?:{})", alternatives.join("|"))
+}
+
+// ---------------------------------------------------------------------------------------
+// Byte helpers (never index out of range: a missing byte reads as 0)
+
+fn at(b: &[u8], i: usize) -> u8 {
+    b.get(i).copied().unwrap_or(0)
+}
+
+fn before(b: &[u8], i: usize) -> u8 {
+    i.checked_sub(1).map_or(0, |j| at(b, j))
+}
+
+fn is_digit(c: u8) -> bool {
+    c.is_ascii_digit()
+}
+
+fn is_word(c: u8) -> bool {
+    c.is_ascii_alphanumeric() || c == b'_'
+}
+
+fn is_key_char(c: u8) -> bool {
+    c.is_ascii_alphanumeric() || c == b'_' || c == b'-'
+}
+
+/// Runs `try_at` at every position whose byte can begin a match (`first`); on a match,
+/// reports it and continues after its end. Every `try_at` reads a bounded number of bytes, or
+/// (for runs) returns how far it read so the scan skips them.
+fn starts(
+    b: &[u8],
+    found: &mut dyn FnMut(Range<usize>),
+    first: fn(u8) -> bool,
+    try_at: fn(&[u8], usize) -> Step,
+) {
+    let mut i = 0;
+    while let Some(off) = b
+        .get(i..)
+        .and_then(|rest| rest.iter().position(|&c| first(c)))
+    {
+        i += off;
+        match try_at(b, i) {
+            Step::Match(end) if end > i => {
+                found(i..end);
+                i = end;
+            }
+            Step::Skip(next) if next > i => i = next,
+            _ => i += 1,
+        }
+    }
+}
+
+enum Step {
+    /// A match from the position to this end.
+    Match(usize),
+    /// No match starts before this position.
+    Skip(usize),
+    /// No match here.
+    No,
+}
+
+/// Reads up to `max` digits from `i`; returns the end.
+fn digits_from(b: &[u8], i: usize, max: usize) -> usize {
+    let mut e = i;
+    while e - i < max && is_digit(at(b, e)) {
+        e += 1;
+    }
+    e
+}
+
+// ---------------------------------------------------------------------------------------
+// E-mail
+
+fn is_local(c: u8) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'%' | b'+' | b'-')
+}
+
+fn is_domain(c: u8) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, b'.' | b'-')
+}
+
+fn email(b: &[u8], found: &mut dyn FnMut(Range<usize>)) {
+    // `floor`: the left scan never goes below it (the previous '@' or match end), so every
+    // byte is scanned left at most once and right at most once.
+    let mut floor = 0;
+    let mut i = 0;
+    while let Some(off) = b
+        .get(i..)
+        .and_then(|rest| rest.iter().position(|&c| c == b'@'))
+    {
+        let at_sign = i + off;
+        let mut s = at_sign;
+        while s > floor && is_local(before(b, s)) {
+            s -= 1;
+        }
+        while s < at_sign && at(b, s) == b'.' {
+            s += 1;
+        }
+        let mut e = at_sign + 1;
+        while is_domain(at(b, e)) {
+            e += 1;
+        }
+        while e > at_sign + 1 && matches!(before(b, e), b'.' | b'-') {
+            e -= 1;
+        }
+        let domain = b.get(at_sign + 1..e).unwrap_or_default();
+        if s < at_sign && valid_domain(domain) && before(b, at_sign) != b'.' {
+            found(s..e);
+            floor = e;
+            i = e;
+        } else {
+            floor = at_sign + 1;
+            i = at_sign + 1;
+        }
+    }
+}
+
+fn valid_domain(d: &[u8]) -> bool {
+    let mut labels = 0;
+    let mut last: &[u8] = &[];
+    for label in d.split(|&c| c == b'.') {
+        if label.is_empty() || label.first() == Some(&b'-') || label.last() == Some(&b'-') {
+            return false;
+        }
+        labels += 1;
+        last = label;
+    }
+    labels >= 2 && last.len() >= 2 && last.iter().all(u8::is_ascii_alphabetic)
+}
+
+// ---------------------------------------------------------------------------------------
+// Phones
+
+fn phone_cn(b: &[u8], i: usize) -> Step {
+    let c = at(b, i);
+    if !(c == b'+' || is_digit(c)) || is_word(before(b, i)) || before(b, i) == b'+' {
+        return Step::No;
+    }
+    let mut p = i;
+    if b.get(p..p + 3) == Some(b"+86") {
+        p += 3;
+    } else if b.get(p..p + 4) == Some(b"0086") {
+        p += 4;
+    } else if c == b'+' {
+        return Step::No;
+    }
+    if p > i && matches!(at(b, p), b' ' | b'-') {
+        p += 1;
+    }
+    if at(b, p) != b'1' || !matches!(at(b, p + 1), b'3'..=b'9') {
+        return Step::No;
+    }
+    let e3 = digits_from(b, p, 3);
+    if e3 != p + 3 {
+        return Step::No;
+    }
+    // 3-4-4 with one separator kind, or 11 digits in a row
+    let sep = at(b, e3);
+    let end = if matches!(sep, b' ' | b'-') {
+        let e7 = digits_from(b, e3 + 1, 4);
+        if e7 != e3 + 5 || at(b, e7) != sep {
+            return Step::No;
+        }
+        let e11 = digits_from(b, e7 + 1, 4);
+        if e11 != e7 + 5 {
+            return Step::No;
+        }
+        e11
+    } else {
+        let e11 = digits_from(b, e3, 8);
+        if e11 != e3 + 8 {
+            return Step::No;
+        }
+        e11
+    };
+    if is_word(at(b, end)) {
+        return Step::No;
+    }
+    Step::Match(end)
+}
+
+fn phone_e164(b: &[u8], i: usize) -> Step {
+    if at(b, i) != b'+' || is_word(before(b, i)) || !matches!(at(b, i + 1), b'1'..=b'9') {
+        return Step::No;
+    }
+    let mut p = i + 1;
+    let mut count = 0;
+    let mut end = p;
+    while count <= 15 {
+        let c = at(b, p);
+        if is_digit(c) {
+            count += 1;
+            p += 1;
+            end = p;
+        } else if matches!(c, b' ' | b'-' | b'.') && is_digit(at(b, p + 1)) && p > i + 1 {
+            p += 1;
+        } else {
+            break;
+        }
+    }
+    if !(8..=15).contains(&count) || is_word(at(b, end)) {
+        return Step::No;
+    }
+    Step::Match(end)
+}
+
+// ---------------------------------------------------------------------------------------
+// PRC resident ID (GB 11643-1999)
+
+const ID_WEIGHTS: [u32; 17] = [7, 9, 10, 5, 8, 4, 2, 1, 6, 3, 7, 9, 10, 5, 8, 4, 2];
+const ID_CHECK: &[u8; 11] = b"10X98765432";
+
+/// True if the 18 characters are a valid resident ID number (check digit and birth date).
+pub fn valid_id_cn(id: &[u8]) -> bool {
+    if id.len() != 18 || !id.iter().take(17).all(|c| c.is_ascii_digit()) {
+        return false;
+    }
+    let num = |r: Range<usize>| {
+        id.get(r)
+            .unwrap_or_default()
+            .iter()
+            .fold(0u32, |a, &c| a * 10 + u32::from(c - b'0'))
+    };
+    let (year, month, day) = (num(6..10), num(10..12), num(12..14));
+    if !(1800..=2199).contains(&year) || !(1..=12).contains(&month) || !(1..=31).contains(&day) {
+        return false;
+    }
+    if at(id, 0) == b'0' {
+        return false;
+    }
+    let sum: u32 = id
+        .iter()
+        .zip(ID_WEIGHTS)
+        .map(|(&c, w)| u32::from(c - b'0') * w)
+        .sum();
+    let expected = ID_CHECK.get((sum % 11) as usize).copied().unwrap_or(0);
+    at(id, 17).to_ascii_uppercase() == expected
+}
+
+fn id_cn(b: &[u8], i: usize) -> Step {
+    if !is_digit(at(b, i)) || is_word(before(b, i)) {
+        return Step::No;
+    }
+    let e = digits_from(b, i, 18);
+    let end = match e - i {
+        18 => e,
+        17 if matches!(at(b, e), b'X' | b'x') => e + 1,
+        _ => return Step::Skip(digits_from(b, i, usize::MAX)),
+    };
+    if is_word(at(b, end)) {
+        return Step::Skip(end);
+    }
+    match b.get(i..end) {
+        Some(id) if valid_id_cn(id) => Step::Match(end),
+        _ => Step::Skip(end),
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Payment cards (Luhn)
+
+/// True if the digits pass the Luhn check.
+pub fn luhn(digits: &[u8]) -> bool {
+    let mut sum = 0u32;
+    for (k, &c) in digits.iter().rev().enumerate() {
+        let mut d = u32::from(c.wrapping_sub(b'0'));
+        if d > 9 {
+            return false;
+        }
+        if k % 2 == 1 {
+            d *= 2;
+            if d > 9 {
+                d -= 9;
+            }
+        }
+        sum += d;
+    }
+    sum.is_multiple_of(10)
+}
+
+fn card(b: &[u8], i: usize) -> Step {
+    if !matches!(at(b, i), b'2'..=b'6') || is_word(before(b, i)) {
+        return Step::No;
+    }
+    let mut digits = [0u8; 19];
+    let mut n = 0;
+    let mut p = i;
+    let mut sep = 0u8;
+    let mut end = i;
+    loop {
+        let c = at(b, p);
+        if is_digit(c) {
+            if n == digits.len() {
+                // too long for a card: skip the whole run
+                return Step::Skip(digits_from(b, p, usize::MAX));
+            }
+            if let Some(slot) = digits.get_mut(n) {
+                *slot = c;
+            }
+            n += 1;
+            p += 1;
+            end = p;
+        } else if matches!(c, b' ' | b'-') && (sep == 0 || sep == c) && is_digit(at(b, p + 1)) {
+            sep = c;
+            p += 1;
+        } else {
+            break;
+        }
+    }
+    if !(13..=19).contains(&n) || is_word(at(b, end)) {
+        return Step::Skip(end);
+    }
+    if luhn(digits.get(..n).unwrap_or_default()) {
+        Step::Match(end)
+    } else {
+        Step::Skip(end)
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// IP addresses
+
+fn ipv4(b: &[u8], i: usize) -> Step {
+    if !is_digit(at(b, i)) || is_word(before(b, i)) || before(b, i) == b'.' {
+        return Step::No;
+    }
+    let mut p = i;
+    for part in 0..4 {
+        if part > 0 {
+            if at(b, p) != b'.' {
+                return Step::No;
+            }
+            p += 1;
+        }
+        let e = digits_from(b, p, 4);
+        let len = e - p;
+        if len == 0 || len > 3 || (len > 1 && at(b, p) == b'0') {
+            return Step::No;
+        }
+        let v = b
+            .get(p..e)
+            .unwrap_or_default()
+            .iter()
+            .fold(0u32, |a, &c| a * 10 + u32::from(c - b'0'));
+        if v > 255 {
+            return Step::No;
+        }
+        p = e;
+    }
+    if is_word(at(b, p)) || (at(b, p) == b'.' && is_digit(at(b, p + 1))) {
+        return Step::No;
+    }
+    Step::Match(p)
+}
+
+fn is_ipv6_char(c: u8) -> bool {
+    c.is_ascii_hexdigit() || c == b':' || c == b'.'
+}
+
+/// IPv6 candidates all contain a `:`: jump from colon to colon, take the run of address
+/// characters around it once, and validate it.
+fn ipv6_runs(b: &[u8], found: &mut dyn FnMut(Range<usize>)) {
+    let mut done = 0; // bytes before this were part of a run already looked at
+    let mut i = 0;
+    while let Some(off) = b
+        .get(i..)
+        .and_then(|rest| rest.iter().position(|&c| c == b':'))
+    {
+        let colon = i + off;
+        let mut start = colon;
+        while start > done && is_ipv6_char(before(b, start)) {
+            start -= 1;
+        }
+        // the run may begin with '.' characters that cannot start an address
+        while start < colon && at(b, start) == b'.' {
+            start += 1;
+        }
+        let end = match ipv6(b, start) {
+            Step::Match(end) => {
+                found(start..end);
+                end
+            }
+            Step::Skip(end) => end,
+            Step::No => {
+                let mut e = colon;
+                while is_ipv6_char(at(b, e)) {
+                    e += 1;
+                }
+                e
+            }
+        };
+        done = end.max(colon + 1);
+        i = done;
+    }
+}
+
+fn ipv6(b: &[u8], i: usize) -> Step {
+    let c = at(b, i);
+    if !(c.is_ascii_hexdigit() || c == b':') {
+        return Step::No;
+    }
+    let prev = before(b, i);
+    if is_word(prev) || prev == b':' || prev == b'.' {
+        return Step::No;
+    }
+    let mut e = i;
+    while at(b, e).is_ascii_hexdigit() || matches!(at(b, e), b':' | b'.') {
+        e += 1;
+    }
+    let run_end = e;
+    if is_word(at(b, e)) || e - i > 45 {
+        return Step::Skip(run_end);
+    }
+    // a sentence may end right after an address
+    while e > i && before(b, e) == b'.' {
+        e -= 1;
+    }
+    let run = b.get(i..e).unwrap_or_default();
+    let colons = run.iter().filter(|&&c| c == b':').count();
+    if colons < 2 || !run.iter().any(u8::is_ascii_hexdigit) {
+        return Step::Skip(run_end);
+    }
+    let valid = std::str::from_utf8(run)
+        .ok()
+        .and_then(|s| Ipv6Addr::from_str(s).ok())
+        .is_some();
+    if valid {
+        Step::Match(e)
+    } else {
+        Step::Skip(run_end)
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Secrets
+
+fn key_run(b: &[u8], from: usize) -> usize {
+    let mut e = from;
+    while is_key_char(at(b, e)) {
+        e += 1;
+    }
+    e
+}
+
+fn openai_key(b: &[u8], i: usize) -> Step {
+    if b.get(i..i + 3) != Some(b"sk-") || is_key_char(before(b, i)) {
+        return Step::No;
+    }
+    let end = key_run(b, i + 3);
+    let body = b.get(i + 3..end).unwrap_or_default();
+    // at least 20 key characters, not all one kind of filler
+    if body.len() >= 20 && body.iter().filter(|c| c.is_ascii_alphanumeric()).count() >= 16 {
+        Step::Match(end)
+    } else {
+        Step::Skip(end)
+    }
+}
+
+fn aws_key(b: &[u8], i: usize) -> Step {
+    let prefix = b.get(i..i + 4);
+    if !matches!(prefix, Some(b"AKIA" | b"ASIA")) || is_word(before(b, i)) {
+        return Step::No;
+    }
+    let body = b.get(i + 4..i + 20).unwrap_or_default();
+    if body.len() == 16
+        && body
+            .iter()
+            .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit())
+        && !is_word(at(b, i + 20))
+    {
+        Step::Match(i + 20)
+    } else {
+        Step::No
+    }
+}
+
+fn jwt(b: &[u8], i: usize) -> Step {
+    if b.get(i..i + 3) != Some(b"eyJ") || is_key_char(before(b, i)) {
+        return Step::No;
+    }
+    let e1 = key_run(b, i);
+    if e1 - i < 10 || at(b, e1) != b'.' || b.get(e1 + 1..e1 + 4) != Some(b"eyJ") {
+        return Step::Skip(e1);
+    }
+    let e2 = key_run(b, e1 + 1);
+    if at(b, e2) != b'.' {
+        return Step::Skip(e2);
+    }
+    let e3 = key_run(b, e2 + 1);
+    Step::Match(e3)
+}
+
+fn private_key(text: &str, found: &mut dyn FnMut(Range<usize>)) {
+    const BEGIN: &str = "-----BEGIN ";
+    const END: &str = "-----END ";
+    const DASHES: &str = "-----";
+    let mut i = 0;
+    while let Some(off) = text.get(i..).and_then(|t| t.find(BEGIN)) {
+        let start = i + off;
+        let label_from = start + BEGIN.len();
+        let Some(label_len) = text.get(label_from..).and_then(|t| t.find(DASHES)) else {
+            return;
+        };
+        let label = text.get(label_from..label_from + label_len).unwrap_or("");
+        let after_begin = label_from + label_len + DASHES.len();
+        if !label.ends_with("PRIVATE KEY") || label.len() > 40 {
+            i = label_from;
+            continue;
+        }
+        // no END after this BEGIN means none after any later BEGIN either: stop
+        let Some(end_off) = text.get(after_begin..).and_then(|t| t.find(END)) else {
+            return;
+        };
+        let end_label = after_begin + end_off + END.len();
+        let Some(close) = text.get(end_label..).and_then(|t| t.find(DASHES)) else {
+            return;
+        };
+        let end = end_label + close + DASHES.len();
+        found(start..end);
+        i = end;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hits(b: Builtin, text: &str) -> Vec<&str> {
+        let mut out = Vec::new();
+        b.find(text, &mut |r| out.push(&text[r]));
+        out
+    }
+
+    #[test]
+    fn email() {
+        assert_eq!(
+            hits(Builtin::Email, "mail a.b+c@ex-ample.co.uk, or x@y.io."),
+            ["a.b+c@ex-ample.co.uk", "x@y.io"]
+        );
+        for no in [
+            "a@b", "@x.com", "a@.com", "a@b.c", "a@b..com", "a@-b.com", "a@b.c0m", "a.@b.com",
+        ] {
+            assert_eq!(hits(Builtin::Email, no), Vec::<&str>::new(), "{no}");
+        }
+        assert_eq!(hits(Builtin::Email, "x@@a.com b@c.org"), ["b@c.org"]);
+        assert_eq!(
+            hits(Builtin::Email, "邮箱zhang@corp.cn谢谢"),
+            ["zhang@corp.cn"]
+        );
+    }
+
+    #[test]
+    fn phone_cn() {
+        assert_eq!(
+            hits(
+                Builtin::PhoneCn,
+                "tel 13800138000, +86 139-1234-5678, 0086 15012345678 and 138 0013 8000"
+            ),
+            [
+                "13800138000",
+                "+86 139-1234-5678",
+                "0086 15012345678",
+                "138 0013 8000"
+            ]
+        );
+        for no in [
+            "12800138000",
+            "138001380001",
+            "a13800138000",
+            "138-0013 8000",
+            "1380013800",
+            "+8613800138000x",
+        ] {
+            assert_eq!(hits(Builtin::PhoneCn, no), Vec::<&str>::new(), "{no}");
+        }
+        assert_eq!(hits(Builtin::PhoneCn, "电话13800138000。"), ["13800138000"]);
+    }
+
+    #[test]
+    fn phone_e164() {
+        assert_eq!(
+            hits(Builtin::PhoneE164, "call +1 415-555-2671 or +442071838750."),
+            ["+1 415-555-2671", "+442071838750"]
+        );
+        for no in [
+            "+0123456789",
+            "+1234567",
+            "+1234567890123456",
+            "a+12345678901",
+            "+ 1234567890",
+        ] {
+            assert_eq!(hits(Builtin::PhoneE164, no), Vec::<&str>::new(), "{no}");
+        }
+    }
+
+    #[test]
+    fn id_cn_check_digit() {
+        // 11010519491231002X: the GB 11643 example
+        assert!(valid_id_cn(b"11010519491231002X"));
+        assert!(valid_id_cn(b"11010519491231002x"));
+        assert!(!valid_id_cn(b"110105194912310021"));
+        assert_eq!(
+            hits(Builtin::IdCn, "ID 11010519491231002X, 440524188001010014."),
+            ["11010519491231002X", "440524188001010014"]
+        );
+        // a random 18-digit number that fails the check is not an ID
+        for no in [
+            "123456789012345678",
+            "110105194913310028",
+            "11010519491231002X1",
+            "A11010519491231002X",
+        ] {
+            assert_eq!(hits(Builtin::IdCn, no), Vec::<&str>::new(), "{no}");
+        }
+    }
+
+    #[test]
+    fn card_luhn() {
+        assert!(luhn(b"4111111111111111"));
+        assert!(!luhn(b"4111111111111112"));
+        assert_eq!(
+            hits(
+                Builtin::Card,
+                "visa 4111 1111 1111 1111, amex 378282246310005; mc 5555-5555-5555-4444"
+            ),
+            [
+                "4111 1111 1111 1111",
+                "378282246310005",
+                "5555-5555-5555-4444"
+            ]
+        );
+        for no in [
+            "4111111111111112",
+            "4111-1111 1111 1111",
+            "411111111111",
+            "41111111111111111111",
+            "9111111111111111",
+        ] {
+            assert_eq!(hits(Builtin::Card, no), Vec::<&str>::new(), "{no}");
+        }
+    }
+
+    #[test]
+    fn ip_addresses() {
+        assert_eq!(
+            hits(Builtin::Ipv4, "from 10.0.0.1 to 192.168.255.254."),
+            ["10.0.0.1", "192.168.255.254"]
+        );
+        for no in ["256.1.1.1", "1.2.3", "1.2.3.4.5", "01.2.3.4", "v1.2.3.4"] {
+            assert_eq!(hits(Builtin::Ipv4, no), Vec::<&str>::new(), "{no}");
+        }
+        assert_eq!(
+            hits(
+                Builtin::Ipv6,
+                "at 2001:db8::8a2e:370:7334, fe80::1 and ::ffff:10.0.0.1."
+            ),
+            ["2001:db8::8a2e:370:7334", "fe80::1", "::ffff:10.0.0.1"]
+        );
+        for no in [
+            "12:30:45",
+            "std::io",
+            "::",
+            "deadbeef",
+            "1::2::3",
+            "2001:db8::g1",
+        ] {
+            assert_eq!(hits(Builtin::Ipv6, no), Vec::<&str>::new(), "{no}");
+        }
+    }
+
+    #[test]
+    fn secrets() {
+        let key = "sk-proj-AbCdEfGhIjKlMnOpQrStUvWx1234";
+        assert_eq!(hits(Builtin::OpenAiKey, &format!("key={key} ok")), [key]);
+        assert_eq!(hits(Builtin::OpenAiKey, "task-sk-abc"), Vec::<&str>::new());
+        assert_eq!(hits(Builtin::OpenAiKey, "sk-short"), Vec::<&str>::new());
+        assert_eq!(
+            hits(Builtin::AwsAccessKey, "id AKIAIOSFODNN7EXAMPLE."),
+            ["AKIAIOSFODNN7EXAMPLE"]
+        );
+        assert_eq!(
+            hits(Builtin::AwsAccessKey, "AKIAIOSFODNN7EXAMPLEX"),
+            Vec::<&str>::new()
+        );
+        let jwt = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0In0.sig-_nature";
+        assert_eq!(hits(Builtin::Jwt, &format!("Bearer {jwt}")), [jwt]);
+        assert_eq!(
+            hits(Builtin::Jwt, "eyJhbGciOiJIUzI1NiJ9.notjwt.x"),
+            Vec::<&str>::new()
+        );
+        let pem = "-----BEGIN RSA PRIVATE KEY-----\nMIIEow\n-----END RSA PRIVATE KEY-----";
+        assert_eq!(hits(Builtin::PrivateKey, &format!("k:\n{pem}\n")), [pem]);
+        assert_eq!(
+            hits(
+                Builtin::PrivateKey,
+                "-----BEGIN PUBLIC KEY-----\nx\n-----END PUBLIC KEY-----"
+            ),
+            Vec::<&str>::new()
+        );
+        assert_eq!(
+            hits(Builtin::PrivateKey, "-----BEGIN PRIVATE KEY-----\nx"),
+            Vec::<&str>::new()
+        );
+    }
+
+    #[test]
+    fn deny_words() {
+        let re = regex_lite::Regex::new(&deny_words_pattern(&[
+            "Project X".into(),
+            "机密".into(),
+            "a.b".into(),
+        ]))
+        .unwrap();
+        let d = Detector::Regex(re);
+        let text = "about project x and 机密资料, not aXb or project xy";
+        let mut out = Vec::new();
+        d.find(text, &mut |r| out.push(&text[r]));
+        assert_eq!(out, ["project x", "机密"]);
+    }
+
+    #[test]
+    fn scanners_survive_adversarial_input() {
+        // long runs of the bytes the scanners key on; linear time keeps this fast
+        let inputs = [
+            "@".repeat(10_000),
+            "a@".repeat(10_000),
+            "1".repeat(10_000),
+            "1 ".repeat(10_000),
+            "1.".repeat(10_000),
+            ":".repeat(10_000),
+            "a:".repeat(10_000),
+            "+1".repeat(10_000),
+            "sk-".repeat(10_000),
+            "eyJ.".repeat(10_000),
+            "-----BEGIN PRIVATE KEY-----".repeat(1_000),
+        ];
+        for text in &inputs {
+            for b in Builtin::ALL {
+                b.find(text, &mut |r| assert!(text.get(r).is_some()));
+            }
+        }
+    }
+}

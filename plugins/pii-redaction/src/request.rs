@@ -1,0 +1,515 @@
+//! The request side: which strings of a body are message text, and the rewritten body.
+//!
+//! In `messages` scope a JSON body is walked once; a string is scanned when it sits under a
+//! top-level `messages`, `system`, `input`, `instructions` or `prompt`, has a text-bearing
+//! member on its path (`content`, `text`, `arguments`, `input`, `output`, `system`,
+//! `instructions`, `prompt`), is not itself a metadata member (`role`, `type`, `id`, `name`,
+//! …), and is not inside an image, audio or file part. That covers Chat Completions (string
+//! content, text parts, tool call arguments), the Responses API `input` (string or items,
+//! function call arguments and outputs) and Anthropic Messages (`system`, text blocks,
+//! `tool_use.input`, `tool_result`). Only the changed strings are re-encoded, so the JSON stays
+//! valid and everything else keeps its bytes.
+
+use crate::config::{BodyScope, PiiConfig};
+use crate::mask::{Blocked, PlaceholderMap};
+use llm_gateway_shared::json::{self, Scalar, Seg};
+use std::ops::Range;
+
+const TOP: &[&str] = &["messages", "system", "input", "instructions", "prompt"];
+const TEXT: &[&str] = &[
+    "content",
+    "text",
+    "arguments",
+    "input",
+    "output",
+    "system",
+    "instructions",
+    "prompt",
+];
+const META: &[&str] = &[
+    "type",
+    "role",
+    "id",
+    "name",
+    "tool_call_id",
+    "tool_use_id",
+    "call_id",
+    "model",
+    "status",
+    "detail",
+    "media_type",
+    "format",
+    "url",
+    "signature",
+];
+const SKIP: &[&str] = &[
+    "image_url",
+    "image",
+    "input_image",
+    "source",
+    "file",
+    "file_data",
+    "input_audio",
+    "audio",
+    "cache_control",
+    "image_file",
+];
+
+/// Which API a request path speaks (decides where a preamble goes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Api {
+    /// `…/chat/completions`
+    Chat,
+    /// `…/responses`
+    Responses,
+    /// `…/messages` (Anthropic)
+    Anthropic,
+    /// Anything else.
+    Other,
+}
+
+impl Api {
+    /// The API of a `:path` (query ignored).
+    pub fn from_path(path: &str) -> Api {
+        let path = path
+            .split('?')
+            .next()
+            .unwrap_or_default()
+            .trim_end_matches('/');
+        if path.ends_with("/chat/completions") {
+            Api::Chat
+        } else if path.ends_with("/responses") {
+            Api::Responses
+        } else if path.ends_with("/messages") {
+            Api::Anthropic
+        } else {
+            Api::Other
+        }
+    }
+}
+
+/// What became of a request body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Redaction {
+    /// Nothing to change.
+    Unchanged,
+    /// The body to forward instead.
+    Rewritten(Vec<u8>),
+    /// A `block` rule matched.
+    Blocked(Blocked),
+    /// `messages` scope and the body is not JSON: it cannot be scanned, so it is refused.
+    Invalid(json::JsonError),
+}
+
+/// True if a string at `path` is message text (see the module doc).
+pub fn is_message_text(path: &[Seg]) -> bool {
+    let Some(top) = path.first().and_then(Seg::key) else {
+        return false;
+    };
+    if !TOP.contains(&top) {
+        return false;
+    }
+    let mut text = false;
+    for seg in path {
+        if let Some(key) = seg.key() {
+            if SKIP.contains(&key) {
+                return false;
+            }
+            text |= TEXT.contains(&key);
+        }
+    }
+    let own = path.iter().rev().find_map(Seg::key).unwrap_or_default();
+    // an array element's own key is its array's: `content: ["a", "b"]` is text
+    let own_is_meta = matches!(path.last(), Some(Seg::Key(_))) && META.contains(&own);
+    text && !own_is_meta
+}
+
+/// Redacts a request body under `config`, recording placeholders in `map`.
+pub fn redact_body(
+    config: &PiiConfig,
+    api: Api,
+    body: &[u8],
+    map: &mut PlaceholderMap,
+) -> Redaction {
+    if body.is_empty() {
+        return Redaction::Unchanged;
+    }
+    let result = match config.scope {
+        BodyScope::RawBody => redact_raw(config, body, map),
+        BodyScope::Messages => redact_messages(config, api, body, map),
+    };
+    match result {
+        Ok(Some(new)) => Redaction::Rewritten(new),
+        Ok(None) => Redaction::Unchanged,
+        Err(outcome) => outcome,
+    }
+}
+
+fn redact_raw(
+    config: &PiiConfig,
+    body: &[u8],
+    map: &mut PlaceholderMap,
+) -> Result<Option<Vec<u8>>, Redaction> {
+    // Not UTF-8 (a binary upload): nothing a text detector could read.
+    let Ok(text) = std::str::from_utf8(body) else {
+        return Ok(None);
+    };
+    match config.redactor.redact(text, map) {
+        Ok(new) => Ok(new.map(String::into_bytes)),
+        Err(blocked) => Err(Redaction::Blocked(blocked)),
+    }
+}
+
+fn redact_messages(
+    config: &PiiConfig,
+    api: Api,
+    body: &[u8],
+    map: &mut PlaceholderMap,
+) -> Result<Option<Vec<u8>>, Redaction> {
+    let mut edits: Vec<(Range<usize>, Vec<u8>)> = Vec::new();
+    let mut blocked: Option<Blocked> = None;
+    let mut anchors = Anchors::default();
+    // fail closed: text that cannot be decoded cannot be scanned, so it is not forwarded
+    let mut undecodable: Option<usize> = None;
+    json::walk(body, &json::Limits::default(), &mut |path, kind, span| {
+        anchors.note(path, kind, &span);
+        if kind != Scalar::String || blocked.is_some() || !is_message_text(path) {
+            return;
+        }
+        let Some(text) = body.get(span.clone()).and_then(json::decode_lossy) else {
+            undecodable = Some(span.start);
+            return;
+        };
+        match config.redactor.redact(&text, map) {
+            Ok(Some(new)) => edits.push((span, json::quote(&new).into_bytes())),
+            Ok(None) => {}
+            Err(b) => blocked = Some(b),
+        }
+    })
+    .map_err(Redaction::Invalid)?;
+    if let Some(at) = undecodable {
+        return Err(Redaction::Invalid(json::JsonError {
+            at,
+            reason: "a string that cannot be decoded",
+        }));
+    }
+    if let Some(b) = blocked {
+        return Err(Redaction::Blocked(b));
+    }
+    if edits.is_empty() {
+        return Ok(None);
+    }
+    if let Some(preamble) = &config.preamble {
+        if let Some(edit) = anchors.preamble_edit(api, body, preamble) {
+            edits.push(edit);
+            edits.sort_by_key(|(span, _)| span.start);
+        }
+    }
+    Ok(Some(json::splice(body, &edits)))
+}
+
+/// Where a preamble can be inserted: positions noted during the walk.
+#[derive(Debug, Default)]
+struct Anchors {
+    /// The `{` of the document.
+    root: Option<usize>,
+    /// The `[` of top-level `messages`.
+    messages: Option<usize>,
+    /// Top-level `system` / `instructions`: a string's span, or an array's `[`.
+    system: Option<(Scalar, Range<usize>)>,
+    instructions: Option<(Scalar, Range<usize>)>,
+}
+
+impl Anchors {
+    fn note(&mut self, path: &[Seg], kind: Scalar, span: &Range<usize>) {
+        match (path, kind) {
+            ([], Scalar::Open) => self.root = Some(span.start),
+            ([Seg::Key(k)], Scalar::Open) if k == "messages" => self.messages = Some(span.start),
+            ([Seg::Key(k)], Scalar::String | Scalar::Open) if k == "system" => {
+                self.system = Some((kind, span.clone()));
+            }
+            ([Seg::Key(k)], Scalar::String) if k == "instructions" => {
+                self.instructions = Some((kind, span.clone()));
+            }
+            _ => {}
+        }
+    }
+
+    fn preamble_edit(
+        &self,
+        api: Api,
+        body: &[u8],
+        preamble: &str,
+    ) -> Option<(Range<usize>, Vec<u8>)> {
+        let root = self.root?;
+        let member = |key: &str| {
+            let mut v = Vec::new();
+            json::push_quoted(&mut v, key);
+            v.push(b':');
+            json::push_quoted(&mut v, preamble);
+            v.push(b',');
+            (root + 1..root + 1, v)
+        };
+        // an existing string: the preamble goes first, then a blank line
+        let prefix = |span: &Range<usize>| {
+            let old = body.get(span.clone()).and_then(json::decode_lossy)?;
+            Some((
+                span.clone(),
+                json::quote(&format!("{preamble}\n\n{old}")).into_bytes(),
+            ))
+        };
+        match api {
+            Api::Chat => {
+                let at = self.messages? + 1;
+                let mut v = b"{\"role\":\"system\",\"content\":".to_vec();
+                json::push_quoted(&mut v, preamble);
+                v.push(b'}');
+                // a comma unless the array is empty
+                let empty = body
+                    .get(at..)?
+                    .iter()
+                    .find(|c| !c.is_ascii_whitespace())
+                    .is_some_and(|&c| c == b']');
+                if !empty {
+                    v.push(b',');
+                }
+                Some((at..at, v))
+            }
+            Api::Anthropic => match &self.system {
+                None => Some(member("system")),
+                Some((Scalar::String, span)) => prefix(span),
+                Some((_, span)) => {
+                    let at = span.start + 1;
+                    let mut v = b"{\"type\":\"text\",\"text\":".to_vec();
+                    json::push_quoted(&mut v, preamble);
+                    v.extend_from_slice(b"},");
+                    let empty = body
+                        .get(at..)?
+                        .iter()
+                        .find(|c| !c.is_ascii_whitespace())
+                        .is_some_and(|&c| c == b']');
+                    if empty {
+                        v.pop();
+                    }
+                    Some((at..at, v))
+                }
+            },
+            Api::Responses => match &self.instructions {
+                None => Some(member("instructions")),
+                Some((_, span)) => prefix(span),
+            },
+            Api::Other => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::parse_document;
+    use serde_json::{json, Value};
+
+    fn config(doc: &str) -> std::rc::Rc<PiiConfig> {
+        parse_document(doc.as_bytes())
+            .unwrap()
+            .global()
+            .cloned()
+            .unwrap()
+    }
+
+    fn run(doc: &str, api: Api, body: &Value) -> (Redaction, PlaceholderMap) {
+        let mut map = PlaceholderMap::default();
+        let bytes = serde_json::to_vec(body).unwrap();
+        (redact_body(&config(doc), api, &bytes, &mut map), map)
+    }
+
+    fn rewritten(r: Redaction) -> Value {
+        match r {
+            Redaction::Rewritten(b) => serde_json::from_slice(&b).expect("valid JSON"),
+            other => panic!("not rewritten: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn chat_completions_text_and_tool_arguments() {
+        let body = json!({
+            "model": "fast",
+            "messages": [
+                {"role": "system", "content": "support for a@x.com"},
+                {"role": "user", "name": "a@x.com", "content": [
+                    {"type": "text", "text": "call 13800138000, mail a@x.com"},
+                    {"type": "image_url", "image_url": {"url": "https://h/a@x.com.png"}}
+                ]},
+                {"role": "assistant", "tool_calls": [{"id": "call_1", "type": "function",
+                    "function": {"name": "send", "arguments": "{\"to\":\"b@y.org\"}"}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "sent to b@y.org"}
+            ],
+            "user": "a@x.com"
+        });
+        let (r, map) = run("{}", Api::Chat, &body);
+        let out = rewritten(r);
+        let m = &out["messages"];
+        assert_eq!(m[0]["content"], "support for [EMAIL_1]");
+        assert_eq!(m[1]["name"], "a@x.com");
+        assert_eq!(m[1]["content"][0]["text"], "call [PHONE_1], mail [EMAIL_1]");
+        assert_eq!(m[1]["content"][1], body["messages"][1]["content"][1]);
+        assert_eq!(
+            m[2]["tool_calls"][0]["function"]["arguments"],
+            "{\"to\":\"[EMAIL_2]\"}"
+        );
+        assert_eq!(m[3]["content"], "sent to [EMAIL_2]");
+        assert_eq!(out["user"], "a@x.com"); // not message text
+        assert_eq!(map.total(), 5);
+    }
+
+    #[test]
+    fn responses_and_anthropic() {
+        let body = json!({"model": "m", "instructions": "from a@x.com",
+            "input": [{"role": "user", "content": [{"type": "input_text", "text": "a@x.com"},
+                {"type": "input_image", "image_url": "data:image/png;base64,a@x.com"}]},
+                {"type": "function_call_output", "call_id": "c", "output": "10.0.0.1"}]});
+        let out = rewritten(run("{}", Api::Responses, &body).0);
+        assert_eq!(out["instructions"], "from [EMAIL_1]"); // same value, same placeholder
+        assert_eq!(out["input"][0]["content"][0]["text"], "[EMAIL_1]");
+        assert_eq!(
+            out["input"][0]["content"][1],
+            body["input"][0]["content"][1]
+        );
+        assert_eq!(out["input"][1]["output"], "[IP_1]");
+
+        let body = json!({"model": "m", "input": "ip 10.0.0.1"});
+        assert_eq!(
+            rewritten(run("{}", Api::Responses, &body).0)["input"],
+            "ip [IP_1]"
+        );
+
+        let body = json!({"model": "m", "system": [{"type": "text", "text": "a@x.com",
+            "cache_control": {"type": "ephemeral"}}],
+            "messages": [{"role": "user", "content": [
+                {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "a@x.com"}},
+                {"type": "tool_use", "id": "t", "name": "lookup", "input": {"email": "b@y.org"}},
+                {"type": "tool_result", "tool_use_id": "t", "content": "b@y.org ok"}]}]});
+        let out = rewritten(run("{}", Api::Anthropic, &body).0);
+        // serde_json writes keys sorted: messages come before system
+        assert_eq!(out["system"][0]["text"], "[EMAIL_2]");
+        let c = &out["messages"][0]["content"];
+        assert_eq!(c[0], body["messages"][0]["content"][0]);
+        assert_eq!(c[1]["input"]["email"], "[EMAIL_1]");
+        assert_eq!(c[2]["content"], "[EMAIL_1] ok");
+    }
+
+    #[test]
+    fn unchanged_blocked_invalid_and_raw() {
+        let body = json!({"model": "m", "messages": [{"role": "user", "content": "hello"}]});
+        assert_eq!(run("{}", Api::Chat, &body).0, Redaction::Unchanged);
+        let body = json!({"messages": [{"role": "user", "content": "Project Falcon"}]});
+        let doc = r#"{"rules":[{"name":"CODE","words":["project falcon"],"action":"block"}]}"#;
+        assert_eq!(
+            run(doc, Api::Chat, &body).0,
+            Redaction::Blocked(Blocked {
+                rule: "CODE".into()
+            })
+        );
+        let mut map = PlaceholderMap::default();
+        assert!(matches!(
+            redact_body(&config("{}"), Api::Chat, b"{\"messages\":", &mut map),
+            Redaction::Invalid(_)
+        ));
+        let raw = config(r#"{"scope":"raw_body"}"#);
+        assert_eq!(
+            redact_body(&raw, Api::Other, b"to=a@x.com&x=1", &mut map),
+            Redaction::Rewritten(b"to=[EMAIL_1]&x=1".to_vec())
+        );
+        assert_eq!(
+            redact_body(&raw, Api::Other, b"\xff a@x.com", &mut map),
+            Redaction::Unchanged
+        );
+    }
+
+    #[test]
+    fn preamble_per_api() {
+        let doc = r#"{"preamble":"Keep [X_1] tokens."}"#;
+        let chat = json!({"messages": [{"role": "user", "content": "a@x.com"}]});
+        let out = rewritten(run(doc, Api::Chat, &chat).0);
+        assert_eq!(
+            out["messages"][0],
+            json!({"role": "system", "content": "Keep [X_1] tokens."})
+        );
+        assert_eq!(out["messages"][1]["content"], "[EMAIL_1]");
+
+        let anth =
+            json!({"system": "Be brief.", "messages": [{"role": "user", "content": "a@x.com"}]});
+        let out = rewritten(run(doc, Api::Anthropic, &anth).0);
+        assert_eq!(out["system"], "Keep [X_1] tokens.\n\nBe brief.");
+        let anth = json!({"messages": [{"role": "user", "content": "a@x.com"}]});
+        assert_eq!(
+            rewritten(run(doc, Api::Anthropic, &anth).0)["system"],
+            "Keep [X_1] tokens."
+        );
+        let anth = json!({"system": [{"type": "text", "text": "x"}], "messages": [{"role": "user", "content": "a@x.com"}]});
+        let out = rewritten(run(doc, Api::Anthropic, &anth).0);
+        assert_eq!(out["system"][0]["text"], "Keep [X_1] tokens.");
+        assert_eq!(out["system"][1]["text"], "x");
+
+        let resp = json!({"input": "a@x.com"});
+        assert_eq!(
+            rewritten(run(doc, Api::Responses, &resp).0)["instructions"],
+            "Keep [X_1] tokens."
+        );
+        // nothing masked: no preamble
+        let plain = json!({"messages": [{"role": "user", "content": "hi"}]});
+        assert_eq!(run(doc, Api::Chat, &plain).0, Redaction::Unchanged);
+    }
+
+    proptest::proptest! {
+        // never a panic on any body; a rewritten JSON body is still JSON
+        #[test]
+        fn any_body_is_handled(
+            body in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300),
+            json_like in "[{}\\[\\]\",:a-z@.0-9 \\\\]{0,200}",
+        ) {
+            let config = config("{}");
+            for bytes in [body.as_slice(), json_like.as_bytes()] {
+                let mut map = PlaceholderMap::default();
+                if let Redaction::Rewritten(new) = redact_body(&config, Api::Chat, bytes, &mut map) {
+                    proptest::prop_assert!(serde_json::from_slice::<Value>(&new).is_ok());
+                }
+            }
+        }
+
+        #[test]
+        fn message_text_round_trips(text in "[a-z@.0-9 \\[\\]_A-Z\"\\\\\n漢]{0,80}") {
+            let body = json!({"messages": [{"role": "user", "content": text.clone()}]});
+            let (r, map) = run("{}", Api::Chat, &body);
+            let content = match r {
+                Redaction::Rewritten(b) => serde_json::from_slice::<Value>(&b).unwrap()["messages"][0]["content"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned(),
+                _ => text.clone(),
+            };
+            proptest::prop_assert_eq!(map.restore(&content), text);
+        }
+    }
+
+    #[test]
+    fn lone_surrogates_do_not_hide_text_from_the_scan() {
+        let body = br#"{"messages":[{"role":"user","content":"\ud800 mail a@x.com"}]}"#;
+        let mut map = PlaceholderMap::default();
+        match redact_body(&config("{}"), Api::Chat, body, &mut map) {
+            Redaction::Rewritten(new) => {
+                let v: Value = serde_json::from_slice(&new).unwrap();
+                assert_eq!(v["messages"][0]["content"], "\u{FFFD} mail [EMAIL_1]");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn api_from_path() {
+        assert_eq!(Api::from_path("/v1/chat/completions?x=1"), Api::Chat);
+        assert_eq!(Api::from_path("/v1/responses"), Api::Responses);
+        assert_eq!(Api::from_path("/v1/messages"), Api::Anthropic);
+        assert_eq!(Api::from_path("/v1/embeddings"), Api::Other);
+    }
+}

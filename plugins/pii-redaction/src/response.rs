@@ -1,0 +1,922 @@
+//! The response side: placeholders back to originals, in whole JSON bodies and in SSE
+//! streams.
+//!
+//! A whole body is restored in one pass over its bytes: a placeholder is plain ASCII inside a
+//! JSON string, so replacing it with the JSON-escaped original keeps the document valid.
+//!
+//! A stream is restored event by event ([`StreamRestorer::event`] takes events that an SSE
+//! framer already cut, so network chunk boundaries never matter). The text deltas of each
+//! logical stream — a Chat Completions choice's `content` or one of its tool calls'
+//! `arguments`, a Responses API output's `output_text` or `function_call_arguments`, an
+//! Anthropic content block's `text_delta` or `input_json_delta` — go through a
+//! [`TextRestorer`], which holds back only a tail that could still become a placeholder. Held
+//! text is released with the next delta of the same stream, or, when that stream ends (a
+//! `finish_reason`, `content_block_stop`, `response.*.done`, `[DONE]`, end of body), in an
+//! extra delta event cloned from that stream's last one, sent just before the event that ended
+//! it. Every other event has its strings restored whole.
+
+use crate::mask::{OutputHold, PlaceholderMap, Redactor, TextRestorer};
+use llm_gateway_shared::json::{self, Scalar, Seg};
+use llm_gateway_shared::sse::{Event, Framer};
+use std::collections::BTreeMap;
+use std::ops::Range;
+
+/// Restores a whole (non-streaming) body; `None` if nothing changed or it is not UTF-8.
+pub fn restore_body(map: &PlaceholderMap, body: &[u8]) -> Option<Vec<u8>> {
+    let text = std::str::from_utf8(body).ok()?;
+    if !text.contains('[') {
+        return None;
+    }
+    let restored = map.restore_json(text);
+    (restored.as_bytes() != body).then(|| restored.into_bytes())
+}
+
+/// Output rules over a whole JSON body: every string but the protocol's own fields (`id`,
+/// `object`, `model`, `type`, `role`, `finish_reason`, …) is redacted. `None` if nothing
+/// changed or the body is not JSON.
+pub fn redact_output_body(
+    output: &Redactor,
+    map: &mut PlaceholderMap,
+    body: &[u8],
+) -> Option<Vec<u8>> {
+    let mut edits: Vec<(Range<usize>, Vec<u8>)> = Vec::new();
+    json::walk(body, &json::Limits::default(), &mut |path, kind, span| {
+        if kind != Scalar::String || path.last().and_then(Seg::key).is_some_and(is_protocol_key) {
+            return;
+        }
+        let Some(text) = body.get(span.clone()).and_then(json::decode_lossy) else {
+            return;
+        };
+        if let Some(new) = output.redact_output(&text, map) {
+            edits.push((span, json::quote(&new).into_bytes()));
+        }
+    })
+    .ok()?;
+    (!edits.is_empty()).then(|| json::splice(body, &edits))
+}
+
+fn is_protocol_key(key: &str) -> bool {
+    matches!(
+        key,
+        "id" | "object"
+            | "model"
+            | "type"
+            | "role"
+            | "finish_reason"
+            | "stop_reason"
+            | "status"
+            | "system_fingerprint"
+            | "service_tier"
+            | "item_id"
+            | "call_id"
+            | "name"
+            | "event"
+    )
+}
+
+/// Which logical text stream a delta belongs to.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+enum StreamKey {
+    /// Chat Completions: choice index, and `None` for content or the tool call index.
+    Chat(u64, Option<u64>),
+    /// Responses API: output index, content index (`None`: function call arguments).
+    Responses(u64, Option<u64>),
+    /// Anthropic: content block index.
+    Anthropic(u64),
+}
+
+/// A stream's held text and the event to clone when releasing it.
+#[derive(Debug, Default)]
+struct Held {
+    restorer: TextRestorer,
+    output: OutputHold,
+    /// The last delta event: its name, its data, and the span of the delta string in it.
+    template: Option<(Option<String>, String, Range<usize>)>,
+}
+
+/// Restores an SSE stream, one framed event at a time.
+#[derive(Debug, Default)]
+pub struct StreamRestorer {
+    streams: BTreeMap<StreamKey, Held>,
+    /// Output rules, applied to the model's text before placeholders are restored.
+    output: Option<Redactor>,
+}
+
+/// A delta string found in an event.
+struct Delta {
+    key: StreamKey,
+    span: Range<usize>,
+    /// The delta is JSON text (Anthropic `partial_json`).
+    json_text: bool,
+}
+
+/// What one event says about the streams.
+#[derive(Default)]
+struct Reading {
+    deltas: Vec<Delta>,
+    /// Streams this event ends (released before it).
+    ends: Vec<Ends>,
+    /// Other strings containing `[`, restored whole.
+    strings: Vec<Range<usize>>,
+}
+
+enum Ends {
+    All,
+    Chat(u64),
+    Responses(u64),
+    Anthropic(u64),
+}
+
+impl StreamRestorer {
+    /// A restorer that also applies `output` rules to the model's text.
+    pub fn with_output(output: Option<Redactor>) -> Self {
+        StreamRestorer {
+            streams: BTreeMap::new(),
+            output,
+        }
+    }
+
+    /// The bytes to send for `event` (usually the event itself, restored).
+    pub fn event(&mut self, map: &mut PlaceholderMap, event: &Event, out: &mut Vec<u8>) {
+        let Some(data) = event.data.as_deref() else {
+            out.extend_from_slice(&event.raw);
+            return;
+        };
+        if data.trim() == "[DONE]" {
+            self.release(map, |_| true, out);
+            out.extend_from_slice(&event.raw);
+            return;
+        }
+        let reading = read(data);
+        for end in &reading.ends {
+            self.release(
+                map,
+                |key| match (end, key) {
+                    (Ends::All, _) => true,
+                    (Ends::Chat(c), StreamKey::Chat(k, _)) => c == k,
+                    (Ends::Responses(o), StreamKey::Responses(k, _)) => o == k,
+                    (Ends::Anthropic(i), StreamKey::Anthropic(k)) => i == k,
+                    _ => false,
+                },
+                out,
+            );
+        }
+        if reading.deltas.is_empty() && reading.strings.is_empty() {
+            out.extend_from_slice(&event.raw);
+            return;
+        }
+        let mut edits: Vec<(Range<usize>, Vec<u8>)> = Vec::new();
+        for delta in reading.deltas {
+            let text = data
+                .as_bytes()
+                .get(delta.span.clone())
+                .and_then(json::decode_lossy)
+                .unwrap_or_default();
+            let held = self.streams.entry(delta.key).or_insert_with(|| Held {
+                restorer: if delta.json_text {
+                    TextRestorer::for_json_text()
+                } else {
+                    TextRestorer::default()
+                },
+                ..Held::default()
+            });
+            let emit = match &self.output {
+                Some(output) => {
+                    let ready = held.output.push(&text);
+                    let ready = output.redact_output(&ready, map).unwrap_or(ready);
+                    held.restorer.push(map, &ready)
+                }
+                None => held.restorer.push(map, &text),
+            };
+            held.template = Some((event.event.clone(), data.to_owned(), delta.span.clone()));
+            if emit != text {
+                edits.push((delta.span, json::quote(&emit).into_bytes()));
+            }
+        }
+        for span in reading.strings {
+            let Some(text) = data
+                .as_bytes()
+                .get(span.clone())
+                .and_then(json::decode_lossy)
+            else {
+                continue;
+            };
+            let redacted = self
+                .output
+                .as_ref()
+                .and_then(|o| o.redact_output(&text, map));
+            let restored = map.restore(redacted.as_deref().unwrap_or(&text));
+            if restored != text {
+                edits.push((span, json::quote(&restored).into_bytes()));
+            }
+        }
+        if edits.is_empty() {
+            out.extend_from_slice(&event.raw);
+            return;
+        }
+        edits.sort_by_key(|(span, _)| span.start);
+        let new_data = json::splice(data.as_bytes(), &edits);
+        write_event(out, event.event.as_deref(), event.id.as_deref(), &new_data);
+    }
+
+    /// At the end of the body: releases whatever is still held.
+    pub fn finish(&mut self, map: &mut PlaceholderMap, out: &mut Vec<u8>) {
+        self.release(map, |_| true, out);
+    }
+
+    fn release(
+        &mut self,
+        map: &mut PlaceholderMap,
+        which: impl Fn(&StreamKey) -> bool,
+        out: &mut Vec<u8>,
+    ) {
+        for (key, held) in self.streams.iter_mut() {
+            if !which(key) || !(held.restorer.is_holding() || held.output.is_holding()) {
+                continue;
+            }
+            let mut text = String::new();
+            if let Some(output) = &self.output {
+                let rest = held.output.finish();
+                let rest = output.redact_output(&rest, map).unwrap_or(rest);
+                text.push_str(&held.restorer.push(map, &rest));
+            }
+            text.push_str(&held.restorer.finish(map));
+            if let Some((name, data, span)) = &held.template {
+                let new_data = json::splice(
+                    data.as_bytes(),
+                    &[(span.clone(), json::quote(&text).into_bytes())],
+                );
+                write_event(out, name.as_deref(), None, &new_data);
+            }
+        }
+    }
+}
+
+/// Largest SSE event framed (a bigger one passes through unrestored).
+pub const MAX_EVENT_BYTES: usize = 1 << 20;
+
+/// Restores an SSE body fed in network chunks of any size: frames events, restores them,
+/// and returns the bytes to send in place of each chunk.
+#[derive(Debug)]
+pub struct SseRestorer {
+    framer: Framer,
+    stream: StreamRestorer,
+}
+
+impl Default for SseRestorer {
+    fn default() -> Self {
+        SseRestorer::with_output(None)
+    }
+}
+
+impl SseRestorer {
+    /// A restorer that also applies `output` rules to the model's text.
+    pub fn with_output(output: Option<Redactor>) -> Self {
+        SseRestorer {
+            framer: Framer::new(MAX_EVENT_BYTES),
+            stream: StreamRestorer::with_output(output),
+        }
+    }
+
+    /// The bytes to send for `chunk` (complete events only; the rest waits).
+    pub fn push(&mut self, map: &mut PlaceholderMap, chunk: &[u8]) -> Vec<u8> {
+        self.framer.push(chunk);
+        let mut out = Vec::with_capacity(chunk.len() + 64);
+        self.drain(map, &mut out);
+        out
+    }
+
+    /// End of the body: the remaining events, held text, and an unterminated tail as is.
+    pub fn finish(&mut self, map: &mut PlaceholderMap) -> Vec<u8> {
+        let mut out = Vec::new();
+        self.framer.close();
+        self.drain(map, &mut out);
+        self.stream.finish(map, &mut out);
+        if let Some(tail) = self.framer.finish() {
+            out.extend_from_slice(&tail);
+        }
+        out
+    }
+
+    fn drain(&mut self, map: &mut PlaceholderMap, out: &mut Vec<u8>) {
+        while let Some(item) = self.framer.next_event() {
+            match item {
+                Ok(event) => self.stream.event(map, &event, out),
+                Err(overflow) => out.extend_from_slice(overflow.raw()),
+            }
+        }
+    }
+}
+
+/// `event: NAME\n`, `id: ID\n`, one `data:` line per line of `data`, blank line.
+fn write_event(out: &mut Vec<u8>, event: Option<&str>, id: Option<&str>, data: &[u8]) {
+    if let Some(name) = event {
+        out.extend_from_slice(b"event: ");
+        out.extend_from_slice(name.as_bytes());
+        out.push(b'\n');
+    }
+    if let Some(id) = id {
+        out.extend_from_slice(b"id: ");
+        out.extend_from_slice(id.as_bytes());
+        out.push(b'\n');
+    }
+    for line in data.split(|&c| c == b'\n') {
+        out.extend_from_slice(b"data: ");
+        out.extend_from_slice(line);
+        out.push(b'\n');
+    }
+    out.push(b'\n');
+}
+
+/// Reads one event's JSON: its deltas, the streams it ends, and other strings to restore.
+fn read(data: &str) -> Reading {
+    let mut reading = Reading::default();
+    let mut kind: Option<String> = None;
+    // (path, kind, span) of the scalars that matter, collected in one walk
+    let mut leaves: Vec<(Vec<Seg>, Scalar, Range<usize>)> = Vec::new();
+    let walked = json::walk(
+        data.as_bytes(),
+        &json::Limits::default(),
+        &mut |path, scalar, span| {
+            if matches!(scalar, Scalar::Open | Scalar::Null | Scalar::Bool) {
+                return;
+            }
+            if let ([Seg::Key(k)], Scalar::String) = (path, scalar) {
+                if k == "type" {
+                    kind = data
+                        .as_bytes()
+                        .get(span.clone())
+                        .and_then(json::decode_lossy);
+                }
+            }
+            let relevant = scalar == Scalar::Number
+                || data
+                    .as_bytes()
+                    .get(span.clone())
+                    .is_some_and(|s| s.contains(&b'[') || is_delta_path(path));
+            if relevant {
+                leaves.push((path.to_vec(), scalar, span));
+            }
+        },
+    );
+    if walked.is_err() {
+        return reading; // not JSON: passed through as is
+    }
+    let number = |want: &[&str], prefix: &[Seg]| -> Option<u64> {
+        leaves.iter().find_map(|(p, s, span)| {
+            (*s == Scalar::Number
+                && p.len() == prefix.len() + want.len()
+                && p.starts_with(prefix)
+                && p.iter()
+                    .skip(prefix.len())
+                    .zip(want)
+                    .all(|(a, b)| a.key() == Some(b)))
+            .then(|| data.get(span.clone())?.parse().ok())
+            .flatten()
+        })
+    };
+    let text_at = |p: &[Seg]| -> Option<String> {
+        leaves.iter().find_map(|(lp, s, span)| {
+            (*s == Scalar::String && lp.as_slice() == p)
+                .then(|| {
+                    data.as_bytes()
+                        .get(span.clone())
+                        .and_then(json::decode_lossy)
+                })
+                .flatten()
+        })
+    };
+    let mut used: Vec<Range<usize>> = Vec::new();
+    match kind.as_deref() {
+        Some("response.output_text.delta") | Some("response.function_call_arguments.delta") => {
+            let output = number(&["output_index"], &[]).unwrap_or(0);
+            let content = if kind.as_deref() == Some("response.output_text.delta") {
+                Some(number(&["content_index"], &[]).unwrap_or(0))
+            } else {
+                None
+            };
+            if let Some((_, _, span)) = leaves
+                .iter()
+                .find(|(p, s, _)| *s == Scalar::String && p.as_slice() == [key("delta")])
+            {
+                used.push(span.clone());
+                reading.deltas.push(Delta {
+                    key: StreamKey::Responses(output, content),
+                    span: span.clone(),
+                    json_text: false,
+                });
+            }
+        }
+        Some(k) if k.starts_with("response.") && k.ends_with(".done") => {
+            let output = number(&["output_index"], &[]).unwrap_or(0);
+            reading.ends.push(Ends::Responses(output));
+        }
+        Some("response.completed" | "response.incomplete" | "response.failed") => {
+            reading.ends.push(Ends::All);
+        }
+        Some("content_block_delta") => {
+            let index = number(&["index"], &[]).unwrap_or(0);
+            let field = match text_at(&[key("delta"), key("type")]).as_deref() {
+                Some("text_delta") => Some("text"),
+                Some("input_json_delta") => Some("partial_json"),
+                _ => None,
+            };
+            if let Some(field) = field {
+                if let Some((_, _, span)) = leaves.iter().find(|(p, s, _)| {
+                    *s == Scalar::String && p.as_slice() == [key("delta"), key(field)]
+                }) {
+                    used.push(span.clone());
+                    reading.deltas.push(Delta {
+                        key: StreamKey::Anthropic(index),
+                        span: span.clone(),
+                        json_text: field == "partial_json",
+                    });
+                }
+            }
+        }
+        Some("content_block_stop") => {
+            reading
+                .ends
+                .push(Ends::Anthropic(number(&["index"], &[]).unwrap_or(0)));
+        }
+        Some("message_delta" | "message_stop") => reading.ends.push(Ends::All),
+        _ => {}
+    }
+    // Chat Completions chunks: choices[*].delta.content / tool_calls[*].function.arguments
+    for (path, scalar, span) in &leaves {
+        if *scalar != Scalar::String {
+            continue;
+        }
+        if let [Seg::Key(c), Seg::Index(ci), Seg::Key(d), rest @ ..] = path.as_slice() {
+            if c != "choices" || d != "delta" {
+                continue;
+            }
+            let choice_prefix = [key("choices"), Seg::Index(*ci)];
+            let choice = number(&["index"], &choice_prefix).unwrap_or(*ci as u64);
+            let stream = match rest {
+                [Seg::Key(k)] if k == "content" => Some(None),
+                [Seg::Key(t), Seg::Index(ti), Seg::Key(f), Seg::Key(a)]
+                    if t == "tool_calls" && f == "function" && a == "arguments" =>
+                {
+                    let tool_prefix = [
+                        key("choices"),
+                        Seg::Index(*ci),
+                        key("delta"),
+                        key("tool_calls"),
+                        Seg::Index(*ti),
+                    ];
+                    Some(Some(number(&["index"], &tool_prefix).unwrap_or(*ti as u64)))
+                }
+                _ => None,
+            };
+            if let Some(sub) = stream {
+                used.push(span.clone());
+                reading.deltas.push(Delta {
+                    key: StreamKey::Chat(choice, sub),
+                    span: span.clone(),
+                    json_text: false,
+                });
+            }
+        }
+    }
+    // a choice with a finish_reason ends that choice's streams
+    for (path, scalar, _) in &leaves {
+        if let ([Seg::Key(c), Seg::Index(ci), Seg::Key(f)], Scalar::String) =
+            (path.as_slice(), scalar)
+        {
+            if c == "choices" && f == "finish_reason" {
+                let choice_prefix = [key("choices"), Seg::Index(*ci)];
+                let choice = number(&["index"], &choice_prefix).unwrap_or(*ci as u64);
+                reading.ends.push(Ends::Chat(choice));
+            }
+        }
+    }
+    for (_, scalar, span) in &leaves {
+        if *scalar == Scalar::String
+            && !used.contains(span)
+            && data
+                .as_bytes()
+                .get(span.clone())
+                .is_some_and(|s| s.contains(&b'['))
+        {
+            reading.strings.push(span.clone());
+        }
+    }
+    reading
+}
+
+fn key(k: &str) -> Seg {
+    Seg::Key(k.to_owned())
+}
+
+/// Paths whose strings are always kept (deltas, and the fields that name a stream).
+fn is_delta_path(path: &[Seg]) -> bool {
+    match path {
+        [Seg::Key(k)] => k == "delta" || k == "type",
+        [Seg::Key(d), Seg::Key(_)] => d == "delta",
+        [Seg::Key(c), Seg::Index(_), Seg::Key(d), ..] => {
+            c == "choices" && (d == "delta" || d == "finish_reason")
+        }
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::detect::Detector;
+    use crate::mask::tests::redactor;
+    use crate::mask::{Action, Redactor, Rule};
+    use proptest::prelude::*;
+
+    /// [EMAIL_1] = a@x.com, [QUOTE_1] = `say "hi"\` (needs escaping), [PHONE_1].
+    fn map() -> PlaceholderMap {
+        let mut rules = redactor().rules().to_vec();
+        rules.push(Rule {
+            name: "QUOTE".into(),
+            detector: Detector::Regex(regex_lite::Regex::new(r#"say "hi"\\"#).unwrap()),
+            action: Action::Mask { restore: true },
+        });
+        let mut map = PlaceholderMap::default();
+        Redactor::new(rules, String::new())
+            .redact("a@x.com say \"hi\"\\ 13800138000", &mut map)
+            .unwrap();
+        map
+    }
+
+    #[test]
+    fn whole_body() {
+        let map = map();
+        let body = br#"{"choices":[{"message":{"content":"to [EMAIL_1] and [QUOTE_1], [PHONE_1] [EMAIL_9] [x"}}]}"#;
+        let out = restore_body(&map, body).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(
+            v["choices"][0]["message"]["content"],
+            "to a@x.com and say \"hi\"\\, 13800138000 [EMAIL_9] [x"
+        );
+        assert_eq!(restore_body(&map, b"{\"a\":\"no placeholder\"}"), None);
+        assert_eq!(restore_body(&PlaceholderMap::default(), body), None);
+    }
+
+    /// Splits `data` strings into SSE events, runs them through a restorer, and returns the
+    /// concatenated delta text of each event's JSON (per stream), plus the raw output.
+    fn run(map: &mut PlaceholderMap, events: &[(Option<&str>, String)]) -> Vec<u8> {
+        run_with(map, None, events)
+    }
+
+    fn run_with(
+        map: &mut PlaceholderMap,
+        output: Option<Redactor>,
+        events: &[(Option<&str>, String)],
+    ) -> Vec<u8> {
+        let mut r = StreamRestorer::with_output(output);
+        let mut out = Vec::new();
+        for (name, data) in events {
+            let mut raw = Vec::new();
+            write_event(&mut raw, *name, None, data.as_bytes());
+            r.event(map, &Event::parse(raw), &mut out);
+        }
+        r.finish(map, &mut out);
+        out
+    }
+
+    fn datas(out: &[u8]) -> Vec<serde_json::Value> {
+        String::from_utf8(out.to_vec())
+            .unwrap()
+            .split("\n\n")
+            .filter_map(|e| e.lines().find_map(|l| l.strip_prefix("data: ")))
+            .filter_map(|d| serde_json::from_str(d).ok())
+            .collect()
+    }
+
+    fn chat_chunk(content: &str) -> String {
+        format!(
+            r#"{{"id":"c","choices":[{{"index":0,"delta":{{"content":{}}},"finish_reason":null}}]}}"#,
+            json::quote(content)
+        )
+    }
+
+    fn chat_text(out: &[u8]) -> String {
+        datas(out)
+            .iter()
+            .filter_map(|v| {
+                v["choices"][0]["delta"]["content"]
+                    .as_str()
+                    .map(str::to_owned)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn chat_stream_split_placeholder() {
+        let mut map = map();
+        let mut events: Vec<(Option<&str>, String)> = ["Mail [EM", "AIL_1", "] or [EMA"]
+            .iter()
+            .map(|t| (None, chat_chunk(t)))
+            .collect();
+        events.push((
+            None,
+            r#"{"id":"c","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}"#.into(),
+        ));
+        events.push((None, "[DONE]".into()));
+        let out = run(&mut map, &events);
+        assert_eq!(chat_text(&out), "Mail a@x.com or [EMA");
+        let text = String::from_utf8(out).unwrap();
+        // the held "[EMA" is released before the finish chunk, [DONE] stays last
+        let release = text.find(r#""content":"[EMA""#).unwrap();
+        assert!(release < text.find("\"stop\"").unwrap());
+        assert!(text.ends_with("data: [DONE]\n\n"));
+    }
+
+    #[test]
+    fn tool_call_arguments_and_choices_are_separate_streams() {
+        let mut map = map();
+        let tool = |i: u64, args: &str| {
+            format!(
+                r#"{{"choices":[{{"index":1,"delta":{{"tool_calls":[{{"index":{i},"function":{{"arguments":{}}}}}]}}}}]}}"#,
+                json::quote(args)
+            )
+        };
+        let events = vec![
+            (None, tool(0, "{\"to\":\"[QUOTE")),
+            (None, tool(1, "{\"p\":\"[PHONE_")),
+            (None, tool(0, "_1]\"}")),
+            (None, tool(1, "1]\"}")),
+        ];
+        let out = run(&mut map, &events);
+        let mut args = [String::new(), String::new()];
+        for v in datas(&out) {
+            let call = &v["choices"][0]["delta"]["tool_calls"][0];
+            let i = call["index"].as_u64().unwrap() as usize;
+            args[i].push_str(call["function"]["arguments"].as_str().unwrap());
+        }
+        assert_eq!(args[0], "{\"to\":\"say \"hi\"\\\"}");
+        assert_eq!(args[1], "{\"p\":\"13800138000\"}");
+    }
+
+    #[test]
+    fn anthropic_and_responses_streams() {
+        let mut map = map();
+        let anth = |t: &str| {
+            format!(
+                r#"{{"type":"content_block_delta","index":0,"delta":{{"type":"text_delta","text":{}}}}}"#,
+                json::quote(t)
+            )
+        };
+        let events = vec![
+            (Some("content_block_delta"), anth("hi [EMAI")),
+            (Some("content_block_delta"), anth("L_1] [PH")),
+            (
+                Some("content_block_stop"),
+                r#"{"type":"content_block_stop","index":0}"#.into(),
+            ),
+        ];
+        let out = run(&mut map, &events);
+        let text: String = datas(&out)
+            .iter()
+            .filter_map(|v| v["delta"]["text"].as_str().map(str::to_owned))
+            .collect();
+        assert_eq!(text, "hi a@x.com [PH");
+        assert!(String::from_utf8(out)
+            .unwrap()
+            .contains("event: content_block_delta\ndata: "));
+
+        let resp = |t: &str| {
+            format!(
+                r#"{{"type":"response.output_text.delta","output_index":0,"content_index":0,"delta":{}}}"#,
+                json::quote(t)
+            )
+        };
+        let events = vec![
+            (Some("response.output_text.delta"), resp("[PHONE_")),
+            (Some("response.output_text.delta"), resp("1]!")),
+            (
+                Some("response.completed"),
+                r#"{"type":"response.completed","response":{"output":[{"content":[{"text":"[PHONE_1]!"}]}]}}"#.into(),
+            ),
+        ];
+        let out = run(&mut map, &events);
+        let d = datas(&out);
+        let text: String = d.iter().filter_map(|v| v["delta"].as_str()).collect();
+        assert_eq!(text, "13800138000!");
+        assert_eq!(
+            d.last().unwrap()["response"]["output"][0]["content"][0]["text"],
+            "13800138000!"
+        );
+    }
+
+    proptest! {
+        #[test]
+        fn restored_stream_text_equals_restored_whole(
+            text in "([a-z \\[\\]_0-9]|EMAIL|\\[EMAIL_1\\]|\\[PHONE_1\\]|\\[EMAIL_2\\]){0,30}",
+            cuts in proptest::collection::vec(0usize..200, 0..10)
+        ) {
+            let mut map = map();
+            let mut bounds: Vec<usize> = cuts.into_iter().map(|c| c % (text.len() + 1)).collect();
+            bounds.sort_unstable();
+            let mut events = Vec::new();
+            let mut from = 0;
+            for b in bounds.into_iter().chain([text.len()]) {
+                events.push((None, chat_chunk(&text[from..b])));
+                from = b;
+            }
+            let out = run(&mut map, &events);
+            prop_assert_eq!(chat_text(&out), map.restore(&text));
+        }
+    }
+
+    proptest! {
+        // each case already tries every split point of its body
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        #[test]
+        fn splitting_the_body_anywhere_gives_the_unsplit_output(
+            text in "([a-z \\[\\]_0-9]|EMAIL|\\[EMAIL_1\\]|\\[PHONE_1\\]|\\[QUOTE_1\\]){0,24}",
+            cuts in proptest::collection::vec(0usize..24, 0..6),
+            anthropic in any::<bool>(),
+        ) {
+            let mut map = map();
+            let body = stream_body(&text, &cuts, anthropic);
+            let whole = restore_chunks(&mut map, &[&body]);
+            // every single split point, and a few multi-way splits
+            for at in 0..=body.len() {
+                let split = restore_chunks(&mut map, &[&body[..at], &body[at..]]);
+                prop_assert_eq!(&split, &whole, "split at {}", at);
+            }
+            let bytes: Vec<&[u8]> = body.chunks(3).collect();
+            prop_assert_eq!(restore_chunks(&mut map, &bytes), whole.clone());
+            let text_out: String = datas(&whole)
+                .iter()
+                .filter_map(|v| {
+                    v["choices"][0]["delta"]["content"].as_str().or(v["delta"]["text"].as_str()).map(str::to_owned)
+                })
+                .collect();
+            prop_assert_eq!(text_out, map.restore(&text));
+        }
+    }
+
+    /// A chat (or Anthropic) SSE body whose text is `text` cut into deltas at `cuts`.
+    fn stream_body(text: &str, cuts: &[usize], anthropic: bool) -> Vec<u8> {
+        let mut bounds: Vec<usize> = cuts.iter().map(|c| c % (text.len() + 1)).collect();
+        bounds.sort_unstable();
+        let mut body = Vec::new();
+        let mut from = 0;
+        for b in bounds.into_iter().chain([text.len()]) {
+            let piece = json::quote(&text[from..b]);
+            if anthropic {
+                let data = format!(
+                    r#"{{"type":"content_block_delta","index":0,"delta":{{"type":"text_delta","text":{piece}}}}}"#
+                );
+                body.extend(llm_gateway_shared::sse::encode(
+                    Some("content_block_delta"),
+                    &data,
+                ));
+            } else {
+                let data =
+                    format!(r#"{{"choices":[{{"index":0,"delta":{{"content":{piece}}}}}]}}"#);
+                body.extend(llm_gateway_shared::sse::encode(None, &data));
+            }
+            from = b;
+        }
+        if anthropic {
+            body.extend(llm_gateway_shared::sse::encode(
+                Some("content_block_stop"),
+                r#"{"type":"content_block_stop","index":0}"#,
+            ));
+        } else {
+            body.extend_from_slice(b"data: [DONE]\r\n\r\n");
+        }
+        body
+    }
+
+    fn restore_chunks(map: &mut PlaceholderMap, chunks: &[&[u8]]) -> Vec<u8> {
+        let mut r = SseRestorer::default();
+        let mut out = Vec::new();
+        for c in chunks {
+            out.extend(r.push(map, c));
+        }
+        out.extend(r.finish(map));
+        out
+    }
+
+    fn output_rules() -> Redactor {
+        Redactor::new(
+            vec![
+                Rule {
+                    name: "EMAIL".into(),
+                    detector: Detector::Builtin(crate::detect::Builtin::Email),
+                    action: Action::Mask { restore: false },
+                },
+                Rule {
+                    name: "PHONE".into(),
+                    detector: Detector::Builtin(crate::detect::Builtin::PhoneCn),
+                    action: Action::Hash,
+                },
+            ],
+            "salt-salt".into(),
+        )
+    }
+
+    #[test]
+    fn output_rules_in_a_whole_body() {
+        let mut map = map();
+        let body = br#"{"id":"b@y.org","choices":[{"message":{"role":"assistant","content":"[EMAIL_1] and b@y.org, 139 1234 5678"}}]}"#;
+        let redacted = redact_output_body(&output_rules(), &mut map, body).unwrap();
+        let restored = restore_body(&map, &redacted).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&restored).unwrap();
+        let content = v["choices"][0]["message"]["content"].as_str().unwrap();
+        assert!(
+            content.starts_with("a@x.com and [EMAIL_2], <PHONE:"),
+            "{content}"
+        );
+        assert_eq!(v["id"], "b@y.org"); // protocol fields are not text
+        assert_eq!(
+            redact_output_body(&output_rules(), &mut map, b"{\"a\":\"hi\"}"),
+            None
+        );
+    }
+
+    #[test]
+    fn output_rules_in_a_stream_see_values_split_across_deltas() {
+        let mut map = map();
+        let events: Vec<(Option<&str>, String)> = [
+            "Mail b@",
+            "y.org or [EMAIL",
+            "_1], call 139 ",
+            "1234 5678",
+            " now",
+        ]
+        .iter()
+        .map(|t| (None, chat_chunk(t)))
+        .collect();
+        let out = run_with(&mut map, Some(output_rules()), &events);
+        let text = chat_text(&out);
+        assert!(
+            text.starts_with("Mail [EMAIL_2] or a@x.com, call <PHONE:"),
+            "{text}"
+        );
+        assert!(text.ends_with("> now"), "{text}");
+        assert!(
+            !text.contains("b@y.org") && !text.contains("5678"),
+            "{text}"
+        );
+    }
+
+    proptest! {
+        // any bytes: no panic; with nothing to restore the stream passes byte for byte
+        #[test]
+        fn any_stream_is_handled(
+            chunks in proptest::collection::vec(
+                proptest::collection::vec(any::<u8>(), 0..80), 0..6),
+            sse_like in "(data: |event: |\\{|\\}|\"|\\[EMAIL_1\\]|choices|delta|content|:|\n|\r|[a-z0-9 ])*",
+        ) {
+            let mut map = map();
+            let mut empty = PlaceholderMap::default();
+            let refs: Vec<&[u8]> = chunks.iter().map(Vec::as_slice).collect();
+            restore_chunks(&mut map, &refs);
+            restore_chunks(&mut map, &[sse_like.as_bytes()]);
+            let whole: Vec<u8> = chunks.concat();
+            prop_assert_eq!(restore_chunks(&mut empty, &refs), whole);
+        }
+    }
+
+    #[test]
+    fn anthropic_tool_input_json_gets_escaped_originals() {
+        let mut map = map();
+        let delta = |t: &str| {
+            format!(
+                r#"{{"type":"content_block_delta","index":1,"delta":{{"type":"input_json_delta","partial_json":{}}}}}"#,
+                json::quote(t)
+            )
+        };
+        let events = vec![
+            (Some("content_block_delta"), delta("{\"q\": \"[QUO")),
+            (
+                Some("content_block_delta"),
+                delta("TE_1]\", \"to\": \"[EMAIL_1]\"}"),
+            ),
+            (
+                Some("content_block_stop"),
+                r#"{"type":"content_block_stop","index":1}"#.into(),
+            ),
+        ];
+        let out = run(&mut map, &events);
+        let partial: String = datas(&out)
+            .iter()
+            .filter_map(|v| v["delta"]["partial_json"].as_str().map(str::to_owned))
+            .collect();
+        let input: serde_json::Value = serde_json::from_str(&partial).expect("valid JSON");
+        assert_eq!(
+            input,
+            serde_json::json!({"q": "say \"hi\"\\", "to": "a@x.com"})
+        );
+    }
+
+    #[test]
+    fn untouched_stream_is_byte_exact() {
+        let mut map = map();
+        let body =
+            b"event: x\r\ndata: {\"a\":\"[nothing]\"}\r\n\r\n: comment\n\ndata: [DONE]\n\ntail";
+        assert_eq!(restore_chunks(&mut map, &[body]), body.to_vec());
+    }
+}

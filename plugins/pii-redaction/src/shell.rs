@@ -1,0 +1,458 @@
+//! The proxy-wasm adapter: reads bodies from the host, calls the pure core
+//! ([`crate::request::redact_body`], [`crate::response`]), writes the results back. Every host
+//! call goes through `llm_gateway_shared::host`; nothing here decides what is personal data.
+//!
+//! The placeholder map lives in the HTTP context and goes away with it. Logs and metrics
+//! carry rule names and counts, never a value.
+
+use crate::config::{parse_document, BodyScope, Oversize, PiiConfig};
+use crate::mask::{Action, PlaceholderMap};
+use crate::request::{redact_body, Api, Redaction};
+use crate::response::{redact_output_body, restore_body, SseRestorer};
+use llm_gateway_shared::host::{self, Buffer, HeaderMap, LogLevel, Metric};
+use llm_gateway_shared::reject::{ErrorType, Reject};
+use llm_gateway_shared::rules::RuleSet;
+use proxy_wasm::traits::{Context, HttpContext, RootContext};
+use proxy_wasm::types::{Action as Next, ContextType};
+use std::collections::HashMap;
+use std::rc::Rc;
+
+const PLUGIN: &str = "pii_redaction";
+
+proxy_wasm::main! {{
+    proxy_wasm::set_root_context(|_| Box::new(Root::default()));
+}}
+
+/// Counters (Envoy stats `wasmcustom.llm_gateway.pii.*`): matches and blocks per rule name,
+/// and the outcomes of the size policy and of restoring.
+struct Metrics {
+    matches: HashMap<String, Metric>,
+    output_matches: HashMap<String, Metric>,
+    blocked: HashMap<String, Metric>,
+    redacted: Option<Metric>,
+    oversize_passed: Option<Metric>,
+    oversize_rejected: Option<Metric>,
+    invalid_json: Option<Metric>,
+    restored: Option<Metric>,
+    restore_skipped: Option<Metric>,
+}
+
+impl Metrics {
+    fn define(rules: &RuleSet<Rc<PiiConfig>>) -> Self {
+        let counter = |name: &str| Metric::counter(name).ok();
+        let mut matches = HashMap::new();
+        let mut blocked = HashMap::new();
+        let mut output_matches = HashMap::new();
+        for config in rules.configs() {
+            for rule in config.output.iter().flat_map(|o| o.rules()) {
+                if !output_matches.contains_key(&rule.name) {
+                    let metric_name = rule.name.to_ascii_lowercase();
+                    if let Some(m) =
+                        counter(&format!("llm_gateway.pii.output_matches.{metric_name}"))
+                    {
+                        output_matches.insert(rule.name.clone(), m);
+                    }
+                }
+            }
+            for rule in config.redactor.rules() {
+                let metric_name = rule.name.to_ascii_lowercase();
+                let table = if rule.action == Action::Block {
+                    &mut blocked
+                } else {
+                    &mut matches
+                };
+                if !table.contains_key(&rule.name) {
+                    let kind = if rule.action == Action::Block {
+                        "blocked"
+                    } else {
+                        "matches"
+                    };
+                    if let Some(m) = counter(&format!("llm_gateway.pii.{kind}.{metric_name}")) {
+                        table.insert(rule.name.clone(), m);
+                    }
+                }
+            }
+        }
+        Metrics {
+            matches,
+            output_matches,
+            blocked,
+            redacted: counter("llm_gateway.pii.requests_redacted"),
+            oversize_passed: counter("llm_gateway.pii.oversize_passed"),
+            oversize_rejected: counter("llm_gateway.pii.oversize_rejected"),
+            invalid_json: counter("llm_gateway.pii.invalid_json"),
+            restored: counter("llm_gateway.pii.responses_restored"),
+            restore_skipped: counter("llm_gateway.pii.restore_skipped_encoded"),
+        }
+    }
+}
+
+fn bump(metric: Option<&Metric>, delta: u64) {
+    if let Some(m) = metric {
+        let _ = m.increment(i64::try_from(delta).unwrap_or(i64::MAX));
+    }
+}
+
+#[derive(Default)]
+struct Root {
+    state: Option<Rc<State>>,
+}
+
+struct State {
+    rules: RuleSet<Rc<PiiConfig>>,
+    metrics: Metrics,
+}
+
+impl Context for Root {}
+
+impl RootContext for Root {
+    fn on_configure(&mut self, _size: usize) -> bool {
+        let Some(rules) = host::load_config("pii-redaction", parse_document) else {
+            return false;
+        };
+        let count = rules.global().map_or(0, |c| c.redactor.rules().len());
+        host::log(
+            LogLevel::Info,
+            &format!("pii-redaction: configured with {count} rules"),
+        );
+        let metrics = Metrics::define(&rules);
+        self.state = Some(Rc::new(State { rules, metrics }));
+        true
+    }
+
+    fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
+        Some(Box::new(Request {
+            state: self.state.clone(),
+            config: None,
+            api: Api::Other,
+            scan: false,
+            map: PlaceholderMap::default(),
+            counted: HashMap::new(),
+            response: Response::Pass,
+        }))
+    }
+
+    fn get_type(&self) -> Option<ContextType> {
+        Some(ContextType::HttpContext)
+    }
+}
+
+enum Response {
+    /// Nothing to restore (or cannot: encoded body).
+    Pass,
+    /// A JSON body, restored whole at its end.
+    Json,
+    /// An SSE stream, restored chunk by chunk.
+    Sse(Box<SseRestorer>),
+}
+
+struct Request {
+    state: Option<Rc<State>>,
+    config: Option<Rc<PiiConfig>>,
+    api: Api,
+    /// The request body is read and redacted.
+    scan: bool,
+    map: PlaceholderMap,
+    /// Matches per rule name counted on the request side (the rest are output matches).
+    counted: HashMap<String, u64>,
+    response: Response,
+}
+
+impl Context for Request {}
+
+impl HttpContext for Request {
+    fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Next {
+        let Some(state) = self.state.clone() else {
+            return refuse(&Reject::internal("pii-redaction is not configured"));
+        };
+        let Some(config) = host::select_config(&state.rules, None).cloned() else {
+            return Next::Continue;
+        };
+        self.config = Some(Rc::clone(&config));
+        if end_of_stream {
+            return Next::Continue; // no body
+        }
+        let header = |name: &str| {
+            host::header(HeaderMap::RequestHeaders, name)
+                .ok()
+                .flatten()
+                .and_then(|v| String::from_utf8(v).ok())
+        };
+        self.api = Api::from_path(&header(":path").unwrap_or_default());
+        if config.scope == BodyScope::Messages {
+            // multipart uploads and other non-JSON bodies carry no chat messages
+            let content_type = header("content-type").unwrap_or_default();
+            if !content_type.is_empty() && !content_type.to_ascii_lowercase().contains("json") {
+                return Next::Continue;
+            }
+        }
+        let declared = header("content-length").and_then(|v| v.trim().parse::<usize>().ok());
+        if declared.is_some_and(|len| len > config.max_body_bytes) {
+            return self.oversize(&state, &config);
+        }
+        // A compressed answer could not be restored.
+        let restores = config.output.is_some()
+            || config
+                .redactor
+                .rules()
+                .iter()
+                .any(|r| r.action == Action::Mask { restore: true });
+        let mut remove = Vec::with_capacity(2);
+        if restores {
+            remove.push("accept-encoding");
+        }
+        // The body may be rewritten. Held headers get the new length later; headers that go
+        // on now must not announce the old one.
+        if !config.hold_headers {
+            remove.push("content-length");
+        }
+        for name in remove {
+            if let Err(err) = host::remove_header(HeaderMap::RequestHeaders, name) {
+                host::log(
+                    LogLevel::Error,
+                    &format!("pii-redaction: cannot remove {name}: {err}"),
+                );
+                return refuse(&Reject::internal("cannot prepare the request"));
+            }
+        }
+        self.scan = true;
+        if config.hold_headers {
+            Next::Pause
+        } else {
+            Next::Continue
+        }
+    }
+
+    fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Next {
+        if !self.scan {
+            return Next::Continue;
+        }
+        let (Some(state), Some(config)) = (self.state.clone(), self.config.clone()) else {
+            return Next::Continue;
+        };
+        if body_size > config.max_body_bytes {
+            self.scan = false;
+            return self.oversize(&state, &config);
+        }
+        if !end_of_stream {
+            return Next::Pause; // buffer until the whole body is here
+        }
+        self.scan = false;
+        let body = match host::buffer(Buffer::RequestBody, 0, body_size) {
+            Ok(body) => body,
+            Err(err) => {
+                host::log(
+                    LogLevel::Error,
+                    &format!("pii-redaction: cannot read the request body: {err}"),
+                );
+                return refuse(&Reject::internal("cannot read the request"));
+            }
+        };
+        let outcome = redact_body(&config, self.api, &body, &mut self.map);
+        for (name, count) in self.map.counts() {
+            bump(state.metrics.matches.get(name), count);
+            self.counted.insert(name.to_owned(), count);
+        }
+        match outcome {
+            Redaction::Unchanged => Next::Continue,
+            Redaction::Rewritten(new_body) => {
+                bump(state.metrics.redacted.as_ref(), 1);
+                if config.hold_headers {
+                    let length = new_body.len().to_string();
+                    let fixed = host::header(HeaderMap::RequestHeaders, "content-length")
+                        .ok()
+                        .flatten()
+                        .is_none()
+                        || host::set_header(
+                            HeaderMap::RequestHeaders,
+                            "content-length",
+                            length.as_bytes(),
+                        )
+                        .is_ok();
+                    if !fixed {
+                        host::log(
+                            LogLevel::Error,
+                            "pii-redaction: cannot set content-length of the redacted body",
+                        );
+                        return refuse(&Reject::internal("cannot redact the request"));
+                    }
+                }
+                match host::set_buffer(Buffer::RequestBody, 0, body_size, &new_body) {
+                    Ok(()) => Next::Continue,
+                    Err(err) => {
+                        // never forward what could not be redacted
+                        host::log(
+                            LogLevel::Error,
+                            &format!("pii-redaction: cannot replace the request body: {err}"),
+                        );
+                        refuse(&Reject::internal("cannot redact the request"))
+                    }
+                }
+            }
+            Redaction::Blocked(blocked) => {
+                bump(state.metrics.blocked.get(&blocked.rule), 1);
+                host::log(
+                    LogLevel::Info,
+                    &format!("pii-redaction: blocked by rule {}", blocked.rule),
+                );
+                refuse(&Reject::bad_request(
+                    format!("pii_blocked_{}", blocked.rule.to_ascii_lowercase()),
+                    format!(
+                        "the request contains data that rule {} does not allow to be sent",
+                        blocked.rule
+                    ),
+                ))
+            }
+            Redaction::Invalid(err) => {
+                bump(state.metrics.invalid_json.as_ref(), 1);
+                refuse(&Reject::bad_request(
+                    "invalid_json",
+                    format!("the request body is not valid JSON: {err}"),
+                ))
+            }
+        }
+    }
+
+    fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Next {
+        let output = self.config.as_ref().and_then(|c| c.output.clone());
+        if end_of_stream || !(self.map.has_restorable() || output.is_some()) {
+            return Next::Continue;
+        }
+        let header = |name: &str| {
+            host::header(HeaderMap::ResponseHeaders, name)
+                .ok()
+                .flatten()
+                .map(|v| String::from_utf8_lossy(&v).to_ascii_lowercase())
+        };
+        if header("content-encoding").is_some_and(|e| e.trim() != "identity") {
+            if let Some(state) = &self.state {
+                bump(state.metrics.restore_skipped.as_ref(), 1);
+            }
+            return Next::Continue;
+        }
+        let content_type = header("content-type").unwrap_or_default();
+        self.response = if content_type.contains("text/event-stream") {
+            Response::Sse(Box::new(SseRestorer::with_output(output)))
+        } else if content_type.contains("json") {
+            Response::Json
+        } else {
+            return Next::Continue;
+        };
+        if let Err(err) = host::remove_header(HeaderMap::ResponseHeaders, "content-length") {
+            host::log(
+                LogLevel::Warn,
+                &format!("pii-redaction: cannot remove content-length, not restoring: {err}"),
+            );
+            self.response = Response::Pass;
+        }
+        Next::Continue
+    }
+
+    fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Next {
+        match &mut self.response {
+            Response::Pass => Next::Continue,
+            Response::Json => {
+                if !end_of_stream {
+                    return Next::Pause;
+                }
+                let Ok(body) = host::buffer(Buffer::ResponseBody, 0, body_size) else {
+                    return Next::Continue;
+                };
+                let output = self.config.as_ref().and_then(|c| c.output.as_ref());
+                let redacted =
+                    output.and_then(|output| redact_output_body(output, &mut self.map, &body));
+                let restored = match restore_body(&self.map, redacted.as_deref().unwrap_or(&body)) {
+                    Some(restored) => Some(restored),
+                    None => redacted,
+                };
+                if let Some(restored) = restored {
+                    if host::set_buffer(Buffer::ResponseBody, 0, body_size, &restored).is_ok() {
+                        if let Some(state) = &self.state {
+                            bump(state.metrics.restored.as_ref(), 1);
+                        }
+                    }
+                }
+                self.count_output();
+                Next::Continue
+            }
+            Response::Sse(restorer) => {
+                let chunk = if body_size == 0 {
+                    Vec::new()
+                } else {
+                    match host::buffer(Buffer::ResponseBody, 0, body_size) {
+                        Ok(chunk) => chunk,
+                        Err(_) => return Next::Continue,
+                    }
+                };
+                let mut out = restorer.push(&mut self.map, &chunk);
+                if end_of_stream {
+                    out.extend(restorer.finish(&mut self.map));
+                    if let Some(state) = &self.state {
+                        bump(state.metrics.restored.as_ref(), 1);
+                    }
+                    self.count_output();
+                }
+                if out != chunk {
+                    if let Err(err) = host::set_buffer(Buffer::ResponseBody, 0, body_size, &out) {
+                        host::log(
+                            LogLevel::Warn,
+                            &format!("pii-redaction: cannot rewrite a stream chunk: {err}"),
+                        );
+                    }
+                }
+                Next::Continue
+            }
+        }
+    }
+}
+
+impl Request {
+    /// Counts the matches of output rules (those not counted on the request side).
+    fn count_output(&self) {
+        let Some(state) = &self.state else { return };
+        for (name, count) in self.map.counts() {
+            let before = self.counted.get(name).copied().unwrap_or(0);
+            bump(
+                state.metrics.output_matches.get(name),
+                count.saturating_sub(before),
+            );
+        }
+    }
+
+    /// The size policy for a body above `max_body_bytes`.
+    fn oversize(&mut self, state: &State, config: &PiiConfig) -> Next {
+        match config.oversize {
+            Oversize::Reject => {
+                bump(state.metrics.oversize_rejected.as_ref(), 1);
+                refuse(&Reject::new(
+                    413,
+                    ErrorType::InvalidRequest,
+                    "request_too_large",
+                    format!(
+                        "the request body is larger than {} bytes, the most the gateway scans for personal data",
+                        config.max_body_bytes
+                    ),
+                ))
+            }
+            Oversize::Pass => {
+                bump(state.metrics.oversize_passed.as_ref(), 1);
+                host::log(
+                    LogLevel::Warn,
+                    "pii-redaction: body above max_body_bytes forwarded unscanned (oversize: pass)",
+                );
+                Next::Continue
+            }
+        }
+    }
+}
+
+/// Sends the local reply and stops the filter chain.
+fn refuse(reject: &Reject) -> Next {
+    if let Err(err) = host::send_reject(PLUGIN, reject) {
+        host::log(
+            LogLevel::Error,
+            &format!("pii-redaction: cannot send the local reply: {err}"),
+        );
+    }
+    Next::Pause
+}

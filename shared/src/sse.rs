@@ -1,0 +1,493 @@
+//! Server-sent events, framed across arbitrary network chunk boundaries.
+//!
+//! The grammar (WHATWG HTML, "Parsing an event stream"): the stream is lines ended by CRLF, LF
+//! or CR; a blank line ends an event; a line starting with `:` is a comment; otherwise a line
+//! is `field: value` (one space after the colon is dropped; a line without a colon is a field
+//! with an empty value); `data` lines are joined with `\n`.
+//!
+//! [`Framer`] is fed chunks as they arrive ([`Framer::push`]) and hands out complete events
+//! ([`Framer::next_event`]), each with its raw bytes so a filter can pass an event through
+//! untouched or replace it. Work is proportional to the new bytes: each byte is looked at
+//! once, and consumed events are dropped from the buffer once per push, not once per event.
+//!
+//! Memory is bounded: when an unfinished event grows past `max_event_bytes`, the framer gives
+//! its bytes so far as [`SseError::Overflow`] and keeps passing the rest of that event through
+//! as more `Overflow` items until the event ends; then it frames normally again. Concatenating
+//! the raw bytes of every item, then [`Framer::finish`], gives back the input exactly.
+
+use std::fmt;
+
+/// One complete event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Event {
+    /// The event's bytes as received, the terminating blank line included.
+    pub raw: Vec<u8>,
+    /// The `event:` field (the last one when repeated).
+    pub event: Option<String>,
+    /// The `data:` lines joined with `\n`; `None` when the event has no data line.
+    pub data: Option<String>,
+    /// The `id:` field.
+    pub id: Option<String>,
+}
+
+impl Event {
+    /// Parses one event's raw bytes (as [`Framer`] cuts them). Invalid UTF-8 in a field is
+    /// replaced by U+FFFD in the parsed fields; `raw` keeps the original bytes.
+    pub fn parse(raw: Vec<u8>) -> Event {
+        let mut event = None;
+        let mut data: Option<String> = None;
+        let mut id = None;
+        for line in lines(&raw) {
+            if line.is_empty() || line.first() == Some(&b':') {
+                continue;
+            }
+            let (name, value) = match line.iter().position(|&b| b == b':') {
+                Some(colon) => {
+                    let value = line.get(colon + 1..).unwrap_or_default();
+                    let value = value.strip_prefix(b" ").unwrap_or(value);
+                    (line.get(..colon).unwrap_or_default(), value)
+                }
+                None => (line, &[][..]),
+            };
+            let value = String::from_utf8_lossy(value);
+            match name {
+                b"data" => match &mut data {
+                    Some(joined) => {
+                        joined.push('\n');
+                        joined.push_str(&value);
+                    }
+                    None => data = Some(value.into_owned()),
+                },
+                b"event" => event = Some(value.into_owned()),
+                b"id" => id = Some(value.into_owned()),
+                _ => {}
+            }
+        }
+        Event {
+            raw,
+            event,
+            data,
+            id,
+        }
+    }
+
+    /// Whether this is OpenAI's end-of-stream marker, `data: [DONE]`.
+    pub fn is_done(&self) -> bool {
+        self.data.as_deref().map(str::trim) == Some("[DONE]")
+    }
+}
+
+/// The bytes of an event with the given `event:` name and `data` (split into one `data:`
+/// line per `\n`), ended by a blank line, with LF line endings.
+pub fn encode(event: Option<&str>, data: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(data.len() + 16);
+    if let Some(name) = event {
+        out.extend_from_slice(b"event: ");
+        out.extend_from_slice(name.as_bytes());
+        out.push(b'\n');
+    }
+    for line in data.split('\n') {
+        out.extend_from_slice(b"data: ");
+        out.extend_from_slice(line.as_bytes());
+        out.push(b'\n');
+    }
+    out.push(b'\n');
+    out
+}
+
+/// Splits `raw` into lines at CRLF, LF or CR, terminators dropped.
+fn lines(raw: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let mut rest = raw;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        match rest.iter().position(|&b| b == b'\n' || b == b'\r') {
+            Some(end) => {
+                let line = rest.get(..end).unwrap_or_default();
+                let skip = if rest.get(end..end + 2) == Some(b"\r\n") {
+                    2
+                } else {
+                    1
+                };
+                rest = rest.get(end + skip..).unwrap_or_default();
+                Some(line)
+            }
+            None => {
+                let line = rest;
+                rest = &[];
+                Some(line)
+            }
+        }
+    })
+}
+
+/// Why [`Framer::next_event`] handed out raw bytes instead of an event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SseError {
+    /// An unfinished event grew past the bound. `raw` is the next part of it; the caller
+    /// passes it through (or drops it) without an event's meaning.
+    Overflow { raw: Vec<u8> },
+}
+
+impl SseError {
+    /// The bytes this item carries.
+    pub fn raw(&self) -> &[u8] {
+        match self {
+            SseError::Overflow { raw } => raw,
+        }
+    }
+}
+
+impl fmt::Display for SseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SseError::Overflow { raw } => write!(
+                f,
+                "server-sent event larger than the framing bound ({} bytes passed through)",
+                raw.len()
+            ),
+        }
+    }
+}
+
+impl std::error::Error for SseError {}
+
+/// Cuts a byte stream into events. See the module documentation.
+#[derive(Debug)]
+pub struct Framer {
+    buf: Vec<u8>,
+    /// Start of the first byte not yet handed out.
+    start: usize,
+    /// Next byte to look at.
+    scan: usize,
+    /// The current line has at least one byte.
+    in_line: bool,
+    /// The last terminator was a CR: an LF right after it belongs to it.
+    skip_lf: bool,
+    /// Passing an oversized event through.
+    overflowing: bool,
+    /// The stream has ended: nothing more will follow the last byte.
+    closed: bool,
+    max_event_bytes: usize,
+}
+
+impl Framer {
+    /// A framer that buffers at most about `max_event_bytes` of an unfinished event.
+    pub fn new(max_event_bytes: usize) -> Self {
+        Framer {
+            buf: Vec::new(),
+            start: 0,
+            scan: 0,
+            in_line: false,
+            skip_lf: false,
+            overflowing: false,
+            closed: false,
+            max_event_bytes: max_event_bytes.max(1),
+        }
+    }
+
+    /// Appends the next chunk of the stream.
+    pub fn push(&mut self, chunk: &[u8]) {
+        if self.start > 0 {
+            self.buf.drain(..self.start.min(self.buf.len()));
+            self.scan = self.scan.saturating_sub(self.start);
+            self.start = 0;
+        }
+        self.buf.extend_from_slice(chunk);
+    }
+
+    /// Bytes held for an event that has not ended yet.
+    pub fn pending(&self) -> usize {
+        self.buf.len().saturating_sub(self.start)
+    }
+
+    /// The next complete event, or raw bytes of an oversized one; `None` when more input is
+    /// needed.
+    pub fn next_event(&mut self) -> Option<Result<Event, SseError>> {
+        while let Some(&byte) = self.buf.get(self.scan) {
+            if std::mem::take(&mut self.skip_lf) && byte == b'\n' {
+                self.scan += 1;
+                continue;
+            }
+            self.scan += 1;
+            if byte != b'\n' && byte != b'\r' {
+                self.in_line = true;
+                continue;
+            }
+            self.skip_lf = byte == b'\r';
+            if std::mem::take(&mut self.in_line) {
+                continue;
+            }
+            // A blank line: the event ends here, with the LF of a CRLF. A CR that is the last
+            // byte so far waits for the next byte, so an event's raw bytes never depend on
+            // where the network cut the stream.
+            if self.skip_lf {
+                match self.buf.get(self.scan) {
+                    Some(b'\n') => {
+                        self.scan += 1;
+                        self.skip_lf = false;
+                    }
+                    None if !self.closed => {
+                        self.scan -= 1;
+                        self.skip_lf = false;
+                        break;
+                    }
+                    _ => {}
+                }
+            }
+            let raw = self.take();
+            if std::mem::take(&mut self.overflowing) {
+                return Some(Err(SseError::Overflow { raw }));
+            }
+            return Some(Ok(Event::parse(raw)));
+        }
+        let held = self.scan - self.start;
+        if held > 0 && (self.overflowing || held > self.max_event_bytes) {
+            self.overflowing = true;
+            return Some(Err(SseError::Overflow { raw: self.take() }));
+        }
+        None
+    }
+
+    /// Marks the end of the stream: an event whose blank line is a CR at the very end is then
+    /// complete (until then it waits for a possible LF). Call before draining the last
+    /// events with [`Framer::next_event`] and before [`Framer::finish`].
+    pub fn close(&mut self) {
+        self.closed = true;
+    }
+
+    /// End of stream: the bytes of an unterminated last event, if any (the grammar discards
+    /// such an event; a filter usually passes the bytes on).
+    pub fn finish(&mut self) -> Option<Vec<u8>> {
+        self.scan = self.buf.len();
+        let tail = self.take();
+        self.buf.clear();
+        self.start = 0;
+        self.scan = 0;
+        self.in_line = false;
+        self.skip_lf = false;
+        self.overflowing = false;
+        self.closed = false;
+        (!tail.is_empty()).then_some(tail)
+    }
+
+    fn take(&mut self) -> Vec<u8> {
+        let raw = self
+            .buf
+            .get(self.start..self.scan)
+            .unwrap_or_default()
+            .to_vec();
+        self.start = self.scan;
+        raw
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    /// Every item of a whole stream fed in `chunks`, as (parsed event or overflow raw).
+    fn frame(chunks: &[&[u8]], max: usize) -> (Vec<Result<Event, SseError>>, Option<Vec<u8>>) {
+        let mut framer = Framer::new(max);
+        let mut items = Vec::new();
+        for chunk in chunks {
+            framer.push(chunk);
+            while let Some(item) = framer.next_event() {
+                items.push(item);
+            }
+        }
+        framer.close();
+        while let Some(item) = framer.next_event() {
+            items.push(item);
+        }
+        let tail = framer.finish();
+        (items, tail)
+    }
+
+    fn data(items: &[Result<Event, SseError>]) -> Vec<Option<String>> {
+        items
+            .iter()
+            .map(|i| i.as_ref().ok().and_then(|e| e.data.clone()))
+            .collect()
+    }
+
+    #[test]
+    fn lf_crlf_and_cr_separators() {
+        for stream in [
+            &b"data: a\n\ndata: b\n\n"[..],
+            b"data: a\r\n\r\ndata: b\r\n\r\n",
+            b"data: a\r\rdata: b\r\r",
+            b"data: a\n\r\ndata: b\r\n\n",
+        ] {
+            let (items, tail) = frame(&[stream], 1024);
+            assert_eq!(
+                data(&items),
+                [Some("a".into()), Some("b".into())],
+                "{stream:?}"
+            );
+            assert_eq!(tail, None);
+            let raw: Vec<u8> = items
+                .iter()
+                .flat_map(|i| i.as_ref().unwrap().raw.clone())
+                .collect();
+            assert_eq!(raw, stream);
+        }
+    }
+
+    #[test]
+    fn fields_comments_and_multiline_data() {
+        let stream = b": keep-alive\n\nevent: message_delta\nid: 7\ndata: {\"a\":\ndata:1}\nretry: 5\nignored\n\n";
+        let (items, _) = frame(&[stream], 1024);
+        assert_eq!(items.len(), 2);
+        let comment = items[0].as_ref().unwrap();
+        assert_eq!(
+            (comment.data.as_deref(), comment.event.as_deref()),
+            (None, None)
+        );
+        let event = items[1].as_ref().unwrap();
+        assert_eq!(event.event.as_deref(), Some("message_delta"));
+        assert_eq!(event.id.as_deref(), Some("7"));
+        assert_eq!(event.data.as_deref(), Some("{\"a\":\n1}"));
+    }
+
+    #[test]
+    fn value_space_and_colonless_lines() {
+        let event = Event::parse(b"data:x\ndata:  y\ndata\n\n".to_vec());
+        assert_eq!(event.data.as_deref(), Some("x\n y\n"));
+    }
+
+    #[test]
+    fn done_marker() {
+        let (items, _) = frame(&[b"data: [DONE]\n\n"], 64);
+        assert!(items[0].as_ref().unwrap().is_done());
+        assert!(!Event::parse(b"data: {}\n\n".to_vec()).is_done());
+    }
+
+    #[test]
+    fn an_event_split_anywhere_is_the_same_event() {
+        let stream = b"event: e\r\ndata: {\"x\": 1}\r\n\r\ndata: second\n\n";
+        let whole = frame(&[stream], 1024);
+        for cut in 0..=stream.len() {
+            let (a, b) = stream.split_at(cut);
+            assert_eq!(frame(&[a, b], 1024), whole, "cut at {cut}");
+        }
+    }
+
+    #[test]
+    fn unterminated_tail_comes_back_from_finish() {
+        let (items, tail) = frame(&[b"data: a\n\ndata: cut mid-ev"], 1024);
+        assert_eq!(data(&items), [Some("a".into())]);
+        assert_eq!(tail.as_deref(), Some(&b"data: cut mid-ev"[..]));
+    }
+
+    #[test]
+    fn oversized_events_pass_through_in_bounded_pieces() {
+        let big = format!("data: {}\n\n", "x".repeat(100));
+        let stream = format!("data: a\n\n{big}data: b\n\n");
+        let chunks: Vec<&[u8]> = stream.as_bytes().chunks(7).collect();
+        let mut framer = Framer::new(16);
+        let mut items = Vec::new();
+        for chunk in &chunks {
+            framer.push(chunk);
+            assert!(framer.pending() <= 16 + 7);
+            while let Some(item) = framer.next_event() {
+                items.push(item);
+            }
+        }
+        assert_eq!(framer.finish(), None);
+        let first = items.first().unwrap().as_ref().unwrap();
+        assert_eq!(first.data.as_deref(), Some("a"));
+        let last = items.last().unwrap().as_ref().unwrap();
+        assert_eq!(last.data.as_deref(), Some("b"));
+        let middle = &items[1..items.len() - 1];
+        assert!(middle.len() > 1);
+        assert!(middle
+            .iter()
+            .all(|i| matches!(i, Err(SseError::Overflow { .. }))));
+        let passed: Vec<u8> = middle
+            .iter()
+            .flat_map(|i| i.as_ref().unwrap_err().raw().to_vec())
+            .collect();
+        assert_eq!(passed, big.as_bytes());
+    }
+
+    #[test]
+    fn encode_round_trips() {
+        let raw = encode(Some("delta"), "line1\nline2");
+        assert_eq!(raw, b"event: delta\ndata: line1\ndata: line2\n\n");
+        let (items, _) = frame(&[&raw], 1024);
+        let event = items[0].as_ref().unwrap();
+        assert_eq!(event.event.as_deref(), Some("delta"));
+        assert_eq!(event.data.as_deref(), Some("line1\nline2"));
+    }
+
+    #[cfg(not(target_arch = "wasm32"))]
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn raw_of(items: &[Result<Event, SseError>]) -> Vec<u8> {
+            items
+                .iter()
+                .flat_map(|i| match i {
+                    Ok(e) => e.raw.clone(),
+                    Err(e) => e.raw().to_vec(),
+                })
+                .collect()
+        }
+
+        proptest! {
+            /// Any chunking of any byte stream: the same items as unsplit (when no event
+            /// overflows), and the bytes come back exactly.
+            #[test]
+            fn chunking_never_changes_the_events(
+                stream in prop::collection::vec(prop::sample::select(
+                    b"data: {}x\r\n:ev".to_vec()), 0..120),
+                cuts in prop::collection::vec(0usize..120, 0..6),
+            ) {
+                let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c.min(stream.len())).collect();
+                cuts.sort_unstable();
+                let mut chunks = Vec::new();
+                let mut at = 0;
+                for cut in cuts {
+                    chunks.push(&stream[at..cut]);
+                    at = cut;
+                }
+                chunks.push(&stream[at..]);
+                let (items, tail) = frame(&chunks, 1 << 20);
+                let (whole, whole_tail) = frame(&[&stream], 1 << 20);
+                prop_assert_eq!(&data(&items), &data(&whole));
+                let mut bytes = raw_of(&items);
+                bytes.extend(tail.unwrap_or_default());
+                prop_assert_eq!(&bytes, &stream);
+                let mut whole_bytes = raw_of(&whole);
+                whole_bytes.extend(whole_tail.unwrap_or_default());
+                prop_assert_eq!(&whole_bytes, &stream);
+            }
+
+            /// With a tiny bound, memory stays bounded and no byte is lost or duplicated.
+            #[test]
+            fn overflow_keeps_every_byte(
+                stream in prop::collection::vec(any::<u8>(), 0..300),
+                chunk in 1usize..40,
+            ) {
+                let chunks: Vec<&[u8]> = stream.chunks(chunk).collect();
+                let mut framer = Framer::new(8);
+                let mut items = Vec::new();
+                for c in &chunks {
+                    framer.push(c);
+                    prop_assert!(framer.pending() <= 8 + chunk);
+                    while let Some(item) = framer.next_event() {
+                        items.push(item);
+                    }
+                }
+                let mut bytes = raw_of(&items);
+                bytes.extend(framer.finish().unwrap_or_default());
+                prop_assert_eq!(bytes, stream);
+            }
+        }
+    }
+}
