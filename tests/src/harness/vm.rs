@@ -59,6 +59,18 @@ impl FilterSpec {
         self
     }
 
+    /// Sets the `root_id` (property `plugin_root_id`).
+    pub fn root_id(mut self, root_id: &str) -> Self {
+        self.root_id = root_id.to_string();
+        self
+    }
+
+    /// Sets the VM configuration (`proxy_on_vm_start`, buffer 6).
+    pub fn vm_config(mut self, vm_config: &[u8]) -> Self {
+        self.vm_config = vm_config.to_vec();
+        self
+    }
+
     /// Sets the `vm_id`.
     pub fn vm_id(mut self, vm_id: &str) -> Self {
         self.vm_id = vm_id.to_string();
