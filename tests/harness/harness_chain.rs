@@ -123,3 +123,67 @@ fn placeholders_upstream_and_originals_back_at_every_split() {
     assert_eq!(plugins.len(), 2, "{plugins:?}");
     assert!(plugins.iter().all(|(_, t)| t.fuel > 0 && t.host_calls > 0));
 }
+
+#[test]
+fn key_auth_then_model_router_routes_on_the_body_and_clears_the_route_cache() {
+    let key_auth: Value = serde_json::from_str(
+        &std::fs::read_to_string(workspace::envoy_config("e2e-key-auth.json")).unwrap(),
+    )
+    .unwrap();
+    let router = json!({
+        "version": "h1",
+        "deployments": [
+            {"name": "a", "cluster": "dep-a", "model": "model-a", "provider": "openai", "credential": "cred-a"},
+            {"name": "b", "cluster": "dep-b", "model": "model-b", "provider": "openai", "credential": "cred-b"}
+        ],
+        "groups": [
+            {"name": "fast", "deployments": [{"deployment": "a"}, {"deployment": "b"}]},
+            {"name": "smart", "deployments": [{"deployment": "b"}]}
+        ]
+    });
+    let fleet = Fleet::builder()
+        .filter(FilterSpec::plugin("key-auth", &key_auth).unwrap())
+        .filter(
+            FilterSpec::plugin("model-router", &router)
+                .unwrap()
+                .allow_on_headers_stop_iteration(true),
+        )
+        .build()
+        .unwrap();
+    let body = json!({"model": "fast", "messages": [{"role": "user", "content": "hi"}]});
+    let raw = body.to_string();
+    for split in [1, 7, 4096] {
+        let offsets: Vec<usize> = (split..raw.len()).step_by(split).collect();
+        let request = Request::post("/v1/chat/completions")
+            .property("xds.route_name", "default")
+            .header("x-api-key", TEAM_A)
+            .json(&body)
+            .split_at(&offsets);
+        let ex = fleet
+            .exchange(0, 0, &request, |_| {
+                Response::json(&json!({"object": "chat.completion", "choices": []}))
+            })
+            .unwrap_or_else(|e| panic!("split {split}: {e}"));
+        assert_eq!(ex.status(), 200, "split {split}: {}", ex.text());
+        // the router read the group from the body, picked the first deployment, rewrote the
+        // model, published the plan in filter state and asked Envoy to route again
+        assert_eq!(ex.upstream_header("x-llm-model-group"), Some("fast"));
+        assert_eq!(ex.upstream_header("x-llm-deployment"), Some("a"));
+        assert_eq!(ex.upstream_header("x-llm-cluster"), Some("dep-a"));
+        let sent: Value = serde_json::from_slice(&ex.upstream.as_ref().unwrap().body).unwrap();
+        assert_eq!(sent["model"], "model-a", "split {split}");
+        assert_eq!(
+            ex.filter_state.get("wasm.llm_try_0").map(Vec::as_slice),
+            Some(&b"dep-a"[..])
+        );
+        assert_eq!(
+            ex.filter_state.get("wasm.llm_try_1").map(Vec::as_slice),
+            Some(&b"dep-b"[..])
+        );
+        assert_eq!(
+            ex.route_cache_cleared,
+            vec![0, 1],
+            "only the router cleared it, once"
+        );
+    }
+}

@@ -650,6 +650,7 @@ impl Fleet {
         }
         let local_reply = stream.local_reply();
         let filter_state = stream.filter_state_all();
+        let route_cache_cleared = lock(&stream.data()).route_cache_cleared.clone();
         stream.finish()?;
         let cost = stream.costs();
         Ok(Exchange {
@@ -661,6 +662,7 @@ impl Fleet {
             downstream: down,
             local_reply,
             filter_state,
+            route_cache_cleared,
             cost,
         })
     }
@@ -976,6 +978,8 @@ pub struct Exchange {
     pub local_reply: Option<LocalReply>,
     /// Filter state at the end.
     pub filter_state: HashMap<String, Vec<u8>>,
+    /// Per filter (chain index): how many times it called `clear_route_cache`.
+    pub route_cache_cleared: Vec<u32>,
     /// Cost of this exchange's HTTP-context callbacks.
     pub cost: Vec<CallCost>,
 }
