@@ -342,8 +342,22 @@ fn two_key_auth_filters_a_refusal_short_circuits_the_second() {
     let ex = send(&gw, "/v1/chat/completions", &[("x-api-key", UNKNOWN)]);
     assert_error(&ex, 401, "invalid_api_key");
     assert_eq!(ex.local_reply.as_ref().unwrap().filter, Some(0));
-    let second: Vec<_> = ex.cost.iter().filter(|c| c.filter == 1).collect();
-    assert!(second.is_empty(), "the second filter ran: {second:?}");
+    // Envoy 1.40 creates the second filter's context only to call proxy_on_log
+    let second: Vec<_> = ex
+        .cost
+        .iter()
+        .filter(|c| c.filter == 1)
+        .map(|c| c.callback)
+        .collect();
+    assert_eq!(
+        second,
+        [
+            "proxy_on_context_create",
+            "proxy_on_log",
+            "proxy_on_done",
+            "proxy_on_delete"
+        ]
+    );
     let first: Vec<_> = ex
         .cost
         .iter()

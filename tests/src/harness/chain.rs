@@ -547,13 +547,4 @@ impl StreamCore {
         }
         out
     }
-
-    /// The context ids that exist, in chain order.
-    pub(crate) fn created(&self) -> Vec<(usize, u32)> {
-        self.contexts
-            .iter()
-            .enumerate()
-            .filter_map(|(f, c)| c.map(|c| (f, c)))
-            .collect()
-    }
 }

@@ -797,26 +797,51 @@ impl Stream {
             .collect()
     }
 
-    /// Ends the stream: `proxy_on_done`, `proxy_on_log`, `proxy_on_delete` on every context
-    /// it created, in chain order.
+    /// Ends the stream as Envoy 1.40 does: `proxy_on_log` on every filter in chain order —
+    /// creating the context of a filter that never saw the request (a local reply stopped
+    /// the chain before it) just for that — then `proxy_on_done` and `proxy_on_delete`
+    /// filter by filter. (Seen in Envoy's `wasm:trace` log, `e2e_harness_local_reply`.)
     pub fn finish(&self) -> crate::Result<()> {
-        let (created, instance, worker, id) = {
+        let (instance, worker, id) = {
             let mut core = self.core.borrow_mut();
             if core.finished {
                 return Ok(());
             }
             core.finished = true;
-            (core.created(), core.instance, core.worker, core.id)
+            (core.instance, core.worker, core.id)
         };
         let loc = |filter| VmLocation {
             instance,
             worker,
             filter,
         };
-        for name in ["proxy_on_done", "proxy_on_log", "proxy_on_delete"] {
-            for &(f, ctx) in &created {
-                self.fleet.0.call(loc(f), name, &[ctx], Some(id))?;
-            }
+        let n = self.fleet.0.specs.len();
+        let mut created = Vec::new();
+        for f in 0..n {
+            let existing = self.core.borrow().contexts.get(f).copied().flatten();
+            let ctx = match existing {
+                Some(ctx) => ctx,
+                None => {
+                    let data = self.data();
+                    let ctx = self.fleet.0.create_context(loc(f), data, f, id)?;
+                    if let Some(slot) = self.core.borrow_mut().contexts.get_mut(f) {
+                        *slot = Some(ctx);
+                    }
+                    ctx
+                }
+            };
+            self.fleet
+                .0
+                .call(loc(f), "proxy_on_log", &[ctx], Some(id))?;
+            created.push((f, ctx));
+        }
+        for &(f, ctx) in &created {
+            self.fleet
+                .0
+                .call(loc(f), "proxy_on_done", &[ctx], Some(id))?;
+            self.fleet
+                .0
+                .call(loc(f), "proxy_on_delete", &[ctx], Some(id))?;
         }
         for &(f, ctx) in &created {
             if let Ok(vm) = self.fleet.0.vm(loc(f)) {
