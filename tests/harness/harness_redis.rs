@@ -155,7 +155,7 @@ fn slow_or_silent_redis_times_out_and_recovers() {
     let redis = Redis::start().unwrap();
     let proxy = FaultProxy::start(redis.addr()).unwrap();
     let fleet = Fleet::builder()
-        .filter(probe(150))
+        .filter(probe(400))
         .redis(SERVICE, proxy.addr())
         .build()
         .unwrap();
@@ -165,7 +165,7 @@ fn slow_or_silent_redis_times_out_and_recovers() {
     );
 
     // slower than the plugin's timeout: a failed call
-    proxy.set(Fault::Delay(Duration::from_millis(400)));
+    proxy.set(Fault::Delay(Duration::from_millis(1200)));
     assert_eq!(get(&fleet, "/redis/incr/s").status(), 503);
     // silent: same
     proxy.set(Fault::Blackhole);
@@ -174,7 +174,7 @@ fn slow_or_silent_redis_times_out_and_recovers() {
     proxy.set(Fault::Refuse);
     assert_eq!(get(&fleet, "/redis/incr/s").status(), 503);
     // a little slow but within the timeout: fine
-    proxy.set(Fault::Delay(Duration::from_millis(20)));
+    proxy.set(Fault::Delay(Duration::from_millis(10)));
     let ex = get(&fleet, "/redis/incr/s");
     assert_eq!(ex.status(), 204, "{}", ex.text());
     // the delayed INCR earlier may or may not have reached Redis before the cut; the

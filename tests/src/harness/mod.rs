@@ -7,8 +7,8 @@
 //! Layers, one file each: [`engine`] (engine and compiled-module cache), [`abi`] (host
 //! functions), [`state`] (a VM's store data), [`vm`] (one VM), [`stream`] (a stream's data),
 //! [`chain`] (Envoy's filter iteration), [`services`] (shared data, queues, metrics, clock),
-//! [`redis`] (Redis bridge and fault proxy), [`fleet`] (instances, workers, pumping),
-//! [`cost`] (accounting).
+//! [`redis`] (Redis bridge and fault proxy), [`http_call`] (answers to `dispatch_http_call`),
+//! [`fleet`] (instances, workers, streams, pumping), [`cost`] (accounting).
 
 pub mod abi;
 pub mod chain;
