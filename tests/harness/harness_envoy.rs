@@ -392,3 +392,26 @@ fn a_response_held_at_its_headers_gets_500_over_the_limit() {
     );
     assert_eq!(ex.text(), "Internal Server Error");
 }
+
+#[test]
+fn an_empty_end_of_stream_callback_sees_the_cumulative_body() {
+    // what Envoy 1.40 does with an HTTP/1 request body: the data, then (size, eos) again
+    // with no new bytes (proxy_on_request_body(2, 104, 0), then (2, 104, 1) in its trace)
+    let fleet = Fleet::single(probe("a")).unwrap();
+    let request = body_request(b"0123456789", &[]).then_empty_end();
+    let ex = fleet
+        .exchange(0, 0, &request, |_| {
+            Response::status(200).body(b"ok").then_empty_end()
+        })
+        .unwrap();
+    let body_callbacks = ex
+        .cost
+        .iter()
+        .filter(|c| c.callback == "proxy_on_request_body")
+        .count();
+    assert_eq!(body_callbacks, 2);
+    assert_eq!(ex.filter_state["wasm.probe.a.body_size"], b"10");
+    assert_eq!(ex.filter_state["wasm.probe.a.body_callbacks"], b"2");
+    assert_eq!(ex.upstream.unwrap().body, b"0123456789|a");
+    assert_eq!(ex.downstream.body, b"ok");
+}

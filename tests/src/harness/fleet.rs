@@ -927,6 +927,14 @@ impl Request {
         self
     }
 
+    /// Ends the body with an empty end-of-stream chunk after the data, as Envoy delivers an
+    /// HTTP/1 request with a `content-length` (one callback with the data, then one with no
+    /// new bytes and `end_of_stream`).
+    pub fn then_empty_end(mut self) -> Request {
+        self.chunks.push(Vec::new());
+        self
+    }
+
     /// Sets a property before the headers.
     pub fn property(mut self, path: &str, value: impl Into<Property>) -> Request {
         self.properties.push((path.to_string(), value.into()));
@@ -981,6 +989,13 @@ impl Response {
     /// A body in one chunk.
     pub fn body(mut self, body: &[u8]) -> Response {
         self.chunks = vec![body.to_vec()];
+        self
+    }
+
+    /// Ends the body with an empty end-of-stream chunk after the data (Envoy does this for
+    /// chunked upstream responses).
+    pub fn then_empty_end(mut self) -> Response {
+        self.chunks.push(Vec::new());
         self
     }
 
