@@ -373,8 +373,10 @@ fn a_local_reply_is_refused_once_the_response_headers_went_downstream() {
 
 #[test]
 fn a_response_held_at_its_headers_gets_500_over_the_limit() {
+    // headers held with allow_on_headers_stop_iteration: the body callbacks come and buffer
+    // (StopIterationAndBuffer), the headers have not gone downstream: 500
     let fleet = Fleet::builder()
-        .filter(probe("a"))
+        .filter(probe("a").allow_on_headers_stop_iteration(true))
         .buffer_limit(16)
         .build()
         .unwrap();
@@ -391,6 +393,31 @@ fn a_response_held_at_its_headers_gets_500_over_the_limit() {
         "response_payload_too_large"
     );
     assert_eq!(ex.text(), "Internal Server Error");
+
+    // without it (StopAllIterationAndWatermark) Envoy applies backpressure instead: no error,
+    // the response just waits behind the held headers
+    let fleet = Fleet::builder()
+        .filter(probe("a"))
+        .buffer_limit(16)
+        .build()
+        .unwrap();
+    let s = fleet.stream(0, 0).unwrap();
+    s.send_request_headers(
+        &[
+            (":method", "GET"),
+            (":path", "/hold-response"),
+            (":authority", "t"),
+        ],
+        true,
+    )
+    .unwrap();
+    s.send_response_headers(&[(":status", "200")], false)
+        .unwrap();
+    s.send_response_body(&[b'z'; 40], true).unwrap();
+    assert!(s.local_reply().is_none());
+    assert!(s.downstream().headers.is_none());
+    assert_eq!(s.paused(), vec![(0, Direction::Response)]);
+    s.finish().unwrap();
 }
 
 #[test]

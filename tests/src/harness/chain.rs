@@ -6,9 +6,11 @@
 //!   callbacks until the filter resumes; then it gets the whole buffered body), with it a
 //!   plain `StopIteration` (body callbacks still arrive; `Continue` from one releases the
 //!   headers and the buffered body);
-//! - `Pause` from a body callback buffers: the next callback sees the cumulative body; over
-//!   the buffer limit the request gets 413 and the response 500 (or a reset once its headers
-//!   went downstream);
+//! - `Pause` from a body callback buffers (`StopIterationAndBuffer`): the next callback sees
+//!   the cumulative body; over the buffer limit the request gets 413 and the response 500 (or
+//!   a reset once its headers went downstream). Body held behind paused headers
+//!   (`StopAllIterationAndWatermark`) meets backpressure instead, which is not modelled: it
+//!   just buffers;
 //! - a filter may change a header map only while it holds it (inside its headers callback,
 //!   or while paused there);
 //! - a local reply aborts the request path; its response passes the response callbacks of
@@ -289,9 +291,11 @@ impl StreamCore {
                     ))
                 }
                 Held::Stopped { all: true } => {
+                    // StopAllIterationAndWatermark: over the limit Envoy applies backpressure
+                    // to the client (no 413); the harness just keeps buffering
                     self.set_body(dir, f, Some(body));
                     self.dir(dir).eos_buffered[f] |= eos;
-                    return self.check_limit(fleet, dir, f);
+                    return Ok(());
                 }
                 Held::Stopped { all: false } | Held::Continued => {
                     if body.is_empty() && !eos {
