@@ -24,7 +24,9 @@
 pub mod config;
 pub mod headers;
 pub mod json;
+pub mod pending;
 pub mod reject;
+pub mod resp;
 pub mod route_info;
 pub mod rules;
 pub mod sse;
@@ -32,5 +34,8 @@ pub mod tokens;
 pub mod usage;
 pub mod wire;
 
-#[cfg(target_arch = "wasm32")]
+// wasm32-wasip1 only (the proxy-wasm target): `host` links the SDK for its dispatcher, whose
+// exports import the host's functions, which the wasm-bindgen test runner (wasm32-unknown-
+// unknown, Node) cannot provide.
+#[cfg(all(target_arch = "wasm32", target_os = "wasi"))]
 pub mod host;

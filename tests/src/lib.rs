@@ -6,13 +6,18 @@
 //!   kernel picks, and exposes its admin API and logs;
 //! - [`redis::Redis`] runs a real `redis-server` without persistence;
 //! - [`http`] is a small HTTP/1.1 client for the tests;
+//! - [`harness`] is a proxy-wasm host on wasmtime that runs the compiled plugins with Envoy's
+//!   semantics and Higress's Redis calls (see `tests/README.md`);
 //! - [`demo::Demo`] is the demo gateway `scripts/run` starts (Envoy + the chain + Redis + the
 //!   mock upstream), also driven by an end-to-end test.
 //!
-//! Nothing here is mocked except the LLM upstream (the `mock-upstream` crate).
+//! Nothing here is mocked except the LLM upstream (the `mock-upstream` crate) and, in the
+//! harness, Envoy itself: a model of its semantics, checked against the real one by the
+//! end-to-end suites where the two meet.
 
 pub mod demo;
 pub mod envoy;
+pub mod harness;
 pub mod http;
 pub mod redis;
 pub mod workspace;

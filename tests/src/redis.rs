@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 #[derive(Debug)]
 pub struct Redis {
     child: Child,
+    running: bool,
     addr: SocketAddr,
     _dir: TempDir,
 }
@@ -20,31 +21,38 @@ impl Redis {
     pub fn start() -> Result<Redis> {
         let dir = TempDir::new("redis")?;
         let port = free_port()?;
-        let child = Command::new("redis-server")
-            .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
-            .args([
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--protected-mode",
-                "yes",
-            ])
-            .arg("--dir")
-            .arg(dir.path())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| format!("cannot start redis-server: {e} (run scripts/setup)"))?;
+        let child = spawn(port, &dir)?;
         let mut redis = Redis {
             child,
+            running: true,
             addr: SocketAddr::from(([127, 0, 0, 1], port)),
             _dir: dir,
         };
+        redis.wait_ready()?;
+        Ok(redis)
+    }
+
+    /// Stops the server (the port goes dark; data is lost: no persistence).
+    pub fn stop(&mut self) {
+        // once only: a reaped child's pid may belong to another process by now
+        if self.running {
+            crate::envoy::stop(&mut self.child);
+            self.running = false;
+        }
+    }
+
+    /// Starts it again on the same port, empty, and waits until it answers PING.
+    pub fn restart(&mut self) -> Result<()> {
+        self.stop();
+        self.child = spawn(self.addr.port(), &self._dir)?;
+        self.running = true;
+        self.wait_ready()
+    }
+
+    fn wait_ready(&mut self) -> Result<()> {
         let deadline = Instant::now() + Duration::from_secs(10);
-        while redis.command(&["PING"]).as_deref() != Ok("+PONG\r\n") {
-            if let Ok(Some(status)) = redis.child.try_wait() {
+        while self.command(&["PING"]).as_deref() != Ok("+PONG\r\n") {
+            if let Ok(Some(status)) = self.child.try_wait() {
                 return Err(format!("redis-server exited: {status}"));
             }
             if Instant::now() > deadline {
@@ -52,7 +60,7 @@ impl Redis {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        Ok(redis)
+        Ok(())
     }
 
     /// Its address.
@@ -83,7 +91,7 @@ impl Redis {
 
 impl Drop for Redis {
     fn drop(&mut self) {
-        crate::envoy::stop(&mut self.child);
+        self.stop();
     }
 }
 
@@ -91,4 +99,24 @@ impl Drop for Redis {
 pub fn free_port() -> Result<u16> {
     let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
     Ok(listener.local_addr().map_err(|e| e.to_string())?.port())
+}
+
+fn spawn(port: u16, dir: &TempDir) -> Result<Child> {
+    Command::new("redis-server")
+        .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+        .args([
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--protected-mode",
+            "yes",
+        ])
+        .arg("--dir")
+        .arg(dir.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("cannot start redis-server: {e} (run scripts/setup)"))
 }

@@ -94,18 +94,8 @@ extern "C" {
         headers_size: usize,
         grpc_status: i32,
     ) -> u32;
-    pub fn proxy_http_call(
-        upstream_data: *const u8,
-        upstream_size: usize,
-        headers_data: *const u8,
-        headers_size: usize,
-        body_data: *const u8,
-        body_size: usize,
-        trailers_data: *const u8,
-        trailers_size: usize,
-        timeout: u32,
-        return_token: *mut u32,
-    ) -> u32;
+    // proxy_http_call: called through the SDK, whose dispatcher must register the token
+    // (see `host::dispatch_http_call`).
     pub fn proxy_set_effective_context(context_id: u32) -> u32;
     pub fn proxy_call_foreign_function(
         function_name_data: *const u8,

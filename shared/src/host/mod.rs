@@ -10,12 +10,14 @@
 #![allow(unsafe_code)]
 
 mod abi;
+#[cfg(feature = "redis")]
+pub mod redis;
 
 use crate::config::ConfigError;
 use crate::reject::Reject;
 use crate::rules::{MatchInput, RuleSet};
 use crate::wire;
-use std::ptr::{null, null_mut};
+use std::ptr::null_mut;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 pub use crate::wire::HostError;
@@ -435,35 +437,25 @@ pub fn send_reject(plugin: &str, reject: &Reject) -> HostResult<()> {
 
 /// Dispatches an HTTP call to `cluster`; the answer arrives in `on_http_call_response` with
 /// the returned token. `headers` must include `:method`, `:path` and `:authority`.
+///
+/// Goes through the SDK's `hostcalls::dispatch_http_call`: the SDK's dispatcher must record
+/// the token (`register_callout`), or it traps with "invalid token_id" when the answer comes
+/// (found by the wasmtime harness). That call panics only on statuses Envoy's `httpCall`
+/// does not return (it answers Ok, BadArgument or InternalFailure).
 pub fn dispatch_http_call(
     cluster: &str,
     headers: &[(&str, &str)],
     body: &[u8],
     timeout_ms: u32,
 ) -> HostResult<u32> {
-    let encoded_headers = wire::encode_header_map(headers);
-    let encoded_trailers = wire::encode_header_map::<&str>(&[]);
-    let mut token = 0u32;
-    // SAFETY: pointers and lengths of live slices; out-pointer to a live local.
-    check(unsafe {
-        abi::proxy_http_call(
-            cluster.as_ptr(),
-            cluster.len(),
-            encoded_headers.as_ptr(),
-            encoded_headers.len(),
-            if body.is_empty() {
-                null()
-            } else {
-                body.as_ptr()
-            },
-            body.len(),
-            encoded_trailers.as_ptr(),
-            encoded_trailers.len(),
-            timeout_ms,
-            &mut token,
-        )
-    })?;
-    Ok(token)
+    proxy_wasm::hostcalls::dispatch_http_call(
+        cluster,
+        headers.to_vec(),
+        if body.is_empty() { None } else { Some(body) },
+        Vec::new(),
+        std::time::Duration::from_millis(u64::from(timeout_ms)),
+    )
+    .map_err(|status| HostError::from_status(status as u32))
 }
 
 /// Calls a host-registered foreign function and returns its result bytes.

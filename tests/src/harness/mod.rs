@@ -1,0 +1,32 @@
+//! A proxy-wasm host on wasmtime for tests: it loads the *compiled* plugins (`dist/*.wasm`),
+//! implements the proxy-wasm ABI 0.2.1 with Envoy's semantics and Higress's Redis calls
+//! against a real `redis-server`, runs chains of filters, many worker VMs per gateway
+//! instance and many instances, and meters every callback. `tests/README.md` says what it
+//! guarantees and what it does not.
+//!
+//! Layers, one file each: [`engine`] (engine and compiled-module cache), [`abi`] (host
+//! functions), [`state`] (a VM's store data), [`vm`] (one VM), [`stream`] (a stream's data),
+//! [`chain`] (Envoy's filter iteration), [`services`] (shared data, queues, metrics, clock),
+//! [`redis`] (Redis bridge and fault proxy), [`http_call`] (answers to `dispatch_http_call`),
+//! [`fleet`] (instances, workers, streams, pumping), [`cost`] (accounting).
+
+pub mod abi;
+pub mod chain;
+pub mod cost;
+pub mod engine;
+pub mod fleet;
+pub mod http_call;
+pub mod redis;
+pub mod services;
+pub mod state;
+pub mod stream;
+pub mod vm;
+
+pub use chain::{Downstream, Upstream};
+pub use cost::{CallCost, Totals};
+pub use fleet::{Exchange, Fleet, FleetBuilder, Request, Response, Stream};
+pub use redis::{Fault, FaultProxy};
+pub use services::Clock;
+pub use state::{HttpCallOutcome, HttpCallRequest};
+pub use stream::{Direction, LocalReply, Property};
+pub use vm::FilterSpec;
