@@ -14,10 +14,10 @@
 
 use llm_gateway_shared::config::ConfigError;
 
-/// This build can append to Redis. False until the Higress Redis host calls
-/// (`shared::host::redis`, `shared::resp`) are wired in under the `higress` feature: until
-/// then a configured `ledger` is refused rather than silently dropped.
-pub const TRANSPORT: bool = false;
+/// This build can append to Redis: the Higress build (cargo feature `higress`, which turns on
+/// `shared::host::redis`). In a plain-Envoy build a configured `ledger` is refused rather than
+/// silently dropped.
+pub const TRANSPORT: bool = cfg!(feature = "higress");
 use serde::Deserialize;
 use serde_json::Value;
 

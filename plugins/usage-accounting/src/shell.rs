@@ -28,6 +28,9 @@ struct State {
     rules: RuleSet<UsageConfig>,
     /// Metrics defined so far in this VM, by name.
     metrics: RefCell<HashMap<String, Metric>>,
+    /// `llm_gateway.usage.ledger_errors`: ledger appends that failed (Higress build).
+    #[cfg_attr(not(feature = "higress"), allow(dead_code))]
+    ledger_errors: Option<Metric>,
 }
 
 impl State {
@@ -72,9 +75,15 @@ impl RootContext for Root {
             LogLevel::Info,
             &format!("usage-accounting: configured with {prices} prices"),
         );
+        let ledger_errors = Metric::counter("llm_gateway.usage.ledger_errors").ok();
+        #[cfg(feature = "higress")]
+        if !ledger::init(&rules, ledger_errors) {
+            return false;
+        }
         self.state = Some(Rc::new(State {
             rules,
             metrics: RefCell::new(HashMap::new()),
+            ledger_errors,
         }));
         true
     }
@@ -379,5 +388,82 @@ impl Request {
             host::log(LogLevel::Info, &format!("usage_record: {json}"));
         }
         state.record_metrics(&record, &active.config);
+        #[cfg(feature = "higress")]
+        if let Some(config) = &active.config.ledger {
+            ledger::append(config, &json, state.ledger_errors);
+        }
+    }
+}
+
+/// The Redis stream ledger of the Higress build: one `XADD … MAXLEN ~` per record, fire and
+/// forget (nothing waits for the reply; a failure is counted and logged).
+#[cfg(feature = "higress")]
+mod ledger {
+    use crate::config::UsageConfig;
+    use crate::ledger::{xadd_args, LedgerConfig};
+    use llm_gateway_shared::host::redis::{
+        on_redis_call_response, redis_call, redis_init, redis_reply,
+    };
+    use llm_gateway_shared::host::{self, LogLevel, Metric};
+    use llm_gateway_shared::resp::{self, Limits};
+    use llm_gateway_shared::rules::RuleSet;
+
+    /// Connects every distinct ledger service of the configuration (once per VM) and
+    /// registers the reply handler. False if the host refuses a service.
+    pub(super) fn init(rules: &RuleSet<UsageConfig>, errors: Option<Metric>) -> bool {
+        let mut done: Vec<&str> = Vec::new();
+        for config in rules.configs().filter_map(|c| c.ledger.as_ref()) {
+            if done.contains(&config.service.as_str()) {
+                continue;
+            }
+            done.push(&config.service);
+            let user = config.username.as_deref().unwrap_or_default();
+            let password = config.password.as_deref().unwrap_or_default();
+            if let Err(err) = redis_init(&config.service, user, password, config.timeout_ms) {
+                host::log(
+                    LogLevel::Error,
+                    &format!(
+                        "usage-accounting: ledger: cannot connect Redis service {}: {err}",
+                        config.service
+                    ),
+                );
+                return false;
+            }
+        }
+        on_redis_call_response(move |response| {
+            let failed = if response.answered() {
+                let reply = redis_reply(response.size).unwrap_or_default();
+                match resp::decode(&reply, &Limits::default()) {
+                    Ok(reply) => reply.error().map(str::to_owned),
+                    Err(err) => Some(err.to_string()),
+                }
+            } else {
+                Some(format!("call failed (status {})", response.status))
+            };
+            if let Some(why) = failed {
+                if let Some(metric) = errors {
+                    let _ = metric.increment(1);
+                }
+                host::log(
+                    LogLevel::Warn,
+                    &format!("usage-accounting: ledger append failed: {why}"),
+                );
+            }
+        });
+        true
+    }
+
+    /// Sends the `XADD` of one record.
+    pub(super) fn append(config: &LedgerConfig, record_json: &str, errors: Option<Metric>) {
+        let query = resp::encode_command(&xadd_args(config, record_json));
+        if let Err(err) = redis_call(&config.service, &query) {
+            if let Some(metric) = errors {
+                let _ = metric.increment(1);
+            }
+            host::log(
+                LogLevel::Warn,
+                &format!("usage-accounting: ledger append not sent: {err}"),
+            );
+        }
     }
 }
