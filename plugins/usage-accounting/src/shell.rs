@@ -159,6 +159,9 @@ impl HttpContext for Request {
         let Some(config) = host::select_config(&state.rules, Some(&authority)) else {
             return Action::Continue;
         };
+        if header_text(&pairs, ":method") != "POST" {
+            return Action::Continue; // listing or fetching stored objects generates nothing
+        }
         let path = header_text(&pairs, ":path");
         let attribution = Attribution::from_headers(&pairs, || {
             host::property_string(&["request", "id"]).ok().flatten()
