@@ -251,6 +251,8 @@ pub struct EventInfo {
 pub struct StreamUsage {
     api: Api,
     usage: Option<Usage>,
+    /// The usage seen is the whole response's (Anthropic: `message_delta` came).
+    complete: bool,
     anthropic: AnthropicParts,
     model: Option<String>,
 }
@@ -261,6 +263,7 @@ impl StreamUsage {
         StreamUsage {
             api,
             usage: None,
+            complete: false,
             anthropic: AnthropicParts::default(),
             model: None,
         }
@@ -269,6 +272,13 @@ impl StreamUsage {
     /// The usage seen so far (the final one once the stream ended); `None` if none arrived.
     pub fn usage(&self) -> Option<Usage> {
         self.usage
+    }
+
+    /// True once the usage covers the whole response: OpenAI-style APIs send it once, at the
+    /// end; Anthropic sends the input in `message_start` and the output only in
+    /// `message_delta`, so a stream cut between them has the input but not the output.
+    pub fn is_complete(&self) -> bool {
+        self.complete
     }
 
     /// The model the upstream named, if it did.
@@ -321,6 +331,7 @@ impl StreamUsage {
             Api::Embeddings => {
                 if let Some(usage) = parsed.usage.as_ref().and_then(Usage::from_openai) {
                     self.usage = Some(usage);
+                    self.complete = true;
                     info.has_usage = true;
                 }
             }
@@ -331,6 +342,7 @@ impl StreamUsage {
     fn on_chat_chunk(&mut self, chunk: WireEvent<'_>, info: &mut EventInfo) {
         if let Some(usage) = chunk.usage.as_ref().and_then(Usage::from_openai) {
             self.usage = Some(usage);
+            self.complete = true;
             info.has_usage = true;
             info.usage_only = chunk.choices.as_ref().is_some_and(Vec::is_empty);
         }
@@ -368,6 +380,7 @@ impl StreamUsage {
                     .and_then(Usage::from_openai)
                 {
                     self.usage = Some(usage);
+                    self.complete = true;
                     info.has_usage = true;
                 }
             }
@@ -410,6 +423,7 @@ impl StreamUsage {
             let mut current = self.usage.unwrap_or_default();
             if current.apply_anthropic(&mut self.anthropic, usage) {
                 self.usage = Some(current);
+                self.complete |= kind == "message_delta";
                 info.has_usage = true;
             }
         }
@@ -580,6 +594,10 @@ mod tests {
             Some("message_start"),
             r#"{"type":"message_start","message":{"model":"claude","usage":{"input_tokens":12,"cache_read_input_tokens":100,"cache_creation_input_tokens":0,"output_tokens":1}}}"#,
         );
+        assert!(
+            !s.is_complete(),
+            "the output is not known before message_delta"
+        );
         let info = s.on_event(
             Some("content_block_delta"),
             r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"tok0 "}}"#,
@@ -591,6 +609,7 @@ mod tests {
             r#"{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"input_tokens":12,"cache_read_input_tokens":100,"output_tokens":8}}"#,
         );
         assert_eq!(s.usage(), Some(usage(112, 8, 100, 0, 0)));
+        assert!(s.is_complete());
         assert_eq!(s.model(), Some("claude"));
     }
 

@@ -402,6 +402,39 @@ async fn cut_stream_and_missing_usage_give_estimated_records() {
         / 1_000_000;
     assert_eq!(record["cost_nano"], exact as u64, "{record}");
 
+    // Anthropic cut after message_start, content_block_start, ping and 2 deltas: the input
+    // and cache counts are the provider's, the output is counted
+    let messages = json!({
+        "model": "claude-sonnet-4-5",
+        "max_tokens": 100,
+        "stream": true,
+        "messages": [{"role": "user", "content": "Say hello"}]
+    });
+    let _ = gw
+        .post(
+            "/v1/messages",
+            "cut-a",
+            "claude-east",
+            &messages,
+            &[
+                ("x-mock-chunks", "50"),
+                ("x-mock-cut-after", "5"),
+                ("x-mock-prompt-tokens", "12"),
+                ("x-mock-cache-read-tokens", "1000"),
+            ],
+        )
+        .await;
+    let record = gw.record("cut-a").await;
+    assert_eq!(record["usage_source"], "estimated", "{record}");
+    assert_eq!(record["complete"], false, "{record}");
+    assert_usage(
+        &record,
+        1012,
+        count_tokens(Encoding::Chars, "tok0 tok1 "),
+        1000,
+        0,
+    );
+
     // a provider that sends no usage at all, stream complete
     let response = gw
         .post(

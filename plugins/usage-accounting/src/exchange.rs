@@ -336,7 +336,7 @@ impl Exchange {
         if pushed.first_output && self.first_output_ms.is_none() {
             self.first_output_ms = Some(now_ms);
         }
-        if stream.usage().is_some() {
+        if stream.usage_is_complete() {
             self.request_body = None;
         }
         pushed.forward
@@ -477,12 +477,12 @@ impl Exchange {
 
     /// The usage to record and where it comes from.
     fn final_usage(&mut self) -> (Usage, UsageSource) {
-        let upstream = match &self.response {
-            Response::Stream(stream) => stream.usage(),
-            Response::Body { usage, .. } => *usage,
-            Response::None | Response::Collecting(_) => None,
+        let (upstream, complete) = match &self.response {
+            Response::Stream(stream) => (stream.usage(), stream.usage_is_complete()),
+            Response::Body { usage, .. } => (*usage, true),
+            Response::None | Response::Collecting(_) => (None, false),
         };
-        if let Some(usage) = upstream {
+        if let (Some(usage), true) = (upstream, complete) {
             return (usage, UsageSource::Upstream);
         }
         if self.status >= 400 {
@@ -496,10 +496,18 @@ impl Exchange {
             Response::Body { text_tokens, .. } => *text_tokens,
             Response::None | Response::Collecting(_) => 0,
         };
-        let usage = Usage {
-            prompt_tokens: self.estimated_prompt(),
-            completion_tokens: completion,
-            ..Usage::default()
+        let usage = match upstream {
+            // Anthropic cut between message_start and message_delta: the input (and cache)
+            // counts are the provider's, the output is counted here
+            Some(partial) => Usage {
+                completion_tokens: partial.completion_tokens.max(completion),
+                ..partial
+            },
+            None => Usage {
+                prompt_tokens: self.estimated_prompt(),
+                completion_tokens: completion,
+                ..Usage::default()
+            },
         };
         (usage, UsageSource::Estimated)
     }
@@ -753,6 +761,35 @@ mod tests {
         assert_eq!(record.usage, UsageFields::default());
         assert_eq!(record.status, 429);
         assert!(Exchange::start("/v1/models", attribution(), 0).is_none());
+    }
+
+    #[test]
+    fn anthropic_cut_before_message_delta_keeps_the_providers_input() {
+        let config = config(json!({}));
+        let route = RouteInfo::default();
+        let mut ex = Exchange::start("/v1/messages", attribution(), 0).unwrap();
+        ex.on_request_body(
+            &config,
+            br#"{"model":"claude-x","stream":true,"messages":[{"role":"user","content":"Say hello"}]}"#,
+        );
+        ex.on_response_headers(&config, 200, "text/event-stream", None);
+        ex.on_response_chunk(
+            b"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":12,\"cache_read_input_tokens\":1000,\"output_tokens\":1}}}\n\n\
+event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"delta\":{\"type\":\"text_delta\",\"text\":\"abcdefghijkl\"}}\n\n",
+            false,
+            3,
+        );
+        let record = ex.finish(&config, &route, false, 9).unwrap();
+        assert_eq!(record.usage_source, UsageSource::Estimated);
+        assert_eq!(
+            record.usage.prompt_tokens, 1012,
+            "the provider's input, not an estimate"
+        );
+        assert_eq!(record.usage.cached_prompt_tokens, 1000);
+        assert_eq!(
+            record.usage.completion_tokens, 3,
+            "12 chars counted, not message_start's 1"
+        );
     }
 
     #[test]

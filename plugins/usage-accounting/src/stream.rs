@@ -105,7 +105,7 @@ impl ResponseStream {
                         Some(data) => self.usage.on_event(event.event.as_deref(), data),
                         None => Default::default(),
                     };
-                    if !info.text.is_empty() && self.usage.usage().is_none() {
+                    if !info.text.is_empty() && !self.usage.is_complete() {
                         self.text.push_str(&info.text);
                         if self.text.len() >= TEXT_BATCH {
                             self.count_text();
@@ -147,6 +147,11 @@ impl ResponseStream {
     /// The usage the upstream reported, if it did.
     pub fn usage(&self) -> Option<Usage> {
         self.usage.usage()
+    }
+
+    /// The upstream's usage covers the whole response (see `StreamUsage::is_complete`).
+    pub fn usage_is_complete(&self) -> bool {
+        self.usage.is_complete()
     }
 
     /// The model the upstream named.
