@@ -709,3 +709,45 @@ async fn envoy_validates_the_config_and_refuses_a_bad_one() {
         "{err}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_goes_away_mid_stream_gets_an_estimated_record() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let gw = Gateway::start().await;
+    let body = chat(true).to_string();
+    let addr = gw.envoy.url().trim_start_matches("http://").to_string();
+    let mut socket = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let request = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\nx-llm-request-id: gone-1\r\nx-llm-tenant: acme\r\n\
+         x-llm-deployment: east\r\nx-mock-chunks: 200\r\nx-mock-chunk-delay-ms: 20\r\n\r\n{body}",
+        body.len()
+    );
+    socket.write_all(request.as_bytes()).await.unwrap();
+    // read until some generated text arrived, then hang up
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&seen).contains("tok2 ") {
+        let n = socket.read(&mut buf).await.unwrap();
+        assert!(
+            n > 0,
+            "stream ended early: {}",
+            String::from_utf8_lossy(&seen)
+        );
+        seen.extend_from_slice(&buf[..n]);
+    }
+    drop(socket);
+    let record = gw.record("gone-1").await;
+    assert_eq!(record["usage_source"], "estimated", "{record}");
+    assert_eq!(record["complete"], false, "{record}");
+    let completion = record["usage"]["completion_tokens"].as_u64().unwrap();
+    // what was streamed before the hang-up, at most a few events more; never the 200 tokens
+    assert!(
+        completion >= count_tokens(Encoding::O200k, "tok0 tok1 tok2 ") && completion < 200,
+        "{record}"
+    );
+    assert_eq!(
+        record["usage"]["prompt_tokens"],
+        estimate_prompt_tokens(Api::ChatCompletions, &chat(true), Encoding::O200k)
+    );
+}
