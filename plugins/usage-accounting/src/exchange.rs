@@ -491,7 +491,7 @@ impl Exchange {
         }
         // Only now, with no usage from the upstream, is the text counted (and the tokenizer
         // built, the first time in this VM).
-        let completion = match &mut self.response {
+        let completion = match &self.response {
             Response::Stream(stream) => stream.streamed_tokens(),
             Response::Body { text_tokens, .. } => *text_tokens,
             Response::None | Response::Collecting(_) => 0,

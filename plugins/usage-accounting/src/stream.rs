@@ -12,8 +12,9 @@ use llm_gateway_shared::sse::Framer;
 use llm_gateway_shared::tokens::{count_tokens, Encoding};
 use llm_gateway_shared::usage::{Api, StreamUsage, Usage};
 
-/// Streamed text is counted in batches of this many bytes.
-pub const TEXT_BATCH: usize = 64 * 1024;
+/// At most this much streamed text is kept for counting; past it only its length is
+/// tracked, and the count is extrapolated from the kept sample.
+pub const TEXT_SAMPLE: usize = 64 * 1024;
 
 /// What to do with a chunk.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,12 +41,11 @@ pub struct ResponseStream {
     usage: StreamUsage,
     hide_usage_only: bool,
     encoding: Encoding,
-    /// Tokens of text already counted (text is counted in batches of [`TEXT_BATCH`] bytes).
-    counted_tokens: u64,
-    /// Streamed text not counted yet: counted only if no usage comes, or when it grows past
-    /// [`TEXT_BATCH`] (so memory stays bounded and a stream whose usage arrives costs no
-    /// tokenizer work unless it is long).
+    /// The first [`TEXT_SAMPLE`] bytes of streamed text, counted only if no usage comes, so
+    /// a stream whose usage arrives never costs tokenizer work, however long it is.
     text: String,
+    /// Characters of all streamed text (the sample and what came after it).
+    text_chars: u64,
     seen_output: bool,
     events: u64,
     hidden: u64,
@@ -65,8 +65,8 @@ impl ResponseStream {
             usage: StreamUsage::new(api),
             hide_usage_only,
             encoding,
-            counted_tokens: 0,
             text: String::new(),
+            text_chars: 0,
             seen_output: false,
             events: 0,
             hidden: 0,
@@ -106,10 +106,7 @@ impl ResponseStream {
                         None => Default::default(),
                     };
                     if !info.text.is_empty() && !self.usage.is_complete() {
-                        self.text.push_str(&info.text);
-                        if self.text.len() >= TEXT_BATCH {
-                            self.count_text();
-                        }
+                        self.keep_text(&info.text);
                     }
                     if !self.seen_output && (!info.text.is_empty() || info.has_usage) {
                         self.seen_output = true;
@@ -159,18 +156,31 @@ impl ResponseStream {
         self.usage.model()
     }
 
-    fn count_text(&mut self) {
-        let tokens = count_tokens(self.encoding, &self.text);
-        self.counted_tokens = self.counted_tokens.saturating_add(tokens);
-        self.text.clear();
+    fn keep_text(&mut self, text: &str) {
+        self.text_chars = self.text_chars.saturating_add(text.chars().count() as u64);
+        let room = TEXT_SAMPLE.saturating_sub(self.text.len());
+        if room == 0 {
+            return;
+        }
+        let mut cut = room.min(text.len());
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        self.text.push_str(text.get(..cut).unwrap_or_default());
     }
 
-    /// Tokens counted from the streamed text (counts what is still pending).
-    pub fn streamed_tokens(&mut self) -> u64 {
-        if !self.text.is_empty() {
-            self.count_text();
+    /// Tokens of the streamed text: the kept sample counted with the tokenizer, scaled by
+    /// all characters ÷ the sample's characters when the text outgrew the sample.
+    pub fn streamed_tokens(&self) -> u64 {
+        let sample_tokens = count_tokens(self.encoding, &self.text);
+        let sample_chars = self.text.chars().count() as u64;
+        if sample_chars == 0 || self.text_chars <= sample_chars {
+            return sample_tokens;
         }
-        self.counted_tokens
+        let scaled = (u128::from(sample_tokens) * u128::from(self.text_chars)
+            + u128::from(sample_chars) / 2)
+            / u128::from(sample_chars);
+        u64::try_from(scaled).unwrap_or(u64::MAX)
     }
 
     /// Events seen and events hidden.
@@ -319,6 +329,32 @@ mod tests {
     }
 
     #[test]
+    fn long_text_is_sampled_and_scaled() {
+        let mut stream = ResponseStream::new(Api::ChatCompletions, false, Encoding::Chars, 1 << 20);
+        // 200 000 chars of text in 1 000-char deltas: only 64 KiB is kept
+        let delta = "abcd".repeat(250);
+        for _ in 0..200 {
+            stream.push(
+                format!("data: {{\"choices\":[{{\"delta\":{{\"content\":\"{delta}\"}}}}]}}\n\n")
+                    .as_bytes(),
+            );
+        }
+        assert_eq!(stream.text.len(), TEXT_SAMPLE);
+        assert_eq!(stream.streamed_tokens(), 50_000);
+        // multi-byte text is cut on a char boundary
+        let mut stream = ResponseStream::new(Api::ChatCompletions, false, Encoding::Chars, 1 << 20);
+        let delta = "é".repeat(999);
+        for _ in 0..100 {
+            stream.push(
+                format!("data: {{\"choices\":[{{\"delta\":{{\"content\":\"{delta}\"}}}}]}}\n\n")
+                    .as_bytes(),
+            );
+        }
+        assert!(stream.text.len() <= TEXT_SAMPLE);
+        assert_eq!(stream.streamed_tokens(), (99_900u64).div_ceil(4));
+    }
+
+    #[test]
     fn oversized_events_pass_through() {
         let mut stream = ResponseStream::new(Api::ChatCompletions, true, Encoding::Chars, 1024);
         let big = format!("data: {{\"x\":\"{}\"}}\n\n", "a".repeat(5000));
@@ -351,7 +387,7 @@ mod tests {
             })
         );
         assert_eq!(client, anthropic_stream());
-        let (usage, _, mut stream) = run(Api::Responses, false, &[&responses_stream()]);
+        let (usage, _, stream) = run(Api::Responses, false, &[&responses_stream()]);
         assert_eq!(
             usage,
             Some(Usage {
@@ -375,11 +411,11 @@ mod tests {
             (Api::Responses, responses_stream(), false),
         ];
         for (api, body, hide) in fixtures {
-            let (whole_usage, whole_client, mut whole) = run(api, hide, &[&body]);
+            let (whole_usage, whole_client, whole) = run(api, hide, &[&body]);
             assert!(whole_usage.is_some());
             for cut in 0..=body.len() {
                 let (a, b) = body.split_at(cut);
-                let (usage, client, mut split) = run(api, hide, &[a, b]);
+                let (usage, client, split) = run(api, hide, &[a, b]);
                 assert_eq!(usage, whole_usage, "{api:?} cut at {cut}");
                 assert_eq!(client, whole_client, "{api:?} cut at {cut}");
                 assert_eq!(split.streamed_tokens(), whole.streamed_tokens());
