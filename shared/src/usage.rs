@@ -190,17 +190,32 @@ fn uint(value: &Value, path: &[&str]) -> Option<u64> {
 
 /// Usage and model of a whole (non-streaming) response body; `None` without usage.
 pub fn from_response_body(api: Api, body: &[u8]) -> Option<(Usage, Option<String>)> {
-    let value: Value = serde_json::from_slice(body).ok()?;
-    let model = value
-        .get("model")
-        .and_then(Value::as_str)
-        .map(str::to_owned);
-    let usage = value.get("usage")?;
+    /// Only the two members needed; the bulk (`choices`, `data`, `content`) is skipped
+    /// without building a tree.
+    #[derive(Deserialize)]
+    struct Body<'a> {
+        #[serde(borrow, default)]
+        model: Option<Cow<'a, str>>,
+        #[serde(default)]
+        usage: Option<Value>,
+    }
+    let parsed: Body<'_> = match serde_json::from_slice(body) {
+        Ok(parsed) => parsed,
+        // a `model` of another type must not lose the usage
+        Err(_) => match serde_json::from_slice::<Value>(body).ok()? {
+            Value::Object(mut members) => Body {
+                model: None,
+                usage: members.remove("usage"),
+            },
+            _ => return None,
+        },
+    };
+    let usage = parsed.usage?;
     let usage = match api {
-        Api::AnthropicMessages => Usage::from_anthropic(usage),
-        Api::ChatCompletions | Api::Responses | Api::Embeddings => Usage::from_openai(usage),
+        Api::AnthropicMessages => Usage::from_anthropic(&usage),
+        Api::ChatCompletions | Api::Responses | Api::Embeddings => Usage::from_openai(&usage),
     }?;
-    Some((usage, model))
+    Some((usage, parsed.model.map(Cow::into_owned)))
 }
 
 /// Usage from the **end** of a response body too large to keep whole (a big embeddings
@@ -539,6 +554,13 @@ mod tests {
             None
         );
         assert_eq!(from_response_body(Api::ChatCompletions, b"not json"), None);
+        assert_eq!(
+            from_response_body(
+                Api::ChatCompletions,
+                br#"{"model":7,"usage":{"prompt_tokens":2,"completion_tokens":1}}"#
+            ),
+            Some((usage(2, 1, 0, 0, 0), None))
+        );
     }
 
     #[test]
