@@ -19,12 +19,12 @@
 //! becomes `_`, at most 64 characters, `none` when absent), so a value never contains the
 //! `.` the regexes split on. Cardinality is bounded by the configured tenants, groups and
 //! deployments (set by trusted filters, never by the client), and per VM by
-//! [`MAX_SERIES`]: past it new combinations are counted under `_other`.
+//! [`MAX_LABEL_SETS`]: past it new combinations are counted under `_other`.
 
 use crate::record::{Record, UsageSource};
 
-/// Most distinct metric names one VM defines.
-pub const MAX_SERIES: usize = 4096;
+/// Most distinct label sets one VM defines metrics for (each has [`SERIES`]`.len()` names).
+pub const MAX_LABEL_SETS: usize = 512;
 
 /// The Envoy `stats_config.stats_tags` that turn the name parts into labels (tag name, regex),
 /// for the bootstrap. The first capture group is cut from the name, the second is the value.
@@ -104,71 +104,72 @@ pub fn label_suffix(record: &Record, consumer_label: bool) -> String {
     suffix
 }
 
-/// Every sample of a record. `labels` is [`label_suffix`] (or `_other` labels past the
-/// series bound).
-pub fn samples(record: &Record, labels: &str) -> Vec<Sample> {
-    let mut out = Vec::with_capacity(14);
-    let mut push = |name: String, kind: Kind, value: u64| {
-        if kind == Kind::Histogram || value > 0 {
-            out.push(Sample { name, kind, value });
-        }
-    };
-    let u = &record.usage;
-    push(
-        format!("gen_ai.client.token.usage.token_type.input{labels}"),
+/// Every series a label set has, by base name (the labels follow the base name).
+pub const SERIES: [(&str, Kind); 12] = [
+    (
+        "gen_ai.client.token.usage.token_type.input",
         Kind::Histogram,
-        u.prompt_tokens,
-    );
-    push(
-        format!("gen_ai.client.token.usage.token_type.output{labels}"),
+    ),
+    (
+        "gen_ai.client.token.usage.token_type.output",
         Kind::Histogram,
-        u.completion_tokens,
-    );
-    for (token_type, value) in [
-        ("input", u.prompt_tokens),
-        ("output", u.completion_tokens),
-        ("cached_input", u.cached_prompt_tokens),
-        ("cache_write", u.cache_write_tokens),
-        ("reasoning", u.reasoning_tokens),
-    ] {
-        push(
-            format!("llm_gateway.usage.tokens.token_type.{token_type}{labels}"),
-            Kind::Counter,
-            value,
-        );
-    }
-    if let Some(cost) = record.cost_nano {
-        push(
-            format!("llm_gateway.usage.cost_nano{labels}"),
-            Kind::Counter,
-            cost,
-        );
-    }
-    push(
-        format!("llm_gateway.usage.requests{labels}"),
+    ),
+    ("llm_gateway.usage.tokens.token_type.input", Kind::Counter),
+    ("llm_gateway.usage.tokens.token_type.output", Kind::Counter),
+    (
+        "llm_gateway.usage.tokens.token_type.cached_input",
         Kind::Counter,
-        1,
-    );
-    if record.usage_source == UsageSource::Estimated {
-        push(
-            format!("llm_gateway.usage.estimated{labels}"),
-            Kind::Counter,
-            1,
-        );
-    }
-    push(
-        format!("gen_ai.client.operation.duration_ms{labels}"),
-        Kind::Histogram,
-        record.duration_ms,
-    );
-    if let Some(ttft) = record.ttft_ms {
-        push(
-            format!("gen_ai.server.time_to_first_token_ms{labels}"),
-            Kind::Histogram,
-            ttft,
-        );
-    }
-    out
+    ),
+    (
+        "llm_gateway.usage.tokens.token_type.cache_write",
+        Kind::Counter,
+    ),
+    (
+        "llm_gateway.usage.tokens.token_type.reasoning",
+        Kind::Counter,
+    ),
+    ("llm_gateway.usage.cost_nano", Kind::Counter),
+    ("llm_gateway.usage.requests", Kind::Counter),
+    ("llm_gateway.usage.estimated", Kind::Counter),
+    ("gen_ai.client.operation.duration_ms", Kind::Histogram),
+    ("gen_ai.server.time_to_first_token_ms", Kind::Histogram),
+];
+
+/// What a record adds to each of [`SERIES`]: `None` where there is nothing to record (a
+/// counter at 0 — Envoy refuses those —, no cost, no first token).
+pub fn values(record: &Record) -> [Option<u64>; SERIES.len()] {
+    let u = &record.usage;
+    let count = |n: u64| (n > 0).then_some(n);
+    [
+        Some(u.prompt_tokens),
+        Some(u.completion_tokens),
+        count(u.prompt_tokens),
+        count(u.completion_tokens),
+        count(u.cached_prompt_tokens),
+        count(u.cache_write_tokens),
+        count(u.reasoning_tokens),
+        record.cost_nano.and_then(count),
+        Some(1),
+        (record.usage_source == UsageSource::Estimated).then_some(1),
+        Some(record.duration_ms),
+        record.ttft_ms,
+    ]
+}
+
+/// Every sample of a record, with full names. `labels` is [`label_suffix`] (or `_other`
+/// labels past the series bound).
+pub fn samples(record: &Record, labels: &str) -> Vec<Sample> {
+    SERIES
+        .iter()
+        .zip(values(record))
+        .filter_map(|((base, kind), value)| {
+            value.map(|value| Sample {
+                name: format!("{base}{labels}"),
+                kind: *kind,
+                value,
+            })
+        })
+        .collect()
 }
 
 #[cfg(test)]

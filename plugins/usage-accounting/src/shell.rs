@@ -4,7 +4,7 @@
 
 use crate::config::{parse_document, UsageConfig};
 use crate::exchange::{Attribution, Exchange, ResponseMode, RouteInfo, ROUTER_PROPERTY};
-use crate::metrics::{label_suffix, samples, Kind, MAX_SERIES};
+use crate::metrics::{label_suffix, values, Kind, MAX_LABEL_SETS, SERIES};
 use crate::record::Record;
 use crate::stream::Forward;
 use llm_gateway_shared::host::{self, Buffer, HeaderMap, LogLevel, Metric};
@@ -26,8 +26,8 @@ struct Root {
 
 struct State {
     rules: RuleSet<UsageConfig>,
-    /// Metrics defined so far in this VM, by name.
-    metrics: RefCell<HashMap<String, Metric>>,
+    /// The metrics of each label set seen so far in this VM ([`SERIES`] order).
+    series: RefCell<HashMap<String, [Option<Metric>; SERIES.len()]>>,
     /// `llm_gateway.usage.ledger_errors`: ledger appends that failed (Higress build).
     #[cfg_attr(not(feature = "higress"), allow(dead_code))]
     ledger_errors: Option<Metric>,
@@ -36,28 +36,27 @@ struct State {
 impl State {
     fn record_metrics(&self, record: &Record, config: &UsageConfig) {
         let mut labels = label_suffix(record, config.consumer_label);
-        let mut defined = self.metrics.borrow_mut();
-        if defined.len() >= MAX_SERIES
-            && !defined.contains_key(&format!("llm_gateway.usage.requests{labels}"))
-        {
+        let mut series = self.series.borrow_mut();
+        if series.len() >= MAX_LABEL_SETS && !series.contains_key(&labels) {
             labels = ".tenant._other.model_group._other.deployment._other".into();
         }
-        for sample in samples(record, &labels) {
-            let metric = match defined.get(&sample.name) {
-                Some(metric) => *metric,
-                None => {
-                    let made = match sample.kind {
-                        Kind::Counter => Metric::counter(&sample.name),
-                        Kind::Histogram => Metric::histogram(&sample.name),
-                    };
-                    let Ok(metric) = made else { continue };
-                    defined.insert(sample.name, metric);
-                    metric
+        let metrics = series.entry(labels).or_insert_with_key(|labels| {
+            SERIES.map(|(base, kind)| {
+                let name = format!("{base}{labels}");
+                match kind {
+                    Kind::Counter => Metric::counter(&name),
+                    Kind::Histogram => Metric::histogram(&name),
                 }
+                .ok()
+            })
+        });
+        for ((metric, (_, kind)), value) in metrics.iter().zip(SERIES).zip(values(record)) {
+            let (Some(metric), Some(value)) = (metric, value) else {
+                continue;
             };
-            let _ = match sample.kind {
-                Kind::Counter => metric.increment(i64::try_from(sample.value).unwrap_or(i64::MAX)),
-                Kind::Histogram => metric.record(sample.value),
+            let _ = match kind {
+                Kind::Counter => metric.increment(i64::try_from(value).unwrap_or(i64::MAX)),
+                Kind::Histogram => metric.record(value),
             };
         }
     }
@@ -82,7 +81,7 @@ impl RootContext for Root {
         }
         self.state = Some(Rc::new(State {
             rules,
-            metrics: RefCell::new(HashMap::new()),
+            series: RefCell::new(HashMap::new()),
             ledger_errors,
         }));
         true
