@@ -20,6 +20,7 @@ pub mod envoy;
 pub mod harness;
 pub mod http;
 pub mod redis;
+pub mod workloads;
 pub mod workspace;
 
 /// Result type of the fixtures: errors carry a message meant for a failing test's output.
