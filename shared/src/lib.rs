@@ -30,6 +30,8 @@ pub mod resp;
 pub mod route_info;
 pub mod rules;
 pub mod sse;
+pub mod tokens;
+pub mod usage;
 pub mod wire;
 
 // wasm32-wasip1 only (the proxy-wasm target): `host` links the SDK for its dispatcher, whose

@@ -1,0 +1,908 @@
+//! One request/response exchange from the plugin's point of view: a pure state machine the
+//! shell feeds with what the host reports, with the clock passed in. It decides what to do
+//! with the request body, how to treat the response, and builds the record exactly once.
+
+use crate::config::UsageConfig;
+use crate::pricing::Price;
+use crate::record::{clean_attribution, Attempt, Record, UsageFields, UsageSource};
+use crate::request::{self, RequestInfo};
+use crate::stream::{Forward, ResponseStream};
+use llm_gateway_shared::headers;
+use llm_gateway_shared::route_info;
+use llm_gateway_shared::tokens::{count_tokens, estimate_prompt_tokens, Encoding};
+use llm_gateway_shared::usage::{self, Api, Usage};
+
+/// Who and what a request is for, from the request headers.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Attribution {
+    /// `x-llm-request-id`, else `x-request-id`, else the host's request id.
+    pub request_id: String,
+    /// `x-llm-consumer`.
+    pub consumer: Option<String>,
+    /// `x-llm-tenant`.
+    pub tenant: Option<String>,
+    /// `x-project`.
+    pub project: Option<String>,
+    /// `x-agent`.
+    pub agent: Option<String>,
+    /// `x-run-id`.
+    pub run_id: Option<String>,
+    /// `x-llm-model-group`.
+    pub model_group: Option<String>,
+    /// `x-llm-deployment`.
+    pub deployment: Option<String>,
+}
+
+impl Attribution {
+    /// Reads the request headers (names lowercase, as Envoy gives them).
+    /// `host_request_id` is asked only when neither request-id header is there.
+    pub fn from_headers(
+        pairs: &[(String, Vec<u8>)],
+        host_request_id: impl FnOnce() -> Option<String>,
+    ) -> Self {
+        let get = |name: &str| {
+            pairs
+                .iter()
+                .find(|(n, _)| n == name)
+                .and_then(|(_, v)| clean_attribution(v))
+        };
+        Attribution {
+            request_id: get(headers::REQUEST_ID)
+                .or_else(|| get("x-request-id"))
+                .or_else(host_request_id)
+                .unwrap_or_default(),
+            consumer: get(headers::CONSUMER),
+            tenant: get(headers::TENANT),
+            project: get("x-project"),
+            agent: get("x-agent"),
+            run_id: get("x-run-id"),
+            model_group: get(headers::MODEL_GROUP),
+            deployment: get(headers::DEPLOYMENT),
+        }
+    }
+}
+
+/// What the router publishes about a request (logical id, deployment that answered, attempts,
+/// price), read from its filter state `wasm.llm_route`; empty without the router (the
+/// `x-llm-*` headers and the plugin's own price table are used then).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RouteInfo {
+    /// The router's logical request id, overriding the headers.
+    pub request_id: Option<String>,
+    /// Model group, overriding the header.
+    pub model_group: Option<String>,
+    /// Deployment of the final attempt, overriding the header.
+    pub deployment: Option<String>,
+    /// Every attempt, when the router tried more than one.
+    pub attempts: Vec<Attempt>,
+    /// The deployment's price, overriding the plugin's table.
+    pub price: Option<Price>,
+}
+
+/// Filter state the model router publishes ([`llm_gateway_shared::route_info`]).
+pub const ROUTER_PROPERTY: &str = route_info::PROPERTY;
+
+impl RouteInfo {
+    /// The router's published state (`None` if `bytes` is not one). Its prices are
+    /// micro-units per million tokens (×1 000 here); it reports how many attempts there were
+    /// and which deployment answered, so earlier attempts are listed without a deployment.
+    pub fn from_router_json(bytes: &[u8], status: u16) -> Option<RouteInfo> {
+        let state = route_info::RouteInfo::from_json(bytes)?;
+        let nano = |micro: u64| micro.saturating_mul(1_000);
+        let price = state.price.map(|p| Price {
+            input: nano(p.input),
+            cached_input: nano(p.cached_input.unwrap_or(p.input)),
+            cache_write: nano(p.input),
+            output: nano(p.output),
+            reasoning: nano(p.output),
+            version: state
+                .price_version
+                .clone()
+                .unwrap_or_else(|| "unversioned".into()),
+            currency: p.currency,
+        });
+        let non_empty = |s: String| (!s.is_empty()).then_some(s);
+        let count = state.attempts.clamp(1, 64);
+        let mut attempts: Vec<Attempt> = (1..count)
+            .map(|_| Attempt {
+                deployment: None,
+                status: 0,
+            })
+            .collect();
+        if count > 1 {
+            attempts.push(Attempt {
+                deployment: non_empty(state.deployment.clone()),
+                status,
+            });
+        }
+        Some(RouteInfo {
+            request_id: non_empty(state.request_id),
+            model_group: non_empty(state.model_group),
+            deployment: non_empty(state.deployment),
+            attempts,
+            price,
+        })
+    }
+}
+
+/// How the shell handles the response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResponseMode {
+    /// Not ours to look at (unknown API): pass it through.
+    PassThrough,
+    /// SSE: feed chunks to [`Exchange::on_response_chunk`] as they come.
+    Stream,
+    /// JSON: buffer it and give the whole body to [`Exchange::on_response_body`];
+    /// `hold_headers`: keep the headers until then, to add the cost headers.
+    Buffer {
+        /// Keep the response headers until the body is complete.
+        hold_headers: bool,
+    },
+}
+
+/// A JSON response is kept whole up to this size (and its headers held for the cost headers
+/// only if its `content-length` is at most this); past it only its tail is kept.
+pub const KEEP_WHOLE: usize = 1 << 20;
+/// How much of the end of a larger body is kept (the `usage` member is at the end).
+pub const KEEP_TAIL: usize = 64 << 10;
+
+/// A JSON body collected as it passes: whole while small, then only its tail.
+#[derive(Debug, Default)]
+struct BodyTail {
+    bytes: Vec<u8>,
+    truncated: bool,
+}
+
+impl BodyTail {
+    fn push(&mut self, chunk: &[u8]) {
+        self.bytes.extend_from_slice(chunk);
+        let bound = if self.truncated {
+            2 * KEEP_TAIL
+        } else {
+            KEEP_WHOLE
+        };
+        if self.bytes.len() > bound {
+            let cut = self.bytes.len() - KEEP_TAIL;
+            self.bytes.drain(..cut);
+            self.truncated = true;
+        }
+    }
+}
+
+#[derive(Debug)]
+enum Response {
+    None,
+    /// A JSON response passing through, not held.
+    Collecting(BodyTail),
+    Stream(Box<ResponseStream>),
+    Body {
+        usage: Option<Usage>,
+        model: Option<String>,
+        text_tokens: u64,
+        complete: bool,
+    },
+}
+
+/// One exchange.
+#[derive(Debug)]
+pub struct Exchange {
+    api: Api,
+    attribution: Attribution,
+    started_ms: u64,
+    request: RequestInfo,
+    /// Kept to estimate the prompt if no usage comes; dropped once usage arrived.
+    request_body: Option<Vec<u8>>,
+    /// `content-length` of the request, when it had one.
+    request_length: Option<u64>,
+    /// Bytes of a request body too large to keep (only its size is known).
+    request_bytes: u64,
+    status: u16,
+    response: Response,
+    first_output_ms: Option<u64>,
+    finished: bool,
+}
+
+impl Exchange {
+    /// Starts an exchange for a request to `path`; `None` if the path is no API this plugin
+    /// accounts (the shell then leaves the request alone).
+    pub fn start(path: &str, attribution: Attribution, now_ms: u64) -> Option<Exchange> {
+        let api = Api::from_path(path)?;
+        Some(Exchange {
+            api,
+            attribution,
+            started_ms: now_ms,
+            request: RequestInfo::default(),
+            request_body: None,
+            request_length: None,
+            request_bytes: 0,
+            status: 0,
+            response: Response::None,
+            first_output_ms: None,
+            finished: false,
+        })
+    }
+
+    /// The API of the request.
+    pub fn api(&self) -> Api {
+        self.api
+    }
+
+    /// The body may be rewritten (so `content-length` must go while the headers are held).
+    pub fn may_rewrite_body(&self, config: &UsageConfig) -> bool {
+        config.inject_include_usage
+            && self.api == Api::ChatCompletions
+            && self.request_length.is_none_or(|n| n <= KEEP_WHOLE as u64)
+    }
+
+    /// The request's `content-length`. A chat request larger than [`KEEP_WHOLE`] is not held
+    /// to inject `include_usage` (it would meet Envoy's buffer limit); its stream is counted
+    /// by the gateway if the client did not ask for usage.
+    pub fn set_request_length(&mut self, length: Option<u64>) {
+        self.request_length = length;
+    }
+
+    /// A chunk of a request body that is not held: kept whole up to [`KEEP_WHOLE`] bytes,
+    /// past that only counted.
+    pub fn on_request_data(&mut self, chunk: &[u8]) {
+        self.request_bytes = self.request_bytes.saturating_add(chunk.len() as u64);
+        if self.request_bytes > KEEP_WHOLE as u64 {
+            self.request_body = None;
+            return;
+        }
+        self.request_body
+            .get_or_insert_with(Vec::new)
+            .extend_from_slice(chunk);
+    }
+
+    /// The end of a request body that was not held.
+    pub fn on_request_end(&mut self) {
+        if let Some(body) = &self.request_body {
+            let (info, _) = request::inspect(self.api, body, false);
+            self.request = info;
+        }
+    }
+
+    /// The whole request body; returns the body to send instead, if it changes.
+    pub fn on_request_body(&mut self, config: &UsageConfig, body: &[u8]) -> Option<Vec<u8>> {
+        let (info, new_body) = request::inspect(self.api, body, config.inject_include_usage);
+        self.request = info;
+        self.request_body = Some(body.to_vec());
+        new_body
+    }
+
+    /// What the request said about itself.
+    pub fn request(&self) -> &RequestInfo {
+        &self.request
+    }
+
+    /// Response headers arrived.
+    pub fn on_response_headers(
+        &mut self,
+        config: &UsageConfig,
+        status: u16,
+        content_type: &str,
+        content_length: Option<u64>,
+    ) -> ResponseMode {
+        self.status = status;
+        let media = content_type
+            .split(';')
+            .next()
+            .unwrap_or_default()
+            .trim()
+            .to_ascii_lowercase();
+        if media == "text/event-stream" {
+            let model = self.request.model.as_deref().unwrap_or_default();
+            self.response = Response::Stream(Box::new(ResponseStream::new(
+                self.api,
+                self.request.injected_include_usage,
+                Encoding::for_model(model),
+                config.max_event_bytes,
+            )));
+            ResponseMode::Stream
+        } else if media == "application/json" || media.ends_with("+json") {
+            let hold_headers = config.cost_headers
+                && (200..300).contains(&status)
+                && content_length.is_some_and(|n| n <= KEEP_WHOLE as u64);
+            if !hold_headers {
+                self.response = Response::Collecting(BodyTail::default());
+            }
+            ResponseMode::Buffer { hold_headers }
+        } else {
+            ResponseMode::PassThrough
+        }
+    }
+
+    /// A chunk of a streamed response.
+    pub fn on_response_chunk(&mut self, chunk: &[u8], end_of_stream: bool, now_ms: u64) -> Forward {
+        let Response::Stream(stream) = &mut self.response else {
+            return Forward::Unchanged;
+        };
+        let mut pushed = stream.push(chunk);
+        if end_of_stream {
+            let end = stream.finish();
+            pushed.first_output |= end.first_output;
+            pushed.forward = match (pushed.forward, end.forward) {
+                (Forward::Unchanged, Forward::Unchanged) => Forward::Unchanged,
+                (Forward::Unchanged, Forward::Replace(tail)) => {
+                    Forward::Replace([chunk, tail.as_slice()].concat())
+                }
+                (Forward::Replace(mut head), Forward::Replace(tail)) => {
+                    head.extend_from_slice(&tail);
+                    Forward::Replace(head)
+                }
+                (Forward::Replace(head), Forward::Unchanged) => Forward::Replace(head),
+            };
+        }
+        if pushed.first_output && self.first_output_ms.is_none() {
+            self.first_output_ms = Some(now_ms);
+        }
+        if stream.usage_is_complete() {
+            self.request_body = None;
+        }
+        pushed.forward
+    }
+
+    /// A chunk of a JSON response that is not held: kept (whole while small, else its tail),
+    /// and passed on unchanged.
+    pub fn on_response_data(&mut self, chunk: &[u8]) {
+        if let Response::Collecting(body) = &mut self.response {
+            body.push(chunk);
+        }
+    }
+
+    /// The end of a JSON response that was not held (or the log of one that never ended).
+    pub fn on_response_end(&mut self, config: &UsageConfig, route: &RouteInfo, complete: bool) {
+        let Response::Collecting(body) = std::mem::replace(&mut self.response, Response::None)
+        else {
+            return;
+        };
+        if body.truncated {
+            self.response = Response::Body {
+                usage: usage::from_body_tail(self.api, &body.bytes),
+                model: None,
+                text_tokens: 0,
+                complete,
+            };
+        } else {
+            let _ = self.on_response_body(config, route, &body.bytes, complete);
+        }
+    }
+
+    /// The whole body of a buffered (JSON) response; `complete` false if it was cut.
+    /// Returns the headers to add when they are still held.
+    pub fn on_response_body(
+        &mut self,
+        config: &UsageConfig,
+        route: &RouteInfo,
+        body: &[u8],
+        complete: bool,
+    ) -> Vec<(String, String)> {
+        let found = usage::from_response_body(self.api, body);
+        let (usage, model) = match found {
+            Some((usage, model)) => (Some(usage), model),
+            None => (None, None),
+        };
+        let text_tokens = if usage.is_none() {
+            let model = self.request.model.as_deref().unwrap_or_default();
+            count_tokens(
+                Encoding::for_model(model),
+                &request::response_text(self.api, body),
+            )
+        } else {
+            0
+        };
+        self.response = Response::Body {
+            usage,
+            model,
+            text_tokens,
+            complete,
+        };
+        if !config.cost_headers {
+            return Vec::new();
+        }
+        let (usage, source) = self.final_usage();
+        let mut out = vec![
+            (
+                "x-llm-prompt-tokens".to_string(),
+                usage.prompt_tokens.to_string(),
+            ),
+            (
+                "x-llm-completion-tokens".to_string(),
+                usage.completion_tokens.to_string(),
+            ),
+            (
+                "x-llm-cached-tokens".to_string(),
+                usage.cached_prompt_tokens.to_string(),
+            ),
+            (
+                "x-llm-usage-source".to_string(),
+                match source {
+                    UsageSource::Upstream => "upstream",
+                    UsageSource::Estimated => "estimated",
+                }
+                .to_string(),
+            ),
+        ];
+        if let Some(price) = self.price(config, route) {
+            let cost = price.cost(&usage);
+            out.push((
+                "x-llm-cost".to_string(),
+                format!(
+                    "{} {}",
+                    crate::pricing::format_nano(cost.nano),
+                    cost.currency
+                ),
+            ));
+            out.push(("x-llm-price-version".to_string(), cost.version));
+        }
+        out
+    }
+
+    fn model(&self) -> Option<&str> {
+        let upstream = match &self.response {
+            Response::Stream(stream) => stream.model(),
+            Response::Body { model, .. } => model.as_deref(),
+            Response::None | Response::Collecting(_) => None,
+        };
+        upstream.or(self.request.model.as_deref())
+    }
+
+    fn price<'c>(&self, config: &'c UsageConfig, route: &'c RouteInfo) -> Option<&'c Price> {
+        route.price.as_ref().or_else(|| {
+            config.price_for(
+                route
+                    .deployment
+                    .as_deref()
+                    .or(self.attribution.deployment.as_deref()),
+                route
+                    .model_group
+                    .as_deref()
+                    .or(self.attribution.model_group.as_deref()),
+                self.model(),
+            )
+        })
+    }
+
+    fn estimated_prompt(&self) -> u64 {
+        let Some(body) = &self.request_body else {
+            // too large to keep: a quarter of its bytes
+            return self.request_bytes.div_ceil(4);
+        };
+        let Ok(value) = serde_json::from_slice::<serde_json::Value>(body) else {
+            return 0;
+        };
+        let model = self.request.model.as_deref().unwrap_or_default();
+        estimate_prompt_tokens(self.api, &value, Encoding::for_model(model))
+    }
+
+    /// The usage to record and where it comes from.
+    fn final_usage(&mut self) -> (Usage, UsageSource) {
+        let (upstream, complete) = match &self.response {
+            Response::Stream(stream) => (stream.usage(), stream.usage_is_complete()),
+            Response::Body { usage, .. } => (*usage, true),
+            Response::None | Response::Collecting(_) => (None, false),
+        };
+        if let (Some(usage), true) = (upstream, complete) {
+            return (usage, UsageSource::Upstream);
+        }
+        if self.status >= 400 {
+            // An error answer bills nothing, and says so by sending no usage.
+            return (Usage::default(), UsageSource::Upstream);
+        }
+        // Only now, with no usage from the upstream, is the text counted (and the tokenizer
+        // built, the first time in this VM).
+        let completion = match &self.response {
+            Response::Stream(stream) => stream.streamed_tokens(),
+            Response::Body { text_tokens, .. } => *text_tokens,
+            Response::None | Response::Collecting(_) => 0,
+        };
+        let usage = match upstream {
+            // Anthropic cut between message_start and message_delta: the input (and cache)
+            // counts are the provider's, the output is counted here
+            Some(partial) => Usage {
+                completion_tokens: partial.completion_tokens.max(completion),
+                ..partial
+            },
+            None => Usage {
+                prompt_tokens: self.estimated_prompt(),
+                completion_tokens: completion,
+                ..Usage::default()
+            },
+        };
+        (usage, UsageSource::Estimated)
+    }
+
+    /// The response status seen so far (0: none yet).
+    pub fn status(&self) -> u16 {
+        self.status
+    }
+
+    /// True once [`Exchange::finish`] built the record.
+    pub fn is_finished(&self) -> bool {
+        self.finished
+    }
+
+    /// Builds the record, once: `None` if it was built already. `complete` says whether the
+    /// response reached its end (false: cut or aborted).
+    pub fn finish(
+        &mut self,
+        config: &UsageConfig,
+        route: &RouteInfo,
+        complete: bool,
+        now_ms: u64,
+    ) -> Option<Record> {
+        if self.finished {
+            return None;
+        }
+        self.finished = true;
+        if matches!(self.response, Response::Collecting(_)) {
+            self.on_response_end(config, route, false);
+        }
+        let complete = complete
+            && match &self.response {
+                Response::Body { complete, .. } => *complete,
+                _ => true,
+            };
+        let (usage, usage_source) = self.final_usage();
+        let price = self.price(config, route);
+        let cost = price.map(|p| p.cost(&usage));
+        let deployment = route
+            .deployment
+            .clone()
+            .or_else(|| self.attribution.deployment.clone());
+        let attempts = if route.attempts.is_empty() {
+            vec![Attempt {
+                deployment: deployment.clone(),
+                status: self.status,
+            }]
+        } else {
+            route.attempts.clone()
+        };
+        let a = &self.attribution;
+        let record = Record {
+            request_id: route
+                .request_id
+                .clone()
+                .unwrap_or_else(|| a.request_id.clone()),
+            ts_ms: self.started_ms,
+            consumer: a.consumer.clone(),
+            tenant: a.tenant.clone(),
+            project: a.project.clone(),
+            agent: a.agent.clone(),
+            run_id: a.run_id.clone(),
+            model_group: route.model_group.clone().or_else(|| a.model_group.clone()),
+            deployment,
+            model: self.model().map(str::to_owned),
+            api: self.api.name().to_string(),
+            stream: matches!(self.response, Response::Stream(_)) || self.request.stream,
+            status: self.status,
+            complete,
+            attempts,
+            usage_source,
+            usage: UsageFields::from(usage),
+            cost_nano: cost.as_ref().map(|c| c.nano),
+            currency: cost.as_ref().map(|c| c.currency.clone()),
+            price_version: cost.map(|c| c.version),
+            ttft_ms: self
+                .first_output_ms
+                .map(|t| t.saturating_sub(self.started_ms)),
+            duration_ms: now_ms.saturating_sub(self.started_ms),
+        };
+        self.request_body = None;
+        Some(record)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::parse_document;
+    use serde_json::json;
+
+    fn config(extra: serde_json::Value) -> UsageConfig {
+        let mut doc = json!({
+            "price_version": "2026-11",
+            "cost_headers": true,
+            "prices": {"east": {"input": "0.30", "cached_input": "0.006", "output": "1.20"}}
+        });
+        if let (Some(d), Some(e)) = (doc.as_object_mut(), extra.as_object()) {
+            for (k, v) in e {
+                d.insert(k.clone(), v.clone());
+            }
+        }
+        parse_document(doc.to_string().as_bytes())
+            .unwrap()
+            .global()
+            .unwrap()
+            .clone()
+    }
+
+    fn headers(pairs: &[(&str, &str)]) -> Vec<(String, Vec<u8>)> {
+        pairs
+            .iter()
+            .map(|(n, v)| (n.to_string(), v.as_bytes().to_vec()))
+            .collect()
+    }
+
+    fn attribution() -> Attribution {
+        Attribution::from_headers(
+            &headers(&[
+                ("x-llm-consumer", "team-a"),
+                ("x-llm-tenant", "acme"),
+                ("x-project", "search"),
+                ("x-agent", "planner"),
+                ("x-run-id", "run-7"),
+                ("x-llm-model-group", "fast"),
+                ("x-llm-deployment", "east"),
+                ("x-request-id", "req-1"),
+            ]),
+            || Some("host-id".into()),
+        )
+    }
+
+    #[test]
+    fn non_streaming_known_case_with_headers() {
+        let config = config(json!({}));
+        let route = RouteInfo::default();
+        let mut ex = Exchange::start("/v1/chat/completions", attribution(), 1_000).unwrap();
+        assert!(ex
+            .on_request_body(&config, br#"{"model":"gpt-4o","messages":[]}"#)
+            .is_none());
+        assert_eq!(
+            ex.on_response_headers(&config, 200, "application/json", Some(300)),
+            ResponseMode::Buffer { hold_headers: true }
+        );
+        let body = br#"{"model":"gpt-4o-2024","choices":[],"usage":{"prompt_tokens":1000,"completion_tokens":100,"prompt_tokens_details":{"cached_tokens":600}}}"#;
+        let added = ex.on_response_body(&config, &route, body, true);
+        assert!(
+            added.contains(&("x-llm-cost".into(), "0.0002436 USD".into())),
+            "{added:?}"
+        );
+        assert!(added.contains(&("x-llm-price-version".into(), "2026-11".into())));
+        let record = ex.finish(&config, &route, true, 1_500).unwrap();
+        assert_eq!(record.cost_nano, Some(243_600));
+        assert_eq!(record.usage.cached_prompt_tokens, 600);
+        assert_eq!(record.usage_source, UsageSource::Upstream);
+        assert_eq!(record.request_id, "req-1");
+        assert_eq!(record.project.as_deref(), Some("search"));
+        assert_eq!(record.model.as_deref(), Some("gpt-4o-2024"));
+        assert_eq!(record.duration_ms, 500);
+        assert_eq!(
+            record.attempts,
+            vec![Attempt {
+                deployment: Some("east".into()),
+                status: 200
+            }]
+        );
+        assert!(
+            ex.finish(&config, &route, true, 2_000).is_none(),
+            "one record only"
+        );
+    }
+
+    #[test]
+    fn cut_stream_is_estimated() {
+        let config = config(json!({}));
+        let route = RouteInfo::default();
+        let mut ex = Exchange::start("/v1/chat/completions", attribution(), 0).unwrap();
+        let new = ex
+            .on_request_body(
+                &config,
+                br#"{"model":"claude-x","stream":true,"messages":[{"role":"user","content":"Say hello"}]}"#,
+            )
+            .unwrap();
+        assert!(String::from_utf8(new).unwrap().contains("include_usage"));
+        assert_eq!(
+            ex.on_response_headers(&config, 200, "text/event-stream; charset=utf-8", None),
+            ResponseMode::Stream
+        );
+        ex.on_response_chunk(
+            b"data: {\"choices\":[{\"delta\":{\"content\":\"abcdefgh\"}}]}\n\ndata: {\"cho",
+            false,
+            40,
+        );
+        let record = ex.finish(&config, &route, false, 90).unwrap();
+        assert_eq!(record.usage_source, UsageSource::Estimated);
+        assert_eq!(record.usage.prompt_tokens, 3 + 4);
+        assert_eq!(record.usage.completion_tokens, 2);
+        assert_eq!(record.ttft_ms, Some(40));
+        assert!(!record.complete && record.stream);
+        // 7 × 0.30 + 2 × 1.20 per million = 4.5 micro-units
+        assert_eq!(record.cost_nano, Some(4_500));
+    }
+
+    #[test]
+    fn router_price_and_attempts_win() {
+        let config = config(json!({}));
+        let mut route = RouteInfo {
+            deployment: Some("west".into()),
+            attempts: vec![
+                Attempt {
+                    deployment: Some("east".into()),
+                    status: 429,
+                },
+                Attempt {
+                    deployment: Some("west".into()),
+                    status: 200,
+                },
+            ],
+            ..RouteInfo::default()
+        };
+        route.price = config.price_for(Some("east"), None, None).cloned();
+        let mut ex = Exchange::start("/v1/embeddings", attribution(), 0).unwrap();
+        ex.on_request_body(&config, br#"{"input":"abcd"}"#);
+        ex.on_response_headers(&config, 200, "application/json", Some(100));
+        ex.on_response_body(
+            &config,
+            &route,
+            br#"{"usage":{"prompt_tokens":1000000,"total_tokens":1000000}}"#,
+            true,
+        );
+        let record = ex.finish(&config, &route, true, 2).unwrap();
+        assert_eq!(record.deployment.as_deref(), Some("west"));
+        assert_eq!(record.attempts.len(), 2);
+        assert_eq!(record.cost_nano, Some(300_000_000));
+    }
+
+    #[test]
+    fn error_answers_bill_nothing_and_unknown_paths_are_ignored() {
+        let config = config(json!({}));
+        let route = RouteInfo::default();
+        let mut ex = Exchange::start("/v1/messages", attribution(), 0).unwrap();
+        ex.on_request_body(&config, br#"{"messages":[{"role":"user","content":"x"}]}"#);
+        assert_eq!(
+            ex.on_response_headers(&config, 429, "application/json", None),
+            ResponseMode::Buffer {
+                hold_headers: false
+            }
+        );
+        ex.on_response_body(&config, &route, br#"{"error":{}}"#, true);
+        let record = ex.finish(&config, &route, true, 2).unwrap();
+        assert_eq!(record.usage, UsageFields::default());
+        assert_eq!(record.status, 429);
+        assert!(Exchange::start("/v1/models", attribution(), 0).is_none());
+    }
+
+    #[test]
+    fn anthropic_cut_before_message_delta_keeps_the_providers_input() {
+        let config = config(json!({}));
+        let route = RouteInfo::default();
+        let mut ex = Exchange::start("/v1/messages", attribution(), 0).unwrap();
+        ex.on_request_body(
+            &config,
+            br#"{"model":"claude-x","stream":true,"messages":[{"role":"user","content":"Say hello"}]}"#,
+        );
+        ex.on_response_headers(&config, 200, "text/event-stream", None);
+        ex.on_response_chunk(
+            b"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":12,\"cache_read_input_tokens\":1000,\"output_tokens\":1}}}\n\n\
+event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"delta\":{\"type\":\"text_delta\",\"text\":\"abcdefghijkl\"}}\n\n",
+            false,
+            3,
+        );
+        let record = ex.finish(&config, &route, false, 9).unwrap();
+        assert_eq!(record.usage_source, UsageSource::Estimated);
+        assert_eq!(
+            record.usage.prompt_tokens, 1012,
+            "the provider's input, not an estimate"
+        );
+        assert_eq!(record.usage.cached_prompt_tokens, 1000);
+        assert_eq!(
+            record.usage.completion_tokens, 3,
+            "12 chars counted, not message_start's 1"
+        );
+    }
+
+    #[test]
+    fn router_state_gives_deployment_price_and_attempts() {
+        let json = br#"{"request_id":"r","model_group":"fast","deployment":"west","model":"gpt-4o-mini","provider":"openai","price":{"currency":"USD","input":300000,"output":1200000,"cached_input":6000},"price_version":"2026-01","route_version":"v7","attempts":2}"#;
+        let route = RouteInfo::from_router_json(json, 200).unwrap();
+        assert_eq!(route.deployment.as_deref(), Some("west"));
+        assert_eq!(route.attempts.len(), 2);
+        assert_eq!(route.attempts[1].status, 200);
+        let price = route.price.clone().unwrap();
+        assert_eq!(
+            (price.input, price.cached_input, price.output),
+            (300_000_000, 6_000_000, 1_200_000_000)
+        );
+        assert_eq!(price.version, "2026-01");
+        let config = config(json!({"prices": {}}));
+        let mut ex = Exchange::start("/v1/chat/completions", attribution(), 0).unwrap();
+        ex.on_response_headers(&config, 200, "application/json", Some(100));
+        ex.on_response_body(&config, &route, br#"{"usage":{"prompt_tokens":1000,"completion_tokens":100,"prompt_tokens_details":{"cached_tokens":600}}}"#, true);
+        let record = ex.finish(&config, &route, true, 2).unwrap();
+        assert_eq!(record.cost_nano, Some(243_600));
+        assert_eq!(record.price_version.as_deref(), Some("2026-01"));
+        assert_eq!(record.model_group.as_deref(), Some("fast"));
+        let single = RouteInfo::from_router_json(
+            br#"{"request_id":"r","model_group":"fast","deployment":"east","model":"m","provider":"openai","route_version":"v","attempts":1}"#,
+            200,
+        )
+        .unwrap();
+        assert!(single.attempts.is_empty() && single.price.is_none());
+        assert!(RouteInfo::from_router_json(b"nope", 200).is_none());
+    }
+
+    #[test]
+    fn big_json_bodies_pass_through_and_keep_their_usage() {
+        let config = config(json!({}));
+        let route = RouteInfo::default();
+        let mut ex = Exchange::start("/v1/embeddings", attribution(), 0).unwrap();
+        ex.on_request_body(
+            &config,
+            br#"{"model":"text-embedding-3-small","input":"x"}"#,
+        );
+        // no content-length, or too large: the headers are not held
+        assert_eq!(
+            ex.on_response_headers(&config, 200, "application/json", Some(5 << 20)),
+            ResponseMode::Buffer {
+                hold_headers: false
+            }
+        );
+        let vector = format!("[{}0.5]", "0.123456,".repeat(100_000));
+        let body = format!(
+            r#"{{"object":"list","data":[{{"embedding":{vector}}},{{"embedding":{vector}}}],"model":"e","usage":{{"prompt_tokens":1000000,"total_tokens":1000000}}}}"#
+        );
+        assert!(body.len() > KEEP_WHOLE + KEEP_TAIL);
+        for chunk in body.as_bytes().chunks(16 * 1024) {
+            ex.on_response_data(chunk);
+        }
+        ex.on_response_end(&config, &route, true);
+        let record = ex.finish(&config, &route, true, 1).unwrap();
+        assert_eq!(record.usage.prompt_tokens, 1_000_000);
+        assert_eq!(record.usage_source, UsageSource::Upstream);
+        assert_eq!(record.cost_nano, Some(300_000_000));
+        assert!(record.complete);
+
+        // a small one cut before its end: estimated from the request, marked incomplete
+        let mut ex = Exchange::start("/v1/chat/completions", attribution(), 0).unwrap();
+        ex.on_request_body(
+            &config,
+            br#"{"model":"x","messages":[{"role":"user","content":"abcd"}]}"#,
+        );
+        ex.on_response_headers(&config, 200, "application/json", None);
+        ex.on_response_data(br#"{"choices":[{"message":{"content":"hel"#);
+        let record = ex.finish(&config, &route, false, 1).unwrap();
+        assert_eq!(record.usage_source, UsageSource::Estimated);
+        assert_eq!(record.usage.prompt_tokens, 1 + 4);
+        assert!(!record.complete);
+    }
+
+    #[test]
+    fn large_requests_are_not_held_and_estimated_from_their_size() {
+        let config = config(json!({}));
+        let route = RouteInfo::default();
+        let mut ex = Exchange::start("/v1/chat/completions", attribution(), 0).unwrap();
+        assert!(ex.may_rewrite_body(&config));
+        ex.set_request_length(Some(3 << 20));
+        assert!(!ex.may_rewrite_body(&config));
+        let chunk = vec![b' '; 1 << 20];
+        for _ in 0..3 {
+            ex.on_request_data(&chunk);
+        }
+        ex.on_request_end();
+        ex.on_response_headers(&config, 200, "text/event-stream", None);
+        ex.on_response_chunk(
+            b"data: {\"choices\":[{\"delta\":{\"content\":\"abcd\"}}]}\n\n",
+            true,
+            1,
+        );
+        let record = ex.finish(&config, &route, true, 2).unwrap();
+        assert_eq!(record.usage.prompt_tokens, (3 << 20) / 4);
+        assert_eq!(record.usage.completion_tokens, 1);
+
+        // a small one passing unheld is inspected at its end
+        let mut ex = Exchange::start("/v1/messages", attribution(), 0).unwrap();
+        ex.on_request_data(br#"{"model":"claude","stream":tr"#);
+        ex.on_request_data(br#"ue,"messages":[{"role":"user","content":"abcd"}]}"#);
+        ex.on_request_end();
+        assert!(ex.request().stream);
+        assert_eq!(ex.request().model.as_deref(), Some("claude"));
+    }
+
+    #[test]
+    fn request_id_falls_back_to_the_host() {
+        let a = Attribution::from_headers(&headers(&[]), || Some("h".into()));
+        assert_eq!(a.request_id, "h");
+        assert_eq!(a.tenant, None);
+    }
+}

@@ -1,0 +1,471 @@
+//! The proxy-wasm adapter: copies host data in, feeds [`crate::exchange::Exchange`], applies
+//! what it returns, publishes the record. Every host call goes through
+//! `llm_gateway_shared::host`; nothing here decides.
+
+use crate::config::{parse_document, UsageConfig};
+use crate::exchange::{Attribution, Exchange, ResponseMode, RouteInfo, ROUTER_PROPERTY};
+use crate::metrics::{label_suffix, values, Kind, MAX_LABEL_SETS, SERIES};
+use crate::record::Record;
+use crate::stream::Forward;
+use llm_gateway_shared::host::{self, Buffer, HeaderMap, LogLevel, Metric};
+use llm_gateway_shared::rules::RuleSet;
+use proxy_wasm::traits::{Context, HttpContext, RootContext};
+use proxy_wasm::types::{Action, ContextType};
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+
+proxy_wasm::main! {{
+    proxy_wasm::set_root_context(|_| Box::new(Root::default()));
+}}
+
+#[derive(Default)]
+struct Root {
+    state: Option<Rc<State>>,
+}
+
+struct State {
+    rules: RuleSet<UsageConfig>,
+    /// The metrics of each label set seen so far in this VM ([`SERIES`] order).
+    series: RefCell<HashMap<String, [Option<Metric>; SERIES.len()]>>,
+    /// `llm_gateway.usage.ledger_errors`: ledger appends that failed (Higress build).
+    #[cfg_attr(not(feature = "higress"), allow(dead_code))]
+    ledger_errors: Option<Metric>,
+}
+
+impl State {
+    fn record_metrics(&self, record: &Record, config: &UsageConfig) {
+        let mut labels = label_suffix(record, config.consumer_label);
+        let mut series = self.series.borrow_mut();
+        if series.len() >= MAX_LABEL_SETS && !series.contains_key(&labels) {
+            labels = ".tenant._other.model_group._other.deployment._other".into();
+        }
+        let metrics = series.entry(labels).or_insert_with_key(|labels| {
+            SERIES.map(|(base, kind)| {
+                let name = format!("{base}{labels}");
+                match kind {
+                    Kind::Counter => Metric::counter(&name),
+                    Kind::Histogram => Metric::histogram(&name),
+                }
+                .ok()
+            })
+        });
+        for ((metric, (_, kind)), value) in metrics.iter().zip(SERIES).zip(values(record)) {
+            let (Some(metric), Some(value)) = (metric, value) else {
+                continue;
+            };
+            let _ = match kind {
+                Kind::Counter => metric.increment(i64::try_from(value).unwrap_or(i64::MAX)),
+                Kind::Histogram => metric.record(value),
+            };
+        }
+    }
+}
+
+impl Context for Root {}
+
+impl RootContext for Root {
+    fn on_configure(&mut self, _size: usize) -> bool {
+        let Some(rules) = host::load_config("usage-accounting", parse_document) else {
+            return false;
+        };
+        let prices = rules.global().map_or(0, |c| c.prices.len());
+        host::log(
+            LogLevel::Info,
+            &format!("usage-accounting: configured with {prices} prices"),
+        );
+        let ledger_errors = Metric::counter("llm_gateway.usage.ledger_errors").ok();
+        #[cfg(feature = "higress")]
+        if !ledger::init(&rules, ledger_errors) {
+            return false;
+        }
+        self.state = Some(Rc::new(State {
+            rules,
+            series: RefCell::new(HashMap::new()),
+            ledger_errors,
+        }));
+        true
+    }
+
+    fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
+        Some(Box::new(Request {
+            state: self.state.clone(),
+            active: None,
+        }))
+    }
+
+    fn get_type(&self) -> Option<ContextType> {
+        Some(ContextType::HttpContext)
+    }
+}
+
+struct Active {
+    exchange: Exchange,
+    config: UsageConfig,
+    mode: ResponseMode,
+    /// The router's state, read once the response is known (the router writes it again at
+    /// response headers).
+    route: Option<RouteInfo>,
+}
+
+impl Active {
+    fn route(&mut self) -> RouteInfo {
+        let status = self.exchange.status();
+        self.route.get_or_insert_with(|| route_info(status)).clone()
+    }
+}
+
+struct Request {
+    state: Option<Rc<State>>,
+    active: Option<Active>,
+}
+
+fn now_ms() -> u64 {
+    host::now_nanos().map_or(0, |n| n / 1_000_000)
+}
+
+fn header_text(pairs: &[(String, Vec<u8>)], name: &str) -> String {
+    pairs
+        .iter()
+        .find(|(n, _)| n == name)
+        .and_then(|(_, v)| std::str::from_utf8(v).ok())
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// The router's view of the request: its filter state `wasm.llm_route` when it runs in the
+/// chain (deployment that answered, attempts, price); otherwise the `x-llm-deployment` /
+/// `x-llm-model-group` headers (in [`Attribution`]) and the plugin's own price table.
+fn route_info(status: u16) -> RouteInfo {
+    host::property(&[ROUTER_PROPERTY])
+        .ok()
+        .flatten()
+        .and_then(|bytes| RouteInfo::from_router_json(&bytes, status))
+        .unwrap_or_default()
+}
+
+impl Context for Request {}
+
+impl HttpContext for Request {
+    fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
+        let Some(state) = self.state.clone() else {
+            return Action::Continue;
+        };
+        let Ok(pairs) = host::headers(HeaderMap::RequestHeaders) else {
+            return Action::Continue;
+        };
+        let authority = header_text(&pairs, ":authority");
+        let Some(config) = host::select_config(&state.rules, Some(&authority)) else {
+            return Action::Continue;
+        };
+        if header_text(&pairs, ":method") != "POST" {
+            return Action::Continue; // listing or fetching stored objects generates nothing
+        }
+        let path = header_text(&pairs, ":path");
+        let attribution = Attribution::from_headers(&pairs, || {
+            host::property_string(&["request", "id"]).ok().flatten()
+        });
+        let Some(mut exchange) = Exchange::start(&path, attribution, now_ms()) else {
+            return Action::Continue;
+        };
+        exchange.set_request_length(header_text(&pairs, "content-length").trim().parse().ok());
+        // The usage is read from the response: ask the provider for it uncompressed (Envoy's
+        // compressor filter may compress it again for the client).
+        let _ = host::remove_header(HeaderMap::RequestHeaders, "accept-encoding");
+        if exchange.may_rewrite_body(config) && !end_of_stream {
+            // The body may grow by `stream_options`; the length is fixed when it is known
+            // only if the headers are held, so drop it and let Envoy frame the body.
+            let _ = host::remove_header(HeaderMap::RequestHeaders, "content-length");
+        }
+        self.active = Some(Active {
+            exchange,
+            config: config.clone(),
+            mode: ResponseMode::PassThrough,
+            route: None,
+        });
+        Action::Continue
+    }
+
+    fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        let Some(active) = &mut self.active else {
+            return Action::Continue;
+        };
+        if !active.exchange.may_rewrite_body(&active.config) {
+            // nothing to change: the body passes as it comes, the plugin keeps a bounded copy
+            if let Ok(chunk) = host::buffer(Buffer::RequestBody, 0, body_size) {
+                active.exchange.on_request_data(&chunk);
+            }
+            if end_of_stream {
+                active.exchange.on_request_end();
+            }
+            return Action::Continue;
+        }
+        if !end_of_stream {
+            return Action::Pause; // Envoy buffers; read the whole body once, at the end
+        }
+        let Ok(body) = host::buffer(Buffer::RequestBody, 0, body_size) else {
+            return Action::Continue;
+        };
+        if let Some(new_body) = active.exchange.on_request_body(&active.config, &body) {
+            if let Err(err) = host::set_buffer(Buffer::RequestBody, 0, body_size, &new_body) {
+                host::log(
+                    LogLevel::Warn,
+                    &format!("usage-accounting: cannot inject include_usage: {err}"),
+                );
+            }
+        }
+        Action::Continue
+    }
+
+    fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
+        let Some(active) = &mut self.active else {
+            return Action::Continue;
+        };
+        let status = host::header(HeaderMap::ResponseHeaders, ":status")
+            .ok()
+            .flatten()
+            .and_then(|v| std::str::from_utf8(&v).ok()?.parse::<u16>().ok())
+            .unwrap_or(0);
+        let content_type = host::header(HeaderMap::ResponseHeaders, "content-type")
+            .ok()
+            .flatten()
+            .map(|v| String::from_utf8_lossy(&v).into_owned())
+            .unwrap_or_default();
+        let content_length = host::header(HeaderMap::ResponseHeaders, "content-length")
+            .ok()
+            .flatten()
+            .and_then(|v| std::str::from_utf8(&v).ok()?.trim().parse::<u64>().ok());
+        let encoded = host::header(HeaderMap::ResponseHeaders, "content-encoding")
+            .ok()
+            .flatten()
+            .is_some_and(|v| !v.is_empty() && !v.eq_ignore_ascii_case(b"identity"));
+        // a compressed answer cannot be read: it passes through and the record is estimated
+        let content_type = if encoded { String::new() } else { content_type };
+        let mode = active.exchange.on_response_headers(
+            &active.config,
+            status,
+            &content_type,
+            content_length,
+        );
+        active.mode = mode;
+        match mode {
+            ResponseMode::Stream if active.exchange.request().injected_include_usage => {
+                // chunks may shrink (the hidden usage chunk)
+                let _ = host::remove_header(HeaderMap::ResponseHeaders, "content-length");
+                Action::Continue
+            }
+            ResponseMode::Buffer { hold_headers: true } if !end_of_stream => Action::Pause,
+            _ => Action::Continue,
+        }
+    }
+
+    fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        let Some(active) = &mut self.active else {
+            return Action::Continue;
+        };
+        match active.mode {
+            ResponseMode::PassThrough => {
+                if end_of_stream {
+                    self.publish(true);
+                }
+                Action::Continue
+            }
+            ResponseMode::Stream => {
+                let Ok(chunk) = host::buffer(Buffer::ResponseBody, 0, body_size) else {
+                    return Action::Continue;
+                };
+                let forward = active
+                    .exchange
+                    .on_response_chunk(&chunk, end_of_stream, now_ms());
+                if let Forward::Replace(bytes) = forward {
+                    if let Err(err) = host::set_buffer(Buffer::ResponseBody, 0, body_size, &bytes) {
+                        host::log(
+                            LogLevel::Warn,
+                            &format!("usage-accounting: cannot rewrite a stream chunk: {err}"),
+                        );
+                    }
+                }
+                if end_of_stream {
+                    self.publish(true);
+                }
+                Action::Continue
+            }
+            ResponseMode::Buffer { hold_headers: true } => {
+                if !end_of_stream {
+                    return Action::Pause; // Envoy buffers; the headers wait for the cost
+                }
+                let body = host::buffer(Buffer::ResponseBody, 0, body_size).unwrap_or_default();
+                let route = active.route();
+                let added = active
+                    .exchange
+                    .on_response_body(&active.config, &route, &body, true);
+                for (name, value) in &added {
+                    let _ = host::set_header(HeaderMap::ResponseHeaders, name, value.as_bytes());
+                }
+                self.publish(true);
+                Action::Continue
+            }
+            ResponseMode::Buffer {
+                hold_headers: false,
+            } => {
+                // passes on as it comes; the plugin keeps a bounded copy to read the usage
+                if let Ok(chunk) = host::buffer(Buffer::ResponseBody, 0, body_size) {
+                    active.exchange.on_response_data(&chunk);
+                }
+                if end_of_stream {
+                    let route = active.route();
+                    active
+                        .exchange
+                        .on_response_end(&active.config, &route, true);
+                    self.publish(true);
+                }
+                Action::Continue
+            }
+        }
+    }
+
+    fn on_http_response_trailers(&mut self, _num_trailers: usize) -> Action {
+        // With trailers the last body callback does not say end_of_stream: end here.
+        let Some(active) = &mut self.active else {
+            return Action::Continue;
+        };
+        match active.mode {
+            ResponseMode::Stream => {
+                // a well-formed stream ends with a blank line, so nothing is held back here
+                let _ = active.exchange.on_response_chunk(&[], true, now_ms());
+            }
+            ResponseMode::Buffer { hold_headers: true } if !active.exchange.is_finished() => {
+                let body = host::buffer(Buffer::ResponseBody, 0, usize::MAX).unwrap_or_default();
+                let route = active.route();
+                let added = active
+                    .exchange
+                    .on_response_body(&active.config, &route, &body, true);
+                for (name, value) in &added {
+                    let _ = host::set_header(HeaderMap::ResponseHeaders, name, value.as_bytes());
+                }
+            }
+            ResponseMode::Buffer {
+                hold_headers: false,
+            } => {
+                let route = active.route();
+                active
+                    .exchange
+                    .on_response_end(&active.config, &route, true);
+            }
+            _ => {}
+        }
+        self.publish(true);
+        Action::Continue
+    }
+
+    fn on_log(&mut self) {
+        // A response that never reached its end (cut stream, client gone): record it now.
+        self.publish(false);
+    }
+}
+
+impl Request {
+    /// Builds the record once and publishes it: filter state, log line, metrics.
+    fn publish(&mut self, complete: bool) {
+        let (Some(state), Some(active)) = (self.state.clone(), self.active.as_mut()) else {
+            return;
+        };
+        let route = active.route();
+        let Some(record) = active
+            .exchange
+            .finish(&active.config, &route, complete, now_ms())
+        else {
+            return;
+        };
+        let json = record.to_json();
+        if let Err(err) =
+            host::set_property(&[active.config.filter_state.as_str()], json.as_bytes())
+        {
+            host::log(
+                LogLevel::Warn,
+                &format!("usage-accounting: cannot set filter state: {err}"),
+            );
+        }
+        if active.config.log_records {
+            host::log(LogLevel::Info, &format!("usage_record: {json}"));
+        }
+        state.record_metrics(&record, &active.config);
+        #[cfg(feature = "higress")]
+        if let Some(config) = &active.config.ledger {
+            ledger::append(config, &json, state.ledger_errors);
+        }
+    }
+}
+
+/// The Redis stream ledger of the Higress build: one `XADD … MAXLEN ~` per record, fire and
+/// forget (nothing waits for the reply; a failure is counted and logged).
+#[cfg(feature = "higress")]
+mod ledger {
+    use crate::config::UsageConfig;
+    use crate::ledger::{xadd_args, LedgerConfig};
+    use llm_gateway_shared::host::redis::{
+        on_redis_call_response, redis_call, redis_init, redis_reply,
+    };
+    use llm_gateway_shared::host::{self, LogLevel, Metric};
+    use llm_gateway_shared::resp::{self, Limits};
+    use llm_gateway_shared::rules::RuleSet;
+
+    /// Connects every distinct ledger service of the configuration (once per VM) and
+    /// registers the reply handler. False if the host refuses a service.
+    pub(super) fn init(rules: &RuleSet<UsageConfig>, errors: Option<Metric>) -> bool {
+        let mut done: Vec<&str> = Vec::new();
+        for config in rules.configs().filter_map(|c| c.ledger.as_ref()) {
+            if done.contains(&config.service.as_str()) {
+                continue;
+            }
+            done.push(&config.service);
+            let user = config.username.as_deref().unwrap_or_default();
+            let password = config.password.as_deref().unwrap_or_default();
+            if let Err(err) = redis_init(&config.service, user, password, config.timeout_ms) {
+                host::log(
+                    LogLevel::Error,
+                    &format!(
+                        "usage-accounting: ledger: cannot connect Redis service {}: {err}",
+                        config.service
+                    ),
+                );
+                return false;
+            }
+        }
+        on_redis_call_response(move |response| {
+            let failed = if response.answered() {
+                let reply = redis_reply(response.size).unwrap_or_default();
+                match resp::decode(&reply, &Limits::default()) {
+                    Ok(reply) => reply.error().map(str::to_owned),
+                    Err(err) => Some(err.to_string()),
+                }
+            } else {
+                Some(format!("call failed (status {})", response.status))
+            };
+            if let Some(why) = failed {
+                if let Some(metric) = errors {
+                    let _ = metric.increment(1);
+                }
+                host::log(
+                    LogLevel::Warn,
+                    &format!("usage-accounting: ledger append failed: {why}"),
+                );
+            }
+        });
+        true
+    }
+
+    /// Sends the `XADD` of one record.
+    pub(super) fn append(config: &LedgerConfig, record_json: &str, errors: Option<Metric>) {
+        let query = resp::encode_command(&xadd_args(config, record_json));
+        if let Err(err) = redis_call(&config.service, &query) {
+            if let Some(metric) = errors {
+                let _ = metric.increment(1);
+            }
+            host::log(
+                LogLevel::Warn,
+                &format!("usage-accounting: ledger append not sent: {err}"),
+            );
+        }
+    }
+}

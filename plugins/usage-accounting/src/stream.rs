@@ -1,0 +1,450 @@
+//! The response side of a stream: frames SSE across chunk splits, reads usage event by event,
+//! counts the streamed text for when no usage comes, and hides the usage-only chunk from a
+//! client that did not ask for it.
+//!
+//! When nothing is to be hidden, chunks go on unchanged (the framer only watches). When the
+//! gateway injected `include_usage`, each chunk is replaced by the complete events in it, minus
+//! the usage-only one; the bytes of an unfinished event wait for the rest of it (never more
+//! than `max_event_bytes`; a longer event passes through as it comes, uninspected). A chunk
+//! that also carries `choices` is never removed.
+
+use llm_gateway_shared::sse::Framer;
+use llm_gateway_shared::tokens::{count_tokens, Encoding};
+use llm_gateway_shared::usage::{Api, StreamUsage, Usage};
+
+/// At most this much streamed text is kept for counting; past it only its length is
+/// tracked, and the count is extrapolated from the kept sample.
+pub const TEXT_SAMPLE: usize = 64 * 1024;
+
+/// What to do with a chunk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Forward {
+    /// Pass it on as it is.
+    Unchanged,
+    /// Replace it with these bytes (possibly empty).
+    Replace(Vec<u8>),
+}
+
+/// The outcome of one chunk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pushed {
+    /// What reaches the client.
+    pub forward: Forward,
+    /// The first generated output arrived in this chunk (time to first token).
+    pub first_output: bool,
+}
+
+/// One streamed response.
+#[derive(Debug)]
+pub struct ResponseStream {
+    framer: Framer,
+    usage: StreamUsage,
+    hide_usage_only: bool,
+    encoding: Encoding,
+    /// The first [`TEXT_SAMPLE`] bytes of streamed text, counted only if no usage comes, so
+    /// a stream whose usage arrives never costs tokenizer work, however long it is.
+    text: String,
+    /// Characters of all streamed text (the sample and what came after it).
+    text_chars: u64,
+    seen_output: bool,
+    events: u64,
+    hidden: u64,
+}
+
+impl ResponseStream {
+    /// A stream of `api`; `hide_usage_only` when the gateway injected `include_usage`;
+    /// `encoding` counts the text if no usage comes.
+    pub fn new(
+        api: Api,
+        hide_usage_only: bool,
+        encoding: Encoding,
+        max_event_bytes: usize,
+    ) -> Self {
+        ResponseStream {
+            framer: Framer::new(max_event_bytes),
+            usage: StreamUsage::new(api),
+            hide_usage_only,
+            encoding,
+            text: String::new(),
+            text_chars: 0,
+            seen_output: false,
+            events: 0,
+            hidden: 0,
+        }
+    }
+
+    /// Takes the next chunk.
+    pub fn push(&mut self, chunk: &[u8]) -> Pushed {
+        let held_before = self.framer.pending();
+        self.framer.push(chunk);
+        self.drain(held_before)
+    }
+
+    /// End of the stream: the remaining events and the unterminated tail, if any.
+    pub fn finish(&mut self) -> Pushed {
+        let held_before = self.framer.pending();
+        self.framer.close();
+        let mut pushed = self.drain(held_before);
+        if let Some(tail) = self.framer.finish() {
+            if let Forward::Replace(out) = &mut pushed.forward {
+                out.extend_from_slice(&tail);
+            }
+        }
+        pushed
+    }
+
+    fn drain(&mut self, held_before: usize) -> Pushed {
+        let mut out = self.hide_usage_only.then(Vec::new);
+        let mut first_output = false;
+        let mut hidden_now = false;
+        while let Some(item) = self.framer.next_event() {
+            match item {
+                Ok(event) => {
+                    self.events += 1;
+                    let info = match &event.data {
+                        Some(data) => self.usage.on_event(event.event.as_deref(), data),
+                        None => Default::default(),
+                    };
+                    if !info.text.is_empty() && !self.usage.is_complete() {
+                        self.keep_text(&info.text);
+                    }
+                    if !self.seen_output && (!info.text.is_empty() || info.has_usage) {
+                        self.seen_output = true;
+                        first_output = true;
+                    }
+                    let hide = self.hide_usage_only && info.usage_only;
+                    if hide {
+                        self.hidden += 1;
+                        hidden_now = true;
+                    } else if let Some(out) = &mut out {
+                        out.extend_from_slice(&event.raw);
+                    }
+                }
+                Err(overflow) => {
+                    if let Some(out) = &mut out {
+                        out.extend_from_slice(overflow.raw());
+                    }
+                }
+            }
+        }
+        let forward = match out {
+            // Every byte that came in goes out: nothing to replace.
+            Some(_) if !hidden_now && held_before == 0 && self.framer.pending() == 0 => {
+                Forward::Unchanged
+            }
+            Some(out) => Forward::Replace(out),
+            None => Forward::Unchanged,
+        };
+        Pushed {
+            forward,
+            first_output,
+        }
+    }
+
+    /// The usage the upstream reported, if it did.
+    pub fn usage(&self) -> Option<Usage> {
+        self.usage.usage()
+    }
+
+    /// The upstream's usage covers the whole response (see `StreamUsage::is_complete`).
+    pub fn usage_is_complete(&self) -> bool {
+        self.usage.is_complete()
+    }
+
+    /// The model the upstream named.
+    pub fn model(&self) -> Option<&str> {
+        self.usage.model()
+    }
+
+    fn keep_text(&mut self, text: &str) {
+        self.text_chars = self.text_chars.saturating_add(text.chars().count() as u64);
+        let room = TEXT_SAMPLE.saturating_sub(self.text.len());
+        if room == 0 {
+            return;
+        }
+        let mut cut = room.min(text.len());
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        self.text.push_str(text.get(..cut).unwrap_or_default());
+    }
+
+    /// Tokens of the streamed text: the kept sample counted with the tokenizer, scaled by
+    /// all characters ÷ the sample's characters when the text outgrew the sample.
+    pub fn streamed_tokens(&self) -> u64 {
+        let sample_tokens = count_tokens(self.encoding, &self.text);
+        let sample_chars = self.text.chars().count() as u64;
+        if sample_chars == 0 || self.text_chars <= sample_chars {
+            return sample_tokens;
+        }
+        let scaled = (u128::from(sample_tokens) * u128::from(self.text_chars)
+            + u128::from(sample_chars) / 2)
+            / u128::from(sample_chars);
+        u64::try_from(scaled).unwrap_or(u64::MAX)
+    }
+
+    /// Events seen and events hidden.
+    pub fn counts(&self) -> (u64, u64) {
+        (self.events, self.hidden)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// A chat stream as OpenAI sends it with include_usage.
+    fn chat_stream(usage_in_final: bool) -> Vec<u8> {
+        let mut s = String::new();
+        for i in 0..5 {
+            s.push_str(&format!(
+                "data: {{\"model\":\"gpt-4o\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"tok{i} \"}}}}],\"usage\":null}}\n\n"
+            ));
+        }
+        if usage_in_final {
+            s.push_str("data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}],\"usage\":{\"prompt_tokens\":11,\"completion_tokens\":5,\"prompt_tokens_details\":{\"cached_tokens\":3}}}\n\n");
+        } else {
+            s.push_str("data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}],\"usage\":null}\n\n");
+            s.push_str("data: {\"choices\":[],\"usage\":{\"prompt_tokens\":11,\"completion_tokens\":5,\"prompt_tokens_details\":{\"cached_tokens\":3}}}\n\n");
+        }
+        s.push_str("data: [DONE]\n\n");
+        s.into_bytes()
+    }
+
+    fn anthropic_stream() -> Vec<u8> {
+        let events = [
+            (
+                "message_start",
+                r#"{"type":"message_start","message":{"model":"claude","usage":{"input_tokens":11,"cache_read_input_tokens":7,"cache_creation_input_tokens":2,"output_tokens":1}}}"#,
+            ),
+            (
+                "content_block_start",
+                r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#,
+            ),
+            (
+                "content_block_delta",
+                r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"tok0 "}}"#,
+            ),
+            (
+                "content_block_delta",
+                r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"tok1 "}}"#,
+            ),
+            (
+                "content_block_stop",
+                r#"{"type":"content_block_stop","index":0}"#,
+            ),
+            (
+                "message_delta",
+                r#"{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":2}}"#,
+            ),
+            ("message_stop", r#"{"type":"message_stop"}"#),
+        ];
+        let mut s = String::new();
+        for (name, data) in events {
+            s.push_str(&format!("event: {name}\r\ndata: {data}\r\n\r\n"));
+        }
+        s.into_bytes()
+    }
+
+    fn responses_stream() -> Vec<u8> {
+        let mut s = String::new();
+        s.push_str("event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"model\":\"gpt-5\",\"usage\":null}}\n\n");
+        s.push_str(": keep-alive comment\n\n");
+        s.push_str(
+            "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\n",
+        );
+        s.push_str("data: \"delta\":\"tok0 \"}\n\n");
+        s.push_str("event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"model\":\"gpt-5\",\"usage\":{\"input_tokens\":20,\"input_tokens_details\":{\"cached_tokens\":8},\"output_tokens\":4,\"output_tokens_details\":{\"reasoning_tokens\":3},\"total_tokens\":24}}}\n\n");
+        s.into_bytes()
+    }
+
+    fn expected_chat() -> Usage {
+        Usage {
+            prompt_tokens: 11,
+            completion_tokens: 5,
+            cached_prompt_tokens: 3,
+            ..Usage::default()
+        }
+    }
+
+    /// Feeds `chunks`, returns (usage, what the client received).
+    fn run(api: Api, hide: bool, chunks: &[&[u8]]) -> (Option<Usage>, Vec<u8>, ResponseStream) {
+        let mut stream = ResponseStream::new(api, hide, Encoding::Chars, 1 << 20);
+        let mut client = Vec::new();
+        for chunk in chunks {
+            match stream.push(chunk).forward {
+                Forward::Unchanged => client.extend_from_slice(chunk),
+                Forward::Replace(bytes) => client.extend_from_slice(&bytes),
+            }
+        }
+        if let Forward::Replace(bytes) = stream.finish().forward {
+            client.extend_from_slice(&bytes);
+        }
+        (stream.usage(), client, stream)
+    }
+
+    #[test]
+    fn hides_only_the_usage_only_chunk() {
+        let body = chat_stream(false);
+        let (usage, client, stream) = run(Api::ChatCompletions, true, &[&body]);
+        assert_eq!(usage, Some(expected_chat()));
+        let client = String::from_utf8(client).unwrap();
+        assert!(!client.contains("\"choices\":[]"), "{client}");
+        assert_eq!(client.matches("tok").count(), 5);
+        assert!(client.ends_with("data: [DONE]\n\n"));
+        assert_eq!(stream.counts(), (8, 1));
+    }
+
+    #[test]
+    fn never_hides_usage_in_a_chunk_with_choices() {
+        let body = chat_stream(true);
+        let (usage, client, _) = run(Api::ChatCompletions, true, &[&body]);
+        assert_eq!(usage, Some(expected_chat()));
+        assert_eq!(client, body);
+    }
+
+    #[test]
+    fn a_client_that_asked_sees_everything() {
+        let body = chat_stream(false);
+        let (_, client, _) = run(Api::ChatCompletions, false, &[&body]);
+        assert_eq!(client, body);
+    }
+
+    #[test]
+    fn streamed_text_is_counted_and_first_output_flagged() {
+        let mut stream = ResponseStream::new(Api::ChatCompletions, false, Encoding::Chars, 1 << 20);
+        let first = stream.push(b"data: {\"choices\":[{\"delta\":{\"role\":\"assistant\"}}]}\n\n");
+        assert!(!first.first_output);
+        let second = stream.push(b"data: {\"choices\":[{\"delta\":{\"content\":\"abcdefgh\"}}]}\n\ndata: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\n");
+        assert!(second.first_output);
+        assert!(
+            !stream
+                .push(b"data: {\"choices\":[{\"delta\":{\"content\":\"y\"}}]}\n\n")
+                .first_output
+        );
+        // the text is counted as a whole: "abcdefghxy" is 10 chars, 3 tokens
+        assert_eq!(stream.streamed_tokens(), 3);
+        assert_eq!(stream.usage(), None);
+    }
+
+    #[test]
+    fn long_text_is_sampled_and_scaled() {
+        let mut stream = ResponseStream::new(Api::ChatCompletions, false, Encoding::Chars, 1 << 20);
+        // 200 000 chars of text in 1 000-char deltas: only 64 KiB is kept
+        let delta = "abcd".repeat(250);
+        for _ in 0..200 {
+            stream.push(
+                format!("data: {{\"choices\":[{{\"delta\":{{\"content\":\"{delta}\"}}}}]}}\n\n")
+                    .as_bytes(),
+            );
+        }
+        assert_eq!(stream.text.len(), TEXT_SAMPLE);
+        assert_eq!(stream.streamed_tokens(), 50_000);
+        // multi-byte text is cut on a char boundary
+        let mut stream = ResponseStream::new(Api::ChatCompletions, false, Encoding::Chars, 1 << 20);
+        let delta = "é".repeat(999);
+        for _ in 0..100 {
+            stream.push(
+                format!("data: {{\"choices\":[{{\"delta\":{{\"content\":\"{delta}\"}}}}]}}\n\n")
+                    .as_bytes(),
+            );
+        }
+        assert!(stream.text.len() <= TEXT_SAMPLE);
+        assert_eq!(stream.streamed_tokens(), (99_900u64).div_ceil(4));
+    }
+
+    #[test]
+    fn oversized_events_pass_through() {
+        let mut stream = ResponseStream::new(Api::ChatCompletions, true, Encoding::Chars, 1024);
+        let big = format!("data: {{\"x\":\"{}\"}}\n\n", "a".repeat(5000));
+        let body = [big.as_bytes(), &chat_stream(false)].concat();
+        let mut client = Vec::new();
+        for chunk in body.chunks(700) {
+            match stream.push(chunk).forward {
+                Forward::Unchanged => client.extend_from_slice(chunk),
+                Forward::Replace(bytes) => client.extend_from_slice(&bytes),
+            }
+        }
+        if let Forward::Replace(bytes) = stream.finish().forward {
+            client.extend_from_slice(&bytes);
+        }
+        assert_eq!(stream.usage(), Some(expected_chat()));
+        assert!(client.starts_with(big.as_bytes()));
+    }
+
+    #[test]
+    fn anthropic_and_responses_fixtures() {
+        let (usage, client, _) = run(Api::AnthropicMessages, false, &[&anthropic_stream()]);
+        assert_eq!(
+            usage,
+            Some(Usage {
+                prompt_tokens: 20,
+                completion_tokens: 2,
+                cached_prompt_tokens: 7,
+                cache_write_tokens: 2,
+                reasoning_tokens: 0,
+            })
+        );
+        assert_eq!(client, anthropic_stream());
+        let (usage, _, stream) = run(Api::Responses, false, &[&responses_stream()]);
+        assert_eq!(
+            usage,
+            Some(Usage {
+                prompt_tokens: 20,
+                completion_tokens: 4,
+                cached_prompt_tokens: 8,
+                cache_write_tokens: 0,
+                reasoning_tokens: 3,
+            })
+        );
+        assert_eq!(stream.model(), Some("gpt-5"));
+        assert_eq!(stream.streamed_tokens(), 2);
+    }
+
+    #[test]
+    fn every_split_point_gives_the_same_usage_and_bytes() {
+        let fixtures: [(Api, Vec<u8>, bool); 4] = [
+            (Api::ChatCompletions, chat_stream(false), true),
+            (Api::ChatCompletions, chat_stream(true), true),
+            (Api::AnthropicMessages, anthropic_stream(), false),
+            (Api::Responses, responses_stream(), false),
+        ];
+        for (api, body, hide) in fixtures {
+            let (whole_usage, whole_client, whole) = run(api, hide, &[&body]);
+            assert!(whole_usage.is_some());
+            for cut in 0..=body.len() {
+                let (a, b) = body.split_at(cut);
+                let (usage, client, split) = run(api, hide, &[a, b]);
+                assert_eq!(usage, whole_usage, "{api:?} cut at {cut}");
+                assert_eq!(client, whole_client, "{api:?} cut at {cut}");
+                assert_eq!(split.streamed_tokens(), whole.streamed_tokens());
+            }
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn any_chunking_gives_the_same_usage(cuts in proptest::collection::vec(0usize..2000, 0..12)) {
+            for (api, body) in [
+                (Api::ChatCompletions, chat_stream(false)),
+                (Api::AnthropicMessages, anthropic_stream()),
+                (Api::Responses, responses_stream()),
+            ] {
+                let mut points: Vec<usize> = cuts.iter().map(|c| c % (body.len() + 1)).collect();
+                points.sort_unstable();
+                let mut chunks = Vec::new();
+                let mut last = 0;
+                for p in points {
+                    chunks.push(&body[last..p]);
+                    last = p;
+                }
+                chunks.push(&body[last..]);
+                let (usage, client, _) = run(api, true, &chunks);
+                let (expected, expected_client, _) = run(api, true, &[&body]);
+                prop_assert_eq!(usage, expected);
+                prop_assert_eq!(client, expected_client);
+            }
+        }
+    }
+}

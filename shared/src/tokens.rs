@@ -1,0 +1,310 @@
+//! Counting tokens when the upstream does not: a stream cut before its usage, a provider that
+//! omits it, a client that went away.
+//!
+//! With the cargo feature `tokenizer`, OpenAI model families are counted with tiktoken's real
+//! BPE ranks (`o200k_base` for GPT-4o / 4.1 / 5 and the o-series, `cl100k_base` for GPT-4 /
+//! 3.5 and the embedding models), each loaded lazily the first time it is needed and kept for
+//! the life of the VM (never per request). Only these two rank files are linked.
+//!
+//! Every other model (Anthropic, Gemini, Llama, …), and every model when the feature is off,
+//! gets the cheap estimate `ceil(chars / 4)` (Unicode scalar values), OpenAI's rule of thumb
+//! for English text; it is within ±20 % for English prose and worse for code and CJK text.
+//! Records counted either way say `usage_source: "estimated"`.
+//!
+//! A prompt is estimated as `Σ over messages (tokens(text) + 4)`: the per-message overhead
+//! of the chat format (role, separators). Embeddings count their inputs without overhead.
+
+use crate::usage::Api;
+use serde_json::Value;
+
+/// How to count a model's tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Encoding {
+    /// tiktoken `o200k_base` (GPT-4o, GPT-4.1, GPT-5, o1/o3/o4, gpt-oss).
+    O200k,
+    /// tiktoken `cl100k_base` (GPT-4, GPT-3.5, text-embedding-3 / ada-002).
+    Cl100k,
+    /// `ceil(chars / 4)`: every other model.
+    Chars,
+}
+
+impl Encoding {
+    /// The encoding of a model name (a provider prefix such as `openai/` or `azure/` is
+    /// ignored).
+    pub fn for_model(model: &str) -> Encoding {
+        let name = model.rsplit('/').next().unwrap_or(model);
+        let name = name.to_ascii_lowercase();
+        let starts = |prefixes: &[&str]| prefixes.iter().any(|p| name.starts_with(p));
+        if starts(&[
+            "gpt-4o",
+            "gpt-4.1",
+            "gpt-4.5",
+            "gpt-5",
+            "chatgpt-4o",
+            "gpt-oss",
+            "o1",
+            "o3",
+            "o4",
+        ]) {
+            Encoding::O200k
+        } else if starts(&["gpt-4", "gpt-3.5", "gpt-35", "text-embedding-"]) {
+            Encoding::Cl100k
+        } else {
+            Encoding::Chars
+        }
+    }
+
+    /// Name in records and docs.
+    pub fn name(self) -> &'static str {
+        match self {
+            Encoding::O200k => "o200k_base",
+            Encoding::Cl100k => "cl100k_base",
+            Encoding::Chars => "chars/4",
+        }
+    }
+
+    /// True if this encoding counts with real BPE ranks in this build.
+    pub fn is_exact(self) -> bool {
+        cfg!(feature = "tokenizer") && self != Encoding::Chars
+    }
+}
+
+/// Tokens of `text` under `encoding` (0 for empty text).
+pub fn count_tokens(encoding: Encoding, text: &str) -> u64 {
+    if text.is_empty() {
+        return 0;
+    }
+    match encoding {
+        #[cfg(feature = "tokenizer")]
+        Encoding::O200k | Encoding::Cl100k => bpe::count(encoding, text),
+        _ => count_chars(text),
+    }
+}
+
+/// `ceil(chars / 4)`.
+pub fn count_chars(text: &str) -> u64 {
+    let chars = text.chars().count() as u64;
+    chars.div_ceil(4)
+}
+
+/// Per-message overhead of the chat formats.
+pub const MESSAGE_OVERHEAD: u64 = 4;
+
+/// Estimates the prompt tokens of a request body (already parsed).
+pub fn estimate_prompt_tokens(api: Api, body: &Value, encoding: Encoding) -> u64 {
+    let count = |text: &str| count_tokens(encoding, text);
+    let message = |content: Option<&Value>| -> u64 {
+        count_content(content, &count).saturating_add(MESSAGE_OVERHEAD)
+    };
+    let total = match api {
+        Api::ChatCompletions => each(body.get("messages"))
+            .map(|m| message(m.get("content")))
+            .fold(0u64, u64::saturating_add),
+        Api::AnthropicMessages => {
+            let system = body.get("system").map_or(0, |s| message(Some(s)));
+            each(body.get("messages"))
+                .map(|m| message(m.get("content")))
+                .fold(system, u64::saturating_add)
+        }
+        Api::Responses => {
+            let instructions = body.get("instructions").map_or(0, |s| message(Some(s)));
+            let input = match body.get("input") {
+                Some(Value::String(text)) => message(Some(&Value::String(text.clone()))),
+                Some(Value::Array(items)) => items
+                    .iter()
+                    .map(|item| match item {
+                        Value::String(_) => message(Some(item)),
+                        _ => message(item.get("content")),
+                    })
+                    .fold(0u64, u64::saturating_add),
+                _ => 0,
+            };
+            input.saturating_add(instructions)
+        }
+        Api::Embeddings => match body.get("input") {
+            Some(Value::String(text)) => count(text),
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(|item| match item {
+                    Value::String(text) => count(text),
+                    Value::Array(ids) => ids.len() as u64, // pre-tokenized
+                    Value::Number(_) => 1,
+                    _ => 0,
+                })
+                .fold(0u64, u64::saturating_add),
+            _ => 0,
+        },
+    };
+    total.max(1)
+}
+
+fn each(value: Option<&Value>) -> impl Iterator<Item = &Value> {
+    value.and_then(Value::as_array).into_iter().flatten()
+}
+
+/// Tokens of a `content`: a string, or the text parts of an array.
+fn count_content(content: Option<&Value>, count: &dyn Fn(&str) -> u64) -> u64 {
+    match content {
+        Some(Value::String(text)) => count(text),
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .filter(|part| {
+                matches!(
+                    part.get("type").and_then(Value::as_str),
+                    Some("text" | "input_text" | "output_text") | None
+                )
+            })
+            .filter_map(|part| part.get("text").and_then(Value::as_str))
+            .map(count)
+            .fold(0u64, u64::saturating_add),
+        _ => 0,
+    }
+}
+
+#[cfg(feature = "tokenizer")]
+mod bpe {
+    //! tiktoken's BPE, one instance per encoding per VM, built on first use.
+    use super::Encoding;
+    use std::sync::OnceLock;
+    use tiktoken_rs::CoreBPE;
+
+    /// Longest piece handed to the BPE at once. tiktoken-rs `unwrap`s the result of its
+    /// backtracking regex, which gives up (and so panics) past a backtrack limit on long runs
+    /// of whitespace; pieces this short stay far below that limit.
+    const MAX_PIECE: usize = 512;
+
+    static O200K: OnceLock<Option<CoreBPE>> = OnceLock::new();
+    static CL100K: OnceLock<Option<CoreBPE>> = OnceLock::new();
+
+    fn bpe(encoding: Encoding) -> Option<&'static CoreBPE> {
+        match encoding {
+            Encoding::O200k => O200K.get_or_init(|| tiktoken_rs::o200k_base().ok()),
+            Encoding::Cl100k => CL100K.get_or_init(|| tiktoken_rs::cl100k_base().ok()),
+            Encoding::Chars => return None,
+        }
+        .as_ref()
+    }
+
+    pub(super) fn count(encoding: Encoding, text: &str) -> u64 {
+        let Some(bpe) = bpe(encoding) else {
+            return super::count_chars(text);
+        };
+        pieces(text)
+            .map(|piece| bpe.encode_ordinary(piece).len() as u64)
+            .fold(0u64, u64::saturating_add)
+    }
+
+    /// Splits `text` into pieces of at most [`MAX_PIECE`] bytes, preferably before a
+    /// whitespace (where BPE pieces begin anyway), always on a char boundary.
+    pub(super) fn pieces(text: &str) -> impl Iterator<Item = &str> {
+        let mut rest = text;
+        std::iter::from_fn(move || {
+            if rest.is_empty() {
+                return None;
+            }
+            if rest.len() <= MAX_PIECE {
+                let piece = rest;
+                rest = "";
+                return Some(piece);
+            }
+            let mut cut = MAX_PIECE;
+            while !rest.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            let head = rest.get(..cut).unwrap_or(rest);
+            let at_space = head
+                .char_indices()
+                .rev()
+                .find(|(i, c)| *i > 0 && c.is_whitespace())
+                .map(|(i, _)| i);
+            let cut = at_space.unwrap_or(cut);
+            let (piece, tail) = rest.split_at_checked(cut).unwrap_or((rest, ""));
+            rest = tail;
+            Some(piece)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    #[test]
+    fn model_families() {
+        assert_eq!(Encoding::for_model("gpt-4o-mini"), Encoding::O200k);
+        assert_eq!(Encoding::for_model("openai/gpt-5"), Encoding::O200k);
+        assert_eq!(Encoding::for_model("o3-mini"), Encoding::O200k);
+        assert_eq!(Encoding::for_model("gpt-4-turbo"), Encoding::Cl100k);
+        assert_eq!(
+            Encoding::for_model("text-embedding-3-small"),
+            Encoding::Cl100k
+        );
+        assert_eq!(Encoding::for_model("claude-sonnet-4-5"), Encoding::Chars);
+    }
+
+    #[test]
+    fn chars_estimate() {
+        assert_eq!(count_tokens(Encoding::Chars, ""), 0);
+        assert_eq!(count_tokens(Encoding::Chars, "abc"), 1);
+        assert_eq!(count_tokens(Encoding::Chars, "abcde"), 2);
+        assert_eq!(count_tokens(Encoding::Chars, "ééééé"), 2);
+    }
+
+    #[test]
+    fn prompt_estimate_matches_the_chars_formula() {
+        // the mock upstream's formula: Σ (ceil(chars/4) + 4)
+        let chat = json!({"messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": [{"type": "text", "text": "Say hello"}, {"type": "image_url"}]}
+        ]});
+        assert_eq!(
+            estimate_prompt_tokens(Api::ChatCompletions, &chat, Encoding::Chars),
+            (3 + 4) + (3 + 4)
+        );
+        let anthropic =
+            json!({"system": "Be brief.", "messages": [{"role": "user", "content": "Say hello"}]});
+        assert_eq!(
+            estimate_prompt_tokens(Api::AnthropicMessages, &anthropic, Encoding::Chars),
+            14
+        );
+        let responses = json!({"input": "Say hello", "instructions": "Be brief."});
+        assert_eq!(
+            estimate_prompt_tokens(Api::Responses, &responses, Encoding::Chars),
+            14
+        );
+        let embeddings = json!({"input": ["abcd", "abcdefgh"]});
+        assert_eq!(
+            estimate_prompt_tokens(Api::Embeddings, &embeddings, Encoding::Chars),
+            3
+        );
+        assert_eq!(
+            estimate_prompt_tokens(Api::ChatCompletions, &json!({}), Encoding::Chars),
+            1
+        );
+    }
+
+    #[cfg(feature = "tokenizer")]
+    #[test]
+    fn bpe_counts_known_strings() {
+        // reference counts from OpenAI's tiktoken
+        assert_eq!(count_tokens(Encoding::Cl100k, "hello world"), 2);
+        assert_eq!(count_tokens(Encoding::O200k, "hello world"), 2);
+        assert_eq!(count_tokens(Encoding::Cl100k, "tiktoken is great!"), 6);
+    }
+
+    #[cfg(feature = "tokenizer")]
+    #[test]
+    fn long_whitespace_and_multibyte_text_never_panics() {
+        let spaces = " ".repeat(100_000);
+        assert!(count_tokens(Encoding::O200k, &spaces) > 0);
+        let mixed = "日本語 ".repeat(5_000) + &"\n".repeat(10_000);
+        assert!(count_tokens(Encoding::Cl100k, &mixed) > 0);
+        for piece in bpe::pieces(&mixed) {
+            assert!(piece.len() <= 512);
+        }
+        assert_eq!(bpe::pieces(&mixed).collect::<String>(), mixed);
+    }
+}
