@@ -32,7 +32,7 @@ const PARAGRAPH: &str = "The quarterly review covers onboarding, billing dispute
 /// assistant messages of ~1 KB of prose each, model group `fast`.
 pub fn chat_body(bytes: usize) -> Vec<u8> {
     let message = |i: usize, content: &str| {
-        let role = if i % 2 == 0 { "user" } else { "assistant" };
+        let role = if i.is_multiple_of(2) { "user" } else { "assistant" };
         json!({"role": role, "content": content})
     };
     let body = |messages: &[Value]| {
@@ -126,10 +126,12 @@ pub fn router_attempt_request(body: &[u8]) -> Request {
 
 /// A provider's small chat completion.
 pub fn chat_completion() -> Response {
-    Response::json(&json!({"id": "chatcmpl-1", "object": "chat.completion", "model": "model-a",
+    Response::json(
+        &json!({"id": "chatcmpl-1", "object": "chat.completion", "model": "model-a",
         "choices": [{"index": 0, "message": {"role": "assistant", "content": "Done."},
                      "finish_reason": "stop"}],
-        "usage": {"prompt_tokens": 1000, "completion_tokens": 2, "total_tokens": 1002}}))
+        "usage": {"prompt_tokens": 1000, "completion_tokens": 2, "total_tokens": 1002}}),
+    )
 }
 
 /// pii-redaction with every built-in detector (the default rules: mask + restore), holding
@@ -205,4 +207,62 @@ pub fn sent_user_text(body: &[u8]) -> crate::Result<String> {
         .as_str()
         .map(str::to_string)
         .ok_or_else(|| "no messages[1].content in the upstream body".to_string())
+}
+
+/// usage-accounting with the configuration of the e2e suite (`tests/e2e/usage.rs`: two
+/// prices, cost headers on), as `envoy-config/e2e-usage.yaml` runs it.
+pub fn usage() -> crate::Result<FilterSpec> {
+    let config = json!({
+        "price_version": "2026-11",
+        "currency": "USD",
+        "prices": {
+            "east": {"input": "0.30", "cached_input": "0.006", "output": "1.20"},
+            "claude-east": {"input": "3", "cached_input": "0.30", "cache_write": "3.75", "output": "15"}
+        },
+        "cost_headers": true
+    });
+    Ok(FilterSpec::plugin("usage-accounting", &config)?
+        .root_id("usage-accounting")
+        .allow_on_headers_stop_iteration(true))
+}
+
+/// A streaming chat request routed to deployment `east` (model `gpt-4o-mini`, so an estimate
+/// uses tiktoken's `o200k_base`), without `include_usage`: the plugin adds it.
+pub fn usage_request(id: &str) -> Request {
+    Request::post("/v1/chat/completions")
+        .header("x-llm-request-id", id)
+        .header("x-llm-tenant", "acme")
+        .header("x-llm-deployment", "east")
+        .header("x-llm-model-group", "fast")
+        .json(&json!({"model": "gpt-4o-mini", "stream": true,
+            "messages": [{"role": "user", "content": PARAGRAPH}]}))
+}
+
+/// An OpenAI chat stream of `events` events in all: content deltas, then (with `usage`) the
+/// usage-only chunk the plugin asked for, then `[DONE]`. Cut into `chunk`-byte pieces, or
+/// one event per piece with `chunk == 0`.
+pub fn usage_stream(events: usize, usage: bool, chunk: usize) -> Response {
+    let mut sse = String::new();
+    let mut ends = Vec::new();
+    let deltas = events.saturating_sub(1 + usize::from(usage));
+    for i in 0..deltas {
+        sse.push_str(&format!(
+            "data: {{\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"model\":\"gpt-4o-mini\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"tok{i} \"}},\"finish_reason\":null}}],\"usage\":null}}\n\n"
+        ));
+        ends.push(sse.len());
+    }
+    if usage {
+        sse.push_str(&format!("data: {{\"id\":\"c\",\"choices\":[],\"usage\":{{\"prompt_tokens\":60,\"completion_tokens\":{deltas}}}}}\n\n"));
+        ends.push(sse.len());
+    }
+    sse.push_str("data: [DONE]\n\n");
+    let cuts = if chunk == 0 {
+        ends
+    } else {
+        offsets(sse.len(), chunk)
+    };
+    Response::status(200)
+        .header("content-type", "text/event-stream")
+        .body(sse.as_bytes())
+        .split_at(&cuts)
 }

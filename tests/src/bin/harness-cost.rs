@@ -4,7 +4,7 @@
 //! `scripts/bench`, which measures time in a real Envoy).
 //!
 //! Usage (after `scripts/build`; build this binary with `--release` for the times):
-//! `harness-cost [--plugin key-auth|model-router|pii-redaction|all] [--requests N]
+//! `harness-cost [--plugin key-auth|model-router|pii-redaction|usage-accounting|all] [--requests N]
 //! [--runs N] [--fuel off]`. Prints markdown tables. Fuel is deterministic; times are medians
 //! over `--runs` and vary with the machine's load. `--fuel off` turns wasmtime's fuel metering
 //! off (fuel columns then read 0) to time the plugins without its overhead.
@@ -44,9 +44,14 @@ fn main() -> Result<(), String> {
     }
     opts.runs = opts.runs.max(1);
     if opts.plugins.is_empty() || opts.plugins.iter().any(|p| p == "all") {
-        opts.plugins = ["key-auth", "model-router", "pii-redaction"]
-            .map(String::from)
-            .to_vec();
+        opts.plugins = [
+            "key-auth",
+            "model-router",
+            "pii-redaction",
+            "usage-accounting",
+        ]
+        .map(String::from)
+        .to_vec();
     }
     if !engine::fuel_metering() {
         println!("_Fuel metering off: fuel columns read 0; times are without its overhead._\n");
@@ -56,6 +61,7 @@ fn main() -> Result<(), String> {
             "key-auth" => key_auth(&opts)?,
             "model-router" => model_router(&opts)?,
             "pii-redaction" => pii_redaction(&opts)?,
+            "usage-accounting" => usage_accounting(&opts)?,
             other => return Err(format!("no cost workload for plugin {other}")),
         }
     }
@@ -292,7 +298,9 @@ fn model_router(opts: &Options) -> Result<(), String> {
     );
     println!(
         "{}",
-        summary("model-router", &scenarios, |c| c.callback.contains("request"))
+        summary("model-router", &scenarios, |c| c
+            .callback
+            .contains("request"))
     );
     for (label, table) in tables {
         println!("### {label}, per callback (units: per request)\n\n{table}");
@@ -328,7 +336,9 @@ fn pii_redaction(opts: &Options) -> Result<(), String> {
     );
     println!(
         "{}",
-        summary("pii-redaction", &scenarios, |c| c.callback.contains("request"))
+        summary("pii-redaction", &scenarios, |c| c
+            .callback
+            .contains("request"))
     );
 
     // the stream: the masked 8 KB prompt echoed back as 2 000 events, 1 KB network chunks
@@ -384,5 +394,106 @@ fn pii_redaction(opts: &Options) -> Result<(), String> {
         "### stream, per callback (units: per stream)\n\n{}",
         cost::table(&costs, n)
     );
+    Ok(())
+}
+
+fn usage_accounting(opts: &Options) -> Result<(), String> {
+    println!("# usage-accounting\n");
+    println!("{}", vm_table(&[w::usage()?], opts.runs)?);
+    let events: u64 = 2000;
+    println!("## usage-accounting, a {events}-event chat stream with usage (the plugin added `include_usage` and hides the usage chunk)\n");
+    println!("| delivery | chunks | fuel/event | host calls/event | bytes in/event | bytes out/event | wasm time (median) | µs/event | wasm MB/s | linear memory after |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let mut tables = Vec::new();
+    for (chunk, label) in [(0, "one event per callback"), (1024, "1 KiB chunks")] {
+        let fleet = Fleet::single(w::usage()?)?;
+        let respond = |_: &llm_gateway_tests::harness::Upstream| {
+            w::usage_stream(events as usize, true, chunk)
+        };
+        let bytes = respond(&Default::default())
+            .chunks
+            .iter()
+            .map(Vec::len)
+            .sum();
+        let s = run(
+            label,
+            bytes,
+            &fleet,
+            0,
+            &w::usage_request("cost-1"),
+            respond,
+            opts.runs,
+        )?;
+        let body_cb = |c: &CallCost| c.callback == "proxy_on_response_body";
+        let costs = s.of_plugin("usage-accounting");
+        let n = s.per_exchange().max(1);
+        let body = cost::Totals::of(costs.iter().filter(|c| body_cb(c)));
+        let time = s.median_wall(body_cb);
+        println!(
+            "| {label} | {} | {} | {:.2} | {:.0} | {:.0} | {:.2} ms | {:.2} | {:.0} | {} KiB |",
+            body.callbacks / n,
+            body.fuel / n / events,
+            body.host_calls as f64 / (n * events) as f64,
+            body.bytes_in as f64 / (n * events) as f64,
+            body.bytes_out as f64 / (n * events) as f64,
+            time.as_secs_f64() * 1e3,
+            time.as_secs_f64() * 1e6 / events as f64,
+            mb_per_s(bytes, time),
+            s.memory / 1024,
+        );
+        tables.push((label, cost::table(&costs, n)));
+    }
+    println!();
+
+    // the tokenizer: built once per VM, by the first request that must estimate
+    let fleet = Fleet::single(w::usage()?)?;
+    let configured = fleet.memory_bytes(0, 0, 0)?;
+    let mut rows = vec![("after configure".to_string(), configured, None)];
+    let with_usage = |_: &llm_gateway_tests::harness::Upstream| w::usage_stream(100, true, 1024);
+    let without = |_: &llm_gateway_tests::harness::Upstream| w::usage_stream(100, false, 1024);
+    for i in 0..3 {
+        fleet.exchange(0, 0, &w::usage_request(&format!("warm-{i}")), with_usage)?;
+    }
+    rows.push((
+        "after 3 streams with usage (no tokenizer)".into(),
+        fleet.memory_bytes(0, 0, 0)?,
+        None,
+    ));
+    for i in 1..=3 {
+        let ex = fleet.exchange(0, 0, &w::usage_request(&format!("est-{i}")), without)?;
+        let record: serde_json::Value = ex
+            .filter_state
+            .get("wasm.llm_usage")
+            .and_then(|r| serde_json::from_slice(r).ok())
+            .ok_or("no usage record")?;
+        if record["usage_source"] != "estimated" {
+            return Err(format!("not estimated: {record}"));
+        }
+        rows.push((
+            format!("after estimated stream {i} (o200k_base)"),
+            fleet.memory_bytes(0, 0, 0)?,
+            Some((cost::Totals::of(&ex.cost).fuel, wall(&ex.cost, |_| true))),
+        ));
+    }
+    println!(
+        "## usage-accounting, the tokenizer in one VM (100-event streams, model gpt-4o-mini)\n"
+    );
+    println!("| VM state | linear memory | fuel of that request | wasm time of that request |\n|---|---:|---:|---:|");
+    for (label, memory, request) in rows {
+        let (fuel, time) = match request {
+            Some((fuel, time)) => (
+                fuel.to_string(),
+                format!("{:.1} ms", time.as_secs_f64() * 1e3),
+            ),
+            None => ("".into(), "".into()),
+        };
+        println!(
+            "| {label} | {:.1} MiB | {fuel} | {time} |",
+            memory as f64 / (1 << 20) as f64
+        );
+    }
+    println!();
+    for (label, table) in tables {
+        println!("### stream, {label}, per callback (units: per stream)\n\n{table}");
+    }
     Ok(())
 }

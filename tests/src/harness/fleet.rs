@@ -484,7 +484,12 @@ impl Fleet {
     }
 
     /// The linear memory of the VM of `filter` on an instance's worker, in bytes.
-    pub fn memory_bytes(&self, instance: usize, worker: usize, filter: usize) -> crate::Result<u64> {
+    pub fn memory_bytes(
+        &self,
+        instance: usize,
+        worker: usize,
+        filter: usize,
+    ) -> crate::Result<u64> {
         let loc = VmLocation {
             instance,
             worker,
