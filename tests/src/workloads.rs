@@ -21,7 +21,7 @@ pub fn key_auth() -> crate::Result<FilterSpec> {
     let path = crate::workspace::envoy_config("e2e-key-auth.json");
     let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
     let config: Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
-    FilterSpec::plugin("key-auth", &config)
+    Ok(FilterSpec::plugin("key-auth", &config)?.root_id("key-auth"))
 }
 
 const PARAGRAPH: &str = "The quarterly review covers onboarding, billing disputes and the \
@@ -32,7 +32,11 @@ const PARAGRAPH: &str = "The quarterly review covers onboarding, billing dispute
 /// assistant messages of ~1 KB of prose each, model group `fast`.
 pub fn chat_body(bytes: usize) -> Vec<u8> {
     let message = |i: usize, content: &str| {
-        let role = if i.is_multiple_of(2) { "user" } else { "assistant" };
+        let role = if i.is_multiple_of(2) {
+            "user"
+        } else {
+            "assistant"
+        };
         json!({"role": role, "content": content})
     };
     let body = |messages: &[Value]| {
