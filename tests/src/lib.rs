@@ -8,6 +8,8 @@
 //! - [`http`] is a small HTTP/1.1 client for the tests;
 //! - [`harness`] is a proxy-wasm host on wasmtime that runs the compiled plugins with Envoy's
 //!   semantics and Higress's Redis calls (see `tests/README.md`);
+//! - [`workloads`] are the plugins' configurations and requests the cost figures
+//!   (`harness-cost`, the `harness_cost` suite) are measured on;
 //! - [`demo::Demo`] is the demo gateway `scripts/run` starts (Envoy + the chain + Redis + the
 //!   mock upstream), also driven by an end-to-end test.
 //!
@@ -20,6 +22,7 @@ pub mod envoy;
 pub mod harness;
 pub mod http;
 pub mod redis;
+pub mod workloads;
 pub mod workspace;
 
 /// Result type of the fixtures: errors carry a message meant for a failing test's output.

@@ -1,6 +1,7 @@
 //! Cost accounting: for every callback into a plugin, the host calls it made, the bytes that
 //! crossed the boundary each way, and the wasm fuel it burnt (wasmtime's instruction-ish unit:
-//! comparable between runs and builds of the same plugin, unlike wall-clock time).
+//! comparable between runs and builds of the same plugin, unlike wall-clock time), and its
+//! wall-clock time for throughput figures.
 
 /// Counters of the callback running now.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -30,10 +31,14 @@ pub struct CallCost {
     pub callback: &'static str,
     /// The fleet-wide stream id, for HTTP-context callbacks.
     pub stream: Option<u64>,
-    /// Fuel consumed.
+    /// Fuel consumed (0 when the engine's fuel metering is off, see
+    /// [`super::engine::disable_fuel_metering`]).
     pub fuel: u64,
     /// Host calls, bytes in and out.
     pub counters: Counters,
+    /// Wall-clock time of the call, host functions included. A figure to report, never to
+    /// assert on: it depends on the machine and its load.
+    pub wall: std::time::Duration,
 }
 
 /// The next callback sequence number.

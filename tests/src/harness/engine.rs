@@ -6,16 +6,36 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::SystemTime;
 use wasmtime::{Config, Engine, Module, OptLevel};
 
-/// The process-wide engine: Cranelift, fuel metering on (every callback's cost is measured).
+static ENGINE: OnceLock<Engine> = OnceLock::new();
+static FUEL_OFF: AtomicBool = AtomicBool::new(false);
+
+/// Turns fuel metering off for this process (every callback's fuel is then 0), for timing
+/// the plugins without the metering's overhead. Only before the engine exists (the first
+/// VM): errs afterwards.
+pub fn disable_fuel_metering() -> crate::Result<()> {
+    if ENGINE.get().is_some() && fuel_metering() {
+        return Err("the wasmtime engine already exists with fuel metering on".into());
+    }
+    FUEL_OFF.store(true, Ordering::SeqCst);
+    Ok(())
+}
+
+/// True if the engine meters fuel (the default).
+pub fn fuel_metering() -> bool {
+    !FUEL_OFF.load(Ordering::SeqCst)
+}
+
+/// The process-wide engine: Cranelift, fuel metering on (every callback's cost is measured)
+/// unless [`disable_fuel_metering`] was called first.
 pub fn engine() -> &'static Engine {
-    static ENGINE: OnceLock<Engine> = OnceLock::new();
     ENGINE.get_or_init(|| {
         let mut config = Config::new();
-        config.consume_fuel(true);
+        config.consume_fuel(fuel_metering());
         config.cranelift_opt_level(OptLevel::Speed);
         Engine::new(&config).unwrap_or_else(|e| panic!("cannot create the wasmtime engine: {e}"))
     })
@@ -53,7 +73,9 @@ fn compile_cached(wasm: &[u8]) -> Result<Module, String> {
     let dir = crate::workspace::root()
         .join("target")
         .join("harness-cache");
-    let file = dir.join(format!("{digest}.cwasm"));
+    // code compiled without fuel metering is another file (wasmtime would refuse it anyway)
+    let flavour = if fuel_metering() { "" } else { ".nofuel" };
+    let file = dir.join(format!("{digest}{flavour}.cwasm"));
     if file.is_file() {
         if let Ok(module) = load(&file) {
             return Ok(module);

@@ -483,6 +483,21 @@ impl Fleet {
         out
     }
 
+    /// The linear memory of the VM of `filter` on an instance's worker, in bytes.
+    pub fn memory_bytes(
+        &self,
+        instance: usize,
+        worker: usize,
+        filter: usize,
+    ) -> crate::Result<u64> {
+        let loc = VmLocation {
+            instance,
+            worker,
+            filter,
+        };
+        Ok(self.0.vm(loc)?.borrow_mut().memory_bytes())
+    }
+
     /// Opens a stream on an instance's worker.
     pub fn stream(&self, instance: usize, worker: usize) -> crate::Result<Stream> {
         let inst = self

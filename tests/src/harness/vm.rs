@@ -161,9 +161,11 @@ impl Vm {
             counters: Counters::default(),
         };
         let mut store = Store::new(super::engine::engine(), state);
-        store
-            .set_fuel(FUEL_PER_CALLBACK)
-            .map_err(|e| e.to_string())?;
+        if super::engine::fuel_metering() {
+            store
+                .set_fuel(FUEL_PER_CALLBACK)
+                .map_err(|e| e.to_string())?;
+        }
         let instance = abi::linker()
             .instantiate(&mut store, &module)
             .map_err(|e| format!("{}: cannot instantiate: {e:#}", spec.name))?;
@@ -296,11 +298,20 @@ impl Vm {
                 }
             }
         }
-        self.store
-            .set_fuel(FUEL_PER_CALLBACK)
-            .map_err(|e| e.to_string())?;
+        let metered = super::engine::fuel_metering();
+        if metered {
+            self.store
+                .set_fuel(FUEL_PER_CALLBACK)
+                .map_err(|e| e.to_string())?;
+        }
+        let started = std::time::Instant::now();
         let outcome = func.call(&mut self.store, &params, &mut results);
-        let fuel = FUEL_PER_CALLBACK - self.store.get_fuel().unwrap_or(0);
+        let wall = started.elapsed();
+        let fuel = if metered {
+            FUEL_PER_CALLBACK - self.store.get_fuel().unwrap_or(0)
+        } else {
+            0
+        };
         let location = self.location();
         let counters = self.store.data().counters;
         self.costs.push(CallCost {
@@ -313,6 +324,7 @@ impl Vm {
             stream,
             fuel,
             counters,
+            wall,
         });
         let effects = std::mem::take(&mut self.store.data_mut().effects);
         let root = self.root_context();
@@ -345,6 +357,15 @@ impl Vm {
     /// True after a trap.
     pub fn failed(&self) -> bool {
         self.failed.is_some()
+    }
+
+    /// The size of the VM's linear memory (its exported `memory`) in bytes: what the VM
+    /// holds, since wasm memory only grows.
+    pub fn memory_bytes(&mut self) -> u64 {
+        match self.instance.get_memory(&mut self.store, "memory") {
+            Some(memory) => memory.data_size(&self.store) as u64,
+            None => 0,
+        }
     }
 }
 
