@@ -177,14 +177,16 @@ fn slow_or_silent_redis_times_out_and_recovers() {
     proxy.set(Fault::Delay(Duration::from_millis(10)));
     let ex = get(&fleet, "/redis/incr/s");
     assert_eq!(ex.status(), 204, "{}", ex.text());
-    // the delayed INCR earlier may or may not have reached Redis before the cut; the
-    // counter moved forward either way
+    // Each of the three failed INCRs may or may not have reached Redis (the proxy can be
+    // in the middle of forwarding a delayed chunk when the fault changes; on a loaded machine
+    // that happens), but none twice: the counter is the first call, at most three failed ones
+    // and this one.
     let value: u32 = ex
         .upstream_header("x-probe-value")
         .unwrap()
         .parse()
         .unwrap();
-    assert!((2..=3).contains(&value), "{value}");
+    assert!((2..=5).contains(&value), "{value}");
 }
 
 #[test]
