@@ -2,7 +2,7 @@
 //! SHA-256 of the key; `--new` makes a fresh key each time.
 
 use key_auth::config::parse_document;
-use sha2::{Digest, Sha256};
+use llm_gateway_tests::workspace::sha256_hex;
 use std::io::Write;
 use std::process::{Command, Stdio};
 
@@ -55,10 +55,7 @@ fn digest_line_from_stdin_is_accepted_by_key_auth() {
         &format!("{key}\n"),
     );
     let line = stdout.trim();
-    let want: String = Sha256::digest(key.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let want = sha256_hex(key.as_bytes());
     assert_eq!(accepted_digest(line), want);
     let entry: serde_json::Value = serde_json::from_str(line).unwrap();
     assert_eq!(entry["consumer"], "team-a");
@@ -73,9 +70,6 @@ fn new_keys_are_random_and_shown_once() {
     assert_ne!(accepted_digest(out1.trim()), accepted_digest(out2.trim()));
     let key = err1.trim().rsplit(' ').next().unwrap();
     assert!(key.starts_with("sk-llmgw-") && key.len() > 30, "{err1}");
-    let want: String = Sha256::digest(key.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let want = sha256_hex(key.as_bytes());
     assert_eq!(accepted_digest(out1.trim()), want);
 }

@@ -7,9 +7,9 @@
 
 use llm_gateway_tests::envoy::{Envoy, Options};
 use llm_gateway_tests::http::{self, Response};
+use llm_gateway_tests::workspace::sha256_hex;
 use mock_upstream::{MockUpstream, RecordedRequest};
 use serde_json::{json, Value};
-use sha2::{Digest, Sha256};
 use std::collections::HashSet;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -31,17 +31,10 @@ struct Gateway {
     envoy: Envoy,
 }
 
-fn digest(key: &str) -> String {
-    Sha256::digest(key.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
 fn key_auth_config() -> Value {
     json!({"keys": [
-        {"key_sha256": digest(KEY_ALL), "consumer": "team-all", "groups": ["fast", "smart", "canary", "long"]},
-        {"key_sha256": digest(KEY_FAST), "consumer": "team-fast", "groups": ["fast"]},
+        {"key_sha256": sha256_hex(KEY_ALL.as_bytes()), "consumer": "team-all", "groups": ["fast", "smart", "canary", "long"]},
+        {"key_sha256": sha256_hex(KEY_FAST.as_bytes()), "consumer": "team-fast", "groups": ["fast"]},
     ]})
 }
 

@@ -7,9 +7,9 @@
 
 use llm_gateway_tests::envoy::{Envoy, Options};
 use llm_gateway_tests::http::{self, Response};
+use llm_gateway_tests::workspace::sha256_hex;
 use mock_upstream::MockUpstream;
 use serde_json::{json, Value};
-use sha2::{Digest, Sha256};
 use std::time::{Duration, Instant};
 
 const KEY: &str = "sk-e2e-usage-chain-7c41d2";
@@ -19,13 +19,6 @@ struct Gateway {
     _b: MockUpstream,
     _c: MockUpstream,
     envoy: Envoy,
-}
-
-fn digest(key: &str) -> String {
-    Sha256::digest(key.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
 }
 
 fn router_config() -> Value {
@@ -69,7 +62,7 @@ impl Gateway {
             "prices": {"a": {"input": "1", "output": "1"}, "b": {"input": "1", "output": "1"}}
         });
         let keys = json!({"keys": [
-            {"key_sha256": digest(KEY), "consumer": "team-chain", "tenant": "acme", "groups": ["fast"]}
+            {"key_sha256": sha256_hex(KEY.as_bytes()), "consumer": "team-chain", "tenant": "acme", "groups": ["fast"]}
         ]});
         let one_line = |v: &Value| v.to_string().replace('\'', "''");
         let vars = vec![

@@ -30,6 +30,16 @@ pub fn plugin_wasm(name: &str) -> crate::Result<PathBuf> {
     }
 }
 
+/// The SHA-256 of `bytes` as lowercase hex: the `key_sha256` of a virtual key in key-auth's
+/// config, and the name of the harness's compiled-code cache files.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
 /// The Envoy binary: `ENVOY_BIN`, else the one `scripts/setup` installed into `.venv`.
 pub fn envoy_bin() -> crate::Result<PathBuf> {
     if let Some(path) = std::env::var_os("ENVOY_BIN") {

@@ -65,11 +65,7 @@ pub fn module(path: &Path) -> crate::Result<Arc<Module>> {
 
 /// Compiles `wasm`, or loads the code an earlier test process compiled from the same bytes.
 fn compile_cached(wasm: &[u8]) -> Result<Module, String> {
-    use sha2::{Digest, Sha256};
-    let digest: String = Sha256::digest(wasm)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let digest = crate::workspace::sha256_hex(wasm);
     let dir = crate::workspace::root()
         .join("target")
         .join("harness-cache");
