@@ -7,6 +7,7 @@
 
 use llm_gateway_tests::envoy::{Envoy, Options};
 use llm_gateway_tests::http::{self, Response};
+use llm_gateway_tests::workloads;
 use llm_gateway_tests::workspace::sha256_hex;
 use mock_upstream::{MockUpstream, RecordedRequest};
 use serde_json::{json, Value};
@@ -39,31 +40,7 @@ fn key_auth_config() -> Value {
 }
 
 fn router_config() -> Value {
-    json!({
-        "version": "e2e-v3",
-        "max_attempts": 3,
-        "breaker": {"consecutive_failures": 2, "window": 10, "failure_rate_percent": 0,
-                    "min_calls": 1, "cooldown_ms": COOLDOWN_MS},
-        "deployments": [
-            {"name": "a", "cluster": "dep-a", "model": "model-a", "provider": "openai",
-             "credential": "cred-a", "price": {"input": 150000, "output": 600000}, "price_version": "p1"},
-            {"name": "b", "cluster": "dep-b", "model": "model-b", "provider": "anthropic",
-             "credential": "cred-b", "price": {"currency": "EUR", "input": 3000000, "output": 15000000},
-             "price_version": "p2"},
-            {"name": "c", "cluster": "dep-c", "model": "model-c", "provider": "openai-compatible",
-             "credential": "cred-c"},
-            {"name": "dead", "cluster": "dep-dead", "model": "model-dead", "provider": "openai",
-             "credential": "cred-dead"},
-            {"name": "small", "cluster": "dep-a", "model": "model-small", "provider": "openai",
-             "credential": "cred-a", "context_window": 1000}
-        ],
-        "groups": [
-            {"name": "fast", "deployments": [{"deployment": "a"}, {"deployment": "b"}]},
-            {"name": "smart", "deployments": [{"deployment": "dead"}, {"deployment": "c"}]},
-            {"name": "canary", "deployments": [{"deployment": "a", "weight": 70}, {"deployment": "c", "weight": 30}]},
-            {"name": "long", "deployments": [{"deployment": "small"}, {"deployment": "c"}]}
-        ]
-    })
+    workloads::router_config_with_cooldown(COOLDOWN_MS)
 }
 
 /// A port nothing listens on (bound, then released).

@@ -59,14 +59,21 @@ pub fn chat_body(bytes: usize) -> Vec<u8> {
     }
 }
 
-/// The model-router configuration of the e2e suite (`tests/e2e/router.rs`, rendered into
-/// `envoy-config/e2e-router.yaml`): five deployments, four groups, the breaker on.
+/// The model-router configuration of the e2e suite with a 1 s breaker cooldown (what the cost
+/// figures are measured on): see [`router_config_with_cooldown`].
 pub fn router_config() -> Value {
+    router_config_with_cooldown(1000)
+}
+
+/// The model-router configuration of the e2e suite (`tests/e2e/router.rs`, rendered into
+/// `envoy-config/e2e-router.yaml`): five deployments, four groups, the breaker on with a
+/// cooldown of `cooldown_ms`.
+pub fn router_config_with_cooldown(cooldown_ms: u64) -> Value {
     json!({
         "version": "e2e-v3",
         "max_attempts": 3,
         "breaker": {"consecutive_failures": 2, "window": 10, "failure_rate_percent": 0,
-                    "min_calls": 1, "cooldown_ms": 1000},
+                    "min_calls": 1, "cooldown_ms": cooldown_ms},
         "deployments": [
             {"name": "a", "cluster": "dep-a", "model": "model-a", "provider": "openai",
              "credential": "cred-a", "price": {"input": 150000, "output": 600000}, "price_version": "p1"},
