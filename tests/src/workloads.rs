@@ -3,6 +3,7 @@
 //! a long SSE stream. Requests are cut into [`CHUNK`]-byte body chunks.
 
 use crate::harness::{FilterSpec, Request, Response};
+use pii_redaction::bench_data::PARAGRAPH;
 use serde_json::{json, Value};
 
 /// Body chunk size of the requests (bodies reach a filter in pieces, not whole).
@@ -23,10 +24,6 @@ pub fn key_auth() -> crate::Result<FilterSpec> {
     let config: Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
     Ok(FilterSpec::plugin("key-auth", &config)?.root_id("key-auth"))
 }
-
-const PARAGRAPH: &str = "The quarterly review covers onboarding, billing disputes and the \
-    migration plan for the reporting service. Please keep the tone neutral, summarise the open \
-    questions, and list the owners for each follow-up item so the team can plan next week. ";
 
 /// A chat conversation of `bytes` bytes of JSON (at least ~150): alternating user and
 /// assistant messages of ~1 KB of prose each, model group `fast`.
@@ -156,27 +153,8 @@ pub fn pii() -> crate::Result<FilterSpec> {
 }
 
 /// Prose of about `bytes` bytes; with `with_pii` an e-mail, a phone, an ID, a card and an IP
-/// address every ~700 bytes (the input of `cargo bench -p pii-redaction`).
-pub fn prose(bytes: usize, with_pii: bool) -> String {
-    let mut text = String::with_capacity(bytes + 512);
-    let mut i = 0;
-    while text.len() < bytes {
-        text.push_str(PARAGRAPH);
-        text.push_str(PARAGRAPH);
-        text.push_str(PARAGRAPH);
-        if with_pii {
-            text.push_str(&format!(
-                "Contact user{i}@example.com or 1380013{:04}, ID 11010519491231002X, card \
-                 4111 1111 1111 1111, host 10.0.{}.{}. ",
-                i % 10_000,
-                i % 250,
-                (i * 7) % 250
-            ));
-        }
-        i += 1;
-    }
-    text
-}
+/// address every ~700 bytes: the input of `cargo bench -p pii-redaction`, from that crate.
+pub use pii_redaction::bench_data::prose;
 
 /// A chat request whose user message is `text` (the pii bench's body).
 pub fn pii_request(text: &str, stream: bool) -> Request {

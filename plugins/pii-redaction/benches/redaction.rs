@@ -9,37 +9,13 @@
 //!
 //! Reports the median of timed runs (std::time::Instant; no wall-clock assertions) in MB/s.
 
+use pii_redaction::bench_data::prose;
 use pii_redaction::config::parse_document;
 use pii_redaction::mask::PlaceholderMap;
 use pii_redaction::request::{redact_body, Api, Redaction};
 use pii_redaction::response::SseRestorer;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
-
-const PARAGRAPH: &str = "The quarterly review covers onboarding, billing disputes and the \
-    migration plan for the reporting service. Please keep the tone neutral, summarise the open \
-    questions, and list the owners for each follow-up item so the team can plan next week. ";
-
-fn prose(bytes: usize, with_pii: bool) -> String {
-    let mut text = String::with_capacity(bytes + 512);
-    let mut i = 0;
-    while text.len() < bytes {
-        text.push_str(PARAGRAPH);
-        text.push_str(PARAGRAPH);
-        text.push_str(PARAGRAPH);
-        if with_pii {
-            text.push_str(&format!(
-                "Contact user{i}@example.com or 1380013{:04}, ID 11010519491231002X, card \
-                 4111 1111 1111 1111, host 10.0.{}.{}. ",
-                i % 10_000,
-                i % 250,
-                (i * 7) % 250
-            ));
-        }
-        i += 1;
-    }
-    text
-}
 
 fn chat_body(text: &str) -> Vec<u8> {
     serde_json::json!({"model": "fast", "messages": [

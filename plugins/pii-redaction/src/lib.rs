@@ -23,6 +23,9 @@
     )
 )]
 
+#[cfg(not(target_arch = "wasm32"))]
+#[doc(hidden)]
+pub mod bench_data;
 pub mod config;
 pub mod detect;
 pub mod mask;
