@@ -7,6 +7,7 @@ use llm_gateway_shared::tokens::{count_tokens, estimate_prompt_tokens, Encoding}
 use llm_gateway_shared::usage::Api;
 use llm_gateway_tests::envoy::Envoy;
 use llm_gateway_tests::http::{self, Response};
+use llm_gateway_tests::workloads;
 use mock_upstream::MockUpstream;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
@@ -17,15 +18,7 @@ struct Gateway {
 }
 
 fn usage_config() -> Value {
-    json!({
-        "price_version": "2026-11",
-        "currency": "USD",
-        "prices": {
-            "east": {"input": "0.30", "cached_input": "0.006", "output": "1.20"},
-            "claude-east": {"input": "3", "cached_input": "0.30", "cache_write": "3.75", "output": "15"}
-        },
-        "cost_headers": true
-    })
+    workloads::usage_config()
 }
 
 impl Gateway {

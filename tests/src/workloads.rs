@@ -198,10 +198,10 @@ pub fn sent_user_text(body: &[u8]) -> crate::Result<String> {
         .ok_or_else(|| "no messages[1].content in the upstream body".to_string())
 }
 
-/// usage-accounting with the configuration of the e2e suite (`tests/e2e/usage.rs`: two
-/// prices, cost headers on), as `envoy-config/e2e-usage.yaml` runs it.
-pub fn usage() -> crate::Result<FilterSpec> {
-    let config = json!({
+/// The usage-accounting configuration of the e2e suite (`tests/e2e/usage.rs`, rendered into
+/// `envoy-config/e2e-usage.yaml`): two prices, cost headers on.
+pub fn usage_config() -> Value {
+    json!({
         "price_version": "2026-11",
         "currency": "USD",
         "prices": {
@@ -209,8 +209,12 @@ pub fn usage() -> crate::Result<FilterSpec> {
             "claude-east": {"input": "3", "cached_input": "0.30", "cache_write": "3.75", "output": "15"}
         },
         "cost_headers": true
-    });
-    Ok(FilterSpec::plugin("usage-accounting", &config)?
+    })
+}
+
+/// usage-accounting with [`usage_config`], as `envoy-config/e2e-usage.yaml` runs it.
+pub fn usage() -> crate::Result<FilterSpec> {
+    Ok(FilterSpec::plugin("usage-accounting", &usage_config())?
         .root_id("usage-accounting")
         .allow_on_headers_stop_iteration(true))
 }
