@@ -80,6 +80,10 @@ pub struct RouteInfo {
     pub route_version: String,
     /// Attempts made so far (1 before the response; the final count after).
     pub attempts: u32,
+    /// The deployment of every attempt, in order (the last is `deployment`); published by the
+    /// router with the response, empty before it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tried: Vec<String>,
 }
 
 impl RouteInfo {
@@ -112,6 +116,7 @@ mod tests {
             price_version: None,
             route_version: "v7".into(),
             attempts: 1,
+            tried: Vec::new(),
         };
         let json = String::from_utf8(info.to_json()).unwrap();
         assert!(!json.contains("price"), "{json}");

@@ -263,6 +263,7 @@ async fn falls_back_on_429_and_503_with_the_next_model_and_credential() {
     assert_eq!(info["provider"], "anthropic");
     assert_eq!(info["model_group"], "fast");
     assert_eq!(info["attempts"], 2);
+    assert_eq!(info["tried"], serde_json::json!(["a", "b"]));
     assert_eq!(info["route_version"], "e2e-v3");
     let id = info["request_id"].as_str().unwrap();
     assert!(

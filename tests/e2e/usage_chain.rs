@@ -181,7 +181,7 @@ async fn the_record_takes_the_routers_deployment_price_and_attempts() {
     );
     assert_eq!(
         record["attempts"],
-        json!([{"deployment": null, "status": 0}, {"deployment": "b", "status": 200}])
+        json!([{"deployment": "a", "status": 0}, {"deployment": "b", "status": 200}])
     );
     gw.a.set_default_knobs(&[]);
 

@@ -396,7 +396,7 @@ impl Downstream {
             }
         }
         host::set_property(&[PLAN_PROPERTY], names.join(",").as_bytes()).map_err(internal)?;
-        let info = route_info(config, &plan.group, first, &request_id, 1);
+        let info = route_info(config, &plan.group, first, &request_id, 1, Vec::new());
         host::set_property(&[ROUTE_PROPERTY], &info.to_json()).map_err(internal)?;
         host::clear_route_cache().map_err(internal)?;
 
@@ -425,6 +425,7 @@ fn route_info(
     deployment: &Deployment,
     request_id: &str,
     attempts: u32,
+    tried: Vec<String>,
 ) -> RouteInfo {
     RouteInfo {
         request_id: request_id.to_string(),
@@ -436,6 +437,7 @@ fn route_info(
         price_version: deployment.price_version.clone(),
         route_version: config.version.clone(),
         attempts,
+        tried,
     }
 }
 
@@ -500,12 +502,21 @@ impl HttpContext for Downstream {
         add(ROUTE_VERSION, &config.version);
         if let Some(deployment) = served {
             add(headers::DEPLOYMENT, &deployment.name);
+            // Attempt k went to the plan's k-th deployment (the route's slot k-1).
+            let tried = routed
+                .deployments
+                .iter()
+                .take(attempts as usize)
+                .filter_map(|i| config.deployments.get(*i))
+                .map(|d| d.name.clone())
+                .collect();
             let info = route_info(
                 config,
                 &routed.group,
                 deployment,
                 &routed.request_id,
                 attempts,
+                tried,
             );
             let _ = host::set_property(&[ROUTE_PROPERTY], &info.to_json());
             count(&format!("served.{}.{}", routed.group, deployment.name));

@@ -84,8 +84,8 @@ pub const ROUTER_PROPERTY: &str = route_info::PROPERTY;
 
 impl RouteInfo {
     /// The router's published state (`None` if `bytes` is not one). Its prices are
-    /// micro-units per million tokens (×1 000 here); it reports how many attempts there were
-    /// and which deployment answered, so earlier attempts are listed without a deployment.
+    /// micro-units per million tokens (×1 000 here); it reports the deployment of every attempt
+    /// (`tried`) and which one answered, but not the status of the earlier, failed ones.
     pub fn from_router_json(bytes: &[u8], status: u16) -> Option<RouteInfo> {
         let state = route_info::RouteInfo::from_json(bytes)?;
         let nano = |micro: u64| micro.saturating_mul(1_000);
@@ -103,9 +103,11 @@ impl RouteInfo {
         });
         let non_empty = |s: String| (!s.is_empty()).then_some(s);
         let count = state.attempts.clamp(1, 64);
+        // Earlier attempts failed (Envoy retries only failures); the router names their
+        // deployments but not the status Envoy saw, so that stays 0.
         let mut attempts: Vec<Attempt> = (1..count)
-            .map(|_| Attempt {
-                deployment: None,
+            .map(|n| Attempt {
+                deployment: state.tried.get(n as usize - 1).cloned(),
                 status: 0,
             })
             .collect();
@@ -794,10 +796,13 @@ event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"delta\":{\
 
     #[test]
     fn router_state_gives_deployment_price_and_attempts() {
-        let json = br#"{"request_id":"r","model_group":"fast","deployment":"west","model":"gpt-4o-mini","provider":"openai","price":{"currency":"USD","input":300000,"output":1200000,"cached_input":6000},"price_version":"2026-01","route_version":"v7","attempts":2}"#;
+        let json = br#"{"request_id":"r","model_group":"fast","deployment":"west","model":"gpt-4o-mini","provider":"openai","price":{"currency":"USD","input":300000,"output":1200000,"cached_input":6000},"price_version":"2026-01","route_version":"v7","attempts":2,"tried":["east","west"]}"#;
         let route = RouteInfo::from_router_json(json, 200).unwrap();
         assert_eq!(route.deployment.as_deref(), Some("west"));
         assert_eq!(route.attempts.len(), 2);
+        assert_eq!(route.attempts[0].deployment.as_deref(), Some("east"));
+        assert_eq!(route.attempts[0].status, 0);
+        assert_eq!(route.attempts[1].deployment.as_deref(), Some("west"));
         assert_eq!(route.attempts[1].status, 200);
         let price = route.price.clone().unwrap();
         assert_eq!(
