@@ -1,0 +1,528 @@
+//! Who a request belongs to, where its buckets and budgets live, and what it is charged.
+//!
+//! Redis keys share one hash tag per request (`{t:<tenant>}`, else `{c:<consumer>}`, else
+//! `{_}`), so one Lua call over every budget level and the reservation touches one Redis
+//! Cluster slot. A soft bucket's key is tagged with itself: each lease touches one bucket.
+//! Identities are percent-encoded in keys (`:`, `{`, `}`, `%`, `|`, spaces, control and
+//! non-ASCII bytes), and long ones are replaced by a digest, so a client-chosen value (an IP,
+//! a user id) can neither break the key grammar nor grow keys without bound.
+
+use crate::config::{Budget, BudgetUnit, Dimension, Limit, Period};
+use llm_gateway_shared::route_info::Price;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+/// Longest identity kept verbatim in a key.
+const MAX_IDENTITY: usize = 96;
+
+/// The request's identity, as earlier filters and Envoy give it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Identity {
+    /// `x-llm-key-id`.
+    pub key: Option<String>,
+    /// `x-llm-consumer`.
+    pub consumer: Option<String>,
+    /// `x-llm-tenant`.
+    pub tenant: Option<String>,
+    /// `x-llm-model-group`.
+    pub model_group: Option<String>,
+    /// `source.address` without the port.
+    pub ip: Option<String>,
+    /// `x-user-id`.
+    pub user: Option<String>,
+}
+
+impl Identity {
+    /// The value of one dimension (empty values count as absent).
+    pub fn get(&self, dimension: Dimension) -> Option<&str> {
+        let value = match dimension {
+            Dimension::Key => &self.key,
+            Dimension::Consumer => &self.consumer,
+            Dimension::Tenant => &self.tenant,
+            Dimension::ModelGroup => &self.model_group,
+            Dimension::Ip => &self.ip,
+            Dimension::User => &self.user,
+        };
+        value.as_deref().filter(|v| !v.is_empty())
+    }
+
+    /// The hash tag of every budget key of this request.
+    pub fn tag(&self) -> String {
+        if let Some(t) = self.get(Dimension::Tenant) {
+            format!("{{t:{}}}", component(t))
+        } else if let Some(c) = self.get(Dimension::Consumer) {
+            format!("{{c:{}}}", component(c))
+        } else {
+            "{_}".to_string()
+        }
+    }
+}
+
+/// `source.address` (`1.2.3.4:5678`, `[::1]:80`) without the port.
+pub fn strip_port(address: &str) -> &str {
+    if let Some(rest) = address.strip_prefix('[') {
+        return rest.split(']').next().unwrap_or(rest);
+    }
+    match address.rsplit_once(':') {
+        Some((host, port)) if !host.contains(':') && port.bytes().all(|b| b.is_ascii_digit()) => {
+            host
+        }
+        _ => address,
+    }
+}
+
+/// A value made safe for a key.
+pub fn component(value: &str) -> String {
+    if value.len() > MAX_IDENTITY {
+        let digest = Sha256::digest(value.as_bytes());
+        let mut out = String::from("sha256.");
+        for byte in digest.iter().take(16) {
+            out.push_str(&format!("{byte:02x}"));
+        }
+        return out;
+    }
+    let mut out = String::with_capacity(value.len());
+    for byte in value.bytes() {
+        if byte.is_ascii_graphic() && !matches!(byte, b':' | b'{' | b'}' | b'%' | b'|') {
+            out.push(char::from(byte));
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
+}
+
+/// Where one soft bucket lives: `None` if the request lacks one of the limit's dimensions
+/// (the limit does not apply to it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BucketKeys {
+    /// Shared-data key of the instance's bucket.
+    pub local: String,
+    /// Redis key of the central bucket.
+    pub redis: String,
+}
+
+/// The keys of `limit`'s bucket for `identity`.
+pub fn bucket_keys(limit: &Limit, identity: &Identity) -> Option<BucketKeys> {
+    let mut parts = Vec::with_capacity(limit.by.len());
+    for dimension in &limit.by {
+        parts.push(component(identity.get(*dimension)?));
+    }
+    let id = format!("{}:{}", limit.name, parts.join(":"));
+    Some(BucketKeys {
+        local: format!("trl:b:{id}"),
+        redis: format!("llm:{{rl:{id}}}"),
+    })
+}
+
+/// The limit name of a bucket's shared-data key (for the sync worker).
+pub fn limit_of_local_key(local: &str) -> Option<&str> {
+    local.strip_prefix("trl:b:")?.split(':').next()
+}
+
+/// The Redis key of a bucket's shared-data key.
+pub fn redis_key_of_local_key(local: &str) -> Option<String> {
+    let id = local.strip_prefix("trl:b:")?;
+    Some(format!("llm:{{rl:{id}}}"))
+}
+
+/// A period's id (in keys) and its end, Unix milliseconds.
+pub fn period(period: Period, now_ms: u64) -> (String, u64) {
+    const DAY: u64 = 86_400_000;
+    let days = now_ms / DAY;
+    let (y, m, d) = civil_from_days(days);
+    match period {
+        Period::Hour => {
+            let hour = (now_ms % DAY) / 3_600_000;
+            (
+                format!("{y:04}-{m:02}-{d:02}T{hour:02}"),
+                (now_ms / 3_600_000 + 1) * 3_600_000,
+            )
+        }
+        Period::Day => (format!("{y:04}-{m:02}-{d:02}"), (days + 1) * DAY),
+        Period::Month => {
+            let (ny, nm) = if m == 12 { (y + 1, 1) } else { (y, m + 1) };
+            (format!("{y:04}-{m:02}"), days_from_civil(ny, nm, 1) * DAY)
+        }
+        Period::Total => ("total".to_string(), 0),
+    }
+}
+
+/// Howard Hinnant's `civil_from_days` for days since 1970-01-01 (non-negative).
+fn civil_from_days(days: u64) -> (u64, u64, u64) {
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    (if m <= 2 { y + 1 } else { y }, m, d)
+}
+
+fn days_from_civil(y: u64, m: u64, d: u64) -> u64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y / 400;
+    let yoe = y - era * 400;
+    let mp = if m > 2 { m - 3 } else { m + 9 };
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// A budget level a request is checked against.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Level {
+    /// Index of the budget in the configuration.
+    pub budget: usize,
+    /// Redis key (the local store uses it too).
+    pub key: String,
+    /// The budget's amount.
+    pub limit: u64,
+    /// When the key may go: the period's end plus a day (0: never, `total` budgets keep
+    /// theirs for a year after the last write).
+    pub expire_at_ms: u64,
+}
+
+/// Grace after a period's end before its key expires (late reconciles still land).
+pub const EXPIRY_GRACE_MS: u64 = 86_400_000;
+/// TTL of a `total` budget's key after its last write.
+pub const TOTAL_TTL_MS: u64 = 366 * 86_400_000;
+
+/// The levels of every budget that applies to `identity` (a budget whose `by` the request
+/// lacks does not apply).
+pub fn levels(budgets: &[Budget], identity: &Identity, now_ms: u64) -> Vec<Level> {
+    let tag = identity.tag();
+    budgets
+        .iter()
+        .enumerate()
+        .filter_map(|(index, budget)| {
+            let who = identity.get(budget.by)?;
+            let (id, end) = period(budget.period, now_ms);
+            Some(Level {
+                budget: index,
+                key: format!(
+                    "llm:{tag}:bud:{}:{}:{}:{id}",
+                    budget.name,
+                    budget.by.as_str(),
+                    component(who)
+                ),
+                limit: budget.amount,
+                expire_at_ms: if end == 0 {
+                    now_ms.saturating_add(TOTAL_TTL_MS)
+                } else {
+                    end.saturating_add(EXPIRY_GRACE_MS)
+                },
+            })
+        })
+        .collect()
+}
+
+/// The reservation's key.
+pub fn reservation_key(identity: &Identity, request_id: &str) -> String {
+    format!("llm:{}:res:{}", identity.tag(), component(request_id))
+}
+
+/// The key that makes a journaled charge land once.
+pub fn marker_key(identity: &Identity, request_id: &str) -> String {
+    format!("llm:{}:done:{}", identity.tag(), component(request_id))
+}
+
+/// A money budget whose request has no usable price.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Unpriced;
+
+/// Nano-units of `tokens` at `micro_per_million` (micro-units per 1M tokens), rounded up.
+pub fn nano(tokens: u64, micro_per_million: u64) -> u64 {
+    let n = u128::from(tokens) * u128::from(micro_per_million);
+    u64::try_from(n.div_ceil(1000)).unwrap_or(u64::MAX)
+}
+
+/// What `budget` reserves for a request of `prompt` + `output_cap` tokens, priced (money
+/// budgets) at `ceiling`, the dearest price among the deployments the request may reach.
+pub fn reserve_amount(
+    budget: &Budget,
+    prompt: u64,
+    output_cap: u64,
+    ceiling: Option<&Price>,
+) -> Result<u64, Unpriced> {
+    match &budget.unit {
+        BudgetUnit::Tokens => Ok(prompt.saturating_add(output_cap)),
+        BudgetUnit::Money { currency } => {
+            let price = ceiling
+                .filter(|p| &p.currency == currency)
+                .ok_or(Unpriced)?;
+            Ok(nano(prompt, price.input).saturating_add(nano(output_cap, price.output)))
+        }
+    }
+}
+
+/// What a finished request really used.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Actual {
+    /// Prompt + completion tokens.
+    pub tokens: u64,
+    /// Its cost (nano-units) and currency, if usage-accounting priced it.
+    pub cost: Option<(u64, String)>,
+    /// Prompt and completion tokens, to price it ourselves when usage-accounting did not.
+    pub prompt_tokens: u64,
+    /// Completion tokens.
+    pub completion_tokens: u64,
+}
+
+/// What `budget` is charged for `actual` (`None`: no usage known; charge the reservation).
+pub fn actual_amount(
+    budget: &Budget,
+    actual: Option<&Actual>,
+    price: Option<&Price>,
+) -> Option<u64> {
+    let actual = actual?;
+    match &budget.unit {
+        BudgetUnit::Tokens => Some(actual.tokens),
+        BudgetUnit::Money { currency } => match &actual.cost {
+            Some((nano_cost, c)) if c == currency => Some(*nano_cost),
+            _ => {
+                let price = price.filter(|p| &p.currency == currency)?;
+                Some(
+                    nano(actual.prompt_tokens, price.input)
+                        .saturating_add(nano(actual.completion_tokens, price.output)),
+                )
+            }
+        },
+    }
+}
+
+/// One budget operation kept while Redis is unreachable, replayed (idempotently) when it is
+/// back.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum JournalEntry {
+    /// A reservation made in Redis whose reconcile could not be sent: `RECONCILE` later (a
+    /// no-op if it has landed meanwhile).
+    Reconcile {
+        /// The reservation key.
+        reservation: String,
+        /// Level keys, in reservation order.
+        keys: Vec<String>,
+        /// Actual amounts per level.
+        actual: Vec<u64>,
+    },
+    /// A request served without Redis (`on_redis_failure: allow`): `CHARGE` its actual use
+    /// once (the marker key makes a replay land once).
+    Charge {
+        /// The marker key.
+        marker: String,
+        /// Level keys.
+        keys: Vec<String>,
+        /// Amounts per level.
+        amounts: Vec<u64>,
+        /// Expiry per level.
+        expire_at_ms: Vec<u64>,
+    },
+}
+
+/// The journal as kept in shared data: bounded, oldest first.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Journal {
+    /// Entries not yet replayed, each with its sequence number.
+    pub entries: Vec<(u64, JournalEntry)>,
+    /// Next sequence number.
+    pub next: u64,
+}
+
+impl Journal {
+    /// Reads a shared-data value (empty or foreign: an empty journal).
+    pub fn decode(bytes: &[u8]) -> Journal {
+        serde_json::from_slice(bytes).unwrap_or_default()
+    }
+
+    /// The shared-data value.
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    /// Appends; false if `capacity` entries are already waiting.
+    pub fn push(&mut self, entry: JournalEntry, capacity: usize) -> bool {
+        if self.entries.len() >= capacity {
+            return false;
+        }
+        self.entries.push((self.next, entry));
+        self.next = self.next.wrapping_add(1);
+        true
+    }
+
+    /// Removes the entry with sequence number `seq` (replayed).
+    pub fn remove(&mut self, seq: u64) {
+        self.entries.retain(|(s, _)| *s != seq);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{OnRedisFailure, Unit};
+
+    fn budget(unit: BudgetUnit) -> Budget {
+        Budget {
+            name: "b".into(),
+            by: Dimension::Tenant,
+            period: Period::Day,
+            unit,
+            amount: 1000,
+            on_redis_failure: OnRedisFailure::Reject,
+            warn_at: vec![],
+        }
+    }
+
+    fn who() -> Identity {
+        Identity {
+            key: Some("k1".into()),
+            consumer: Some("team a".into()),
+            tenant: Some("acme:{x}".into()),
+            model_group: Some("fast".into()),
+            ip: Some("10.0.0.1".into()),
+            user: None,
+        }
+    }
+
+    #[test]
+    fn periods_in_utc() {
+        // 2026-11-30T23:59:59.999Z
+        let t = 1_796_083_199_999;
+        assert_eq!(
+            period(Period::Day, t),
+            ("2026-11-30".into(), 1_796_083_200_000)
+        );
+        assert_eq!(
+            period(Period::Month, t),
+            ("2026-11".into(), 1_796_083_200_000)
+        );
+        assert_eq!(period(Period::Hour, t).0, "2026-11-30T23");
+        assert_eq!(period(Period::Month, t + 1).0, "2026-12");
+        // December rolls into the next year
+        let (id, end) = period(Period::Month, t + 1);
+        assert_eq!(id, "2026-12");
+        assert_eq!(period(Period::Day, end).0, "2027-01-01");
+        // leap day
+        assert_eq!(period(Period::Day, 1_709_208_000_000).0, "2024-02-29");
+        assert_eq!(period(Period::Total, t), ("total".into(), 0));
+    }
+
+    #[test]
+    fn keys_share_one_tag_and_escape_identities() {
+        let id = who();
+        let budgets = vec![
+            budget(BudgetUnit::Tokens),
+            Budget {
+                name: "u".into(),
+                by: Dimension::User,
+                ..budget(BudgetUnit::Tokens)
+            },
+        ];
+        let levels = levels(&budgets, &id, 1_796_083_199_999);
+        assert_eq!(levels.len(), 1, "no user: the user budget does not apply");
+        assert_eq!(
+            levels[0].key,
+            "llm:{t:acme%3A%7Bx%7D}:bud:b:tenant:acme%3A%7Bx%7D:2026-11-30"
+        );
+        assert!(reservation_key(&id, "r:1").starts_with("llm:{t:acme%3A%7Bx%7D}:res:r%3A1"));
+        let no_tenant = Identity {
+            tenant: None,
+            ..who()
+        };
+        assert_eq!(no_tenant.tag(), "{c:team%20a}");
+        assert_eq!(Identity::default().tag(), "{_}");
+        let long = component(&"x".repeat(500));
+        assert!(long.starts_with("sha256.") && long.len() == 39);
+    }
+
+    #[test]
+    fn bucket_keys_need_every_dimension() {
+        let limit = Limit {
+            name: "l".into(),
+            by: vec![Dimension::Tenant, Dimension::Ip],
+            unit: Unit::Tokens,
+            amount: 1,
+            window_ms: 1,
+            model_groups: vec![],
+        };
+        let keys = bucket_keys(&limit, &who()).unwrap();
+        assert_eq!(keys.local, "trl:b:l:acme%3A%7Bx%7D:10.0.0.1");
+        assert_eq!(keys.redis, "llm:{rl:l:acme%3A%7Bx%7D:10.0.0.1}");
+        assert_eq!(limit_of_local_key(&keys.local), Some("l"));
+        assert_eq!(redis_key_of_local_key(&keys.local), Some(keys.redis));
+        assert_eq!(bucket_keys(&limit, &Identity { ip: None, ..who() }), None);
+    }
+
+    #[test]
+    fn ports_are_stripped() {
+        assert_eq!(strip_port("1.2.3.4:5678"), "1.2.3.4");
+        assert_eq!(strip_port("[::1]:80"), "::1");
+        assert_eq!(strip_port("::1"), "::1");
+        assert_eq!(strip_port("host"), "host");
+    }
+
+    #[test]
+    fn money_is_priced_at_the_ceiling_and_rounded_up() {
+        let money = budget(BudgetUnit::Money {
+            currency: "USD".into(),
+        });
+        let price = Price {
+            currency: "USD".into(),
+            input: 150_000,
+            output: 600_000,
+            cached_input: None,
+        };
+        // 1000 prompt tokens at $0.15/M = 150_000 nano; 100 output at $0.60/M = 60_000 nano
+        assert_eq!(reserve_amount(&money, 1000, 100, Some(&price)), Ok(210_000));
+        assert_eq!(nano(1, 1), 1, "rounded up");
+        assert_eq!(reserve_amount(&money, 1, 1, None), Err(Unpriced));
+        let eur = Price {
+            currency: "EUR".into(),
+            ..price.clone()
+        };
+        assert_eq!(reserve_amount(&money, 1, 1, Some(&eur)), Err(Unpriced));
+        let tokens = budget(BudgetUnit::Tokens);
+        assert_eq!(reserve_amount(&tokens, 10, 5, None), Ok(15));
+        let actual = Actual {
+            tokens: 50,
+            cost: Some((777, "USD".into())),
+            prompt_tokens: 40,
+            completion_tokens: 10,
+        };
+        assert_eq!(
+            actual_amount(&money, Some(&actual), Some(&price)),
+            Some(777)
+        );
+        assert_eq!(actual_amount(&tokens, Some(&actual), None), Some(50));
+        let unpriced = Actual {
+            cost: None,
+            ..actual
+        };
+        assert_eq!(
+            actual_amount(&money, Some(&unpriced), Some(&price)),
+            Some(6_000 + 6_000)
+        );
+        assert_eq!(actual_amount(&money, None, Some(&price)), None);
+    }
+
+    #[test]
+    fn journal_is_bounded_and_survives_encoding() {
+        let mut j = Journal::default();
+        let entry = JournalEntry::Charge {
+            marker: "m".into(),
+            keys: vec!["k".into()],
+            amounts: vec![1],
+            expire_at_ms: vec![2],
+        };
+        assert!(j.push(entry.clone(), 2));
+        assert!(j.push(entry.clone(), 2));
+        assert!(!j.push(entry, 2));
+        j.remove(0);
+        assert_eq!(j.entries.len(), 1);
+        assert_eq!(Journal::decode(&j.encode()), j);
+        assert_eq!(Journal::decode(b"garbage"), Journal::default());
+    }
+}

@@ -1,0 +1,793 @@
+//! token-ratelimit configuration: raw serde form, then validation into [`Config`].
+//!
+//! ```json
+//! {
+//!   "default_max_tokens": 1024,
+//!   "limits": [
+//!     {"name": "key-tpm", "by": ["key"], "tokens": 100000, "per": "minute"},
+//!     {"name": "tenant-smart-rpm", "by": ["tenant", "model_group"], "requests": 600,
+//!      "per": "minute", "model_groups": ["smart"]},
+//!     {"name": "ip-rps", "by": ["ip"], "requests": 20, "per": "second"}
+//!   ],
+//!   "budgets": [
+//!     {"name": "tenant-month", "by": "tenant", "period": "month", "tokens": 50000000},
+//!     {"name": "user-day", "by": "user", "period": "day", "money": "25.00",
+//!      "currency": "USD", "on_redis_failure": "allow", "warn_at": [80, 95]}
+//!   ],
+//!   "redis": {"service": "outbound|6379||redis.static", "timeout_ms": 50},
+//!   "lease": {"batch_percent": 5, "sync_ms": 100, "emergency_percent": 10},
+//!   "clock": "redis",
+//!   "reservation_ttl_ms": 3600000,
+//!   "journal_capacity": 1024
+//! }
+//! ```
+//! Every field is described in the README. Limits are soft (buckets per instance, leased from
+//! Redis); budgets are hard (reserved atomically in Redis; per instance in the plain-Envoy
+//! build, which has no Redis).
+
+use llm_gateway_shared::config::{validate_name, ConfigError};
+use llm_gateway_shared::rules::RuleSet;
+use serde::Deserialize;
+use serde_json::{Map, Value};
+
+/// The most limits and budgets in one scope (each costs work on every request).
+pub const MAX_LIMITS: usize = 32;
+/// The most budgets in one scope (one Redis call checks them all).
+pub const MAX_BUDGETS: usize = 8;
+
+/// This build talks to Redis (the Higress build).
+pub const REDIS_TRANSPORT: bool = cfg!(feature = "higress");
+
+/// What a limit or a budget is counted per.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Dimension {
+    /// The virtual key (`x-llm-key-id`, set by key-auth).
+    Key,
+    /// The consumer (`x-llm-consumer`).
+    Consumer,
+    /// The tenant (`x-llm-tenant`).
+    Tenant,
+    /// The model group (`x-llm-model-group`, set by the model router).
+    ModelGroup,
+    /// The client address (Envoy's `source.address`, port removed).
+    Ip,
+    /// The end user (request header `x-user-id`, an ordinary client input: use it only below
+    /// a consumer or tenant budget).
+    User,
+}
+
+impl Dimension {
+    /// Name in keys, metrics and errors.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Dimension::Key => "key",
+            Dimension::Consumer => "consumer",
+            Dimension::Tenant => "tenant",
+            Dimension::ModelGroup => "model_group",
+            Dimension::Ip => "ip",
+            Dimension::User => "user",
+        }
+    }
+}
+
+/// What a limit counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unit {
+    /// One per request.
+    Requests,
+    /// Estimated prompt tokens + the output cap, settled to the real total.
+    Tokens,
+}
+
+/// A soft rate limit: a token bucket of `amount` per `window_ms`, full at first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limit {
+    /// Name in errors, headers, metrics and Redis keys.
+    pub name: String,
+    /// What the bucket is kept per (all of them: one bucket per combination).
+    pub by: Vec<Dimension>,
+    /// Requests or tokens.
+    pub unit: Unit,
+    /// Capacity and refill per window.
+    pub amount: u64,
+    /// The window, milliseconds.
+    pub window_ms: u64,
+    /// Model groups the limit applies to (empty: all).
+    pub model_groups: Vec<String>,
+}
+
+impl Limit {
+    /// True if the limit applies to a request of `group`.
+    pub fn applies_to(&self, group: Option<&str>) -> bool {
+        self.model_groups.is_empty()
+            || group.is_some_and(|g| self.model_groups.iter().any(|m| m == g))
+    }
+}
+
+/// How a budget's period resets (UTC calendar).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Period {
+    /// Every hour.
+    Hour,
+    /// Every day.
+    Day,
+    /// Every calendar month.
+    Month,
+    /// Never.
+    Total,
+}
+
+/// What a budget counts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BudgetUnit {
+    /// Prompt + completion tokens.
+    Tokens,
+    /// Nano-units (10⁻⁹) of a currency, priced with the deployment's price.
+    Money {
+        /// ISO 4217 code; the deployment's price must be in it.
+        currency: String,
+    },
+}
+
+/// What to do with a budget when Redis cannot be reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnRedisFailure {
+    /// Refuse the request (503).
+    Reject,
+    /// Serve it, journal the charge in shared data and replay it once Redis is back.
+    Allow,
+}
+
+/// A hard budget.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Budget {
+    /// Name in errors, headers, metrics and Redis keys.
+    pub name: String,
+    /// The level: whose budget it is.
+    pub by: Dimension,
+    /// When it resets.
+    pub period: Period,
+    /// Tokens or money.
+    pub unit: BudgetUnit,
+    /// The amount per period (tokens, or nano-units).
+    pub amount: u64,
+    /// Redis unreachable.
+    pub on_redis_failure: OnRedisFailure,
+    /// Soft thresholds, percent of `amount`, ascending: crossing one raises a metric and the
+    /// response header `x-llm-budget-warning`.
+    pub warn_at: Vec<u8>,
+}
+
+/// The Redis connection (Higress build).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedisConfig {
+    /// Higress Redis service name, e.g. `outbound|6379||redis.static`.
+    pub service: String,
+    /// ACL user.
+    pub username: Option<String>,
+    /// Password (never logged).
+    pub password: Option<String>,
+    /// Call timeout.
+    pub timeout_ms: u32,
+}
+
+/// Where "now" comes from for the central buckets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Clock {
+    /// Redis `TIME` (one clock for the fleet; the default).
+    Redis,
+    /// The gateway's clock, passed to the scripts (instances' clocks must agree).
+    Gateway,
+}
+
+/// Leasing from Redis and failing open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseConfig {
+    /// A lease asks for this percent of a limit's amount (at least one request's cost).
+    pub batch_percent: u8,
+    /// The sync worker tops a bucket up when it falls below this percent of a batch.
+    pub low_percent: u8,
+    /// Tick period of the sync worker.
+    pub sync_ms: u32,
+    /// Redis unreachable: after the leased tokens are spent, each instance admits up to this
+    /// percent of each limit on its own (capacity and refill rate).
+    pub emergency_percent: u8,
+    /// How long Redis stays marked down after a failed call before it is tried again.
+    pub retry_ms: u32,
+}
+
+/// The validated configuration for one scope.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Injected as the output cap when the client sent none.
+    pub default_max_tokens: u64,
+    /// Soft limits.
+    pub limits: Vec<Limit>,
+    /// Hard budgets, checked together.
+    pub budgets: Vec<Budget>,
+    /// Redis (Higress build); none: everything per instance in shared data.
+    pub redis: Option<RedisConfig>,
+    /// Leasing.
+    pub lease: LeaseConfig,
+    /// Clock of the central buckets.
+    pub clock: Clock,
+    /// A reservation not reconciled within this time expires in Redis, still charged.
+    pub reservation_ttl_ms: u64,
+    /// Budget operations kept in shared data while Redis is down (more: refused).
+    pub journal_capacity: usize,
+    /// Largest request body inspected.
+    pub max_body_bytes: usize,
+}
+
+impl Config {
+    /// True if the request needs no body inspection at all.
+    pub fn is_empty(&self) -> bool {
+        self.limits.is_empty() && self.budgets.is_empty()
+    }
+
+    /// True if some limit or budget counts tokens or money (so the body must be read).
+    pub fn counts_tokens(&self) -> bool {
+        self.limits.iter().any(|l| l.unit == Unit::Tokens) || !self.budgets.is_empty()
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    #[serde(default = "default_max_tokens")]
+    default_max_tokens: u64,
+    #[serde(default)]
+    limits: Vec<RawLimit>,
+    #[serde(default)]
+    budgets: Vec<RawBudget>,
+    #[serde(default)]
+    redis: Option<RawRedis>,
+    #[serde(default)]
+    lease: RawLease,
+    #[serde(default = "default_clock")]
+    clock: Clock,
+    #[serde(default = "default_reservation_ttl")]
+    reservation_ttl_ms: u64,
+    #[serde(default = "default_journal_capacity")]
+    journal_capacity: usize,
+    #[serde(default = "default_max_body")]
+    max_body_bytes: usize,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLimit {
+    name: String,
+    by: OneOrMany,
+    #[serde(default)]
+    requests: Option<u64>,
+    #[serde(default)]
+    tokens: Option<u64>,
+    per: Window,
+    #[serde(default)]
+    model_groups: Vec<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum OneOrMany {
+    One(Dimension),
+    Many(Vec<Dimension>),
+}
+
+#[derive(Deserialize, Clone, Copy)]
+#[serde(rename_all = "snake_case")]
+enum Window {
+    Second,
+    Minute,
+    Hour,
+    Day,
+}
+
+impl Window {
+    fn ms(self) -> u64 {
+        match self {
+            Window::Second => 1_000,
+            Window::Minute => 60_000,
+            Window::Hour => 3_600_000,
+            Window::Day => 86_400_000,
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawBudget {
+    name: String,
+    by: Dimension,
+    period: Period,
+    #[serde(default)]
+    tokens: Option<u64>,
+    #[serde(default)]
+    money: Option<String>,
+    #[serde(default)]
+    currency: Option<String>,
+    #[serde(default = "default_on_failure")]
+    on_redis_failure: OnRedisFailure,
+    #[serde(default)]
+    warn_at: Vec<u8>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRedis {
+    service: String,
+    #[serde(default)]
+    username: Option<String>,
+    #[serde(default)]
+    password: Option<String>,
+    #[serde(default = "default_timeout")]
+    timeout_ms: u32,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLease {
+    #[serde(default = "default_batch_percent")]
+    batch_percent: u8,
+    #[serde(default = "default_low_percent")]
+    low_percent: u8,
+    #[serde(default = "default_sync_ms")]
+    sync_ms: u32,
+    #[serde(default = "default_emergency_percent")]
+    emergency_percent: u8,
+    #[serde(default = "default_retry_ms")]
+    retry_ms: u32,
+}
+
+impl Default for RawLease {
+    fn default() -> Self {
+        RawLease {
+            batch_percent: default_batch_percent(),
+            low_percent: default_low_percent(),
+            sync_ms: default_sync_ms(),
+            emergency_percent: default_emergency_percent(),
+            retry_ms: default_retry_ms(),
+        }
+    }
+}
+
+fn default_max_tokens() -> u64 {
+    4096
+}
+fn default_clock() -> Clock {
+    Clock::Redis
+}
+fn default_reservation_ttl() -> u64 {
+    3_600_000
+}
+fn default_journal_capacity() -> usize {
+    1024
+}
+fn default_max_body() -> usize {
+    8 << 20
+}
+fn default_on_failure() -> OnRedisFailure {
+    OnRedisFailure::Reject
+}
+fn default_timeout() -> u32 {
+    100
+}
+fn default_batch_percent() -> u8 {
+    5
+}
+fn default_low_percent() -> u8 {
+    50
+}
+fn default_sync_ms() -> u32 {
+    100
+}
+fn default_emergency_percent() -> u8 {
+    10
+}
+fn default_retry_ms() -> u32 {
+    1_000
+}
+
+/// Parses the plugin's configuration document (plain or Higress `_rules_` form).
+pub fn parse_document(document: &[u8]) -> Result<RuleSet<Config>, ConfigError> {
+    RuleSet::parse(document, |fields, _scope| parse_scope(fields))
+}
+
+fn parse_scope(fields: &Map<String, Value>) -> Result<Config, ConfigError> {
+    let raw: RawConfig = serde_json::from_value(Value::Object(fields.clone()))
+        .map_err(|e| ConfigError::from_serde("", &e))?;
+    if raw.default_max_tokens == 0 || raw.default_max_tokens > 10_000_000 {
+        return Err(ConfigError::new(
+            "default_max_tokens",
+            "must be between 1 and 10000000",
+        ));
+    }
+    if raw.limits.len() > MAX_LIMITS {
+        return Err(ConfigError::new(
+            "limits",
+            format!("at most {MAX_LIMITS} limits"),
+        ));
+    }
+    if raw.budgets.len() > MAX_BUDGETS {
+        return Err(ConfigError::new(
+            "budgets",
+            format!("at most {MAX_BUDGETS} budgets"),
+        ));
+    }
+    let mut limits = Vec::with_capacity(raw.limits.len());
+    for (i, limit) in raw.limits.into_iter().enumerate() {
+        let limit = parse_limit(limit).map_err(|e| e.within(&format!("limits[{i}]")))?;
+        if limits.iter().any(|l: &Limit| l.name == limit.name) {
+            return Err(ConfigError::new(
+                format!("limits[{i}].name"),
+                "names must be unique",
+            ));
+        }
+        limits.push(limit);
+    }
+    let mut budgets = Vec::with_capacity(raw.budgets.len());
+    for (i, budget) in raw.budgets.into_iter().enumerate() {
+        let budget = parse_budget(budget).map_err(|e| e.within(&format!("budgets[{i}]")))?;
+        if budgets.iter().any(|b: &Budget| b.name == budget.name) {
+            return Err(ConfigError::new(
+                format!("budgets[{i}].name"),
+                "names must be unique",
+            ));
+        }
+        budgets.push(budget);
+    }
+    let redis = match raw.redis {
+        None => None,
+        Some(_) if !REDIS_TRANSPORT => {
+            return Err(ConfigError::new(
+                "redis",
+                "this build has no Redis transport (plain Envoy): use token-ratelimit-higress.wasm in Higress, or remove `redis` to keep limits and budgets per instance",
+            ))
+        }
+        Some(r) => {
+            if r.service.is_empty() {
+                return Err(ConfigError::new("redis.service", "must not be empty"));
+            }
+            if r.timeout_ms == 0 || r.timeout_ms > 60_000 {
+                return Err(ConfigError::new(
+                    "redis.timeout_ms",
+                    "must be between 1 and 60000",
+                ));
+            }
+            Some(RedisConfig {
+                service: r.service,
+                username: r.username.filter(|u| !u.is_empty()),
+                password: r.password.filter(|p| !p.is_empty()),
+                timeout_ms: r.timeout_ms,
+            })
+        }
+    };
+    let lease = parse_lease(&raw.lease)?;
+    if raw.reservation_ttl_ms < 1_000 || raw.reservation_ttl_ms > 7 * 86_400_000 {
+        return Err(ConfigError::new(
+            "reservation_ttl_ms",
+            "must be between 1000 and 604800000 (7 days)",
+        ));
+    }
+    if raw.journal_capacity == 0 || raw.journal_capacity > 100_000 {
+        return Err(ConfigError::new(
+            "journal_capacity",
+            "must be between 1 and 100000",
+        ));
+    }
+    if raw.max_body_bytes == 0 {
+        return Err(ConfigError::new("max_body_bytes", "must be positive"));
+    }
+    Ok(Config {
+        default_max_tokens: raw.default_max_tokens,
+        limits,
+        budgets,
+        redis,
+        lease,
+        clock: raw.clock,
+        reservation_ttl_ms: raw.reservation_ttl_ms,
+        journal_capacity: raw.journal_capacity,
+        max_body_bytes: raw.max_body_bytes,
+    })
+}
+
+fn parse_limit(raw: RawLimit) -> Result<Limit, ConfigError> {
+    validate_name("name", &raw.name)?;
+    let mut by = match raw.by {
+        OneOrMany::One(d) => vec![d],
+        OneOrMany::Many(v) => v,
+    };
+    if by.is_empty() || by.len() > 4 {
+        return Err(ConfigError::new("by", "must name 1 to 4 dimensions"));
+    }
+    by.sort();
+    by.dedup();
+    let (unit, amount) = match (raw.requests, raw.tokens) {
+        (Some(n), None) => (Unit::Requests, n),
+        (None, Some(n)) => (Unit::Tokens, n),
+        _ => {
+            return Err(ConfigError::new(
+                "requests",
+                "exactly one of `requests` and `tokens` is required",
+            ))
+        }
+    };
+    if amount == 0 || amount > 1 << 40 {
+        return Err(ConfigError::new(
+            if unit == Unit::Requests {
+                "requests"
+            } else {
+                "tokens"
+            },
+            "must be between 1 and 2^40",
+        ));
+    }
+    for (i, group) in raw.model_groups.iter().enumerate() {
+        validate_name(&format!("model_groups[{i}]"), group)?;
+    }
+    Ok(Limit {
+        name: raw.name,
+        by,
+        unit,
+        amount,
+        window_ms: raw.per.ms(),
+        model_groups: raw.model_groups,
+    })
+}
+
+fn parse_budget(raw: RawBudget) -> Result<Budget, ConfigError> {
+    validate_name("name", &raw.name)?;
+    if matches!(raw.by, Dimension::Ip | Dimension::ModelGroup) {
+        return Err(ConfigError::new(
+            "by",
+            "a budget belongs to a tenant, consumer, key or user",
+        ));
+    }
+    let (unit, amount) = match (raw.tokens, raw.money, raw.currency) {
+        (Some(n), None, None) => (BudgetUnit::Tokens, n),
+        (None, Some(money), currency) => {
+            let currency = currency.unwrap_or_else(|| "USD".to_string());
+            if currency.len() != 3 || !currency.bytes().all(|b| b.is_ascii_uppercase()) {
+                return Err(ConfigError::new(
+                    "currency",
+                    "must be a three-letter ISO 4217 code",
+                ));
+            }
+            let nano = parse_money(&money).ok_or_else(|| {
+                ConfigError::new(
+                    "money",
+                    "must be a decimal amount such as \"25\" or \"0.50\" (at most 9 decimals)",
+                )
+            })?;
+            (BudgetUnit::Money { currency }, nano)
+        }
+        (Some(_), _, _) | (None, None, Some(_)) | (None, None, None) => {
+            return Err(ConfigError::new(
+                "tokens",
+                "exactly one of `tokens` and `money` is required (`currency` goes with `money`)",
+            ))
+        }
+    };
+    if amount == 0 || amount > 1 << 52 {
+        return Err(ConfigError::new(
+            if unit == BudgetUnit::Tokens {
+                "tokens"
+            } else {
+                "money"
+            },
+            "must be positive and below 2^52 (Redis scripts count in doubles)",
+        ));
+    }
+    let mut warn_at = raw.warn_at;
+    if warn_at.iter().any(|p| *p == 0 || *p >= 100) {
+        return Err(ConfigError::new("warn_at", "percentages must be 1 to 99"));
+    }
+    warn_at.sort_unstable();
+    warn_at.dedup();
+    Ok(Budget {
+        name: raw.name,
+        by: raw.by,
+        period: raw.period,
+        unit,
+        amount,
+        on_redis_failure: raw.on_redis_failure,
+        warn_at,
+    })
+}
+
+fn parse_lease(raw: &RawLease) -> Result<LeaseConfig, ConfigError> {
+    let percent = |field: &str, value: u8, min: u8| {
+        if value < min || value > 100 {
+            Err(ConfigError::new(
+                format!("lease.{field}"),
+                format!("must be between {min} and 100"),
+            ))
+        } else {
+            Ok(value)
+        }
+    };
+    Ok(LeaseConfig {
+        batch_percent: percent("batch_percent", raw.batch_percent, 1)?,
+        low_percent: percent("low_percent", raw.low_percent, 0)?,
+        sync_ms: if (10..=60_000).contains(&raw.sync_ms) {
+            raw.sync_ms
+        } else {
+            return Err(ConfigError::new(
+                "lease.sync_ms",
+                "must be between 10 and 60000",
+            ));
+        },
+        emergency_percent: percent("emergency_percent", raw.emergency_percent, 0)?,
+        retry_ms: if (10..=600_000).contains(&raw.retry_ms) {
+            raw.retry_ms
+        } else {
+            return Err(ConfigError::new(
+                "lease.retry_ms",
+                "must be between 10 and 600000",
+            ));
+        },
+    })
+}
+
+/// `"25"`, `"0.50"`, `"1234.000000001"` → nano-units; `None` for anything else.
+pub fn parse_money(text: &str) -> Option<u64> {
+    let (whole, fraction) = match text.split_once('.') {
+        Some((w, f)) => (w, f),
+        None => (text, ""),
+    };
+    if whole.is_empty()
+        || !whole.bytes().all(|b| b.is_ascii_digit())
+        || fraction.len() > 9
+        || !fraction.bytes().all(|b| b.is_ascii_digit())
+        || (text.contains('.') && fraction.is_empty())
+    {
+        return None;
+    }
+    let whole: u64 = whole.parse().ok()?;
+    let mut nano: u64 = 0;
+    for (i, digit) in fraction.bytes().enumerate() {
+        let exp = 8u32.checked_sub(u32::try_from(i).ok()?)?;
+        nano += u64::from(digit - b'0') * 10u64.pow(exp);
+    }
+    whole.checked_mul(1_000_000_000)?.checked_add(nano)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(json: &str) -> Result<Config, ConfigError> {
+        let rules = parse_document(json.as_bytes())?;
+        Ok(rules.global().expect("global config").clone())
+    }
+
+    #[test]
+    fn defaults() {
+        let c = parse("{}").unwrap();
+        assert_eq!(c.default_max_tokens, 4096);
+        assert!(c.is_empty());
+        assert_eq!(c.clock, Clock::Redis);
+        assert_eq!(c.lease.batch_percent, 5);
+        assert!(c.redis.is_none());
+    }
+
+    #[test]
+    fn limits_and_budgets() {
+        let c = parse(
+            r#"{"limits":[{"name":"k","by":"key","tokens":1000,"per":"minute"},
+                {"name":"t","by":["tenant","model_group","tenant"],"requests":5,"per":"second","model_groups":["smart"]}],
+               "budgets":[{"name":"m","by":"tenant","period":"month","tokens":100},
+                {"name":"d","by":"user","period":"day","money":"2.5","warn_at":[95,80]}]}"#,
+        )
+        .unwrap();
+        assert_eq!(c.limits[0].unit, Unit::Tokens);
+        assert_eq!(c.limits[0].window_ms, 60_000);
+        assert_eq!(
+            c.limits[1].by,
+            vec![Dimension::Tenant, Dimension::ModelGroup]
+        );
+        assert!(c.limits[1].applies_to(Some("smart")));
+        assert!(!c.limits[1].applies_to(Some("fast")));
+        assert!(!c.limits[1].applies_to(None));
+        assert!(c.limits[0].applies_to(None));
+        assert_eq!(c.budgets[1].amount, 2_500_000_000);
+        assert_eq!(
+            c.budgets[1].unit,
+            BudgetUnit::Money {
+                currency: "USD".into()
+            }
+        );
+        assert_eq!(c.budgets[1].warn_at, vec![80, 95]);
+        assert!(c.counts_tokens());
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let cases = [
+            (
+                r#"{"limits":[{"name":"k","by":"key","per":"minute"}]}"#,
+                "limits[0].requests",
+            ),
+            (
+                r#"{"limits":[{"name":"k","by":"key","tokens":0,"per":"minute"}]}"#,
+                "limits[0].tokens",
+            ),
+            (
+                r#"{"limits":[{"name":"k","by":[],"tokens":1,"per":"minute"}]}"#,
+                "limits[0].by",
+            ),
+            (
+                r#"{"limits":[{"name":"k","by":"key","tokens":1,"per":"minute"},{"name":"k","by":"ip","tokens":1,"per":"minute"}]}"#,
+                "limits[1].name",
+            ),
+            (
+                r#"{"budgets":[{"name":"b","by":"ip","period":"day","tokens":1}]}"#,
+                "budgets[0].by",
+            ),
+            (
+                r#"{"budgets":[{"name":"b","by":"key","period":"day","money":"1.2.3"}]}"#,
+                "budgets[0].money",
+            ),
+            (
+                r#"{"budgets":[{"name":"b","by":"key","period":"day","money":"1","currency":"usd"}]}"#,
+                "budgets[0].currency",
+            ),
+            (
+                r#"{"budgets":[{"name":"b","by":"key","period":"day","tokens":1,"warn_at":[100]}]}"#,
+                "budgets[0].warn_at",
+            ),
+            (r#"{"default_max_tokens":0}"#, "default_max_tokens"),
+            (r#"{"lease":{"batch_percent":0}}"#, "lease.batch_percent"),
+            (r#"{"lease":{"sync_ms":1}}"#, "lease.sync_ms"),
+            (r#"{"journal_capacity":0}"#, "journal_capacity"),
+        ];
+        for (json, field) in cases {
+            let err = parse(json).unwrap_err();
+            assert_eq!(err.field(), field, "{json}: {err}");
+        }
+    }
+
+    #[test]
+    fn redis_only_in_the_higress_build() {
+        let result = parse(r#"{"redis":{"service":"outbound|6379||redis.static"}}"#);
+        if REDIS_TRANSPORT {
+            assert_eq!(result.unwrap().redis.unwrap().timeout_ms, 100);
+        } else {
+            assert_eq!(result.unwrap_err().field(), "redis");
+        }
+    }
+
+    #[test]
+    fn money() {
+        assert_eq!(parse_money("25"), Some(25_000_000_000));
+        assert_eq!(parse_money("0.50"), Some(500_000_000));
+        assert_eq!(parse_money("1.000000001"), Some(1_000_000_001));
+        for bad in [
+            "",
+            ".5",
+            "5.",
+            "1.0000000001",
+            "-1",
+            "1e3",
+            "x",
+            "18446744073709551615",
+        ] {
+            assert_eq!(parse_money(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn higress_rules_form() {
+        let rules = parse_document(
+            br#"{"limits":[{"name":"k","by":"key","tokens":10,"per":"second"}],
+                 "_rules_":[{"_match_route_":["r1"],"limits":[]}]}"#,
+        )
+        .unwrap();
+        assert_eq!(rules.configs().count(), 2);
+    }
+}

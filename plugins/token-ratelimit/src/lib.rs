@@ -1,0 +1,30 @@
+//! token-ratelimit: soft rate limits and hard budgets for LLM traffic, reserved on the way in
+//! and reconciled exactly once on the way out.
+//!
+//! * **Soft limits** (requests or tokens per second / minute / hour / day, per key,
+//!   consumer, tenant, model group, client address, user): each gateway instance keeps its
+//!   buckets in Envoy shared data ([`bucket`]); in the Higress build it leases capacity from
+//!   central buckets in Redis in batches, so the hot path makes no Redis call while the local
+//!   bucket has capacity.
+//! * **Hard budgets** (tokens or money per hour / day / month, per tenant, consumer, key,
+//!   user): reserved with one atomic Redis call over every level, reconciled once from the
+//!   usage record that usage-accounting publishes ([`budget`]).
+//!
+//! The cost of a request ([`cost`]) is its estimated prompt tokens plus its output cap; the
+//! plugin injects the configured `max_tokens` when the client sent none, so the provider
+//! enforces the cap the reservation assumed. Decisions live in the pure modules; the
+//! proxy-wasm shell is compiled only for `wasm32`.
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::indexing_slicing
+    )
+)]
+
+pub mod bucket;
+pub mod budget;
+pub mod config;
+pub mod cost;
