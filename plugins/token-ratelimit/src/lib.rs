@@ -28,3 +28,4 @@ pub mod bucket;
 pub mod budget;
 pub mod config;
 pub mod cost;
+pub mod decide;

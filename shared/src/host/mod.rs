@@ -383,6 +383,40 @@ pub fn set_shared_data(key: &str, value: &[u8], cas: u32) -> HostResult<()> {
     })
 }
 
+/// Rounds of [`update_shared_data`] before it gives up on a contended key.
+pub const CAS_ROUNDS: usize = 16;
+
+/// Read-modify-write of one shared-data value under CAS, retried on `CasMismatch`.
+///
+/// `update` gets the current value (`None`: the key does not exist) and returns the value to
+/// write (`None`: write nothing) and a result. A missing key is first created with `seed`
+/// unconditionally (CAS 0 cannot say "only if absent"; two workers creating the same key at
+/// once may both write the seed, which is why a seed must be a valid starting state), and
+/// the update then runs under CAS like any other.
+pub fn update_shared_data<R>(
+    key: &str,
+    seed: &[u8],
+    mut update: impl FnMut(&[u8]) -> (Option<Vec<u8>>, R),
+) -> HostResult<R> {
+    for _ in 0..CAS_ROUNDS {
+        let (value, cas) = shared_data(key)?;
+        let Some(value) = value else {
+            set_shared_data(key, seed, 0)?;
+            continue;
+        };
+        let (next, result) = update(&value);
+        let Some(next) = next else {
+            return Ok(result);
+        };
+        match set_shared_data(key, &next, cas) {
+            Ok(()) => return Ok(result),
+            Err(HostError::CasMismatch) => continue,
+            Err(err) => return Err(err),
+        }
+    }
+    Err(HostError::CasMismatch)
+}
+
 // ---------------------------------------------------------------------------------------
 // Stream control and local replies
 
