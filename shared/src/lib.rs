@@ -32,6 +32,7 @@ pub mod rules;
 pub mod sse;
 pub mod tokens;
 pub mod usage;
+pub mod usage_record;
 pub mod wire;
 
 // wasm32-wasip1 only (the proxy-wasm target): `host` links the SDK for its dispatcher, whose

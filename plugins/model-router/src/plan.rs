@@ -5,6 +5,7 @@
 
 use crate::config::{Group, RouterConfig};
 use llm_gateway_shared::reject::Reject;
+use llm_gateway_shared::route_info::Price;
 
 /// What the router knows about the request when it plans.
 #[derive(Debug, Clone, Default)]
@@ -106,6 +107,16 @@ pub fn plan(
         group: group.name.clone(),
         deployments,
     })
+}
+
+/// The price ceiling of a plan (`RouteInfo::price_ceiling`): the element-wise maximum price of
+/// every deployment in it, `None` if one has no price, the currencies differ or it is empty.
+pub fn price_ceiling(config: &RouterConfig, deployments: &[usize]) -> Option<Price> {
+    Price::ceiling(
+        deployments
+            .iter()
+            .map(|i| config.deployments.get(*i).and_then(|d| d.price.as_ref())),
+    )
 }
 
 /// True if `allowed` (the `x-llm-groups` value) lets the caller use `group`.
@@ -269,6 +280,48 @@ mod tests {
         };
         let err = plan(&config, &huge, |_| Admission::Admit).unwrap_err();
         assert_eq!(err.code, "context_length_exceeded");
+    }
+
+    #[test]
+    fn the_price_ceiling_covers_every_deployment_of_the_plan() {
+        let doc = r#"{"deployments":[
+            {"name":"a","cluster":"ca","model":"m","provider":"openai",
+             "price":{"input":100,"output":400,"cached_input":50}},
+            {"name":"b","cluster":"cb","model":"m","provider":"openai",
+             "price":{"input":300,"output":200}},
+            {"name":"c","cluster":"cc","model":"m","provider":"openai"},
+            {"name":"d","cluster":"cd","model":"m","provider":"openai",
+             "price":{"currency":"EUR","input":1,"output":1}}],
+           "groups":[{"name":"g","deployments":[{"deployment":"a"},{"deployment":"b"}]}]}"#;
+        let set = crate::config::parse_document(doc.as_bytes()).unwrap();
+        let config = set.global().unwrap();
+        let p = plan(config, &request("g", "*"), |_| Admission::Admit).unwrap();
+        let ceiling = price_ceiling(config, &p.deployments).unwrap();
+        assert_eq!(
+            (
+                ceiling.currency.as_str(),
+                ceiling.input,
+                ceiling.output,
+                ceiling.cached_input
+            ),
+            ("USD", 300, 400, Some(300))
+        );
+        // the first choice alone when the breaker leaves only it
+        let p = plan(config, &request("g", "*"), |i| {
+            if i == 1 {
+                Admission::Skip(1)
+            } else {
+                Admission::Admit
+            }
+        })
+        .unwrap();
+        let ceiling = price_ceiling(config, &p.deployments).unwrap();
+        assert_eq!((ceiling.input, ceiling.output), (100, 400));
+        // an unpriced deployment, another currency, no deployment: no ceiling
+        assert_eq!(price_ceiling(config, &[0, 2]), None);
+        assert_eq!(price_ceiling(config, &[0, 3]), None);
+        assert_eq!(price_ceiling(config, &[]), None);
+        assert_eq!(price_ceiling(config, &[0, 99]), None);
     }
 
     #[test]

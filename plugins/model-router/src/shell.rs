@@ -20,7 +20,7 @@ use crate::body::{is_context_length_error, is_routed_path, rewrite_model, Body};
 use crate::breaker::{is_failure, State, Transition, Verdict};
 use crate::config::{parse_document, Deployment, Provider, Role, RouterConfig};
 use crate::ids::IdSource;
-use crate::plan::{plan, Admission, Request as PlanRequest};
+use crate::plan::{plan, price_ceiling, Admission, Request as PlanRequest};
 use crate::stream::{interrupted_event, StreamWatcher};
 use llm_gateway_shared::headers;
 use llm_gateway_shared::host::{self, Buffer, HeaderMap, HostError, LogLevel, Metric};
@@ -396,7 +396,15 @@ impl Downstream {
             }
         }
         host::set_property(&[PLAN_PROPERTY], names.join(",").as_bytes()).map_err(internal)?;
-        let info = route_info(config, &plan.group, first, &request_id, 1, Vec::new());
+        let info = route_info(
+            config,
+            &plan.group,
+            &plan.deployments,
+            first,
+            &request_id,
+            1,
+            Vec::new(),
+        );
         host::set_property(&[ROUTE_PROPERTY], &info.to_json()).map_err(internal)?;
         host::clear_route_cache().map_err(internal)?;
 
@@ -422,6 +430,7 @@ impl Downstream {
 fn route_info(
     config: &RouterConfig,
     group: &str,
+    plan: &[usize],
     deployment: &Deployment,
     request_id: &str,
     attempts: u32,
@@ -438,6 +447,7 @@ fn route_info(
         route_version: config.version.clone(),
         attempts,
         tried,
+        price_ceiling: price_ceiling(config, plan),
     }
 }
 
@@ -513,6 +523,7 @@ impl HttpContext for Downstream {
             let info = route_info(
                 config,
                 &routed.group,
+                &routed.deployments,
                 deployment,
                 &routed.request_id,
                 attempts,

@@ -104,7 +104,7 @@ fn default_true() -> bool {
     true
 }
 fn default_filter_state() -> String {
-    "llm_usage".into()
+    llm_gateway_shared::usage_record::PROPERTY.into()
 }
 fn default_max_event_bytes() -> usize {
     1024 * 1024

@@ -1,0 +1,214 @@
+//! The usage record: the contract between usage-accounting, which publishes one per logical
+//! request, and its readers (token-ratelimit settles budgets with it, reports aggregate it).
+//!
+//! usage-accounting publishes it in its `on_log` as Envoy filter state: property [`PROPERTY`]
+//! (`llm_usage`, filter state `wasm.llm_usage`; the plugin's `filter_state` setting may rename
+//! it), as a JSON log line, and (Higress builds) in the Redis stream ledger. A filter placed
+//! after usage-accounting in the chain reads it in its own `on_log` with
+//! `get_property(["llm_usage"])` and [`Record::from_json`].
+//!
+//! ```json
+//! {"request_id":"…","ts_ms":1764480000000,"consumer":"team-a","tenant":"acme",
+//!  "project":"search","agent":"planner","run_id":"r-1","model_group":"fast",
+//!  "deployment":"east","model":"gpt-4o-mini","api":"chat.completions","stream":true,
+//!  "status":200,"complete":true,"attempts":[{"deployment":"east","status":200}],
+//!  "usage_source":"upstream","usage":{"prompt_tokens":1000,"completion_tokens":100,
+//!  "cached_prompt_tokens":600,"cache_write_tokens":0,"reasoning_tokens":0,"total_tokens":1100},
+//!  "cost_nano":243600,"currency":"USD","price_version":"2026-11","ttft_ms":180,"duration_ms":950}
+//! ```
+//! `usage_source` is `upstream` (the provider's numbers) or `estimated` (counted by the gateway:
+//! stream cut, provider without usage, client gone). `cost_nano` is in nano-units (10⁻⁹) of
+//! `currency`; it and `price_version` are null when no price is configured for the request.
+//! Every member is always present (absent values are `null`), in the order above.
+
+use crate::usage::Usage;
+use serde::{Deserialize, Serialize};
+
+/// The property name usage-accounting publishes the record under by default (filter state
+/// `wasm.llm_usage`).
+pub const PROPERTY: &str = "llm_usage";
+
+/// Where the token counts come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UsageSource {
+    /// The upstream's own usage object.
+    Upstream,
+    /// Counted by the gateway.
+    Estimated,
+}
+
+/// One upstream attempt of the request (several with fallback).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Attempt {
+    /// The deployment tried.
+    pub deployment: Option<String>,
+    /// Its HTTP status (0: no response).
+    pub status: u16,
+}
+
+/// Token counts as published.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UsageFields {
+    /// All input tokens.
+    pub prompt_tokens: u64,
+    /// All output tokens.
+    pub completion_tokens: u64,
+    /// Input read from the prompt cache.
+    pub cached_prompt_tokens: u64,
+    /// Input written to the prompt cache.
+    pub cache_write_tokens: u64,
+    /// Reasoning output.
+    pub reasoning_tokens: u64,
+    /// prompt + completion.
+    pub total_tokens: u64,
+}
+
+impl From<Usage> for UsageFields {
+    fn from(u: Usage) -> Self {
+        UsageFields {
+            prompt_tokens: u.prompt_tokens,
+            completion_tokens: u.completion_tokens,
+            cached_prompt_tokens: u.cached_prompt_tokens,
+            cache_write_tokens: u.cache_write_tokens,
+            reasoning_tokens: u.reasoning_tokens,
+            total_tokens: u.total_tokens(),
+        }
+    }
+}
+
+/// The attribution record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Record {
+    /// Logical request id (survives fallbacks and retries).
+    pub request_id: String,
+    /// When the request arrived, Unix milliseconds.
+    pub ts_ms: u64,
+    /// Consumer (key-auth).
+    pub consumer: Option<String>,
+    /// Tenant (key-auth).
+    pub tenant: Option<String>,
+    /// Client header `x-project`.
+    pub project: Option<String>,
+    /// Client header `x-agent`.
+    pub agent: Option<String>,
+    /// Client header `x-run-id`.
+    pub run_id: Option<String>,
+    /// Model group (router).
+    pub model_group: Option<String>,
+    /// Deployment of the last attempt (router).
+    pub deployment: Option<String>,
+    /// Model the upstream named (else the request's).
+    pub model: Option<String>,
+    /// `chat.completions`, `responses`, `messages`, `embeddings`.
+    pub api: String,
+    /// Streaming response.
+    pub stream: bool,
+    /// Final HTTP status (0: none).
+    pub status: u16,
+    /// The response ended normally (false: cut, aborted).
+    pub complete: bool,
+    /// Every upstream attempt, in order.
+    pub attempts: Vec<Attempt>,
+    /// `upstream` or `estimated`.
+    pub usage_source: UsageSource,
+    /// Token counts.
+    pub usage: UsageFields,
+    /// Cost in nano-units of `currency`.
+    pub cost_nano: Option<u64>,
+    /// Currency of `cost_nano`.
+    pub currency: Option<String>,
+    /// Price list version used.
+    pub price_version: Option<String>,
+    /// Milliseconds from the request to the first generated output.
+    pub ttft_ms: Option<u64>,
+    /// Milliseconds from the request to the end of the response.
+    pub duration_ms: u64,
+}
+
+impl Record {
+    /// The record as one line of JSON.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// Reads a published record (the property's bytes, a log line); `None` if it is not one.
+    pub fn from_json(bytes: &[u8]) -> Option<Record> {
+        serde_json::from_slice(bytes).ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    fn record() -> Record {
+        Record {
+            request_id: "r".into(),
+            ts_ms: 1,
+            consumer: Some("team-a".into()),
+            tenant: None,
+            project: None,
+            agent: None,
+            run_id: None,
+            model_group: Some("fast".into()),
+            deployment: Some("east".into()),
+            model: None,
+            api: "chat.completions".into(),
+            stream: true,
+            status: 200,
+            complete: true,
+            attempts: vec![Attempt {
+                deployment: Some("east".into()),
+                status: 200,
+            }],
+            usage_source: UsageSource::Upstream,
+            usage: UsageFields::from(Usage {
+                prompt_tokens: 10,
+                completion_tokens: 2,
+                ..Usage::default()
+            }),
+            cost_nano: Some(243_600),
+            currency: Some("USD".into()),
+            price_version: None,
+            ttft_ms: None,
+            duration_ms: 5,
+        }
+    }
+
+    #[test]
+    fn serialization_is_pinned() {
+        // The exact bytes readers (token-ratelimit, reports, log pipelines) parse.
+        let line = record().to_json();
+        assert_eq!(
+            line,
+            r#"{"request_id":"r","ts_ms":1,"consumer":"team-a","tenant":null,"project":null,"agent":null,"run_id":null,"model_group":"fast","deployment":"east","model":null,"api":"chat.completions","stream":true,"status":200,"complete":true,"attempts":[{"deployment":"east","status":200}],"usage_source":"upstream","usage":{"prompt_tokens":10,"completion_tokens":2,"cached_prompt_tokens":0,"cache_write_tokens":0,"reasoning_tokens":0,"total_tokens":12},"cost_nano":243600,"currency":"USD","price_version":null,"ttft_ms":null,"duration_ms":5}"#
+        );
+        assert_eq!(Record::from_json(line.as_bytes()), Some(record()));
+    }
+
+    #[test]
+    fn from_json_rejects_what_is_not_a_record() {
+        let line = record().to_json();
+        for bad in [
+            &b""[..],
+            b"null",
+            b"{}",
+            b"[1,2]",
+            b"\xff\xfe",
+            &line.as_bytes()[..line.len() - 1],
+            line.replace("\"status\":200,\"complete\"", "\"status\":-1,\"complete\"")
+                .as_bytes(),
+            line.replace("upstream", "guess").as_bytes(),
+        ] {
+            assert_eq!(
+                Record::from_json(bad),
+                None,
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
+}
