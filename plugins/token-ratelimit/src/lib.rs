@@ -29,3 +29,7 @@ pub mod budget;
 pub mod config;
 pub mod cost;
 pub mod decide;
+pub mod scripts;
+
+#[cfg(target_arch = "wasm32")]
+mod shell;
