@@ -20,12 +20,46 @@
 //!
 //! Prices are integers: micro-units of `currency` per one million tokens (so `150000` is
 //! $0.15 per 1M tokens). Absent members are omitted.
+//!
+//! ## Budget fallback (router → token-ratelimit → router)
+//!
+//! When the request's group has a `budget_fallback` group, the router also plans that group
+//! and publishes the result, an [`Alternative`], in [`BUDGET_FALLBACK_PROPERTY`]. token-ratelimit
+//! switches a request its hard budget refuses at the group's price but accepts at the
+//! alternative's: it applies [`Alternative::switch_writes`] (the plan's filter state, the
+//! router's request headers, [`BUDGET_FALLBACK_TAKEN`]), rewrites the body's `model` and
+//! clears the route cache. On the response the router follows the switched plan and adds
+//! [`BUDGET_FALLBACK_HEADER`].
 
 use crate::config::ConfigError;
+use crate::headers;
 use serde::{Deserialize, Serialize};
 
 /// The property name (filter state `wasm.llm_route`).
 pub const PROPERTY: &str = "llm_route";
+/// Filter state with the plan's deployment names, comma-separated, attempt order (router →
+/// its upstream role, which picks attempt k's deployment from it).
+pub const PLAN_PROPERTY: &str = "llm_route_plan";
+/// Prefix of the per-attempt cluster slots: `llm_try_<k>` = the cluster of attempt k+1, read
+/// by the route's matcher cluster specifier (`docs/router-fallback.md`).
+pub const TRY_PROPERTY_PREFIX: &str = "llm_try_";
+/// How many `llm_try_<k>` slots there are at most (the router's largest `max_attempts`).
+pub const TRY_SLOTS: usize = 8;
+/// Envoy's request header bounding the retries of a request (plan length − 1).
+pub const MAX_RETRIES_HEADER: &str = "x-envoy-max-retries";
+/// router → token-ratelimit: the [`Alternative`] of the request's group, JSON.
+pub const BUDGET_FALLBACK_PROPERTY: &str = "llm_route_budget_fallback";
+/// token-ratelimit → router: set when the request was switched; value = the group switched to.
+pub const BUDGET_FALLBACK_TAKEN: &str = "llm_budget_fallback";
+/// Response header naming the group a budget switched the request to (added by the router).
+pub const BUDGET_FALLBACK_HEADER: &str = "x-llm-budget-fallback";
+/// The provider credential headers; a switch removes both (see [`SwitchWrites`]).
+pub const CREDENTIAL_HEADERS: [&str; 2] = ["authorization", "x-api-key"];
+
+/// The property name of attempt slot `k` (`llm_try_<k>`).
+pub fn try_property(k: usize) -> String {
+    format!("{TRY_PROPERTY_PREFIX}{k}")
+}
 
 /// A deployment's price: micro-units of `currency` per one million tokens.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -146,6 +180,122 @@ impl RouteInfo {
     }
 }
 
+/// The plan of a group's budget fallback, as the router publishes it in
+/// [`BUDGET_FALLBACK_PROPERTY`] when the request's group has one (and the consumer may use the
+/// fallback group, and at least one of its deployments can take the request).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Alternative {
+    /// The route of the alternative's first deployment, `price_ceiling` over its whole plan
+    /// (what a money budget reserves if the request switches); `model_group` is the group.
+    pub route: RouteInfo,
+    /// The plan's deployment names, attempt order (the first is `route.deployment`).
+    pub deployments: Vec<String>,
+    /// The cluster of each attempt (same length as `deployments`).
+    pub clusters: Vec<String>,
+}
+
+/// What a filter writes to switch a request to an [`Alternative`] (see
+/// [`Alternative::switch_writes`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SwitchWrites {
+    /// Filter state to set, `(property, value)`, in order.
+    pub properties: Vec<(String, Vec<u8>)>,
+    /// Request headers to set (replacing any value).
+    pub set_headers: Vec<(&'static str, String)>,
+    /// Request headers to remove.
+    pub remove_headers: Vec<&'static str>,
+    /// The body's new `model` (the alternative's first deployment's model name).
+    pub model: String,
+}
+
+impl Alternative {
+    /// The group switched to.
+    pub fn group(&self) -> &str {
+        &self.route.model_group
+    }
+
+    /// The JSON bytes to publish.
+    pub fn to_json(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    /// Reads a published alternative; `None` if it is not one or is inconsistent (no
+    /// deployment, more than [`TRY_SLOTS`], `clusters` not one per deployment, a name with a
+    /// `,`, or a first deployment other than `route.deployment`).
+    pub fn from_json(bytes: &[u8]) -> Option<Alternative> {
+        let alternative: Alternative = serde_json::from_slice(bytes).ok()?;
+        alternative.is_consistent().then_some(alternative)
+    }
+
+    fn is_consistent(&self) -> bool {
+        !self.deployments.is_empty()
+            && self.deployments.len() <= TRY_SLOTS
+            && self.clusters.len() == self.deployments.len()
+            && self
+                .deployments
+                .iter()
+                .all(|d| !d.is_empty() && !d.contains(','))
+            && self.clusters.iter().all(|c| !c.is_empty())
+            && self.deployments.first() == Some(&self.route.deployment)
+    }
+
+    /// Everything the switching filter must write, besides the body's `model` and the
+    /// `clear_route_cache` call that follows:
+    /// * filter state: `llm_try_<k>` = the cluster of attempt k+1 for every slot up to
+    ///   [`TRY_SLOTS`] — past the alternative's plan, its last cluster again (see below) —,
+    ///   [`PLAN_PROPERTY`] = the names joined by `,`, [`PROPERTY`] = `route` as JSON,
+    ///   [`BUDGET_FALLBACK_TAKEN`] = the group;
+    /// * request headers set: `x-llm-model-group`, `x-llm-deployment`, `x-llm-cluster` (the
+    ///   first deployment) and [`MAX_RETRIES_HEADER`] = plan length − 1;
+    /// * request headers removed: [`CREDENTIAL_HEADERS`] — the router may have set the first
+    ///   plan's credential; each attempt's own is set by the router's upstream role, and a
+    ///   key meant for one provider must never reach another.
+    ///
+    /// Slots past the plan: `x-envoy-max-retries` bounds Envoy's attempts to the
+    /// alternative's length, so slot `len` and above are never read. The first plan may have
+    /// been longer and left its clusters there; they are overwritten anyway (with the
+    /// alternative's last cluster), so that even an attempt past the bound could not reach a
+    /// deployment of the group the budget refused.
+    ///
+    /// An inconsistent value (see [`Alternative::from_json`]) writes only what it can: no
+    /// panic, no slot for a missing cluster.
+    pub fn switch_writes(&self) -> SwitchWrites {
+        let mut properties = Vec::with_capacity(TRY_SLOTS + 3);
+        if let Some(last) = self.clusters.last() {
+            for k in 0..TRY_SLOTS.max(self.clusters.len()) {
+                let cluster = self.clusters.get(k).unwrap_or(last);
+                properties.push((try_property(k), cluster.as_bytes().to_vec()));
+            }
+        }
+        properties.push((
+            PLAN_PROPERTY.to_string(),
+            self.deployments.join(",").into_bytes(),
+        ));
+        properties.push((PROPERTY.to_string(), self.route.to_json()));
+        properties.push((
+            BUDGET_FALLBACK_TAKEN.to_string(),
+            self.group().as_bytes().to_vec(),
+        ));
+        let mut set_headers = vec![
+            (headers::MODEL_GROUP, self.route.model_group.clone()),
+            (headers::DEPLOYMENT, self.route.deployment.clone()),
+        ];
+        if let Some(first) = self.clusters.first() {
+            set_headers.push((headers::CLUSTER, first.clone()));
+        }
+        set_headers.push((
+            MAX_RETRIES_HEADER,
+            self.deployments.len().saturating_sub(1).to_string(),
+        ));
+        SwitchWrites {
+            properties,
+            set_headers,
+            remove_headers: CREDENTIAL_HEADERS.to_vec(),
+            model: self.route.model.clone(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -242,5 +392,110 @@ mod tests {
         let bad: Price =
             serde_json::from_str(r#"{"currency":"usd","input":1,"output":2}"#).unwrap();
         assert_eq!(bad.validate().unwrap_err().field(), "currency");
+    }
+
+    fn alternative() -> Alternative {
+        Alternative {
+            route: RouteInfo {
+                request_id: "r1".into(),
+                model_group: "cheap".into(),
+                deployment: "mini".into(),
+                model: "gpt-4o-mini".into(),
+                provider: "openai".into(),
+                price: Some(price("USD", 150, 600, None)),
+                price_version: Some("p1".into()),
+                route_version: "v7".into(),
+                attempts: 1,
+                tried: Vec::new(),
+                price_ceiling: Some(price("USD", 200, 600, None)),
+            },
+            deployments: vec!["mini".into(), "nano".into()],
+            clusters: vec!["openai".into(), "azure".into()],
+        }
+    }
+
+    #[test]
+    fn an_alternative_round_trips_and_inconsistent_ones_are_refused() {
+        let alt = alternative();
+        assert_eq!(Alternative::from_json(&alt.to_json()), Some(alt.clone()));
+        let mut bad = Vec::new();
+        let mut a = alt.clone();
+        a.clusters.pop();
+        bad.push(a);
+        let mut a = alt.clone();
+        a.deployments.clear();
+        a.clusters.clear();
+        bad.push(a);
+        let mut a = alt.clone();
+        a.deployments.swap(0, 1);
+        bad.push(a);
+        let mut a = alt.clone();
+        a.deployments[1] = "x,y".into();
+        bad.push(a);
+        let mut a = alt.clone();
+        a.deployments = (0..=TRY_SLOTS).map(|i| format!("d{i}")).collect();
+        a.deployments[0] = "mini".into();
+        a.clusters = (0..=TRY_SLOTS).map(|i| format!("c{i}")).collect();
+        bad.push(a);
+        for a in bad {
+            assert_eq!(Alternative::from_json(&a.to_json()), None, "{a:?}");
+        }
+        for junk in [&b""[..], b"{}", b"null", b"[]", b"\xff", br#"{"route":1}"#] {
+            assert_eq!(Alternative::from_json(junk), None);
+        }
+        // members a later router adds are ignored, like RouteInfo's
+        let mut extra: serde_json::Value = serde_json::from_slice(&alt.to_json()).unwrap();
+        extra["later"] = serde_json::json!(1);
+        assert_eq!(
+            Alternative::from_json(extra.to_string().as_bytes()),
+            Some(alt)
+        );
+    }
+
+    #[test]
+    fn switch_writes_cover_every_slot_the_plan_and_the_credentials() {
+        let alt = alternative();
+        let w = alt.switch_writes();
+        let prop = |name: &str| {
+            w.properties
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| String::from_utf8(v.clone()).unwrap())
+        };
+        assert_eq!(prop("llm_try_0").as_deref(), Some("openai"));
+        assert_eq!(prop("llm_try_1").as_deref(), Some("azure"));
+        // past the plan: the alternative's last cluster, never a slot of the first plan
+        for k in 2..TRY_SLOTS {
+            assert_eq!(prop(&try_property(k)).as_deref(), Some("azure"), "slot {k}");
+        }
+        assert_eq!(prop(&try_property(TRY_SLOTS)), None);
+        assert_eq!(prop("llm_route_plan").as_deref(), Some("mini,nano"));
+        assert_eq!(prop("llm_budget_fallback").as_deref(), Some("cheap"));
+        let route = RouteInfo::from_json(prop("llm_route").unwrap().as_bytes()).unwrap();
+        assert_eq!(route, alt.route);
+        assert_eq!(w.properties.len(), TRY_SLOTS + 3);
+        assert_eq!(
+            w.set_headers,
+            vec![
+                ("x-llm-model-group", "cheap".to_string()),
+                ("x-llm-deployment", "mini".to_string()),
+                ("x-llm-cluster", "openai".to_string()),
+                ("x-envoy-max-retries", "1".to_string()),
+            ]
+        );
+        assert_eq!(w.remove_headers, vec!["authorization", "x-api-key"]);
+        assert_eq!(w.model, "gpt-4o-mini");
+    }
+
+    #[test]
+    fn switch_writes_of_an_inconsistent_value_do_not_panic() {
+        let mut alt = alternative();
+        alt.clusters.clear();
+        alt.deployments.clear();
+        let w = alt.switch_writes();
+        assert!(!w.properties.iter().any(|(n, _)| n.starts_with("llm_try_")));
+        assert!(w
+            .set_headers
+            .contains(&("x-envoy-max-retries", "0".to_string())));
     }
 }

@@ -5,14 +5,14 @@
 //! lookup tables. Errors name the field; a credential is never echoed.
 
 use llm_gateway_shared::config::{validate_name, ConfigError};
-use llm_gateway_shared::route_info::Price;
+use llm_gateway_shared::route_info::{Price, TRY_SLOTS};
 use llm_gateway_shared::rules::{RuleSet, Scope};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 use std::collections::HashMap;
 
 /// Largest `max_attempts` (one per filter-state slot `llm_try_<k>` the route's matcher reads).
-pub const MAX_ATTEMPTS: usize = 8;
+pub const MAX_ATTEMPTS: usize = TRY_SLOTS;
 
 /// How a provider wants its credential.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -79,6 +79,8 @@ struct RawTarget {
 struct RawGroup {
     name: String,
     deployments: Vec<RawTarget>,
+    #[serde(default)]
+    budget_fallback: Option<String>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -159,6 +161,10 @@ pub struct Group {
     pub targets: Vec<Target>,
     /// Sum of the weights (0: the first target is always the first choice).
     pub total_weight: u64,
+    /// Index into [`RouterConfig::groups`] of the group a hard budget may switch a request
+    /// to (`budget_fallback`); never the group itself. Followed one hop only: the fallback
+    /// group's own `budget_fallback` is not used for requests switched to it.
+    pub budget_fallback: Option<usize>,
 }
 
 /// Circuit-breaker thresholds.
@@ -213,6 +219,12 @@ impl RouterConfig {
     /// The group named `name`.
     pub fn group(&self, name: &str) -> Option<&Group> {
         self.group_index.get(name).and_then(|i| self.groups.get(*i))
+    }
+
+    /// The group `group`'s budget fallback group, if it has one.
+    pub fn budget_fallback(&self, group: &str) -> Option<&Group> {
+        let index = self.group(group)?.budget_fallback?;
+        self.groups.get(index)
     }
 
     /// The deployment named `name` and its index.
@@ -281,6 +293,7 @@ impl RouterConfig {
         }
 
         let mut groups = Vec::with_capacity(raw.groups.len());
+        let mut fallbacks = Vec::with_capacity(raw.groups.len());
         let mut group_index = HashMap::new();
         for (i, g) in raw.groups.into_iter().enumerate() {
             let at = |field: &str| format!("groups[{i}].{field}");
@@ -329,7 +342,23 @@ impl RouterConfig {
                 name: g.name,
                 targets,
                 total_weight,
+                budget_fallback: None,
             });
+            fallbacks.push(g.budget_fallback);
+        }
+        // after every group is known: a fallback may name a group defined later
+        for (i, (group, fallback)) in groups.iter_mut().zip(fallbacks).enumerate() {
+            let Some(fallback) = fallback else {
+                continue;
+            };
+            let field = format!("groups[{i}].budget_fallback");
+            let Some(&index) = group_index.get(&fallback) else {
+                return Err(ConfigError::new(field, "names no configured group"));
+            };
+            if index == i {
+                return Err(ConfigError::new(field, "must name another group"));
+            }
+            group.budget_fallback = Some(index);
         }
 
         let b = raw.breaker;
@@ -486,6 +515,43 @@ pub(crate) mod tests {
         for (doc, field) in cases {
             assert_eq!(error(doc).field(), field, "{doc}");
         }
+    }
+
+    #[test]
+    fn a_budget_fallback_names_another_configured_group() {
+        let doc = |fast: &str, smart: &str| {
+            format!(
+                r#"{{"deployments":[
+                    {{"name":"a","cluster":"ca","model":"m","provider":"openai"}},
+                    {{"name":"b","cluster":"cb","model":"n","provider":"openai"}}],
+                   "groups":[{{"name":"fast","deployments":[{{"deployment":"a"}}]{fast}}},
+                             {{"name":"smart","deployments":[{{"deployment":"b"}}]{smart}}}]}}"#
+            )
+        };
+        // a group defined later, and (one hop each) back again
+        let set = parse_document(
+            doc(
+                r#","budget_fallback":"smart""#,
+                r#","budget_fallback":"fast""#,
+            )
+            .as_bytes(),
+        )
+        .unwrap();
+        let config = set.global().unwrap();
+        assert_eq!(config.group("fast").unwrap().budget_fallback, Some(1));
+        assert_eq!(config.budget_fallback("fast").unwrap().name, "smart");
+        assert_eq!(config.budget_fallback("smart").unwrap().name, "fast");
+        let set = parse_document(doc("", r#","budget_fallback":"fast""#).as_bytes()).unwrap();
+        assert!(set.global().unwrap().budget_fallback("fast").is_none());
+        assert!(set.global().unwrap().budget_fallback("nope").is_none());
+
+        let err = error(&doc(r#","budget_fallback":"nope""#, ""));
+        assert_eq!(err.field(), "groups[0].budget_fallback");
+        assert!(err.reason().contains("no configured group"), "{err}");
+        let err = error(&doc("", r#","budget_fallback":"smart""#));
+        assert_eq!(err.field(), "groups[1].budget_fallback");
+        assert!(err.reason().contains("another group"), "{err}");
+        assert!(parse_document(doc(r#","budget_fallback":7"#, "").as_bytes()).is_err());
     }
 
     #[test]

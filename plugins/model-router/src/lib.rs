@@ -26,6 +26,7 @@
 
 pub mod body;
 pub mod breaker;
+pub mod budget_fallback;
 pub mod config;
 pub mod ids;
 pub mod plan;

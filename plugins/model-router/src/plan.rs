@@ -3,9 +3,9 @@
 //!
 //! Pure: the breaker's verdicts and the prompt-size estimate come in as arguments.
 
-use crate::config::{Group, RouterConfig};
+use crate::config::{Deployment, Group, RouterConfig};
 use llm_gateway_shared::reject::Reject;
-use llm_gateway_shared::route_info::Price;
+use llm_gateway_shared::route_info::{Price, RouteInfo};
 
 /// What the router knows about the request when it plans.
 #[derive(Debug, Clone, Default)]
@@ -117,6 +117,32 @@ pub fn price_ceiling(config: &RouterConfig, deployments: &[usize]) -> Option<Pri
             .iter()
             .map(|i| config.deployments.get(*i).and_then(|d| d.price.as_ref())),
     )
+}
+
+/// The route info the router publishes (`llm_route`) for `deployment` of a plan of `group`
+/// whose deployments are `plan` (for the price ceiling).
+pub fn route_info(
+    config: &RouterConfig,
+    group: &str,
+    plan: &[usize],
+    deployment: &Deployment,
+    request_id: &str,
+    attempts: u32,
+    tried: Vec<String>,
+) -> RouteInfo {
+    RouteInfo {
+        request_id: request_id.to_string(),
+        model_group: group.to_string(),
+        deployment: deployment.name.clone(),
+        model: deployment.model.clone(),
+        provider: deployment.provider.as_str().to_string(),
+        price: deployment.price.clone(),
+        price_version: deployment.price_version.clone(),
+        route_version: config.version.clone(),
+        attempts,
+        tried,
+        price_ceiling: price_ceiling(config, plan),
+    }
 }
 
 /// True if `allowed` (the `x-llm-groups` value) lets the caller use `group`.

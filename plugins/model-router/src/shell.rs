@@ -7,7 +7,10 @@
 //!   for the first choice, publishes the plan in filter state (`llm_try_<k>` = the cluster of
 //!   attempt k+1, read by the route's matcher cluster specifier; `llm_route_plan` = the
 //!   deployments; `llm_route` = [`RouteInfo`]), bounds the retries (`x-envoy-max-retries`),
-//!   clears the route cache; on the response adds `x-llm-*` headers and guards streams.
+//!   clears the route cache; for a group with `budget_fallback` also publishes the fallback
+//!   group's plan (`llm_route_budget_fallback`, [`crate::budget_fallback`]); on the response
+//!   follows a budget switch if token-ratelimit made one, adds `x-llm-*` headers and guards
+//!   streams.
 //! * **upstream** (each provider cluster's upstream HTTP filter, runs once per attempt):
 //!   rewrites `model` and the credential for the attempt's deployment.
 //!
@@ -18,14 +21,18 @@
 
 use crate::body::{is_context_length_error, is_routed_path, rewrite_model, Body};
 use crate::breaker::{is_failure, State, Transition, Verdict};
+use crate::budget_fallback::{alternative, plan_alternative, switched_plan};
 use crate::config::{parse_document, Deployment, Provider, Role, RouterConfig};
 use crate::ids::IdSource;
-use crate::plan::{plan, price_ceiling, Admission, Request as PlanRequest};
+use crate::plan::{plan, route_info, Admission, Request as PlanRequest};
 use crate::stream::{interrupted_event, StreamWatcher};
 use llm_gateway_shared::headers;
 use llm_gateway_shared::host::{self, Buffer, HeaderMap, HostError, LogLevel, Metric};
 use llm_gateway_shared::reject::Reject;
-use llm_gateway_shared::route_info::{RouteInfo, PROPERTY as ROUTE_PROPERTY};
+use llm_gateway_shared::route_info::{
+    try_property, BUDGET_FALLBACK_HEADER, BUDGET_FALLBACK_PROPERTY, BUDGET_FALLBACK_TAKEN,
+    MAX_RETRIES_HEADER as MAX_RETRIES, PLAN_PROPERTY, PROPERTY as ROUTE_PROPERTY,
+};
 use llm_gateway_shared::rules::RuleSet;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType};
@@ -35,14 +42,11 @@ use std::hash::BuildHasher;
 use std::rc::Rc;
 
 const PLUGIN: &str = "model_router";
-/// Filter state holding the plan's deployment names, comma-separated.
-const PLAN_PROPERTY: &str = "llm_route_plan";
 /// Response headers.
 const ATTEMPTS: &str = "x-llm-attempts";
 const ROUTE_VERSION: &str = "x-llm-route-version";
 /// Envoy's attempt counter (route's virtual host: `include_request_attempt_count: true`).
 const ATTEMPT_COUNT: &str = "x-envoy-attempt-count";
-const MAX_RETRIES: &str = "x-envoy-max-retries";
 /// Set by the upstream role on a provider's context-length error; the route retries on it
 /// (`retry_on: retriable-headers`), the downstream role removes it before the client.
 const FALLBACK_HEADER: &str = "x-llm-fallback";
@@ -185,6 +189,20 @@ fn admit(config: &RouterConfig, deployment: &Deployment, now: u64) -> Admission 
     Admission::Skip(config.breaker.cooldown_ms) // lost every race: someone else probes
 }
 
+/// Asks the deployment's breaker without claiming a probe (for a budget fallback's plan, which
+/// the request will most likely not take): a breaker due for a probe skips it.
+fn admit_without_probe(config: &RouterConfig, deployment: &Deployment, now: u64) -> Admission {
+    let Ok((value, _)) = host::shared_data(&breaker_key(&deployment.name)) else {
+        return Admission::Admit; // no shared data: fail open
+    };
+    let state = value.as_deref().map(State::decode).unwrap_or_default();
+    match state.admit(&config.breaker, now) {
+        Verdict::Admit(None) => Admission::Admit,
+        Verdict::Admit(Some(_)) => Admission::Skip(0),
+        Verdict::Skip(ms) => Admission::Skip(ms),
+    }
+}
+
 /// Records an attempt's outcome in the deployment's breaker.
 fn record(config: &RouterConfig, deployment: &str, failed: bool, now: u64) {
     let key = breaker_key(deployment);
@@ -295,8 +313,14 @@ fn attempt_number() -> u32 {
 struct Routed {
     /// Position of the selected config in `config.configs()`.
     config_index: usize,
+    /// The plan: the group and its deployments in attempt order (after a budget switch, the
+    /// fallback group's, read back on the response).
     group: String,
     deployments: Vec<usize>,
+    /// An alternative was published in `llm_route_budget_fallback`: a later filter may switch.
+    alternative_published: bool,
+    /// The group a budget switched the request to (seen on the response).
+    switched_to: Option<String>,
     request_id: String,
     /// The client speaks Anthropic Messages (`/v1/messages`): its error event is Anthropic's.
     anthropic_api: bool,
@@ -391,7 +415,7 @@ impl Downstream {
             .collect();
         for (slot, index) in plan.deployments.iter().enumerate() {
             if let Some(deployment) = config.deployments.get(*index) {
-                host::set_property(&[&format!("llm_try_{slot}")], deployment.cluster.as_bytes())
+                host::set_property(&[&try_property(slot)], deployment.cluster.as_bytes())
                     .map_err(internal)?;
             }
         }
@@ -406,6 +430,8 @@ impl Downstream {
             Vec::new(),
         );
         host::set_property(&[ROUTE_PROPERTY], &info.to_json()).map_err(internal)?;
+        let alternative_published =
+            publish_alternative(config, &request, &plan.group, &request_id, now);
         host::clear_route_cache().map_err(internal)?;
 
         count(&format!("version.{}.requests", config.version));
@@ -416,6 +442,8 @@ impl Downstream {
                 .unwrap_or(0),
             group: plan.group,
             deployments: plan.deployments,
+            alternative_published,
+            switched_to: None,
             request_id,
             anthropic_api: self
                 .path
@@ -427,28 +455,60 @@ impl Downstream {
     }
 }
 
-fn route_info(
+/// Plans the group's budget fallback, if it has one, and publishes it for token-ratelimit
+/// (`llm_route_budget_fallback`). True if published. Failing to publish only loses the
+/// fallback (the budget then refuses as usual): the request goes on.
+fn publish_alternative(
     config: &RouterConfig,
+    request: &PlanRequest<'_>,
     group: &str,
-    plan: &[usize],
-    deployment: &Deployment,
     request_id: &str,
-    attempts: u32,
-    tried: Vec<String>,
-) -> RouteInfo {
-    RouteInfo {
-        request_id: request_id.to_string(),
-        model_group: group.to_string(),
-        deployment: deployment.name.clone(),
-        model: deployment.model.clone(),
-        provider: deployment.provider.as_str().to_string(),
-        price: deployment.price.clone(),
-        price_version: deployment.price_version.clone(),
-        route_version: config.version.clone(),
-        attempts,
-        tried,
-        price_ceiling: price_ceiling(config, plan),
+    now: u64,
+) -> bool {
+    if config.budget_fallback(group).is_none() {
+        return false;
     }
+    let planned = plan_alternative(config, request, group, |index| {
+        match config.deployments.get(index) {
+            Some(deployment) => admit_without_probe(config, deployment, now),
+            None => Admission::Skip(0),
+        }
+    });
+    let Some(alt) = planned.and_then(|p| alternative(config, &p, request_id)) else {
+        return false;
+    };
+    match host::set_property(&[BUDGET_FALLBACK_PROPERTY], &alt.to_json()) {
+        Ok(()) => true,
+        Err(err) => {
+            log(
+                LogLevel::Error,
+                &format!("cannot publish the budget fallback: {err}"),
+            );
+            false
+        }
+    }
+}
+
+/// After a budget switch (token-ratelimit set `llm_budget_fallback` and rewrote the plan),
+/// the plan the attempts followed: the group switched to and the deployments of
+/// `llm_route_plan`. `None`: no switch (or one the router cannot read back: it keeps its own).
+fn read_switch(config: &RouterConfig) -> Option<(String, crate::plan::Plan)> {
+    let taken = host::property_string(&[BUDGET_FALLBACK_TAKEN])
+        .ok()
+        .flatten()
+        .filter(|t| !t.is_empty())?;
+    let names = host::property_string(&[PLAN_PROPERTY])
+        .ok()
+        .flatten()
+        .unwrap_or_default();
+    let plan = switched_plan(config, &taken, &names);
+    if plan.is_none() {
+        log(
+            LogLevel::Warn,
+            "a budget fallback was taken but its plan names no configured group or deployment; reporting the original plan",
+        );
+    }
+    plan.map(|p| (taken, p))
 }
 
 impl HttpContext for Downstream {
@@ -494,6 +554,16 @@ impl HttpContext for Downstream {
         let Some(config) = routed.config.configs().nth(routed.config_index) else {
             return Action::Continue;
         };
+        if routed.alternative_published && routed.switched_to.is_none() {
+            // From here on (breakers, headers, route info, `tried`) the switched plan is
+            // the one the attempts followed.
+            if let Some((taken, switched)) = read_switch(config) {
+                routed.group = switched.group;
+                routed.deployments = switched.deployments;
+                routed.switched_to = Some(taken);
+                count("budget_fallbacks");
+            }
+        }
         let attempts = attempt_number();
         let index = usize::try_from(attempts - 1).unwrap_or(0);
         let served = routed
@@ -510,6 +580,9 @@ impl HttpContext for Downstream {
         add(headers::MODEL_GROUP, &routed.group);
         add(ATTEMPTS, &attempts.to_string());
         add(ROUTE_VERSION, &config.version);
+        if let Some(group) = &routed.switched_to {
+            add(BUDGET_FALLBACK_HEADER, group);
+        }
         if let Some(deployment) = served {
             add(headers::DEPLOYMENT, &deployment.name);
             // Attempt k went to the plan's k-th deployment (the route's slot k-1).
