@@ -1,0 +1,231 @@
+//! token-ratelimit in the wasmtime harness, chained after usage-accounting (whose record it
+//! settles from): the plain build (buckets and budgets per instance in shared data) and the
+//! Higress build (leases and budgets in a real `redis-server`).
+
+use llm_gateway_tests::harness::{FilterSpec, Fleet, Request, Response};
+use llm_gateway_tests::redis::Redis;
+use serde_json::{json, Value};
+
+const SERVICE: &str = "outbound|6379||redis.static";
+
+fn usage() -> FilterSpec {
+    FilterSpec::plugin("usage-accounting", &json!({})).unwrap()
+}
+
+fn limiter(plugin: &str, config: &Value) -> FilterSpec {
+    FilterSpec::plugin(plugin, config)
+        .unwrap()
+        .allow_on_headers_stop_iteration(true)
+}
+
+fn plain_fleet(config: &Value, workers: usize) -> Fleet {
+    Fleet::builder()
+        .filter(usage())
+        .filter(limiter("token-ratelimit", config))
+        .workers(workers)
+        .build()
+        .unwrap()
+}
+
+fn redis_fleet(config: &Value, redis: &Redis, instances: usize, workers: usize) -> Fleet {
+    let fleet = Fleet::builder()
+        .filter(usage())
+        .filter(limiter("token-ratelimit-higress", config))
+        .redis(SERVICE, redis.addr())
+        .instances(instances)
+        .workers(workers)
+        .build()
+        .unwrap();
+    fleet.clock().set_nanos(1_796_000_000_000_000_000);
+    fleet
+}
+
+/// A chat request of `chars` characters of prompt (chars/4 tokens + 4: the model is not an
+/// OpenAI family, so the gateway and the mock count alike) and `max_tokens`.
+fn chat(id: &str, consumer: &str, chars: usize, max_tokens: Option<u64>) -> Request {
+    let mut body = json!({
+        "model": "claude-test",
+        "messages": [{"role": "user", "content": "a".repeat(chars)}]
+    });
+    if let Some(max) = max_tokens {
+        body["max_tokens"] = json!(max);
+    }
+    Request::post("/v1/chat/completions")
+        .header("x-llm-request-id", id)
+        .header("x-llm-consumer", consumer)
+        .header("x-llm-tenant", "acme")
+        .header("x-llm-key-id", consumer)
+        .json(&body)
+}
+
+fn answer(prompt: u64, completion: u64) -> Response {
+    Response::json(&json!({
+        "object": "chat.completion",
+        "model": "claude-test",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    }))
+}
+
+fn body_of(ex: &llm_gateway_tests::harness::Exchange) -> Value {
+    serde_json::from_slice(&ex.upstream.as_ref().unwrap().body).unwrap()
+}
+
+#[test]
+fn injects_the_output_cap_and_refuses_past_the_token_limit_with_retry_after() {
+    let config = json!({
+        "default_max_tokens": 100,
+        "limits": [{"name": "key-tpm", "by": "key", "tokens": 1000, "per": "minute"}]
+    });
+    let fleet = plain_fleet(&config, 1);
+    // 400 chars = 100 tokens + 4, +10 % margin + 8 slack = 123; + cap 100 = 223 reserved
+    let ex = fleet
+        .exchange(0, 0, &chat("r1", "alice", 400, None), |_| answer(104, 100))
+        .unwrap();
+    assert_eq!(ex.status(), 200, "{}", fleet.log_text());
+    assert_eq!(body_of(&ex)["max_completion_tokens"], 100);
+    assert_eq!(ex.header("x-ratelimit-limit-tokens"), Some("1000"));
+    // reserved 223, used 204: 19 back
+    let remaining: u64 = ex
+        .header("x-ratelimit-remaining-tokens")
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(remaining, 1000 - 223);
+    let mut admitted = 1;
+    loop {
+        let ex = fleet
+            .exchange(
+                0,
+                0,
+                &chat(&format!("r{admitted}x"), "alice", 400, None),
+                |_| answer(104, 100),
+            )
+            .unwrap();
+        if ex.status() == 429 {
+            let reply = ex.local_reply.as_ref().unwrap();
+            let error: Value = serde_json::from_slice(&reply.body).unwrap();
+            assert_eq!(error["error"]["code"], "rate_limit_exceeded");
+            assert!(error["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("key-tpm"));
+            let retry: u64 = ex.header("retry-after").unwrap().parse().unwrap();
+            assert!((1..=60).contains(&retry), "{retry}");
+            break;
+        }
+        assert_eq!(ex.status(), 200);
+        admitted += 1;
+        assert!(admitted < 10, "never limited");
+    }
+    // 1000 tokens a minute, each request really used 204 (the settle gave the rest back):
+    // the fourth request still fits (3 x 204 + 223 = 835), the fifth does not.
+    assert_eq!(admitted, 4, "{}", fleet.log_text());
+    // another key has its own bucket
+    let ex = fleet
+        .exchange(0, 0, &chat("b1", "bob", 400, None), |_| answer(104, 100))
+        .unwrap();
+    assert_eq!(ex.status(), 200);
+    // a minute later alice is served again
+    fleet.clock().advance(std::time::Duration::from_secs(60));
+    let ex = fleet
+        .exchange(0, 0, &chat("r-late", "alice", 400, None), |_| {
+            answer(104, 100)
+        })
+        .unwrap();
+    assert_eq!(ex.status(), 200);
+}
+
+#[test]
+fn a_hard_budget_reserves_settles_exactly_and_refuses_with_402() {
+    let config = json!({
+        "budgets": [{"name": "tenant-day", "by": "tenant", "period": "day", "tokens": 1000}]
+    });
+    let fleet = plain_fleet(&config, 2);
+    // reserve 123 + 300 = 423; use 104 + 50
+    let mut served = 0u64;
+    for i in 0..20 {
+        let ex = fleet
+            .exchange(
+                0,
+                i % 2,
+                &chat(&format!("b{i}"), "alice", 400, Some(300)),
+                |_| answer(104, 50),
+            )
+            .unwrap();
+        match ex.status() {
+            200 => served += 1,
+            402 => {
+                let error: Value =
+                    serde_json::from_slice(&ex.local_reply.as_ref().unwrap().body).unwrap();
+                assert_eq!(error["error"]["type"], "insufficient_quota");
+                assert!(error["error"]["message"]
+                    .as_str()
+                    .unwrap()
+                    .contains("tenant-day"));
+                break;
+            }
+            other => panic!("status {other}\n{}", fleet.log_text()),
+        }
+    }
+    // spent 154 per request: after n requests, another fits while 154 n + 423 <= 1000
+    assert_eq!(served, 4);
+    let spent = fleet
+        .services(0)
+        .shared_data
+        .keys("token-ratelimit")
+        .into_iter()
+        .find(|k| k.starts_with("trl:bud:"))
+        .and_then(|k| fleet.services(0).shared_data.get("token-ratelimit", &k))
+        .map(|(v, _)| u64::from_le_bytes(v[..8].try_into().unwrap()))
+        .unwrap();
+    assert_eq!(spent, 4 * 154);
+}
+
+#[test]
+fn leases_from_redis_in_batches_and_settles_budgets_there_exactly_once() {
+    let redis = Redis::start().unwrap();
+    let config = json!({
+        "redis": {"service": SERVICE, "timeout_ms": 200},
+        "clock": "gateway",
+        "limits": [{"name": "tenant-tpm", "by": "tenant", "tokens": 100000, "per": "minute"}],
+        "budgets": [{"name": "tenant-day", "by": "tenant", "period": "day", "tokens": 1000000}],
+        "lease": {"batch_percent": 10}
+    });
+    let fleet = redis_fleet(&config, &redis, 1, 2);
+    let calls_before = fleet.redis().calls();
+    for i in 0..30 {
+        let ex = fleet
+            .exchange(
+                0,
+                i % 2,
+                &chat(&format!("l{i}"), "alice", 400, Some(100)),
+                |_| answer(104, 20),
+            )
+            .unwrap();
+        assert_eq!(ex.status(), 200, "{}", fleet.log_text());
+        fleet.tick().unwrap();
+        fleet.pump().unwrap();
+    }
+    let calls = fleet.redis().calls() - calls_before;
+    // 30 reserves + 30 reconciles, and a handful of leases (batch 10 000 tokens, 223 each)
+    let leases = calls - 60;
+    assert!(leases <= 3, "{leases} lease calls\n{}", fleet.log_text());
+    let spent: i64 = redis
+        .command(&["GET", &budget_key()])
+        .unwrap()
+        .trim_start_matches('$')
+        .lines()
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(spent, 30 * 124);
+    let reservations = redis.command(&["KEYS", "llm:*:res:*"]).unwrap();
+    assert_eq!(reservations, "*0\r\n", "no reservation left behind");
+}
+
+fn budget_key() -> String {
+    // 1_796_000_000_000 ms is 2026-11-30
+    "llm:{t:acme}:bud:tenant-day:tenant:acme:2026-11-30".to_string()
+}
