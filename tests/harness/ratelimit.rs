@@ -229,3 +229,249 @@ fn budget_key() -> String {
     // 1_796_000_000_000 ms is 2026-11-30
     "llm:{t:acme}:bud:tenant-day:tenant:acme:2026-11-30".to_string()
 }
+
+// ---------------------------------------------------------------------------------------
+// Redis failures
+
+use llm_gateway_tests::harness::{Fault, FaultProxy};
+use std::time::Duration;
+
+fn redis_int(redis: &Redis, key: &str) -> i64 {
+    let reply = redis.command(&["GET", key]).unwrap();
+    if reply.starts_with("$-1") {
+        return 0;
+    }
+    reply.lines().nth(1).unwrap().parse().unwrap()
+}
+
+fn proxied_fleet(config: &Value, proxy: &FaultProxy) -> Fleet {
+    let fleet = Fleet::builder()
+        .filter(usage())
+        .filter(limiter("token-ratelimit-higress", config))
+        .redis(SERVICE, proxy.addr())
+        .workers(2)
+        .build()
+        .unwrap();
+    fleet.clock().set_nanos(1_796_000_000_000_000_000);
+    fleet
+}
+
+fn redis_config(extra: Value) -> Value {
+    let mut config = json!({
+        "redis": {"service": SERVICE, "timeout_ms": 200},
+        "clock": "gateway",
+        "lease": {"batch_percent": 10, "emergency_percent": 10, "retry_ms": 1000}
+    });
+    for (k, v) in extra.as_object().unwrap() {
+        config[k] = v.clone();
+    }
+    config
+}
+
+#[test]
+fn redis_down_serves_the_lease_then_the_emergency_share_then_recovers() {
+    let redis = Redis::start().unwrap();
+    let proxy = FaultProxy::start(redis.addr()).unwrap();
+    let config = redis_config(json!({
+        "limits": [{"name": "tenant-tpm", "by": "tenant", "tokens": 10000, "per": "minute"}]
+    }));
+    let fleet = proxied_fleet(&config, &proxy);
+    let send = |i: usize| {
+        fleet
+            .exchange(
+                0,
+                i % 2,
+                &chat(&format!("e{i}"), "alice", 400, Some(100)),
+                |_| answer(104, 100),
+            )
+            .unwrap()
+    };
+    assert_eq!(send(0).status(), 200, "{}", fleet.log_text());
+    let remaining: u64 = send(1)
+        .header("x-ratelimit-remaining-tokens")
+        .unwrap()
+        .parse()
+        .unwrap();
+    proxy.set(Fault::Refuse);
+    // each request reserves 223 tokens and really uses 204
+    let mut admitted = 0u64;
+    for i in 2..200 {
+        let ex = send(i);
+        if ex.status() == 429 {
+            break;
+        }
+        assert_eq!(ex.status(), 200, "{}", fleet.log_text());
+        admitted += 1;
+    }
+    // what was leased, then 10 % of the limit, and no more (the clock stands still)
+    let bound = (remaining + 1000) / 204 + 1;
+    assert!(admitted >= 1000 / 223, "{admitted}");
+    assert!(admitted <= bound, "{admitted} > {bound}");
+    assert!(fleet.metric_sum("llm_gateway.ratelimit.emergency_admits.tenant-tpm") > 0);
+    assert_eq!(fleet.metric_sum("llm_gateway.ratelimit.redis_down"), 1);
+    assert!(
+        fleet.log_text().contains("unreachable"),
+        "{}",
+        fleet.log_text()
+    );
+    // Redis is back: after retry_ms the buckets lease again
+    proxy.set(Fault::Pass);
+    fleet.clock().advance(Duration::from_millis(1500));
+    let ex = send(500);
+    assert_eq!(ex.status(), 200, "{}", fleet.log_text());
+    assert_eq!(fleet.metric_sum("llm_gateway.ratelimit.redis_recovered"), 1);
+}
+
+#[test]
+fn budgets_without_redis_reject_or_journal_and_replay_exactly_once() {
+    let redis = Redis::start().unwrap();
+    let proxy = FaultProxy::start(redis.addr()).unwrap();
+    let config = redis_config(json!({
+        "budgets": [
+            {"name": "tenant-day", "by": "tenant", "period": "day", "tokens": 1000000, "on_redis_failure": "allow"},
+            {"name": "key-day", "by": "key", "period": "day", "tokens": 1000000, "on_redis_failure": "reject"}
+        ]
+    }));
+    let fleet = proxied_fleet(&config, &proxy);
+    let tenant_key = "llm:{t:acme}:bud:tenant-day:tenant:acme:2026-11-30";
+    let send = |id: &str, key: &str| {
+        let request = chat(id, "alice", 400, Some(100)).header("x-llm-key-id", key);
+        fleet.exchange(0, 0, &request, |_| answer(104, 20)).unwrap()
+    };
+    assert_eq!(send("ok-1", "k1").status(), 200);
+    fleet.pump().unwrap(); // the reconcile sent from on_log
+    assert_eq!(redis_int(&redis, tenant_key), 124);
+
+    // down: a request under a `reject` budget gets 503; one only under `allow` budgets is
+    // served and journaled
+    proxy.set(Fault::Refuse);
+    let ex = send("down-1", "k1");
+    assert_eq!(ex.status(), 503, "{}", fleet.log_text());
+    let error: Value = serde_json::from_slice(&ex.local_reply.as_ref().unwrap().body).unwrap();
+    assert_eq!(error["error"]["code"], "budget_unavailable");
+    let no_key = Request::post("/v1/chat/completions")
+        .header("x-llm-request-id", "down-2")
+        .header("x-llm-tenant", "acme")
+        .json(&json!({"model": "claude-test", "max_tokens": 100,
+                      "messages": [{"role": "user", "content": "a".repeat(400)}]}));
+    for id in ["down-2", "down-3"] {
+        let mut request = no_key.clone();
+        request.headers.retain(|(n, _)| n != "x-llm-request-id");
+        let request = request.header("x-llm-request-id", id);
+        let ex = fleet.exchange(0, 1, &request, |_| answer(104, 20)).unwrap();
+        assert_eq!(ex.status(), 200, "{}", fleet.log_text());
+    }
+    assert_eq!(
+        fleet.metric_sum("llm_gateway.ratelimit.budget_fail_open"),
+        2
+    );
+    fleet.tick().unwrap();
+    fleet.pump().unwrap();
+    assert_eq!(redis_int(&redis, tenant_key), 124, "nothing reached Redis");
+
+    // back: the sync worker replays the journal; replaying twice charges once
+    proxy.set(Fault::Pass);
+    fleet.clock().advance(Duration::from_millis(1500));
+    for _ in 0..3 {
+        fleet.tick().unwrap();
+        fleet.pump().unwrap();
+    }
+    assert_eq!(redis_int(&redis, tenant_key), 3 * 124);
+    assert_eq!(
+        fleet.metric_sum("llm_gateway.ratelimit.journal_replayed"),
+        2
+    );
+    assert_eq!(redis.command(&["KEYS", "llm:*:res:*"]).unwrap(), "*0\r\n");
+}
+
+#[test]
+fn a_reconcile_that_cannot_reach_redis_is_replayed_and_nothing_is_left_behind() {
+    let redis = Redis::start().unwrap();
+    let proxy = FaultProxy::start(redis.addr()).unwrap();
+    let config = redis_config(json!({
+        "budgets": [{"name": "tenant-day", "by": "tenant", "period": "day", "tokens": 1000000}]
+    }));
+    let fleet = proxied_fleet(&config, &proxy);
+    let tenant_key = "llm:{t:acme}:bud:tenant-day:tenant:acme:2026-11-30";
+    let stream = fleet.stream(0, 0).unwrap();
+    let request = chat("cut-1", "alice", 400, Some(100));
+    stream
+        .send_request_headers_raw(request.headers.clone(), false)
+        .unwrap();
+    stream.send_request_body(&request.chunks[0], true).unwrap();
+    fleet.pump().unwrap();
+    assert!(stream.upstream().end, "{}", fleet.log_text());
+    // reserved: 123 + 100
+    assert_eq!(redis_int(&redis, tenant_key), 223);
+    proxy.set(Fault::Refuse);
+    let response = answer(104, 20);
+    stream
+        .send_response_headers_raw(response.headers.clone(), false)
+        .unwrap();
+    stream
+        .send_response_body(&response.chunks[0], true)
+        .unwrap();
+    stream.finish().unwrap();
+    fleet.pump().unwrap();
+    assert_eq!(
+        fleet.metric_sum("llm_gateway.ratelimit.journal_appended"),
+        1
+    );
+    proxy.set(Fault::Pass);
+    fleet.clock().advance(Duration::from_millis(1500));
+    fleet.tick().unwrap();
+    fleet.pump().unwrap();
+    assert_eq!(redis_int(&redis, tenant_key), 124);
+    assert_eq!(redis.command(&["KEYS", "llm:*:res:*"]).unwrap(), "*0\r\n");
+}
+
+#[test]
+fn a_client_gone_while_the_reservation_is_in_flight_gets_it_all_back() {
+    let redis = Redis::start().unwrap();
+    let config = redis_config(json!({
+        "budgets": [{"name": "tenant-day", "by": "tenant", "period": "day", "tokens": 1000000}]
+    }));
+    let fleet = redis_fleet(&config, &redis, 1, 1);
+    let tenant_key = "llm:{t:acme}:bud:tenant-day:tenant:acme:2026-11-30";
+    let stream = fleet.stream(0, 0).unwrap();
+    let request = chat("gone-1", "alice", 400, Some(100));
+    stream
+        .send_request_headers_raw(request.headers.clone(), false)
+        .unwrap();
+    stream.send_request_body(&request.chunks[0], true).unwrap();
+    // the RESERVE is sent but not answered yet; the client goes away
+    assert!(!stream.upstream().end);
+    stream.finish().unwrap();
+    fleet.pump().unwrap();
+    fleet.pump().unwrap();
+    assert_eq!(redis_int(&redis, tenant_key), 0);
+    assert_eq!(redis.command(&["KEYS", "llm:*:res:*"]).unwrap(), "*0\r\n");
+}
+
+#[test]
+fn a_flushed_script_cache_is_reloaded() {
+    let redis = Redis::start().unwrap();
+    let config = redis_config(json!({
+        "limits": [{"name": "tenant-tpm", "by": "tenant", "tokens": 100000, "per": "minute"}],
+        "budgets": [{"name": "tenant-day", "by": "tenant", "period": "day", "tokens": 1000000}]
+    }));
+    let fleet = redis_fleet(&config, &redis, 1, 1);
+    let tenant_key = "llm:{t:acme}:bud:tenant-day:tenant:acme:2026-11-30";
+    for i in 0..4 {
+        if i == 2 {
+            redis.command(&["SCRIPT", "FLUSH"]).unwrap();
+        }
+        let ex = fleet
+            .exchange(
+                0,
+                0,
+                &chat(&format!("f{i}"), "alice", 400, Some(100)),
+                |_| answer(104, 20),
+            )
+            .unwrap();
+        assert_eq!(ex.status(), 200, "{}", fleet.log_text());
+        fleet.pump().unwrap();
+    }
+    assert_eq!(redis_int(&redis, tenant_key), 4 * 124);
+    assert_eq!(fleet.metric_sum("llm_gateway.ratelimit.redis_errors"), 0);
+}

@@ -18,7 +18,8 @@
 //!   "lease": {"batch_percent": 5, "sync_ms": 100, "emergency_percent": 10},
 //!   "clock": "redis",
 //!   "reservation_ttl_ms": 3600000,
-//!   "journal_capacity": 1024
+//!   "journal_capacity": 1024,
+//!   "prompt_margin_percent": 10
 //! }
 //! ```
 //! Every field is described in the README. Limits are soft (buckets per instance, leased from
@@ -221,6 +222,9 @@ pub struct Config {
     pub journal_capacity: usize,
     /// Largest request body inspected.
     pub max_body_bytes: usize,
+    /// Reservations raise the prompt estimate by this percent (a provider may count a few
+    /// more tokens than the gateway's tokenizer).
+    pub prompt_margin_percent: u8,
 }
 
 impl Config {
@@ -256,6 +260,8 @@ struct RawConfig {
     journal_capacity: usize,
     #[serde(default = "default_max_body")]
     max_body_bytes: usize,
+    #[serde(default = "default_margin")]
+    prompt_margin_percent: u8,
 }
 
 #[derive(Deserialize)]
@@ -371,6 +377,9 @@ fn default_journal_capacity() -> usize {
 fn default_max_body() -> usize {
     8 << 20
 }
+fn default_margin() -> u8 {
+    10
+}
 fn default_on_failure() -> OnRedisFailure {
     OnRedisFailure::Reject
 }
@@ -480,6 +489,12 @@ fn parse_scope(fields: &Map<String, Value>) -> Result<Config, ConfigError> {
             "must be between 1 and 100000",
         ));
     }
+    if raw.prompt_margin_percent > 100 {
+        return Err(ConfigError::new(
+            "prompt_margin_percent",
+            "must be between 0 and 100",
+        ));
+    }
     if raw.max_body_bytes == 0 {
         return Err(ConfigError::new("max_body_bytes", "must be positive"));
     }
@@ -493,6 +508,7 @@ fn parse_scope(fields: &Map<String, Value>) -> Result<Config, ConfigError> {
         reservation_ttl_ms: raw.reservation_ttl_ms,
         journal_capacity: raw.journal_capacity,
         max_body_bytes: raw.max_body_bytes,
+        prompt_margin_percent: raw.prompt_margin_percent,
     })
 }
 
@@ -745,6 +761,7 @@ mod tests {
             (r#"{"lease":{"batch_percent":0}}"#, "lease.batch_percent"),
             (r#"{"lease":{"sync_ms":1}}"#, "lease.sync_ms"),
             (r#"{"journal_capacity":0}"#, "journal_capacity"),
+            (r#"{"prompt_margin_percent":101}"#, "prompt_margin_percent"),
         ];
         for (json, field) in cases {
             let err = parse(json).unwrap_err();

@@ -1699,7 +1699,7 @@ impl HttpContext for Limiter {
                 return Action::Pause;
             }
         };
-        let margin = 10;
+        let margin = config.prompt_margin_percent;
         let cost = match cost::inspect(&path, &body, config.default_max_tokens, margin) {
             Ok(cost) => cost,
             Err(reject) => {

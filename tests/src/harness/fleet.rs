@@ -747,7 +747,12 @@ impl Stream {
         self.send_request_headers_raw(headers_from(headers), end_stream)
     }
 
-    fn send_request_headers_raw(&self, headers: Headers, end_stream: bool) -> crate::Result<()> {
+    /// The client sends the request headers (as a [`Request`] holds them).
+    pub fn send_request_headers_raw(
+        &self,
+        headers: Headers,
+        end_stream: bool,
+    ) -> crate::Result<()> {
         self.step(|core, fleet| {
             lock(&core.data).request_headers = Some(headers);
             core.headers_from(fleet, Direction::Request, 0, end_stream)
@@ -768,7 +773,12 @@ impl Stream {
         self.send_response_headers_raw(headers_from(headers), end_stream)
     }
 
-    fn send_response_headers_raw(&self, headers: Headers, end_stream: bool) -> crate::Result<()> {
+    /// The upstream answers with headers (as a [`Response`] holds them).
+    pub fn send_response_headers_raw(
+        &self,
+        headers: Headers,
+        end_stream: bool,
+    ) -> crate::Result<()> {
         self.step(|core, fleet| core.response_headers(fleet, headers, end_stream))
     }
 
