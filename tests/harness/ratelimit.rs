@@ -475,3 +475,109 @@ fn a_flushed_script_cache_is_reloaded() {
     assert_eq!(redis_int(&redis, tenant_key), 4 * 124);
     assert_eq!(fleet.metric_sum("llm_gateway.ratelimit.redis_errors"), 0);
 }
+
+// ---------------------------------------------------------------------------------------
+// Budget fallback, with the model router in front
+
+fn router() -> FilterSpec {
+    FilterSpec::plugin(
+        "model-router",
+        &json!({
+            "version": "bf",
+            "deployments": [
+                {"name": "big", "cluster": "c-big", "model": "big-model", "provider": "openai",
+                 "credential": "cred-big", "price": {"input": 5000000, "output": 15000000}},
+                {"name": "mini", "cluster": "c-mini", "model": "mini-model", "provider": "openai",
+                 "credential": "cred-mini", "price": {"input": 150000, "output": 600000}}
+            ],
+            "groups": [
+                {"name": "smart", "deployments": [{"deployment": "big"}], "budget_fallback": "cheap"},
+                {"name": "cheap", "deployments": [{"deployment": "mini"}]}
+            ]
+        }),
+    )
+    .unwrap()
+    .allow_on_headers_stop_iteration(true)
+}
+
+fn group_request(id: &str, group: &str) -> Request {
+    Request::post("/v1/chat/completions")
+        .header("x-llm-request-id", id)
+        .header("x-llm-tenant", "acme")
+        .header("x-llm-groups", "smart,cheap")
+        .property("xds.route_name", "llm")
+        .json(&json!({"model": group, "max_tokens": 1000,
+                      "messages": [{"role": "user", "content": "a".repeat(4000)}]}))
+}
+
+/// A money budget that cannot pay for `smart` but can for `cheap`: the request is switched
+/// to `cheap` (the router's published alternative), the provider sees the cheaper model, the
+/// client is told in `x-llm-budget-fallback`, and the budget is charged the cheap price.
+#[test]
+fn a_budget_that_cannot_pay_for_the_group_switches_to_its_budget_fallback() {
+    // 1000 prompt tokens + 4 (+10 % + 8) and 1000 output: smart reserves ≈ $0.0206,
+    // cheap ≈ $0.0008; the budget is one cent
+    let config = json!({
+        "budgets": [{"name": "tenant-day", "by": "tenant", "period": "day", "money": "0.01"}]
+    });
+    let fleet = Fleet::builder()
+        .filter(router())
+        .filter(usage())
+        .filter(limiter("token-ratelimit", &config))
+        .build()
+        .unwrap();
+    let ex = fleet
+        .exchange(0, 0, &group_request("bf-1", "smart"), |up| {
+            let body: Value = serde_json::from_slice(&up.body).unwrap();
+            assert_eq!(body["model"], "mini-model");
+            let headers = up.headers.as_ref().unwrap();
+            assert_eq!(
+                llm_gateway_tests::harness::stream::header_value(headers, "authorization"),
+                None,
+                "the first plan's credential is gone"
+            );
+            assert_eq!(
+                llm_gateway_tests::harness::stream::header_value(headers, "x-llm-model-group"),
+                Some("cheap")
+            );
+            answer(1004, 200)
+        })
+        .unwrap();
+    assert_eq!(ex.status(), 200, "{}", fleet.log_text());
+    assert_eq!(ex.header("x-llm-budget-fallback"), Some("cheap"));
+    assert_eq!(fleet.metric_sum("llm_gateway.ratelimit.budget_fallback"), 1);
+    // charged at the cheap price: 1004 × 0.15 + 200 × 0.60 (µ$/token ×1000 = nano)
+    let spent = fleet
+        .services(0)
+        .shared_data
+        .keys("token-ratelimit")
+        .into_iter()
+        .find(|k| k.starts_with("trl:bud:"))
+        .and_then(|k| fleet.services(0).shared_data.get("token-ratelimit", &k))
+        .map(|(v, _)| u64::from_le_bytes(v[..8].try_into().unwrap()))
+        .unwrap();
+    assert_eq!(spent, 1004 * 150 + 200 * 600);
+    // `cheap` has no fallback: once the budget cannot cover it, 402
+    let mut served = 1u64;
+    let refused = loop {
+        let ex = fleet
+            .exchange(
+                0,
+                0,
+                &group_request(&format!("bf-{served}"), "cheap"),
+                |_| answer(1004, 200),
+            )
+            .unwrap();
+        if ex.status() != 200 {
+            break ex;
+        }
+        served += 1;
+        assert!(served < 100, "never refused");
+    };
+    assert_eq!(refused.status(), 402, "{}", fleet.log_text());
+    assert_eq!(refused.header("x-llm-budget-fallback"), None);
+    // each cheap request spends 270 600 nano; the last one reserved 766 950
+    let per_request = 1004 * 150 + 200 * 600;
+    assert!(served * per_request <= 10_000_000);
+    assert!(served * per_request + (1004 * 110 / 100 + 1 + 8) * 150 + 1000 * 600 > 10_000_000);
+}
