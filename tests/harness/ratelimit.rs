@@ -581,3 +581,44 @@ fn a_budget_that_cannot_pay_for_the_group_switches_to_its_budget_fallback() {
     assert!(served * per_request <= 10_000_000);
     assert!(served * per_request + (1004 * 110 / 100 + 1 + 8) * 150 + 1000 * 600 > 10_000_000);
 }
+
+/// Without the router, a money budget prices requests with the plugin's own `prices` table
+/// (by model) and is charged the actual usage at that price.
+#[test]
+fn a_money_budget_without_the_router_uses_its_price_table() {
+    let config = json!({
+        "prices": {"claude-test": {"input": 150000, "output": 600000}},
+        "budgets": [{"name": "tenant-day", "by": "tenant", "period": "day", "money": "0.001"}]
+    });
+    let fleet = plain_fleet(&config, 1);
+    let mut served = 0u64;
+    let status = loop {
+        let ex = fleet
+            .exchange(
+                0,
+                0,
+                &chat(&format!("m{served}"), "alice", 400, Some(100)),
+                |_| answer(104, 20),
+            )
+            .unwrap();
+        if ex.status() != 200 {
+            break ex.status();
+        }
+        served += 1;
+        assert!(served < 100);
+    };
+    assert_eq!(status, 402);
+    // reserve 123 × 0.15 + 100 × 0.60 µ$ = 78 450 nano; charged 104 × 0.15 + 20 × 0.60 =
+    // 27 600 nano: the 35th no longer fits in 1 000 000
+    assert_eq!(served, 34);
+    // a model without a price cannot be reserved against a money budget
+    let mut request = chat("unpriced", "alice", 400, Some(100));
+    request.chunks[0] = serde_json::to_vec(&json!({"model": "other", "max_tokens": 1,
+        "messages": [{"role": "user", "content": "hi"}]}))
+    .unwrap();
+    request.headers.retain(|(n, _)| n != "content-length");
+    let ex = fleet.exchange(0, 0, &request, |_| answer(1, 1)).unwrap();
+    assert_eq!(ex.status(), 500);
+    let error: Value = serde_json::from_slice(&ex.local_reply.as_ref().unwrap().body).unwrap();
+    assert_eq!(error["error"]["code"], "budget_unpriced");
+}

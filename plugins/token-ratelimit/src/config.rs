@@ -19,7 +19,8 @@
 //!   "clock": "redis",
 //!   "reservation_ttl_ms": 3600000,
 //!   "journal_capacity": 1024,
-//!   "prompt_margin_percent": 10
+//!   "prompt_margin_percent": 10,
+//!   "prices": {"gpt-4o-mini": {"currency": "USD", "input": 150000, "output": 600000}}
 //! }
 //! ```
 //! Every field is described in the README. Limits are soft (buckets per instance, leased from
@@ -27,9 +28,11 @@
 //! build, which has no Redis).
 
 use llm_gateway_shared::config::{validate_name, ConfigError};
+use llm_gateway_shared::route_info::Price;
 use llm_gateway_shared::rules::RuleSet;
 use serde::Deserialize;
 use serde_json::{Map, Value};
+use std::collections::HashMap;
 
 /// The most limits and budgets in one scope (each costs work on every request).
 pub const MAX_LIMITS: usize = 32;
@@ -225,6 +228,27 @@ pub struct Config {
     /// Reservations raise the prompt estimate by this percent (a provider may count a few
     /// more tokens than the gateway's tokenizer).
     pub prompt_margin_percent: u8,
+    /// Prices for money budgets when the model router publishes none (chains without the
+    /// router), by model group or model name.
+    pub prices: HashMap<String, Price>,
+}
+
+impl Config {
+    /// The price of a request for money budgets: the router's (its ceiling over the plan,
+    /// else the deployment's), else this table's by model group, then by model name.
+    pub fn price_for(
+        &self,
+        router: Option<&Price>,
+        model_group: Option<&str>,
+        model: Option<&str>,
+    ) -> Option<Price> {
+        router.cloned().or_else(|| {
+            [model_group, model]
+                .into_iter()
+                .flatten()
+                .find_map(|k| self.prices.get(k).cloned())
+        })
+    }
 }
 
 impl Config {
@@ -262,6 +286,8 @@ struct RawConfig {
     max_body_bytes: usize,
     #[serde(default = "default_margin")]
     prompt_margin_percent: u8,
+    #[serde(default)]
+    prices: HashMap<String, Price>,
 }
 
 #[derive(Deserialize)]
@@ -495,6 +521,12 @@ fn parse_scope(fields: &Map<String, Value>) -> Result<Config, ConfigError> {
             "must be between 0 and 100",
         ));
     }
+    for (name, price) in &raw.prices {
+        validate_name(&format!("prices.{name}"), name)?;
+        price
+            .validate()
+            .map_err(|e| e.within(&format!("prices.{name}")))?;
+    }
     if raw.max_body_bytes == 0 {
         return Err(ConfigError::new("max_body_bytes", "must be positive"));
     }
@@ -509,6 +541,7 @@ fn parse_scope(fields: &Map<String, Value>) -> Result<Config, ConfigError> {
         journal_capacity: raw.journal_capacity,
         max_body_bytes: raw.max_body_bytes,
         prompt_margin_percent: raw.prompt_margin_percent,
+        prices: raw.prices,
     })
 }
 
@@ -777,6 +810,33 @@ mod tests {
         } else {
             assert_eq!(result.unwrap_err().field(), "redis");
         }
+    }
+
+    #[test]
+    fn prices_back_up_the_router() {
+        let c = parse(r#"{"prices":{"fast":{"input":1,"output":2},"m":{"input":3,"output":4}}}"#)
+            .unwrap();
+        let router = Price {
+            currency: "USD".into(),
+            input: 9,
+            output: 9,
+            cached_input: None,
+        };
+        assert_eq!(
+            c.price_for(Some(&router), Some("fast"), None)
+                .unwrap()
+                .input,
+            9
+        );
+        assert_eq!(c.price_for(None, Some("fast"), Some("m")).unwrap().input, 1);
+        assert_eq!(c.price_for(None, Some("x"), Some("m")).unwrap().input, 3);
+        assert!(c.price_for(None, None, None).is_none());
+        assert_eq!(
+            parse(r#"{"prices":{"m":{"currency":"usd","input":1,"output":2}}}"#)
+                .unwrap_err()
+                .field(),
+            "prices.m.currency"
+        );
     }
 
     #[test]

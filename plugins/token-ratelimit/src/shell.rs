@@ -468,9 +468,12 @@ impl State {
             let levels = budget::levels(&config.budgets, &flow.identity, now);
             if !levels.is_empty() {
                 let route = route_info();
-                let ceiling = route
+                let router_price = route
                     .as_ref()
                     .and_then(|r| r.price_ceiling.clone().or_else(|| r.price.clone()));
+                let model = flow.cost.as_ref().and_then(|c| c.model.clone());
+                let ceiling =
+                    config.price_for(router_price.as_ref(), group.as_deref(), model.as_deref());
                 let (prompt, cap) = flow
                     .cost
                     .as_ref()
@@ -1049,7 +1052,12 @@ impl State {
         }
 
         // budgets
-        let price = route_info().and_then(|r| r.price);
+        let model = flow.cost.as_ref().and_then(|c| c.model.clone());
+        let price = config.price_for(
+            route_info().and_then(|r| r.price).as_ref(),
+            flow.identity.model_group.as_deref(),
+            model.as_deref(),
+        );
         let reservation = std::mem::take(&mut flow.reservation);
         let actual_of = |levels: &[Level], amounts: &[u64]| -> Vec<u64> {
             levels
