@@ -622,3 +622,49 @@ fn a_money_budget_without_the_router_uses_its_price_table() {
     let error: Value = serde_json::from_slice(&ex.local_reply.as_ref().unwrap().body).unwrap();
     assert_eq!(error["error"]["code"], "budget_unpriced");
 }
+
+/// A Redis that answers with an error (a key of the wrong type) fails that call only: the
+/// request goes on in emergency mode for its buckets, and under `on_redis_failure` for its
+/// budgets; nothing loops, nothing hangs.
+#[test]
+fn script_errors_fail_the_call_not_the_worker() {
+    let redis = Redis::start().unwrap();
+    let config = redis_config(json!({
+        "limits": [{"name": "tenant-tpm", "by": "tenant", "tokens": 100000, "per": "minute"}],
+        "budgets": [{"name": "tenant-day", "by": "tenant", "period": "day", "tokens": 1000000}]
+    }));
+    let fleet = redis_fleet(&config, &redis, 1, 1);
+    redis
+        .command(&["SET", "llm:{rl:tenant-tpm:acme}", "not a hash"])
+        .unwrap();
+    let calls = fleet.redis().calls();
+    let ex = fleet
+        .exchange(0, 0, &chat("w1", "alice", 400, Some(100)), |_| {
+            answer(104, 20)
+        })
+        .unwrap();
+    // the lease failed: emergency share; the budget reserve went through
+    assert_eq!(ex.status(), 200, "{}", fleet.log_text());
+    assert!(fleet.metric_sum("llm_gateway.ratelimit.emergency_admits.tenant-tpm") >= 1);
+    assert!(fleet.redis().calls() - calls <= 3, "no retry loop");
+    let budget = "llm:{t:acme}:bud:tenant-day:tenant:acme:2026-11-30";
+    redis.command(&["DEL", budget]).unwrap();
+    redis.command(&["LPUSH", budget, "x"]).unwrap();
+    let ex = fleet
+        .exchange(0, 0, &chat("w2", "alice", 400, Some(100)), |_| {
+            answer(104, 20)
+        })
+        .unwrap();
+    assert_eq!(ex.status(), 503, "{}", fleet.log_text());
+    assert!(fleet.metric_sum("llm_gateway.ratelimit.redis_errors") >= 2);
+    // and the worker still serves
+    redis
+        .command(&["DEL", budget, "llm:{rl:tenant-tpm:acme}"])
+        .unwrap();
+    let ex = fleet
+        .exchange(0, 0, &chat("w3", "alice", 400, Some(100)), |_| {
+            answer(104, 20)
+        })
+        .unwrap();
+    assert_eq!(ex.status(), 200, "{}", fleet.log_text());
+}

@@ -52,6 +52,8 @@ const JOURNAL_KEY: &str = "trl:journal";
 /// Shared data prefix of per-instance budget levels (plain-Envoy build).
 const LOCAL_BUDGET_PREFIX: &str = "trl:bud:";
 const MAX_WANT: usize = 4096;
+/// Redis calls one VM keeps in flight (more: handled as if Redis were unreachable).
+const MAX_CALLS: usize = 4096;
 const REPLAY_BATCH: usize = 32;
 const METRIC_PREFIX: &str = "llm_gateway.ratelimit.";
 
@@ -128,6 +130,8 @@ struct Flow {
     admitted: bool,
     /// A lease for this request is in flight.
     waiting: bool,
+    /// A lease could not be sent for this request: its buckets run in emergency mode.
+    emergency: bool,
     /// `on_log` ran while a call was in flight: the reply only cleans up.
     abandoned: bool,
 }
@@ -289,6 +293,11 @@ impl State {
     // Sending
 
     fn send(&self, call: Call, context_id: u32) -> Result<(), ()> {
+        if self.calls.borrow().len() >= MAX_CALLS {
+            // never send what could not be tracked: its reply would find no one to resume
+            self.count("calls_saturated", 1);
+            return Err(());
+        }
         let with_source = call.resent || !self.loaded.borrow().contains(call.script.name);
         let keys: Vec<&str> = call.keys.iter().map(String::as_str).collect();
         let query = scripts::command(call.script, &keys, &call.args, with_source);
@@ -394,7 +403,11 @@ impl State {
                 Unit::Tokens => tokens,
             };
             let spec = spec_of(config, index);
-            let mode = self.mode(config, now);
+            let mode = if flow.emergency && config.redis.is_some() {
+                Mode::Emergency
+            } else {
+                self.mode(config, now)
+            };
             let take = take(&keys.local, mode, &spec, units, now);
             match take {
                 Ok((
@@ -443,13 +456,16 @@ impl State {
                         continue;
                     };
                     drop(flows);
-                    if self.send(call, id).is_ok() {
-                        if let Some(flow) = self.flows.borrow_mut().get_mut(&id) {
-                            flow.waiting = true;
-                        }
+                    let sent = self.send(call, id).is_ok();
+                    if let Some(flow) = self.flows.borrow_mut().get_mut(&id) {
+                        flow.waiting = sent;
+                        flow.emergency = !sent;
+                    }
+                    if sent {
                         return Step::Wait;
                     }
-                    // Redis is now marked down: the same limit again, in emergency mode
+                    // not sent (Redis marked down, or too many calls in flight): the same
+                    // limit again, in emergency mode
                     return self.advance(id);
                 }
                 Err(err) => {
@@ -791,6 +807,11 @@ impl State {
             } => {
                 lease_failed(&local_key);
                 if let Some(flow) = flow {
+                    // this request goes on in emergency mode (never a second lease: a
+                    // script error would repeat)
+                    if let Some(f) = self.flows.borrow_mut().get_mut(&flow) {
+                        f.emergency = true;
+                    }
                     self.resume(flow);
                 }
             }
@@ -1532,7 +1553,7 @@ impl RootContext for Root {
             rules,
             nonce,
             flows: RefCell::default(),
-            calls: RefCell::new(Pending::new(4096)),
+            calls: RefCell::new(Pending::new(MAX_CALLS + 1)),
             loaded: RefCell::default(),
             replaying: RefCell::default(),
             metrics: RefCell::default(),
