@@ -668,3 +668,66 @@ fn script_errors_fail_the_call_not_the_worker() {
         .unwrap();
     assert_eq!(ex.status(), 200, "{}", fleet.log_text());
 }
+
+/// Limits per client address: each address has its own bucket; addresses live in a bounded
+/// set of shared-data slots, and an address that lands in a slot in use shares that bucket
+/// (still limited, never handed a fresh one) until the slot has been idle for a window.
+#[test]
+fn client_addresses_get_their_own_bucket_in_bounded_slots() {
+    use token_ratelimit::budget::{bucket_keys, Identity};
+    use token_ratelimit::config::parse_document;
+    let config = json!({
+        "limits": [{"name": "ip-rpm", "by": "ip", "requests": 3, "per": "minute"}]
+    });
+    let limit = parse_document(config.to_string().as_bytes())
+        .unwrap()
+        .global()
+        .unwrap()
+        .limits[0]
+        .clone();
+    let slot = |ip: &str| {
+        let id = Identity {
+            ip: Some(ip.to_string()),
+            ..Identity::default()
+        };
+        bucket_keys(&limit, &id).unwrap().local
+    };
+    // two addresses that share a slot, and one that does not
+    let a = "10.0.0.1".to_string();
+    let c = (2..200_000u32)
+        .map(|i| format!("10.{}.{}.{}", i >> 16, (i >> 8) & 255, i & 255))
+        .find(|ip| slot(ip) == slot(&a))
+        .expect("a colliding address");
+    let b = "10.0.0.2";
+    assert_ne!(slot(b), slot(&a));
+
+    let fleet = plain_fleet(&config, 1);
+    let from = |ip: &str, id: &str| {
+        fleet
+            .exchange(
+                0,
+                0,
+                &chat(id, "alice", 40, Some(10)).property("source.address", format!("{ip}:40000")),
+                |_| answer(14, 10),
+            )
+            .unwrap()
+            .status()
+    };
+    for i in 0..3 {
+        assert_eq!(from(&a, &format!("a{i}")), 200);
+    }
+    assert_eq!(from(&a, "a3"), 429);
+    assert_eq!(from(b, "b0"), 200, "another address, another bucket");
+    assert_eq!(from(&c, "c0"), 429, "a slot in use is shared, not reset");
+    // a window later the slot is idle: the newcomer takes it afresh
+    fleet.clock().advance(Duration::from_secs(60));
+    for i in 0..3 {
+        assert_eq!(from(&c, &format!("c{}", i + 1)), 200);
+    }
+    assert_eq!(from(&c, "c9"), 429);
+    let keys = fleet.services(0).shared_data.keys("token-ratelimit");
+    assert!(
+        keys.iter().all(|k| !k.contains("10.0.0")),
+        "addresses never become keys: {keys:?}"
+    );
+}

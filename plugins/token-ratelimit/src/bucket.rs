@@ -18,8 +18,8 @@
 //! negative (debt), paid by later leases or refill.
 
 /// Bytes of an encoded [`Local`].
-pub const ENCODED_LEN: usize = 1 + 6 * 8;
-const VERSION: u8 = 1;
+pub const ENCODED_LEN: usize = 1 + 8 * 8;
+const VERSION: u8 = 2;
 const MILLI: i64 = 1000;
 
 /// How the instance runs a bucket right now.
@@ -139,6 +139,23 @@ pub struct Local {
     pub leasing_until_ms: u64,
     /// Redis said the central bucket is dry until then.
     pub dry_until_ms: u64,
+    /// Whose bucket this is (a digest of the identity; 0: nobody's yet). Buckets of
+    /// client-chosen identities (addresses, user ids) live in a bounded set of slots, so two
+    /// identities may meet in one.
+    pub owner: u64,
+    /// Last admission.
+    pub touched_ms: u64,
+}
+
+/// What [`Local::claim`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Claim {
+    /// The bucket was this identity's (or nobody's).
+    Own,
+    /// Another identity's bucket, idle for a whole window: now this identity's, afresh.
+    TookOver,
+    /// Another identity's bucket, in use: shared (both are limited by it, never more).
+    Shared,
 }
 
 impl Local {
@@ -155,7 +172,28 @@ impl Local {
             emergency_ts_ms: now_ms,
             leasing_until_ms: 0,
             dry_until_ms: 0,
+            owner: 0,
+            touched_ms: now_ms,
         }
+    }
+
+    /// Makes the bucket `owner`'s if it is free or has been idle for a window; else it is
+    /// shared with its current owner (never reset under an active owner: a reset would
+    /// hand out a fresh bucket every time two identities alternate).
+    pub fn claim(&mut self, owner: u64, mode: Mode, spec: &Spec, now_ms: u64) -> Claim {
+        if self.owner == owner {
+            return Claim::Own;
+        }
+        if self.owner == 0 {
+            self.owner = owner;
+            return Claim::Own;
+        }
+        if now_ms.saturating_sub(self.touched_ms) >= spec.window_ms {
+            *self = Local::new(mode, spec, now_ms);
+            self.owner = owner;
+            return Claim::TookOver;
+        }
+        Claim::Shared
     }
 
     fn refill_local(&mut self, spec: &Spec, now_ms: u64) {
@@ -188,6 +226,14 @@ impl Local {
 
     /// Takes `cost` units, or says what is needed first.
     pub fn take(&mut self, mode: Mode, spec: &Spec, cost: u64, now_ms: u64) -> Take {
+        let take = self.take_inner(mode, spec, cost, now_ms);
+        if let Take::Admit { .. } = take {
+            self.touched_ms = self.touched_ms.max(now_ms);
+        }
+        take
+    }
+
+    fn take_inner(&mut self, mode: Mode, spec: &Spec, cost: u64, now_ms: u64) -> Take {
         let need = milli(cost);
         if cost > spec.amount {
             return Take::Reject {
@@ -319,6 +365,8 @@ impl Local {
             self.emergency_ts_ms,
             self.leasing_until_ms,
             self.dry_until_ms,
+            self.owner,
+            self.touched_ms,
         ];
         for (chunk, value) in out[1..].chunks_exact_mut(8).zip(fields) {
             chunk.copy_from_slice(&value.to_le_bytes());
@@ -343,6 +391,8 @@ impl Local {
             emergency_ts_ms: next(),
             leasing_until_ms: next(),
             dry_until_ms: next(),
+            owner: next(),
+            touched_ms: next(),
         })
     }
 }
@@ -523,16 +573,38 @@ mod tests {
     }
 
     #[test]
+    fn a_slot_is_shared_while_in_use_and_taken_over_when_idle() {
+        let s = spec(10, 1000);
+        let mut b = Local::new(Mode::Local, &s, 0);
+        assert_eq!(b.claim(7, Mode::Local, &s, 0), Claim::Own);
+        for _ in 0..10 {
+            assert!(admitted(b.take(Mode::Local, &s, 1, 0)));
+        }
+        // another identity lands in the slot while it is in use: shared, so still limited
+        assert_eq!(b.claim(9, Mode::Local, &s, 500), Claim::Shared);
+        assert!(!admitted(b.take(Mode::Local, &s, 6, 500)));
+        // a window later the slot is free for the newcomer, afresh
+        assert_eq!(b.claim(9, Mode::Local, &s, 1000), Claim::TookOver);
+        assert_eq!((b.owner, b.remaining()), (9, 10));
+        assert_eq!(b.claim(9, Mode::Local, &s, 1000), Claim::Own);
+    }
+
+    #[test]
     fn decode_rejects_foreign_values() {
         assert_eq!(Local::decode(b""), None);
-        assert_eq!(Local::decode(&[2; ENCODED_LEN]), None);
+        assert_eq!(Local::decode(&[VERSION + 1; ENCODED_LEN]), None);
+        assert_eq!(
+            Local::decode(&[1; ENCODED_LEN]),
+            None,
+            "the previous layout"
+        );
         assert_eq!(Local::decode(&[1; 10]), None);
     }
 
     proptest! {
         #[test]
-        fn encoding_round_trips(avail in any::<i64>(), a in any::<u64>(), e in any::<i64>(), b in any::<u64>(), c in any::<u64>(), d in any::<u64>()) {
-            let l = Local { avail, ts_ms: a, emergency: e, emergency_ts_ms: b, leasing_until_ms: c, dry_until_ms: d };
+        fn encoding_round_trips(avail in any::<i64>(), a in any::<u64>(), e in any::<i64>(), b in any::<u64>(), c in any::<u64>(), d in any::<u64>(), o in any::<u64>(), t in any::<u64>()) {
+            let l = Local { avail, ts_ms: a, emergency: e, emergency_ts_ms: b, leasing_until_ms: c, dry_until_ms: d, owner: o, touched_ms: t };
             prop_assert_eq!(Local::decode(&l.encode()), Some(l));
         }
 

@@ -92,14 +92,22 @@ pub fn component(value: &str) -> String {
     out
 }
 
+/// Shared-data slots per limit for buckets of client-chosen identities (`ip`, `user`).
+/// Envoy's shared data cannot forget a key, so one key per client address would grow with
+/// every address ever seen; slots bound it (about 100 bytes each) at the price of two
+/// active identities sharing one slot now and then ([`crate::bucket::Claim::Shared`]).
+pub const CLIENT_SLOTS: u64 = 65_536;
+
 /// Where one soft bucket lives: `None` if the request lacks one of the limit's dimensions
 /// (the limit does not apply to it).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BucketKeys {
     /// Shared-data key of the instance's bucket.
     pub local: String,
-    /// Redis key of the central bucket.
+    /// Redis key of the central bucket (always the identity's own).
     pub redis: String,
+    /// The identity's digest (never 0): the owner of the local bucket.
+    pub owner: u64,
 }
 
 /// The keys of `limit`'s bucket for `identity`.
@@ -109,21 +117,29 @@ pub fn bucket_keys(limit: &Limit, identity: &Identity) -> Option<BucketKeys> {
         parts.push(component(identity.get(*dimension)?));
     }
     let id = format!("{}:{}", limit.name, parts.join(":"));
+    let digest = Sha256::digest(id.as_bytes());
+    let mut first = [0u8; 8];
+    first.copy_from_slice(digest.get(..8).unwrap_or(&[1; 8]));
+    let owner = u64::from_le_bytes(first).max(1);
+    let client_chosen = limit
+        .by
+        .iter()
+        .any(|d| matches!(d, Dimension::Ip | Dimension::User));
+    let local = if client_chosen {
+        format!("trl:b:{}:#{}", limit.name, owner % CLIENT_SLOTS)
+    } else {
+        format!("trl:b:{id}")
+    };
     Some(BucketKeys {
-        local: format!("trl:b:{id}"),
+        local,
         redis: format!("llm:{{rl:{id}}}"),
+        owner,
     })
 }
 
 /// The limit name of a bucket's shared-data key (for the sync worker).
 pub fn limit_of_local_key(local: &str) -> Option<&str> {
     local.strip_prefix("trl:b:")?.split(':').next()
-}
-
-/// The Redis key of a bucket's shared-data key.
-pub fn redis_key_of_local_key(local: &str) -> Option<String> {
-    let id = local.strip_prefix("trl:b:")?;
-    Some(format!("llm:{{rl:{id}}}"))
 }
 
 /// A period's id (in keys) and its end, Unix milliseconds.
@@ -449,11 +465,26 @@ mod tests {
             model_groups: vec![],
         };
         let keys = bucket_keys(&limit, &who()).unwrap();
-        assert_eq!(keys.local, "trl:b:l:acme%3A%7Bx%7D:10.0.0.1");
+        // an address is client-chosen: a bounded slot locally, its own bucket in Redis
+        assert!(keys.local.starts_with("trl:b:l:#"), "{}", keys.local);
         assert_eq!(keys.redis, "llm:{rl:l:acme%3A%7Bx%7D:10.0.0.1}");
         assert_eq!(limit_of_local_key(&keys.local), Some("l"));
-        assert_eq!(redis_key_of_local_key(&keys.local), Some(keys.redis));
         assert_eq!(bucket_keys(&limit, &Identity { ip: None, ..who() }), None);
+        let other = bucket_keys(
+            &limit,
+            &Identity {
+                ip: Some("10.0.0.2".into()),
+                ..who()
+            },
+        )
+        .unwrap();
+        assert_ne!(other.owner, keys.owner);
+        let tenant_only = Limit {
+            by: vec![Dimension::Tenant],
+            ..limit
+        };
+        let keys = bucket_keys(&tenant_only, &who()).unwrap();
+        assert_eq!(keys.local, "trl:b:l:acme%3A%7Bx%7D");
     }
 
     #[test]

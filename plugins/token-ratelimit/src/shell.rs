@@ -20,7 +20,7 @@
 #![cfg_attr(not(feature = "higress"), allow(dead_code))]
 
 use crate::bucket::{Local, Mode, Spec, Take};
-use crate::budget::{self, Actual, Identity, Journal, JournalEntry, Level};
+use crate::budget::{self, Actual, BucketKeys, Identity, Journal, JournalEntry, Level};
 use crate::config::{parse_document, Clock, Config, OnRedisFailure, RedisConfig, Unit};
 use crate::cost::{self, Cost};
 use crate::decide;
@@ -157,6 +157,8 @@ enum CallKind {
     Lease {
         flow: Option<u32>,
         local_key: String,
+        /// The identity the lease is for (its slot may have changed hands meanwhile).
+        owner: u64,
         spec: Spec,
         want_min: u64,
     },
@@ -329,24 +331,24 @@ impl State {
         &self,
         config: &Config,
         flow: Option<u32>,
-        local_key: &str,
+        keys: &BucketKeys,
         spec: Spec,
         want: (u64, u64),
         now: u64,
     ) -> Option<Call> {
         let redis = config.redis.as_ref()?;
-        let redis_key = budget::redis_key_of_local_key(local_key)?;
         let (want_min, want_max) = want;
         let want_min = want_min.clamp(1, spec.amount.max(1));
         Some(Call {
             kind: CallKind::Lease {
                 flow,
-                local_key: local_key.to_string(),
+                local_key: keys.local.clone(),
+                owner: keys.owner,
                 spec,
                 want_min,
             },
             script: scripts::lease(),
-            keys: vec![redis_key],
+            keys: vec![keys.redis.clone()],
             args: vec![
                 wire(spec.amount),
                 wire(spec.window_ms),
@@ -408,7 +410,7 @@ impl State {
             } else {
                 self.mode(config, now)
             };
-            let take = take(&keys.local, mode, &spec, units, now);
+            let take = take(&keys, mode, &spec, units, now);
             match take {
                 Ok((
                     Take::Admit {
@@ -418,7 +420,7 @@ impl State {
                     remaining,
                 )) => {
                     if wants_lease {
-                        want(&keys.local);
+                        want(&keys);
                     }
                     if emergency {
                         self.count(&format!("emergency_admits.{}", limit.name), 1);
@@ -444,14 +446,9 @@ impl State {
                     return Step::Refuse(reject);
                 }
                 Ok((Take::Lease { want_min, want_max }, _)) => {
-                    let Some(call) = self.lease_call(
-                        config,
-                        Some(id),
-                        &keys.local,
-                        spec,
-                        (want_min, want_max),
-                        now,
-                    ) else {
+                    let Some(call) =
+                        self.lease_call(config, Some(id), &keys, spec, (want_min, want_max), now)
+                    else {
                         flow.next_limit += 1;
                         continue;
                     };
@@ -852,6 +849,7 @@ impl State {
                 CallKind::Lease {
                     flow,
                     local_key,
+                    owner,
                     spec,
                     want_min,
                 },
@@ -861,6 +859,10 @@ impl State {
                 let _ = host::update_shared_data(&local_key, &seed, |v| {
                     let mut local =
                         Local::decode(v).unwrap_or_else(|| Local::new(Mode::Leased, &spec, now));
+                    if local.owner != owner && local.owner != 0 {
+                        // the slot changed hands: these tokens were the previous owner's
+                        return (None, ());
+                    }
                     local.add_lease(lease.granted, want_min, lease.wait_ms, now);
                     (Some(local.encode().to_vec()), ())
                 });
@@ -1226,8 +1228,22 @@ impl State {
             }
         })
         .unwrap_or_default();
-        for local_key in wanted {
-            let Some((config, index)) = budget::limit_of_local_key(&local_key).and_then(|name| {
+        for line in wanted {
+            let mut fields = line.split('\t');
+            let (Some(local), Some(redis), Some(owner)) = (
+                fields.next(),
+                fields.next(),
+                fields.next().and_then(|o| o.parse::<u64>().ok()),
+            ) else {
+                continue;
+            };
+            let keys = BucketKeys {
+                local: local.to_string(),
+                redis: redis.to_string(),
+                owner,
+            };
+            let local_key = &keys.local;
+            let Some((config, index)) = budget::limit_of_local_key(local_key).and_then(|name| {
                 self.rules.configs().find_map(|c| {
                     c.limits
                         .iter()
@@ -1240,12 +1256,10 @@ impl State {
             };
             let spec = spec_of(config, index);
             if down {
-                lease_failed(&local_key);
+                lease_failed(local_key);
                 continue;
             }
-            if let Some(call) =
-                self.lease_call(config, None, &local_key, spec, (1, spec.batch), now)
-            {
+            if let Some(call) = self.lease_call(config, None, &keys, spec, (1, spec.batch), now) {
                 if self.send(call, 0).is_err() {
                     break;
                 }
@@ -1368,17 +1382,19 @@ fn spec_of(config: &Config, index: usize) -> Spec {
     }
 }
 
-/// Takes `units` from a bucket under CAS; also says what is left.
+/// Takes `units` from a bucket under CAS (claiming its slot for the identity first); also
+/// says what is left.
 fn take(
-    key: &str,
+    keys: &BucketKeys,
     mode: Mode,
     spec: &Spec,
     units: u64,
     now: u64,
 ) -> Result<(Take, u64), HostError> {
     let seed = Local::new(mode, spec, now).encode();
-    host::update_shared_data(key, &seed, |v| {
+    host::update_shared_data(&keys.local, &seed, |v| {
         let mut local = Local::decode(v).unwrap_or_else(|| Local::new(mode, spec, now));
+        local.claim(keys.owner, mode, spec, now);
         let take = local.take(mode, spec, units, now);
         (Some(local.encode().to_vec()), (take, local.remaining()))
     })
@@ -1393,14 +1409,15 @@ fn settle_bucket(key: &str, mode: Mode, spec: &Spec, units: i64, now: u64) {
     });
 }
 
-fn want(local_key: &str) {
+fn want(keys: &BucketKeys) {
+    let line = format!("{}\t{}\t{}", keys.local, keys.redis, keys.owner);
     let _ = host::update_shared_data(WANT_KEY, &[], |v| {
         let text = String::from_utf8_lossy(v);
-        if text.lines().any(|l| l == local_key) || text.lines().count() >= MAX_WANT {
+        if text.lines().any(|l| l == line) || text.lines().count() >= MAX_WANT {
             return (None, ());
         }
         let mut next = v.to_vec();
-        next.extend_from_slice(local_key.as_bytes());
+        next.extend_from_slice(line.as_bytes());
         next.push(b'\n');
         (Some(next), ())
     });
