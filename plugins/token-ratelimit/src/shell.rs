@@ -338,7 +338,11 @@ impl State {
     ) -> Option<Call> {
         let redis = config.redis.as_ref()?;
         let (want_min, want_max) = want;
-        let want_min = want_min.clamp(1, spec.amount.max(1));
+        // A lease is worth a Redis call only if it brings a batch: while the central bucket
+        // holds less (a limit offered more than its rate drains it), Redis answers "dry until
+        // a batch is there" and the instance waits that long, instead of taking the crumbs
+        // refilled since the last call on every request (one call per admitted request).
+        let want_min = want_min.max(spec.batch).clamp(1, spec.amount.max(1));
         Some(Call {
             kind: CallKind::Lease {
                 flow,
