@@ -320,12 +320,16 @@ async fn a_used_up_limit_answers_429_with_retry_after_and_rate_headers() {
 
 /// Two identical requests in a row: the second one's remaining tokens show that the first one
 /// gave back its unused reservation (reserved - actual), and nothing else.
-async fn assert_refunded(gw: &Gateway, body: &Value, tags: (&str, &str)) {
+async fn assert_refunded(gw: &Gateway, body: &Value, tags: (&str, &str), knobs: &[(&str, &str)]) {
     let started = Instant::now();
-    let first = gw.chat(tags.0, body, &[]).await;
-    assert_eq!(first.status, 200, "{}", first.text());
+    let first = gw.chat(tags.0, body, knobs).await;
+    let status = if knobs.is_empty() { 200 } else { 500 };
+    assert_eq!(first.status, status, "{}", first.text());
     let remaining_1 = remaining_tokens(&first);
     let actual = gw.settled_total(tags.0).await;
+    if status != 200 {
+        assert_eq!(actual, 0, "an error answer uses nothing");
+    }
     let second = gw.chat(tags.1, body, &[]).await;
     assert_eq!(second.status, 200, "{}", second.text());
     let remaining_2 = remaining_tokens(&second);
@@ -343,9 +347,9 @@ async fn settling_from_real_usage_refunds_the_unused_reservation() {
     let gw = Gateway::start(daily_tokens(20_000, 2000)).await;
 
     // non-streaming: the cap of 2000 is reserved, 8 completion tokens are used
-    assert_refunded(&gw, &chat_body(false, None), ("json-1", "json-2")).await;
+    assert_refunded(&gw, &chat_body(false, None), ("json-1", "json-2"), &[]).await;
     // streaming (usage-accounting asks the provider for its usage chunk)
-    assert_refunded(&gw, &chat_body(true, None), ("sse-1", "sse-2")).await;
+    assert_refunded(&gw, &chat_body(true, None), ("sse-1", "sse-2"), &[]).await;
     let sent = gw.last_upstream_body();
     assert_eq!(sent["stream_options"], json!({"include_usage": true}));
     // the client's own cap: reserved and refunded the same way
@@ -353,8 +357,12 @@ async fn settling_from_real_usage_refunds_the_unused_reservation() {
         &gw,
         &chat_body(true, Some(("max_tokens", json!(3000)))),
         ("own-1", "own-2"),
+        &[],
     )
     .await;
+    // the provider fails: no usage, the whole reservation comes back
+    let failing = [("x-mock-status", "500")];
+    assert_refunded(&gw, &chat_body(false, None), ("err-1", "err-2"), &failing).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
