@@ -159,6 +159,7 @@ impl Req {
             &self.body(),
             DEFAULT_MAX_TOKENS,
             MARGIN_PERCENT,
+            8192, // the plugin's default tokenizer_sample_bytes
         )
         .unwrap()
         .tokens()
@@ -170,6 +171,7 @@ impl Req {
             &self.body(),
             DEFAULT_MAX_TOKENS,
             MARGIN_PERCENT,
+            8192, // the plugin's default tokenizer_sample_bytes
         )
         .unwrap();
         (cost.prompt, cost.output_cap)

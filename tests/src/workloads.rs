@@ -259,3 +259,43 @@ pub fn usage_stream(events: usize, usage: bool, chunk: usize) -> Response {
         .body(sse.as_bytes())
         .split_at(&cuts)
 }
+
+/// token-ratelimit's cost workload: a per-key token limit and a tenant budget, both far
+/// from their amounts (the hot path: every request admitted, settled from the record).
+/// `redis`: the Higress build against service [`RATELIMIT_REDIS`], with `clock: gateway`.
+pub fn ratelimit(redis: bool) -> crate::Result<FilterSpec> {
+    let mut config = json!({
+        "limits": [{"name": "key-tpm", "by": "key", "tokens": 1_000_000_000u64, "per": "minute"}],
+        "budgets": [{"name": "tenant-day", "by": "tenant", "period": "day", "tokens": 1_000_000_000_000u64}]
+    });
+    let plugin = if redis {
+        config["redis"] = json!({"service": RATELIMIT_REDIS, "timeout_ms": 500});
+        config["clock"] = json!("gateway");
+        "token-ratelimit-higress"
+    } else {
+        "token-ratelimit"
+    };
+    Ok(FilterSpec::plugin(plugin, &config)?
+        .root_id("token-ratelimit")
+        .allow_on_headers_stop_iteration(true))
+}
+
+/// The Redis service name of [`ratelimit`].
+pub const RATELIMIT_REDIS: &str = "outbound|6379||redis.static";
+
+/// A chat request for [`ratelimit`]: `bytes` of conversation for `model` (`gpt-4o-mini` is
+/// counted with tiktoken's `o200k_base`, a non-OpenAI model with chars/4), no `max_tokens`
+/// (the plugin injects it).
+pub fn ratelimit_request(id: &str, bytes: usize, model: &str) -> Request {
+    let mut body: Value = serde_json::from_slice(&chat_body(bytes)).unwrap_or_default();
+    body["model"] = json!(model);
+    if let Some(object) = body.as_object_mut() {
+        object.remove("max_tokens");
+    }
+    Request::post("/v1/chat/completions")
+        .header("x-llm-request-id", id)
+        .header("x-llm-tenant", "acme")
+        .header("x-llm-key-id", "k-0001")
+        .header("x-llm-consumer", "team-a")
+        .json(&body)
+}

@@ -278,12 +278,17 @@ impl Local {
                     };
                 }
                 let missing = need - self.avail;
-                let want_min = u64::try_from(missing.div_euclid(MILLI))
+                let deficit = u64::try_from(missing.div_euclid(MILLI))
                     .unwrap_or(0)
                     .saturating_add(u64::from(missing.rem_euclid(MILLI) != 0));
+                // A lease is worth a Redis call only if it brings at least a batch: while the
+                // central bucket holds less (a limit offered more than its rate drains it),
+                // Redis answers "dry until a batch is there" and this bucket refuses locally
+                // until then, instead of fetching the crumbs refilled since the last call on
+                // every request (one Redis call per admitted request, measured).
                 Take::Lease {
-                    want_min,
-                    want_max: want_min.saturating_add(spec.batch),
+                    want_min: deficit.max(spec.batch).min(spec.amount.max(deficit)),
+                    want_max: deficit.saturating_add(spec.batch),
                 }
             }
             Mode::Emergency => {
@@ -467,11 +472,19 @@ mod tests {
     fn leased_bucket_asks_for_the_deficit_plus_a_batch_then_for_a_top_up() {
         let s = spec(1000, 60_000); // batch 100, low 50
         let mut b = Local::new(Mode::Leased, &s, 0);
+        // the deficit is 30, but a lease brings at least a batch
         assert_eq!(
             b.take(Mode::Leased, &s, 30, 0),
             Take::Lease {
-                want_min: 30,
+                want_min: 100,
                 want_max: 130
+            }
+        );
+        assert_eq!(
+            b.take(Mode::Leased, &s, 300, 0),
+            Take::Lease {
+                want_min: 300,
+                want_max: 400
             }
         );
         b.add_lease(130, 30, 0, 0);
@@ -522,7 +535,7 @@ mod tests {
         assert!(admitted(b.take(Mode::Leased, &s, 5, 200)));
         assert!(matches!(
             b.take(Mode::Leased, &s, 20, 1000),
-            Take::Lease { want_min: 20, .. }
+            Take::Lease { want_min: 100, .. }
         ));
     }
 
@@ -568,7 +581,10 @@ mod tests {
         assert_eq!(b.remaining(), 0);
         assert!(matches!(
             b.take(Mode::Leased, &s, 1, 0),
-            Take::Lease { want_min: 31, .. }
+            Take::Lease {
+                want_min: 100,
+                want_max: 131
+            }
         ));
     }
 

@@ -20,7 +20,8 @@
 //!   "reservation_ttl_ms": 3600000,
 //!   "journal_capacity": 1024,
 //!   "prompt_margin_percent": 10,
-//!   "prices": {"gpt-4o-mini": {"currency": "USD", "input": 150000, "output": 600000}}
+//!   "prices": {"gpt-4o-mini": {"currency": "USD", "input": 150000, "output": 600000}},
+//!   "tokenizer_sample_bytes": 8192
 //! }
 //! ```
 //! Every field is described in the README. Limits are soft (buckets per instance, leased from
@@ -231,6 +232,9 @@ pub struct Config {
     /// Prices for money budgets when the model router publishes none (chains without the
     /// router), by model group or model name.
     pub prices: HashMap<String, Price>,
+    /// The tokenizer counts at most this much of a prompt's text; the rest is counted at the
+    /// rate it measured (0: count everything).
+    pub tokenizer_sample_bytes: usize,
 }
 
 impl Config {
@@ -288,6 +292,8 @@ struct RawConfig {
     prompt_margin_percent: u8,
     #[serde(default)]
     prices: HashMap<String, Price>,
+    #[serde(default = "default_sample")]
+    tokenizer_sample_bytes: usize,
 }
 
 #[derive(Deserialize)]
@@ -403,6 +409,9 @@ fn default_journal_capacity() -> usize {
 fn default_max_body() -> usize {
     8 << 20
 }
+fn default_sample() -> usize {
+    8192
+}
 fn default_margin() -> u8 {
     10
 }
@@ -429,8 +438,54 @@ fn default_retry_ms() -> u32 {
 }
 
 /// Parses the plugin's configuration document (plain or Higress `_rules_` form).
+///
+/// A limit or budget name is its identity: its buckets, Redis keys and metrics are named by
+/// it. Scopes may each list a limit, but one name must mean the same limit everywhere (else
+/// two routes with different numbers would share one bucket).
 pub fn parse_document(document: &[u8]) -> Result<RuleSet<Config>, ConfigError> {
-    RuleSet::parse(document, |fields, _scope| parse_scope(fields))
+    let rules = RuleSet::parse(document, |fields, _scope| parse_scope(fields))?;
+    let mut limits: HashMap<&str, &Limit> = HashMap::new();
+    let mut budgets: HashMap<&str, &Budget> = HashMap::new();
+    for config in rules.configs() {
+        for limit in &config.limits {
+            let seen = limits.entry(&limit.name).or_insert(limit);
+            if (&seen.by, seen.unit, seen.amount, seen.window_ms)
+                != (&limit.by, limit.unit, limit.amount, limit.window_ms)
+            {
+                return Err(ConfigError::new(
+                    format!("limits.{}", limit.name),
+                    "one name, one limit: a name used in several scopes must have the same by, unit, amount and per (use another name)",
+                ));
+            }
+        }
+        for budget in &config.budgets {
+            let seen = budgets.entry(&budget.name).or_insert(budget);
+            if (seen.by, seen.period, &seen.unit, seen.amount)
+                != (budget.by, budget.period, &budget.unit, budget.amount)
+            {
+                return Err(ConfigError::new(
+                    format!("budgets.{}", budget.name),
+                    "one name, one budget: a name used in several scopes must have the same by, period, unit and amount (use another name)",
+                ));
+            }
+        }
+    }
+    Ok(rules)
+}
+
+/// Names of limits and budgets are parts of keys: letters, digits, `-`, `_`, `.`.
+fn validate_key_name(value: &str) -> Result<(), ConfigError> {
+    validate_name("name", value)?;
+    if let Some(bad) = value
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')))
+    {
+        return Err(ConfigError::new(
+            "name",
+            format!("character {bad:?} not allowed (use letters, digits and -_.)"),
+        ));
+    }
+    Ok(())
 }
 
 fn parse_scope(fields: &Map<String, Value>) -> Result<Config, ConfigError> {
@@ -542,11 +597,15 @@ fn parse_scope(fields: &Map<String, Value>) -> Result<Config, ConfigError> {
         max_body_bytes: raw.max_body_bytes,
         prompt_margin_percent: raw.prompt_margin_percent,
         prices: raw.prices,
+        tokenizer_sample_bytes: match raw.tokenizer_sample_bytes {
+            0 => usize::MAX,
+            n => n,
+        },
     })
 }
 
 fn parse_limit(raw: RawLimit) -> Result<Limit, ConfigError> {
-    validate_name("name", &raw.name)?;
+    validate_key_name(&raw.name)?;
     let mut by = match raw.by {
         OneOrMany::One(d) => vec![d],
         OneOrMany::Many(v) => v,
@@ -590,7 +649,7 @@ fn parse_limit(raw: RawLimit) -> Result<Limit, ConfigError> {
 }
 
 fn parse_budget(raw: RawBudget) -> Result<Budget, ConfigError> {
-    validate_name("name", &raw.name)?;
+    validate_key_name(&raw.name)?;
     if matches!(raw.by, Dimension::Ip | Dimension::ModelGroup) {
         return Err(ConfigError::new(
             "by",
@@ -795,6 +854,24 @@ mod tests {
             (r#"{"lease":{"sync_ms":1}}"#, "lease.sync_ms"),
             (r#"{"journal_capacity":0}"#, "journal_capacity"),
             (r#"{"prompt_margin_percent":101}"#, "prompt_margin_percent"),
+            (
+                r#"{"limits":[{"name":"a:b","by":"key","tokens":1,"per":"minute"}]}"#,
+                "limits[0].name",
+            ),
+            (
+                r#"{"budgets":[{"name":"a/b","by":"key","period":"day","tokens":1}]}"#,
+                "budgets[0].name",
+            ),
+            (
+                r#"{"limits":[{"name":"k","by":"key","tokens":1,"per":"minute"}],
+                 "_rules_":[{"_match_route_":["r"],"limits":[{"name":"k","by":"key","tokens":2,"per":"minute"}]}]}"#,
+                "limits.k",
+            ),
+            (
+                r#"{"budgets":[{"name":"b","by":"key","period":"day","tokens":1}],
+                 "_rules_":[{"_match_route_":["r"],"budgets":[{"name":"b","by":"key","period":"month","tokens":1}]}]}"#,
+                "budgets.b",
+            ),
         ];
         for (json, field) in cases {
             let err = parse(json).unwrap_err();

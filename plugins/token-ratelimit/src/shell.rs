@@ -338,11 +338,7 @@ impl State {
     ) -> Option<Call> {
         let redis = config.redis.as_ref()?;
         let (want_min, want_max) = want;
-        // A lease is worth a Redis call only if it brings a batch: while the central bucket
-        // holds less (a limit offered more than its rate drains it), Redis answers "dry until
-        // a batch is there" and the instance waits that long, instead of taking the crumbs
-        // refilled since the last call on every request (one call per admitted request).
-        let want_min = want_min.max(spec.batch).clamp(1, spec.amount.max(1));
+        let want_min = want_min.clamp(1, spec.amount.max(1));
         Some(Call {
             kind: CallKind::Lease {
                 flow,
@@ -1263,7 +1259,9 @@ impl State {
                 lease_failed(local_key);
                 continue;
             }
-            if let Some(call) = self.lease_call(config, None, &keys, spec, (1, spec.batch), now) {
+            if let Some(call) =
+                self.lease_call(config, None, &keys, spec, (spec.batch, spec.batch), now)
+            {
                 if self.send(call, 0).is_err() {
                     break;
                 }
@@ -1750,7 +1748,13 @@ impl HttpContext for Limiter {
             }
         };
         let margin = config.prompt_margin_percent;
-        let cost = match cost::inspect(&path, &body, config.default_max_tokens, margin) {
+        let cost = match cost::inspect(
+            &path,
+            &body,
+            config.default_max_tokens,
+            margin,
+            config.tokenizer_sample_bytes,
+        ) {
             Ok(cost) => cost,
             Err(reject) => {
                 refuse(&reject);

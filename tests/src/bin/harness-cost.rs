@@ -4,7 +4,7 @@
 //! `scripts/bench`, which measures time in a real Envoy).
 //!
 //! Usage (after `scripts/build`; build this binary with `--release` for the times):
-//! `harness-cost [--plugin key-auth|model-router|pii-redaction|usage-accounting|all] [--requests N]
+//! `harness-cost [--plugin key-auth|model-router|pii-redaction|usage-accounting|token-ratelimit|all] [--requests N]
 //! [--runs N] [--fuel off]`. Prints markdown tables. Fuel is deterministic; times are medians
 //! over `--runs` and vary with the machine's load. `--fuel off` turns wasmtime's fuel metering
 //! off (fuel columns then read 0) to time the plugins without its overhead.
@@ -49,6 +49,7 @@ fn main() -> Result<(), String> {
             "model-router",
             "pii-redaction",
             "usage-accounting",
+            "token-ratelimit",
         ]
         .map(String::from)
         .to_vec();
@@ -62,6 +63,7 @@ fn main() -> Result<(), String> {
             "model-router" => model_router(&opts)?,
             "pii-redaction" => pii_redaction(&opts)?,
             "usage-accounting" => usage_accounting(&opts)?,
+            "token-ratelimit" => token_ratelimit(&opts)?,
             other => return Err(format!("no cost workload for plugin {other}")),
         }
     }
@@ -495,5 +497,66 @@ fn usage_accounting(opts: &Options) -> Result<(), String> {
     for (label, table) in tables {
         println!("### stream, {label}, per callback (units: per stream)\n\n{table}");
     }
+    Ok(())
+}
+
+fn token_ratelimit(opts: &Options) -> Result<(), String> {
+    println!("# token-ratelimit\n");
+    println!("{}", vm_table(&[w::ratelimit(false)?], opts.runs)?);
+    let redis = llm_gateway_tests::redis::Redis::start()?;
+    let mut plain = Vec::new();
+    let mut higress = Vec::new();
+    let mut calls = Vec::new();
+    let cases = [
+        (false, 4 * 1024, "gpt-4o-mini"),
+        (false, 256 * 1024, "gpt-4o-mini"),
+        (false, 256 * 1024, "claude-sonnet"),
+        (true, 4 * 1024, "gpt-4o-mini"),
+        (true, 256 * 1024, "gpt-4o-mini"),
+    ];
+    for (redis_build, size, model) in cases {
+        let mut builder = Fleet::builder()
+            .filter(w::usage()?)
+            .filter(w::ratelimit(redis_build)?);
+        if redis_build {
+            builder = builder.redis(w::RATELIMIT_REDIS, redis.addr());
+        }
+        let fleet = builder.build()?;
+        fleet.clock().set_nanos(1_796_000_000_000_000_000);
+        let request = w::ratelimit_request("cost-1", size, model);
+        let bytes = request.chunks.iter().map(Vec::len).sum();
+        let build = if redis_build {
+            "Higress build, Redis"
+        } else {
+            "plain build, shared data"
+        };
+        let label = format!("{build}, {} KB chat, {model}", size / 1024);
+        let before = fleet.redis().calls();
+        let s = run(
+            &label,
+            bytes,
+            &fleet,
+            1,
+            &request,
+            |_| w::chat_completion(),
+            opts.runs,
+        )?;
+        fleet.pump()?;
+        let per = (fleet.redis().calls() - before) as f64 / (opts.runs + 1) as f64;
+        calls.push((label, per));
+        if redis_build {
+            higress.push(s);
+        } else {
+            plain.push(s);
+        }
+    }
+    println!("## token-ratelimit per request (admitted, settled; wasm time: all of its callbacks; gpt-4o-mini is counted with o200k_base, claude-sonnet with chars/4)\n");
+    println!("{}", summary("token-ratelimit", &plain, |_| true));
+    println!("{}", summary("token-ratelimit-higress", &higress, |_| true));
+    println!("| workload | Redis calls/request |\n|---|---:|");
+    for (label, per) in calls {
+        println!("| {label} | {per:.2} |");
+    }
+    println!();
     Ok(())
 }
