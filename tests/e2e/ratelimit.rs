@@ -93,24 +93,9 @@ impl Gateway {
     /// The access-log line of the request tagged `tag`: once it is there, every filter's
     /// `on_log` of that request ran (the reservation is settled).
     async fn logged(&self, tag: &str) -> Value {
-        let deadline = Instant::now() + Duration::from_secs(15);
-        loop {
-            let text =
-                std::fs::read_to_string(self.envoy.dir().join("access.log")).unwrap_or_default();
-            if let Some(line) = text
-                .lines()
-                .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-                .find(|l| l["tag"] == tag)
-            {
-                return line;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no access-log line for {tag}:\n{}",
-                self.envoy.logs()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        self.envoy
+            .access_log_line("access.log", tag, |l| (l["tag"] == tag).then_some(l))
+            .await
     }
 
     /// The total tokens usage-accounting recorded for `tag` (what token-ratelimit settles to),

@@ -67,24 +67,9 @@ impl Gateway {
 
     /// The access-log line of request `id` (waits for the periodic flush).
     async fn access_log(&self, id: &str) -> Value {
-        let deadline = Instant::now() + Duration::from_secs(15);
-        loop {
-            let text =
-                std::fs::read_to_string(self.envoy.dir().join("access.log")).unwrap_or_default();
-            if let Some(line) = text
-                .lines()
-                .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-                .find(|l| l["request_id"] == id)
-            {
-                return line;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no access log line for {id}:\n{}",
-                self.envoy.logs()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        self.envoy
+            .access_log_line("access.log", id, |l| (l["request_id"] == id).then_some(l))
+            .await
     }
 
     /// The record of request `id`, as the access log printed it from filter state.

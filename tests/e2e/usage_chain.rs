@@ -10,7 +10,6 @@ use llm_gateway_tests::http::{self, Response};
 use llm_gateway_tests::workspace::sha256_hex;
 use mock_upstream::MockUpstream;
 use serde_json::{json, Value};
-use std::time::{Duration, Instant};
 
 const KEY: &str = "sk-e2e-usage-chain-7c41d2";
 
@@ -109,26 +108,14 @@ impl Gateway {
 
     /// The record of the downstream access-log line of the request tagged `run_id`.
     async fn record(&self, run_id: &str) -> Value {
-        let deadline = Instant::now() + Duration::from_secs(15);
-        loop {
-            let text =
-                std::fs::read_to_string(self.envoy.dir().join("access.log")).unwrap_or_default();
-            let found = text
-                .lines()
-                .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-                .filter_map(|l| l["usage"].as_str().map(str::to_owned))
-                .filter_map(|u| serde_json::from_str::<Value>(&u).ok())
-                .find(|r| r["run_id"] == run_id);
-            if let Some(record) = found {
-                return record;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no record for {run_id}:\n{}",
-                self.envoy.logs()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        self.envoy
+            .access_log_line("access.log", run_id, |l| {
+                let usage = l["usage"].as_str()?;
+                serde_json::from_str::<Value>(usage)
+                    .ok()
+                    .filter(|r| r["run_id"] == run_id)
+            })
+            .await
     }
 }
 

@@ -216,6 +216,34 @@ impl Envoy {
         self.dir.path()
     }
 
+    /// The first JSON line of the access log `file` (in [`Envoy::dir`]) for which `pick`
+    /// returns something, waiting up to 15 s for Envoy's periodic flush; panics (with Envoy's
+    /// logs) when none comes.
+    pub async fn access_log_line<T>(
+        &self,
+        file: &str,
+        what: &str,
+        pick: impl Fn(serde_json::Value) -> Option<T>,
+    ) -> T {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let text = std::fs::read_to_string(self.dir().join(file)).unwrap_or_default();
+            if let Some(found) = text
+                .lines()
+                .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+                .find_map(&pick)
+            {
+                return found;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no access-log line for {what}:\n{}",
+                self.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// GET on the admin API; the body of a 200 answer.
     pub fn admin_get(&self, path: &str) -> Result<String> {
         let mut stream = TcpStream::connect_timeout(&self.admin, Duration::from_secs(2))

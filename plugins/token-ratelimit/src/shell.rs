@@ -294,11 +294,13 @@ impl State {
     // -----------------------------------------------------------------------------------
     // Sending
 
-    fn send(&self, call: Call, context_id: u32) -> Result<(), ()> {
+    /// Sends a call; gives it back if it could not be sent (Redis is then marked down,
+    /// unless too many calls were in flight).
+    fn send(&self, call: Call, context_id: u32) -> Result<(), Box<Call>> {
         if self.calls.borrow().len() >= MAX_CALLS {
             // never send what could not be tracked: its reply would find no one to resume
             self.count("calls_saturated", 1);
-            return Err(());
+            return Err(Box::new(call));
         }
         let with_source = call.resent || !self.loaded.borrow().contains(call.script.name);
         let keys: Vec<&str> = call.keys.iter().map(String::as_str).collect();
@@ -309,19 +311,13 @@ impl State {
                     &format!("redis_calls.{}", call.script.name.to_ascii_lowercase()),
                     1,
                 );
-                if self
-                    .calls
-                    .borrow_mut()
-                    .insert(token, context_id, call)
-                    .is_err()
-                {
-                    log(LogLevel::Warn, "too many Redis calls in flight");
-                }
+                // cannot fail: checked above, and tokens are unique
+                let _ = self.calls.borrow_mut().insert(token, context_id, call);
                 Ok(())
             }
             Err(err) => {
                 self.mark_down(&format!("call not sent: {err}"));
-                Err(())
+                Err(Box::new(call))
             }
         }
     }
@@ -756,29 +752,14 @@ impl State {
         match outcome {
             Err(ScriptError::NoScript) if !call.resent => {
                 self.loaded.borrow_mut().remove(call.script.name);
+                // resent with its source; a failed send fails the call the usual way, so a
+                // waiting request is never left paused
                 let call = Call {
                     resent: true,
                     ..call
                 };
-                // resent with its source; a failed send fails the call the usual way, so a
-                // waiting request is never left paused
-                let keys: Vec<&str> = call.keys.iter().map(String::as_str).collect();
-                let query = scripts::command(call.script, &keys, &call.args, true);
-                match redis_call(&call.service, &query) {
-                    Ok(token) => {
-                        if self
-                            .calls
-                            .borrow_mut()
-                            .insert(token, context_id, call)
-                            .is_err()
-                        {
-                            log(LogLevel::Warn, "too many Redis calls in flight");
-                        }
-                    }
-                    Err(err) => {
-                        self.mark_down(&format!("call not sent: {err}"));
-                        self.call_failed(context_id, call);
-                    }
+                if let Err(call) = self.send(call, context_id) {
+                    self.call_failed(context_id, *call);
                 }
             }
             Err(err) => {
