@@ -30,6 +30,7 @@ pub mod config;
 pub mod cost;
 pub mod decide;
 pub mod scripts;
+pub mod settle;
 
 #[cfg(target_arch = "wasm32")]
 mod shell;

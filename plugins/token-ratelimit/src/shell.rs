@@ -20,11 +20,12 @@
 #![cfg_attr(not(feature = "higress"), allow(dead_code))]
 
 use crate::bucket::{Local, Mode, Spec, Take};
-use crate::budget::{self, Actual, BucketKeys, Identity, Journal, JournalEntry, Level};
+use crate::budget::{self, BucketKeys, Identity, Journal, JournalEntry, Level};
 use crate::config::{parse_document, Clock, Config, OnRedisFailure, RedisConfig, Unit};
 use crate::cost::{self, Cost};
 use crate::decide;
 use crate::scripts::{self, Script, ScriptError};
+use crate::settle;
 use llm_gateway_shared::headers;
 use llm_gateway_shared::host::{self, Buffer, HeaderMap, HostError, LogLevel, Metric};
 use llm_gateway_shared::pending::Pending;
@@ -873,13 +874,7 @@ impl State {
                     match result {
                         scripts::Reserve::Reserved { remaining }
                         | scripts::Reserve::Replayed { remaining } => {
-                            let spent: Vec<u64> = levels
-                                .iter()
-                                .zip(&remaining)
-                                .map(|(l, r)| {
-                                    u64::try_from(i128::from(l.limit) - i128::from(*r)).unwrap_or(0)
-                                })
-                                .collect();
+                            let spent = settle::spent_after(&levels, &remaining);
                             if flow.abandoned {
                                 // the client went away while we reserved: give it all back
                                 let entry = JournalEntry::Reconcile {
@@ -1012,19 +1007,7 @@ impl State {
         if flow.admitted && record.is_none() {
             self.count("settled_without_usage", 1);
         }
-        let actual = record.as_ref().map(|r| Actual {
-            tokens: r.usage.total_tokens,
-            cost: r.cost_nano.zip(r.currency.clone()),
-            prompt_tokens: r.usage.prompt_tokens,
-            completion_tokens: r.usage.completion_tokens,
-        });
-        let zero = Actual {
-            tokens: 0,
-            cost: None,
-            prompt_tokens: 0,
-            completion_tokens: 0,
-        };
-        let actual = if flow.admitted { actual } else { Some(zero) };
+        let actual = settle::actual(flow.admitted, record.as_ref());
 
         // soft limits
         let mode = self.mode(config, now);
@@ -1032,26 +1015,11 @@ impl State {
             let Some(limit) = config.limits.get(taken.limit) else {
                 continue;
             };
-            let used = match (limit.unit, &actual) {
-                (Unit::Requests, _) => {
-                    if flow.admitted {
-                        continue;
-                    }
-                    0
-                }
-                (Unit::Tokens, Some(actual)) => actual.tokens,
-                (Unit::Tokens, None) => continue, // no usage known: keep the reservation
-            };
-            let refund = i128::from(taken.units) - i128::from(used);
+            let refund =
+                settle::bucket_refund(limit.unit, taken.units, flow.admitted, actual.as_ref());
             if refund != 0 {
                 let spec = spec_of(config, taken.limit);
-                settle_bucket(
-                    &taken.local_key,
-                    mode,
-                    &spec,
-                    i64::try_from(refund).unwrap_or(0),
-                    now,
-                );
+                settle_bucket(&taken.local_key, mode, &spec, refund, now);
             }
         }
 
@@ -1064,17 +1032,13 @@ impl State {
         );
         let reservation = std::mem::take(&mut flow.reservation);
         let actual_of = |levels: &[Level], amounts: &[u64]| -> Vec<u64> {
-            levels
-                .iter()
-                .zip(amounts)
-                .map(|(level, reserved)| {
-                    config
-                        .budgets
-                        .get(level.budget)
-                        .and_then(|b| budget::actual_amount(b, actual.as_ref(), price.as_ref()))
-                        .unwrap_or(*reserved)
-                })
-                .collect()
+            settle::level_charges(
+                &config.budgets,
+                levels,
+                amounts,
+                actual.as_ref(),
+                price.as_ref(),
+            )
         };
         let entry = match reservation {
             Reservation::None => None,
@@ -1631,7 +1595,23 @@ struct Limiter {
     state: Option<Rc<State>>,
 }
 
-impl Context for Limiter {}
+impl Context for Limiter {
+    fn on_done(&mut self) -> bool {
+        // Envoy runs on_log before on_done; a flow still here was never settled (a host that
+        // skipped on_log): settle it now rather than leak it.
+        if let Some(state) = &self.state {
+            let unsettled = state
+                .flows
+                .borrow()
+                .get(&self.id)
+                .is_some_and(|f| !f.abandoned);
+            if unsettled {
+                state.settle(self.id);
+            }
+        }
+        true
+    }
+}
 
 impl Limiter {
     fn step_action(&self, step: Step) -> Action {

@@ -1,0 +1,164 @@
+//! What settling a finished request gives back or charges, from what it reserved and what it
+//! really used (usage-accounting's record).
+//!
+//! * A request that never went upstream (refused later in the chain, client gone while it
+//!   waited) used nothing: every unit comes back, requests included.
+//! * A forwarded request keeps its request units; its token units come back minus the real
+//!   total (negative: over-use, paid as debt).
+//! * Without a usage record (usage-accounting missing from the chain, or placed after this
+//!   filter) nothing is known: the reservation stands (tokens kept, budgets charged it) — the
+//!   safe direction, counted as `settled_without_usage`.
+
+use crate::budget::{self, Actual, Level};
+use crate::config::{Budget, Unit};
+use llm_gateway_shared::route_info::Price;
+use llm_gateway_shared::usage_record::Record;
+
+impl Actual {
+    /// Usage as the record gives it.
+    pub fn from_record(record: &Record) -> Actual {
+        Actual {
+            tokens: record.usage.total_tokens,
+            cost: record.cost_nano.zip(record.currency.clone()),
+            prompt_tokens: record.usage.prompt_tokens,
+            completion_tokens: record.usage.completion_tokens,
+        }
+    }
+
+    /// Nothing used.
+    pub fn zero() -> Actual {
+        Actual {
+            tokens: 0,
+            cost: None,
+            prompt_tokens: 0,
+            completion_tokens: 0,
+        }
+    }
+}
+
+/// What a request used: nothing if it was never forwarded, else its record's usage (`None`:
+/// unknown).
+pub fn actual(forwarded: bool, record: Option<&Record>) -> Option<Actual> {
+    if forwarded {
+        record.map(Actual::from_record)
+    } else {
+        Some(Actual::zero())
+    }
+}
+
+/// Units to give back to a soft bucket that `reserved` were taken from (negative: debt).
+pub fn bucket_refund(unit: Unit, reserved: u64, forwarded: bool, actual: Option<&Actual>) -> i64 {
+    let used = match (unit, actual) {
+        (Unit::Requests, _) if forwarded => return 0,
+        (Unit::Requests, _) => 0,
+        (Unit::Tokens, Some(actual)) => actual.tokens,
+        (Unit::Tokens, None) => return 0,
+    };
+    let refund = i128::from(reserved) - i128::from(used);
+    i64::try_from(refund).unwrap_or(if refund < 0 { i64::MIN } else { i64::MAX })
+}
+
+/// What each budget level is charged in the end: its actual amount, or what it reserved when
+/// the usage is unknown.
+pub fn level_charges(
+    budgets: &[Budget],
+    levels: &[Level],
+    reserved: &[u64],
+    actual: Option<&Actual>,
+    price: Option<&Price>,
+) -> Vec<u64> {
+    levels
+        .iter()
+        .zip(reserved)
+        .map(|(level, reserved)| {
+            budgets
+                .get(level.budget)
+                .and_then(|b| budget::actual_amount(b, actual, price))
+                .unwrap_or(*reserved)
+        })
+        .collect()
+}
+
+/// What each level has spent after a reservation, from the remainders Redis reported.
+pub fn spent_after(levels: &[Level], remaining: &[i64]) -> Vec<u64> {
+    levels
+        .iter()
+        .zip(remaining)
+        .map(|(l, r)| u64::try_from(i128::from(l.limit) - i128::from(*r)).unwrap_or(0))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{BudgetUnit, Dimension, OnRedisFailure, Period};
+
+    fn used(tokens: u64) -> Actual {
+        Actual {
+            tokens,
+            cost: None,
+            prompt_tokens: tokens,
+            completion_tokens: 0,
+        }
+    }
+
+    #[test]
+    fn buckets_get_back_what_was_not_used() {
+        // forwarded: requests stay counted, tokens come back minus the real use
+        assert_eq!(bucket_refund(Unit::Requests, 1, true, Some(&used(5))), 0);
+        assert_eq!(
+            bucket_refund(Unit::Tokens, 300, true, Some(&used(120))),
+            180
+        );
+        assert_eq!(
+            bucket_refund(Unit::Tokens, 100, true, Some(&used(130))),
+            -30
+        );
+        // unknown usage: the reservation stands
+        assert_eq!(bucket_refund(Unit::Tokens, 300, true, None), 0);
+        // never forwarded: everything comes back
+        let nothing = actual(false, None);
+        assert_eq!(bucket_refund(Unit::Requests, 1, false, nothing.as_ref()), 1);
+        assert_eq!(
+            bucket_refund(Unit::Tokens, 300, false, nothing.as_ref()),
+            300
+        );
+    }
+
+    #[test]
+    fn levels_are_charged_the_actual_or_their_reservation() {
+        let tokens = Budget {
+            name: "t".into(),
+            by: Dimension::Tenant,
+            period: Period::Day,
+            unit: BudgetUnit::Tokens,
+            amount: 1000,
+            on_redis_failure: OnRedisFailure::Reject,
+            warn_at: vec![],
+        };
+        let money = Budget {
+            unit: BudgetUnit::Money {
+                currency: "USD".into(),
+            },
+            ..tokens.clone()
+        };
+        let level = |budget| Level {
+            budget,
+            key: "k".into(),
+            limit: 1000,
+            expire_at_ms: 0,
+        };
+        let budgets = [tokens, money];
+        let levels = [level(0), level(1)];
+        assert_eq!(
+            level_charges(&budgets, &levels, &[400, 9000], Some(&used(150)), None),
+            vec![150, 9000],
+            "a money level without a price keeps its reservation"
+        );
+        assert_eq!(
+            level_charges(&budgets, &levels, &[400, 9000], None, None),
+            vec![400, 9000]
+        );
+        assert_eq!(spent_after(&levels, &[600, -5]), vec![400, 1005]);
+    }
+}
