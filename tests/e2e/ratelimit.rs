@@ -479,33 +479,18 @@ async fn bad_bodies_are_400s_naming_the_field_and_the_worker_still_serves() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_gone_mid_stream_has_its_reservation_settled() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let gw = Gateway::start(daily_tokens(20_000, 2000)).await;
     let started = Instant::now();
     let body = chat_body(true, None).to_string();
     let addr = gw.envoy.url().trim_start_matches("http://").to_string();
-    let mut socket = tokio::net::TcpStream::connect(&addr).await.unwrap();
     let request = format!(
         "POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n\
          authorization: Bearer {KEY}\r\ncontent-length: {}\r\nx-test-tag: gone-1\r\n\
          x-mock-chunks: 200\r\nx-mock-chunk-delay-ms: 20\r\n\r\n{body}",
         body.len()
     );
-    socket.write_all(request.as_bytes()).await.unwrap();
-    // read until some generated text arrived, then hang up
-    let mut seen = Vec::new();
-    let mut buf = [0u8; 4096];
-    while !String::from_utf8_lossy(&seen).contains("tok2 ") {
-        let n = socket.read(&mut buf).await.unwrap();
-        assert!(
-            n > 0,
-            "stream ended early: {}",
-            String::from_utf8_lossy(&seen)
-        );
-        seen.extend_from_slice(&buf[..n]);
-    }
-    drop(socket);
-    let head = String::from_utf8_lossy(&seen).to_ascii_lowercase();
+    let seen = llm_gateway_tests::http::hang_up_after(&addr, &request, "tok2 ").await;
+    let head = seen.to_ascii_lowercase();
     assert!(head.starts_with("http/1.1 200"), "{head}");
     let remaining_1: u64 = head
         .lines()

@@ -690,31 +690,16 @@ async fn envoy_validates_the_config_and_refuses_a_bad_one() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_goes_away_mid_stream_gets_an_estimated_record() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let gw = Gateway::start().await;
     let body = chat(true).to_string();
     let addr = gw.envoy.url().trim_start_matches("http://").to_string();
-    let mut socket = tokio::net::TcpStream::connect(&addr).await.unwrap();
     let request = format!(
         "POST /v1/chat/completions HTTP/1.1\r\nhost: gw\r\ncontent-type: application/json\r\n\
          content-length: {}\r\nx-llm-request-id: gone-1\r\nx-llm-tenant: acme\r\n\
          x-llm-deployment: east\r\nx-mock-chunks: 200\r\nx-mock-chunk-delay-ms: 20\r\n\r\n{body}",
         body.len()
     );
-    socket.write_all(request.as_bytes()).await.unwrap();
-    // read until some generated text arrived, then hang up
-    let mut seen = Vec::new();
-    let mut buf = [0u8; 4096];
-    while !String::from_utf8_lossy(&seen).contains("tok2 ") {
-        let n = socket.read(&mut buf).await.unwrap();
-        assert!(
-            n > 0,
-            "stream ended early: {}",
-            String::from_utf8_lossy(&seen)
-        );
-        seen.extend_from_slice(&buf[..n]);
-    }
-    drop(socket);
+    llm_gateway_tests::http::hang_up_after(&addr, &request, "tok2 ").await;
     let record = gw.record("gone-1").await;
     assert_eq!(record["usage_source"], "estimated", "{record}");
     assert_eq!(record["complete"], false, "{record}");

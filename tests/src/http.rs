@@ -127,3 +127,32 @@ impl Request {
         })
     }
 }
+
+/// A client that goes away mid-response: sends `raw` (a whole HTTP/1.1 request) to `addr`,
+/// reads until `marker` has arrived, then hangs up. What it read (head and body so far).
+pub async fn hang_up_after(addr: &str, raw: &str, marker: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut socket = tokio::net::TcpStream::connect(addr)
+        .await
+        .unwrap_or_else(|e| panic!("connect {addr}: {e}"));
+    socket
+        .write_all(raw.as_bytes())
+        .await
+        .unwrap_or_else(|e| panic!("send: {e}"));
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&seen).contains(marker) {
+        let n = socket
+            .read(&mut buf)
+            .await
+            .unwrap_or_else(|e| panic!("read: {e}"));
+        assert!(
+            n > 0,
+            "the response ended before {marker:?}: {}",
+            String::from_utf8_lossy(&seen)
+        );
+        seen.extend_from_slice(buf.get(..n).unwrap_or_default());
+    }
+    drop(socket);
+    String::from_utf8_lossy(&seen).into_owned()
+}
