@@ -190,6 +190,20 @@ mod tests {
     }
 
     #[test]
+    fn a_record_with_escapes_round_trips_as_one_json_line() {
+        let record = Record {
+            project: Some("p\"x".into()),
+            usage_source: UsageSource::Estimated,
+            price_version: Some("v1".into()),
+            ..record()
+        };
+        let line = record.to_json();
+        assert!(!line.contains('\n'));
+        assert!(line.contains(r#""usage_source":"estimated""#), "{line}");
+        assert_eq!(Record::from_json(line.as_bytes()), Some(record));
+    }
+
+    #[test]
     fn from_json_rejects_what_is_not_a_record() {
         let line = record().to_json();
         for bad in [

@@ -386,7 +386,13 @@ impl State {
         let tokens = flow.cost.as_ref().map_or(0, Cost::tokens);
         let group = flow.identity.model_group.clone();
 
-        // Soft limits.
+        // Soft limits. The mode is read once per pass (Redis health is one shared-data read);
+        // a lease that cannot be sent starts a new pass in emergency mode.
+        let mode = if flow.emergency && config.redis.is_some() {
+            Mode::Emergency
+        } else {
+            self.mode(config, now)
+        };
         while let Some(limit) = config.limits.get(flow.next_limit) {
             let index = flow.next_limit;
             if !limit.applies_to(group.as_deref()) {
@@ -402,11 +408,6 @@ impl State {
                 Unit::Tokens => tokens,
             };
             let spec = spec_of(config, index);
-            let mode = if flow.emergency && config.redis.is_some() {
-                Mode::Emergency
-            } else {
-                self.mode(config, now)
-            };
             let take = take(&keys, mode, &spec, units, now);
             match take {
                 Ok((

@@ -25,42 +25,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn record_round_trips_as_one_json_line() {
-        let record = Record {
-            request_id: "r".into(),
-            ts_ms: 1,
-            consumer: Some("team-a".into()),
-            tenant: None,
-            project: Some("p\"x".into()),
-            agent: None,
-            run_id: None,
-            model_group: Some("fast".into()),
-            deployment: Some("east".into()),
-            model: None,
-            api: "chat.completions".into(),
-            stream: true,
-            status: 200,
-            complete: true,
-            attempts: vec![Attempt {
-                deployment: Some("east".into()),
-                status: 200,
-            }],
-            usage_source: UsageSource::Estimated,
-            usage: UsageFields::default(),
-            cost_nano: Some(243_600),
-            currency: Some("USD".into()),
-            price_version: Some("v1".into()),
-            ttft_ms: None,
-            duration_ms: 5,
-        };
-        let line = record.to_json();
-        assert!(!line.contains('\n'));
-        assert!(line.contains(r#""usage_source":"estimated""#), "{line}");
-        let back: Record = serde_json::from_str(&line).unwrap();
-        assert_eq!(back, record);
-    }
-
-    #[test]
     fn attribution_values_are_bounded() {
         assert_eq!(clean_attribution(b""), None);
         assert_eq!(clean_attribution(b"a\r\nb"), Some("ab".into()));
