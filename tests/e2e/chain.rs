@@ -259,6 +259,21 @@ async fn a_streaming_request_with_an_email_through_the_whole_chain() {
         "{record}"
     );
 
+    // The metrics, with the labels gateway.yaml's stats_tags spell out of the names.
+    let prometheus = demo.envoy.admin_get("/stats/prometheus").unwrap();
+    let tokens_line = prometheus
+        .lines()
+        .find(|l| l.starts_with("llm_gateway_usage_tokens{") && l.contains("token_type=\"input\""))
+        .unwrap_or_else(|| panic!("no usage token counter:\n{prometheus}"));
+    for label in [
+        "tenant=\"demo\"",
+        "model_group=\"fast\"",
+        "deployment=\"openai-mini\"",
+    ] {
+        assert!(tokens_line.contains(label), "{label} in {tokens_line}");
+    }
+    assert!(tokens_line.ends_with(" 40"), "{tokens_line}");
+
     // The ledger: scripts/usage-report over the access log sums the same record.
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_usage-report"))
         .args(["--csv"])
@@ -386,6 +401,18 @@ async fn refusals_name_their_reason_and_reach_no_provider() {
     let refused = post(&demo, path, &carol, &big).await;
     assert_error(&refused, 402, "budget_exceeded");
     assert_eq!(refused.header("x-llm-budget"), Some("user-day"));
+
+    // the refusals in the metrics, labelled with the limit and the budget (stats_tags)
+    let prometheus = demo.envoy.admin_get("/stats/prometheus").unwrap();
+    for line in [
+        "llm_gateway_ratelimit_rate_limited{limit=\"user-rpm\"} 1",
+        "llm_gateway_ratelimit_budget_exceeded{budget=\"user-day\"} 1",
+    ] {
+        assert!(
+            prometheus.lines().any(|l| l == line),
+            "no {line}:\n{prometheus}"
+        );
+    }
 
     // only the admitted requests reached a provider
     assert_eq!(demo.openai.requests().len(), USER_RPM + 1);
