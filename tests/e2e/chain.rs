@@ -15,6 +15,7 @@ use llm_gateway_tests::demo::{
 use llm_gateway_tests::http::{self, sse_events, Response};
 use mock_upstream::RecordedRequest;
 use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const EMAIL: &str = "jane.doe@example.com";
 /// `user-day` in gateway.yaml: tokens per `x-user-id` per day.
@@ -556,5 +557,119 @@ async fn anthropic_messages_through_the_same_chain() {
     assert_eq!(
         record["cost_nano"],
         prompt * CLAUDE_NANO.0 + completion * CLAUDE_NANO.1
+    );
+}
+
+/// The route's timeouts bound silence, not length: `gateway.yaml` with its per-attempt timeout
+/// (60 s) and idle timeout (120 s) shortened to 1 s. A stream longer than both, whose events
+/// come every 300 ms, completes; a provider silent for longer than the idle timeout mid-stream
+/// is cut, and what it streamed so far is still recorded and charged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timeouts_bound_silence_not_the_length_of_a_stream() {
+    let shipped = std::fs::read_to_string(llm_gateway_tests::workspace::envoy_config(
+        llm_gateway_tests::demo::CONFIG,
+    ))
+    .unwrap();
+    let short = shipped
+        .replace("per_try_timeout: 60s", "per_try_timeout: 1s")
+        .replace("idle_timeout: 120s", "idle_timeout: 1s");
+    for setting in ["per_try_timeout: 60s", "idle_timeout: 120s"] {
+        assert_eq!(
+            shipped.matches(setting).count(),
+            1,
+            "{setting} in gateway.yaml"
+        );
+    }
+    let path = std::env::temp_dir().join(format!(
+        "llm-gateway-short-timeouts-{}.yaml",
+        std::process::id()
+    ));
+    std::fs::write(&path, short).unwrap();
+    let demo = Demo::start_with(0, path.to_str().unwrap()).await.unwrap();
+    let _ = std::fs::remove_file(&path);
+    let key = bearer(DEMO_KEY);
+
+    let long = [
+        ("authorization", key.as_str()),
+        ("x-mock-chunks", "10"),
+        ("x-mock-chunk-delay-ms", "300"),
+    ];
+    let started = std::time::Instant::now();
+    let response = post(
+        &demo,
+        "/v1/chat/completions",
+        &long,
+        &chat("Tell me a story", true),
+    )
+    .await;
+    assert_eq!(response.status, 200, "{}", response.text());
+    assert!(
+        started.elapsed() > std::time::Duration::from_secs(2),
+        "the stream outlasted both timeouts"
+    );
+    let events = sse_events(&response.text());
+    assert_eq!(
+        events.last().map(|e| &e.1),
+        Some(&json!("[DONE]")),
+        "{events:?}"
+    );
+    let record = record_of(&demo, &response).await;
+    assert_eq!(record["complete"], true, "{record}");
+
+    // The provider sends its first event, then nothing for 1.5 s: Envoy's idle timeout ends
+    // the attempt after the first byte went out, so there is no fallback; it resets the
+    // client's stream (HTTP/1.1: the connection closes before the last chunk, so the client
+    // knows the stream is incomplete; no [DONE]).
+    let body = chat("Tell me a story", true).to_string();
+    let raw = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: gateway\r\nauthorization: {key}\r\n\
+         x-mock-chunks: 4\r\nx-mock-chunk-delay-ms: 1500\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let address = demo.url().trim_start_matches("http://").to_string();
+    let mut socket = tokio::net::TcpStream::connect(address).await.unwrap();
+    socket.write_all(raw.as_bytes()).await.unwrap();
+    let mut received = Vec::new();
+    let read = tokio::time::timeout(
+        std::time::Duration::from_secs(20),
+        socket.read_to_end(&mut received),
+    )
+    .await;
+    assert!(read.is_ok(), "the silent stream was not cut");
+    let received = String::from_utf8_lossy(&received);
+    assert!(received.starts_with("HTTP/1.1 200"), "{received}");
+    assert!(
+        received.contains("chat.completion.chunk"),
+        "no first event: {received}"
+    );
+    assert!(
+        !received.contains("[DONE]") && !received.ends_with("0\r\n\r\n"),
+        "{received}"
+    );
+    let id = received
+        .lines()
+        .find_map(|l| l.strip_prefix("x-request-id: "))
+        .unwrap()
+        .trim()
+        .to_string();
+    let record: Value = demo
+        .envoy
+        .access_log_line("access.log", &id, |line| {
+            if line["request_id"] != id.as_str() {
+                return None;
+            }
+            serde_json::from_str(line["usage"].as_str()?).ok()
+        })
+        .await;
+    // incomplete, and charged what was streamed (estimated: the provider sent no usage): the
+    // prompt, and no output (the first event only opened the assistant's message)
+    assert_eq!(record["complete"], false, "{record}");
+    assert_eq!(record["usage_source"], "estimated", "{record}");
+    let (prompt, completion) = tokens(&record);
+    assert!(prompt > 0 && completion == 0, "{record}");
+    assert_eq!(
+        record["cost_nano"],
+        prompt * OPENAI_MINI_NANO.0 + completion * OPENAI_MINI_NANO.1
     );
 }

@@ -77,6 +77,12 @@ async fn mock() -> Result<MockUpstream> {
 impl Demo {
     /// Starts everything; the gateway listens on `127.0.0.1:port` (0: any free port).
     pub async fn start(port: u16) -> Result<Demo> {
+        Demo::start_with(port, CONFIG).await
+    }
+
+    /// [`Demo::start`] with another bootstrap: a name in `envoy-config/` or an absolute path
+    /// (a test's variant of `gateway.yaml`).
+    pub async fn start_with(port: u16, config: &str) -> Result<Demo> {
         let (openai, azure, anthropic) = (mock().await?, mock().await?, mock().await?);
         let vars = vars(
             port,
@@ -88,9 +94,11 @@ impl Demo {
             concurrency: 2,
             trace_wasm: false,
         };
-        let envoy = tokio::task::spawn_blocking(move || Envoy::start_with(CONFIG, &vars, &options))
-            .await
-            .map_err(|e| e.to_string())??;
+        let config = config.to_string();
+        let envoy =
+            tokio::task::spawn_blocking(move || Envoy::start_with(&config, &vars, &options))
+                .await
+                .map_err(|e| e.to_string())??;
         Ok(Demo {
             envoy,
             openai,
