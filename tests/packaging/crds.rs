@@ -148,9 +148,8 @@ fn refusal(module: &str, pointer: &str, value: Value) -> String {
 }
 
 /// One broken field per plugin in `defaultConfig` and in a `matchRules[].config`: the parser
-/// refuses it, naming the field (exactly) and why. Fields the plugins read through serde's
-/// derive (`allow`, `consumer_label`, `limits[].per`) are named by their scope only
-/// (`_rules_[0]`): the reason names the type or variant expected.
+/// refuses it, naming the field (exactly) and why, also for the fields the plugins read
+/// through serde's derive (`allow`, `consumer_label`, `limits[].per`).
 #[test]
 fn a_broken_field_is_refused_with_its_name() {
     let cases = [
@@ -165,7 +164,7 @@ fn a_broken_field_is_refused_with_its_name() {
             "key-auth",
             "/matchRules/0/config/allow",
             json!("demo"),
-            "_rules_[0]",
+            "_rules_[0].allow",
             "expected a sequence",
         ),
         (
@@ -207,7 +206,7 @@ fn a_broken_field_is_refused_with_its_name() {
             "usage-accounting",
             "/matchRules/0/config/consumer_label",
             json!("yes"),
-            "_rules_[0]",
+            "_rules_[0].consumer_label",
             "expected a boolean",
         ),
         (
@@ -221,7 +220,7 @@ fn a_broken_field_is_refused_with_its_name() {
             "token-ratelimit",
             "/matchRules/0/config/limits/0/per",
             json!("fortnight"),
-            "_rules_[0]",
+            "_rules_[0].limits[0].per",
             "unknown variant `fortnight`",
         ),
     ];
