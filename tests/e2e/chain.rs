@@ -673,3 +673,75 @@ async fn timeouts_bound_silence_not_the_length_of_a_stream() {
         prompt * OPENAI_MINI_NANO.0 + completion * OPENAI_MINI_NANO.1
     );
 }
+
+/// Budget fallback in the real chain: `gateway.yaml` with the tenant's monthly money budget
+/// cut to 0.011 USD. A `smart` request reserves at the price ceiling of its plan (gpt-4o at
+/// openai or azure: ≈ 0.0113 USD for the 1024-token cap) and does not fit; at `fast`'s ceiling
+/// (≈ 0.0007 USD) it does, so token-ratelimit switches it to the group's `budget_fallback`:
+/// the provider gets `fast`'s model at `fast`'s deployment, and the record is charged there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_budget_too_small_for_smart_switches_to_fast() {
+    let shipped = std::fs::read_to_string(llm_gateway_tests::workspace::envoy_config(
+        llm_gateway_tests::demo::CONFIG,
+    ))
+    .unwrap();
+    assert_eq!(shipped.matches("\"money\": \"100.00\"").count(), 1);
+    let small = shipped.replace("\"money\": \"100.00\"", "\"money\": \"0.011\"");
+    let path = std::env::temp_dir().join(format!(
+        "llm-gateway-small-budget-{}.yaml",
+        std::process::id()
+    ));
+    std::fs::write(&path, small).unwrap();
+    let demo = Demo::start_with(0, path.to_str().unwrap()).await.unwrap();
+    let _ = std::fs::remove_file(&path);
+    let key = bearer(DEMO_KEY);
+    let smart =
+        json!({"model": "smart", "messages": [{"role": "user", "content": "Summarise the plan"}]});
+
+    let response = post(
+        &demo,
+        "/v1/chat/completions",
+        &[("authorization", &key)],
+        &smart,
+    )
+    .await;
+    assert_eq!(response.status, 200, "{}", response.text());
+    assert_eq!(response.header("x-llm-budget-fallback"), Some("fast"));
+    assert_eq!(response.header("x-llm-model-group"), Some("fast"));
+    assert_eq!(response.header("x-llm-deployment"), Some("openai-mini"));
+    assert_eq!(response.json().unwrap()["model"], "gpt-4o-mini");
+    let seen = demo.openai.requests();
+    assert_eq!(seen.len(), 1);
+    assert_provider_view(
+        &seen[0],
+        "gpt-4o-mini",
+        ("authorization", &bearer(OPENAI_CREDENTIAL)),
+    );
+    assert!(demo.azure.requests().is_empty());
+
+    let record = record_of(&demo, &response).await;
+    assert_eq!(record["model_group"], "fast", "{record}");
+    assert_eq!(record["deployment"], "openai-mini", "{record}");
+    let (prompt, completion) = tokens(&record);
+    assert_eq!(
+        record["cost_nano"],
+        prompt * OPENAI_MINI_NANO.0 + completion * OPENAI_MINI_NANO.1
+    );
+    let stat = demo
+        .envoy
+        .stat("wasmcustom.llm_gateway.ratelimit.budget_fallback")
+        .unwrap();
+    assert_eq!(stat, Some(1));
+
+    // a `fast` request is not switched (nothing cheaper to switch to) and still fits
+    let fast = chat("Hello!", false);
+    let response = post(
+        &demo,
+        "/v1/chat/completions",
+        &[("authorization", &key)],
+        &fast,
+    )
+    .await;
+    assert_eq!(response.status, 200, "{}", response.text());
+    assert_eq!(response.header("x-llm-budget-fallback"), None);
+}
