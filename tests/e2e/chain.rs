@@ -13,6 +13,7 @@ use llm_gateway_tests::demo::{
     Demo, ANTHROPIC_CREDENTIAL, AZURE_CREDENTIAL, DEMO_KEY, FAST_ONLY_KEY, OPENAI_CREDENTIAL,
 };
 use llm_gateway_tests::http::{self, sse_events, Response};
+use llm_gateway_tests::workspace::sha256_hex;
 use mock_upstream::RecordedRequest;
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -131,6 +132,29 @@ fn left_in(message: &str) -> u64 {
         .unwrap()
         .parse()
         .unwrap_or_else(|_| panic!("{message}"))
+}
+
+/// The demo with `gateway.yaml` as shipped but for `changes` (each `from` must occur exactly
+/// once): a setting shortened or shrunk so a test sees its effect quickly.
+async fn start_variant(changes: &[(&str, &str)]) -> Demo {
+    let shipped = std::fs::read_to_string(llm_gateway_tests::workspace::envoy_config(
+        llm_gateway_tests::demo::CONFIG,
+    ))
+    .unwrap();
+    let mut text = shipped.clone();
+    for (from, to) in changes {
+        assert_eq!(shipped.matches(from).count(), 1, "{from} in gateway.yaml");
+        text = text.replace(from, to);
+    }
+    let path = std::env::temp_dir().join(format!(
+        "llm-gateway-variant-{}-{}.yaml",
+        std::process::id(),
+        sha256_hex(text.as_bytes())
+    ));
+    std::fs::write(&path, text).unwrap();
+    let demo = Demo::start_with(0, path.to_str().unwrap()).await.unwrap();
+    let _ = std::fs::remove_file(&path);
+    demo
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -566,27 +590,11 @@ async fn anthropic_messages_through_the_same_chain() {
 /// is cut, and what it streamed so far is still recorded and charged.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn timeouts_bound_silence_not_the_length_of_a_stream() {
-    let shipped = std::fs::read_to_string(llm_gateway_tests::workspace::envoy_config(
-        llm_gateway_tests::demo::CONFIG,
-    ))
-    .unwrap();
-    let short = shipped
-        .replace("per_try_timeout: 60s", "per_try_timeout: 1s")
-        .replace("idle_timeout: 120s", "idle_timeout: 1s");
-    for setting in ["per_try_timeout: 60s", "idle_timeout: 120s"] {
-        assert_eq!(
-            shipped.matches(setting).count(),
-            1,
-            "{setting} in gateway.yaml"
-        );
-    }
-    let path = std::env::temp_dir().join(format!(
-        "llm-gateway-short-timeouts-{}.yaml",
-        std::process::id()
-    ));
-    std::fs::write(&path, short).unwrap();
-    let demo = Demo::start_with(0, path.to_str().unwrap()).await.unwrap();
-    let _ = std::fs::remove_file(&path);
+    let demo = start_variant(&[
+        ("per_try_timeout: 60s", "per_try_timeout: 1s"),
+        ("idle_timeout: 120s", "idle_timeout: 1s"),
+    ])
+    .await;
     let key = bearer(DEMO_KEY);
 
     let long = [
@@ -681,19 +689,7 @@ async fn timeouts_bound_silence_not_the_length_of_a_stream() {
 /// the provider gets `fast`'s model at `fast`'s deployment, and the record is charged there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_budget_too_small_for_smart_switches_to_fast() {
-    let shipped = std::fs::read_to_string(llm_gateway_tests::workspace::envoy_config(
-        llm_gateway_tests::demo::CONFIG,
-    ))
-    .unwrap();
-    assert_eq!(shipped.matches("\"money\": \"100.00\"").count(), 1);
-    let small = shipped.replace("\"money\": \"100.00\"", "\"money\": \"0.011\"");
-    let path = std::env::temp_dir().join(format!(
-        "llm-gateway-small-budget-{}.yaml",
-        std::process::id()
-    ));
-    std::fs::write(&path, small).unwrap();
-    let demo = Demo::start_with(0, path.to_str().unwrap()).await.unwrap();
-    let _ = std::fs::remove_file(&path);
+    let demo = start_variant(&[("\"money\": \"100.00\"", "\"money\": \"0.011\"")]).await;
     let key = bearer(DEMO_KEY);
     let smart =
         json!({"model": "smart", "messages": [{"role": "user", "content": "Summarise the plan"}]});
