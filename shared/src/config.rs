@@ -61,6 +61,23 @@ impl ConfigError {
     }
 }
 
+/// Deserializes a config object (or part of one, at `prefix`) into `T`; an error names the
+/// field that failed (`prefix.limits[1].per`), as serde's own errors do not.
+pub fn from_value<T: serde::de::DeserializeOwned>(
+    prefix: &str,
+    value: serde_json::Value,
+) -> Result<T, ConfigError> {
+    serde_path_to_error::deserialize(value).map_err(|err| {
+        let path = err.path().to_string();
+        let field = match (prefix.is_empty(), path.as_str()) {
+            (_, ".") => prefix.to_string(),
+            (true, _) => path,
+            (false, _) => format!("{prefix}.{path}"),
+        };
+        ConfigError::from_serde(&field, err.inner())
+    })
+}
+
 /// serde quotes the offending string (`invalid type: string "sk-live-…", expected a
 /// boolean`); a key pasted into the wrong field must not reach the log, so the literal goes.
 fn redact_string_literal(reason: &str) -> String {
@@ -116,6 +133,7 @@ pub fn validate_name(field: &str, value: &str) -> Result<(), ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
 
@@ -135,6 +153,36 @@ mod tests {
             err.within("keys[2]").to_string(),
             "invalid configuration: `keys[2].expires_at`: bad date"
         );
+    }
+
+    #[test]
+    fn from_value_names_the_failing_field_and_hides_strings() {
+        #[derive(serde::Deserialize, Debug)]
+        #[allow(dead_code)]
+        struct Limit {
+            per: u32,
+        }
+        #[derive(serde::Deserialize, Debug)]
+        #[allow(dead_code)]
+        struct Doc {
+            limits: Vec<Limit>,
+            on: bool,
+        }
+        let cases = [
+            (
+                json!({"limits": [{"per": 1}, {"per": "sk-secret"}], "on": true}),
+                "",
+                "limits[1].per",
+            ),
+            (json!({"limits": [], "on": "yes"}), "", "on"),
+            (json!({"limits": [], "on": 1}), "ledger", "ledger.on"),
+            (json!({"limits": []}), "ledger", "ledger"),
+        ];
+        for (value, prefix, field) in cases {
+            let err = from_value::<Doc>(prefix, value.clone()).unwrap_err();
+            assert_eq!(err.field(), field, "{value}");
+            assert!(!err.to_string().contains("sk-secret"), "{err}");
+        }
     }
 
     #[test]

@@ -1,60 +1,115 @@
-//! `scripts/run`'s gateway answers its printed curl with a mock completion, and the same curl
-//! without the key with 401 (the demo code, in a real Envoy, with a real Redis).
+//! `scripts/run`'s walkthrough works: every command the demo gateway prints is run here, as
+//! printed, against the real chain in Envoy 1.40 (`envoy-config/gateway.yaml`) and the mock
+//! providers, and its output shows what the walkthrough says it shows.
 
-use llm_gateway_tests::demo::{Demo, DEMO_KEY};
-use llm_gateway_tests::http;
-use serde_json::json;
+use llm_gateway_tests::demo::{self, Demo, DEMO_KEY, FAST_ONLY_KEY};
+use llm_gateway_tests::envoy::Envoy;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn demo_answers_the_printed_curl() {
-    let demo = Demo::start(0).await.unwrap();
-    let banner = demo.banner();
+async fn run(command: &str) -> String {
+    let owned = command.to_string();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("bash")
+            .args(["-c", &owned])
+            .output()
+    })
+    .await
+    .unwrap()
+    .unwrap();
     assert!(
-        banner.contains(&demo.curl(true)) && banner.contains(DEMO_KEY),
-        "{banner}"
+        out.status.success(),
+        "{command}\n{}",
+        String::from_utf8_lossy(&out.stderr)
     );
-
-    let body = json!({"model": "fast", "messages": [{"role": "user", "content": "Hello!"}]});
-    let url = format!("{}/v1/chat/completions", demo.url());
-    let response = http::post(&url)
-        .header("authorization", &format!("Bearer {DEMO_KEY}"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status, 200, "{}", response.text());
-    let completion = response.json().unwrap();
-    assert_eq!(completion["object"], "chat.completion");
-    assert!(completion["usage"]["total_tokens"].as_u64().unwrap() > 0);
-
-    // Production shape: the identity headers stop at the gateway, as does the key.
-    let seen = demo.upstream.requests();
-    assert_eq!(seen.len(), 1);
-    for name in [
-        "x-llm-consumer",
-        "x-llm-tenant",
-        "x-llm-groups",
-        "x-llm-key-id",
-        "x-mse-consumer",
-        "authorization",
-    ] {
-        assert_eq!(seen[0].header(name), None, "{name} reached the upstream");
-    }
-
-    let response = http::post(&url).json(&body).send().await.unwrap();
-    assert_eq!(response.status, 401);
-    assert_eq!(response.json().unwrap()["error"]["code"], "missing_api_key");
-
-    // Redis is really there for the plugins that will use it.
-    assert_eq!(demo.redis.command(&["PING"]).unwrap(), "+PONG\r\n");
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// The shipped config files all pass `envoy --mode validate` (plugins loaded and configured).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_printed_walkthrough_works() {
+    let demo = Demo::start(0).await.unwrap();
+    let banner = demo.banner();
+    let steps = demo.walkthrough();
+    assert_eq!(steps.len(), 6);
+    for step in &steps {
+        assert!(banner.contains(&step.command), "{banner}");
+    }
+    assert!(banner.contains(DEMO_KEY) && banner.contains(FAST_ONLY_KEY));
+
+    // 1. a stream through the whole chain
+    let out = run(&steps[0].command).await;
+    assert!(out.contains("chat.completion.chunk"), "{out}");
+    assert!(out.trim_end().ends_with("data: [DONE]"), "{out}");
+    let lines = demo.drain_provider_lines();
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(
+        lines[0].starts_with("[openai] POST /v1/chat/completions model=gpt-4o-mini"),
+        "{lines:?}"
+    );
+
+    // 2. no key
+    let out = run(&format!("{} -w ' %{{http_code}}'", steps[1].command)).await;
+    assert!(
+        out.contains("\"code\":\"missing_api_key\"") && out.ends_with(" 401"),
+        "{out}"
+    );
+
+    // 3. PII: the provider sees a placeholder, the client its own address
+    let out = run(&steps[2].command).await;
+    assert!(
+        out.contains("jane.doe@example.com") && !out.contains("[EMAIL_1]"),
+        "{out}"
+    );
+    let lines = demo.drain_provider_lines();
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(
+        lines[0].contains("[EMAIL_1]") && !lines[0].contains("jane.doe"),
+        "{lines:?}"
+    );
+    assert!(!lines[0].contains(DEMO_KEY), "{lines:?}");
+
+    // 4. group not allowed
+    let out = run(&format!("{} -w ' %{{http_code}}'", steps[3].command)).await;
+    assert!(
+        out.contains("\"code\":\"model_not_allowed\"") && out.ends_with(" 403"),
+        "{out}"
+    );
+    assert!(demo.drain_provider_lines().is_empty());
+
+    // 5. metrics
+    let out = run(&steps[4].command).await;
+    assert!(
+        out.contains("wasmcustom.llm_gateway.key_auth.allowed: 3"),
+        "{out}"
+    );
+    assert!(
+        out.contains("wasmcustom.llm_gateway.ratelimit.admitted: 2"),
+        "{out}"
+    );
+
+    // 6. the usage report over the access log, once both answered requests are logged
+    // (scripts/usage-report only builds and runs this binary)
+    for (what, stream) in [("the stream", true), ("the PII request", false)] {
+        demo.envoy
+            .access_log_line("access.log", what, |line| {
+                let usage = line["usage"].as_str()?;
+                let record: serde_json::Value = serde_json::from_str(usage).ok()?;
+                (record["stream"] == stream).then_some(())
+            })
+            .await;
+    }
+    let command = steps[5].command.replacen(
+        "scripts/usage-report",
+        env!("CARGO_BIN_EXE_usage-report"),
+        1,
+    );
+    assert_ne!(command, steps[5].command);
+    let out = run(&command).await;
+    assert!(out.contains("demo"), "{out}");
+    assert!(out.contains("fast"), "{out}");
+}
+
+/// The gateway bootstrap passes `envoy --mode validate` with every plugin loaded and
+/// configured; a broken plugin config is refused, naming the field.
 #[test]
-fn demo_config_validates() {
-    llm_gateway_tests::envoy::Envoy::validate(
-        "demo.yaml",
-        &[("GATEWAY_PORT", "0".into()), ("MOCK_PORT", "9".into())],
-    )
-    .unwrap();
+fn gateway_config_validates() {
+    Envoy::validate(demo::CONFIG, &demo::vars(0, 9, 9, 9)).unwrap();
 }

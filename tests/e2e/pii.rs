@@ -10,7 +10,7 @@
 //! Config: `envoy-config/e2e-pii.yaml` with the JSON below.
 
 use llm_gateway_tests::envoy::Envoy;
-use llm_gateway_tests::http::{self, Response};
+use llm_gateway_tests::http::{self, sse_events, Response};
 use mock_upstream::{MockUpstream, RecordedRequest};
 use serde_json::{json, Value};
 
@@ -108,26 +108,6 @@ fn assert_placeholders_only(seen: &RecordedRequest) {
             "{original} reached the upstream: {body}"
         );
     }
-}
-
-/// The SSE events (name, JSON data) of a body; `[DONE]` as a string.
-fn sse_events(body: &str) -> Vec<(Option<String>, Value)> {
-    body.split("\n\n")
-        .filter(|e| !e.trim().is_empty())
-        .map(|event| {
-            let mut name = None;
-            let mut data = String::new();
-            for line in event.lines() {
-                if let Some(n) = line.strip_prefix("event: ") {
-                    name = Some(n.to_owned());
-                } else if let Some(d) = line.strip_prefix("data: ") {
-                    data.push_str(d);
-                }
-            }
-            let value = serde_json::from_str(&data).unwrap_or(Value::String(data));
-            (name, value)
-        })
-        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,47 +1,109 @@
-//! The demo gateway: Envoy with the plugin chain as far as it exists, a real Redis, and the
-//! mock upstream, on loopback. `scripts/run` starts it through the `demo-gateway` binary; an
-//! end-to-end test drives the same code.
+//! The demo gateway: Envoy 1.40 with the whole chain (`envoy-config/gateway.yaml`: key-auth,
+//! model-router, pii-redaction, usage-accounting, token-ratelimit) in front of three mock
+//! providers (`openai`, `azure`, `anthropic`), all on loopback. `scripts/run` starts it through
+//! the `demo-gateway` binary and prints [`Demo::walkthrough`]; the full-chain suites drive the
+//! same code.
+//!
+//! The plain-Envoy builds keep rate limits and budgets per Envoy instance in shared data and
+//! the usage ledger in the access log, so the demo needs no Redis (the Higress builds use it).
 
-use crate::envoy::Envoy;
-use crate::redis::Redis;
+use crate::envoy::{Envoy, Options};
 use crate::Result;
 use mock_upstream::MockUpstream;
+use std::net::SocketAddr;
 
-/// The demo's virtual key. Published on purpose: `envoy-config/demo.yaml` holds its SHA-256.
+/// The demo's virtual key: consumer `demo`, tenant `demo`, groups `fast`, `smart`, `claude`.
+/// Published on purpose: `envoy-config/gateway.yaml` holds its SHA-256.
 pub const DEMO_KEY: &str = "sk-llmgw-demo-key-not-a-secret";
+/// A key of consumer `intern` (tenant `demo`) that may use the `fast` group only.
+pub const FAST_ONLY_KEY: &str = "sk-llmgw-demo-fast-only-not-a-secret";
+/// The Envoy bootstrap the demo runs (in `envoy-config/`).
+pub const CONFIG: &str = "gateway.yaml";
+
+/// The fake provider credentials of `gateway.yaml`'s router config: what each mock provider
+/// must receive, and what no client may ever see.
+pub const OPENAI_CREDENTIAL: &str = "sk-demo-openai-provider-credential";
+/// See [`OPENAI_CREDENTIAL`].
+pub const AZURE_CREDENTIAL: &str = "demo-azure-provider-credential";
+/// See [`OPENAI_CREDENTIAL`].
+pub const ANTHROPIC_CREDENTIAL: &str = "sk-ant-demo-provider-credential";
 
 /// A running demo; everything stops on drop.
 #[derive(Debug)]
 pub struct Demo {
     /// The Envoy gateway.
     pub envoy: Envoy,
-    /// Redis (used by the rate-limit and budget plugins once they are in the chain).
-    pub redis: Redis,
-    /// The mock LLM upstream.
-    pub upstream: MockUpstream,
+    /// Cluster `openai`: deployments `openai-mini` (group `fast`), `openai-4o` (`smart`).
+    pub openai: MockUpstream,
+    /// Cluster `azure`: deployments `azure-mini`, `azure-4o` (the fallbacks).
+    pub azure: MockUpstream,
+    /// Cluster `anthropic`: deployment `claude` (group `claude`, `/v1/messages`).
+    pub anthropic: MockUpstream,
+}
+
+/// One step of the walkthrough `scripts/run` prints: a shell command and what it shows.
+#[derive(Debug, Clone)]
+pub struct Step {
+    /// What the step demonstrates.
+    pub title: &'static str,
+    /// A ready-to-paste shell command (curl, or one of the repo's scripts).
+    pub command: String,
+    /// What to look for in its output.
+    pub look_for: &'static str,
+}
+
+/// The variables `gateway.yaml` needs besides `${WASM_DIR}` and `${LOG_DIR}`.
+pub fn vars(
+    gateway_port: u16,
+    openai: u16,
+    azure: u16,
+    anthropic: u16,
+) -> Vec<(&'static str, String)> {
+    vec![
+        ("GATEWAY_PORT", gateway_port.to_string()),
+        ("OPENAI_PORT", openai.to_string()),
+        ("AZURE_PORT", azure.to_string()),
+        ("ANTHROPIC_PORT", anthropic.to_string()),
+    ]
+}
+
+async fn mock() -> Result<MockUpstream> {
+    let addr: SocketAddr = "127.0.0.1:0".parse().map_err(|_| "bad address")?;
+    MockUpstream::start(addr)
+        .await
+        .map_err(|e| format!("mock upstream: {e}"))
 }
 
 impl Demo {
     /// Starts everything; the gateway listens on `127.0.0.1:port` (0: any free port).
     pub async fn start(port: u16) -> Result<Demo> {
-        let upstream = MockUpstream::start("127.0.0.1:0".parse().map_err(|_| "bad address")?)
-            .await
-            .map_err(|e| format!("mock upstream: {e}"))?;
-        let vars = vec![
-            ("GATEWAY_PORT", port.to_string()),
-            ("MOCK_PORT", upstream.addr().port().to_string()),
-        ];
-        let (envoy, redis) = tokio::task::spawn_blocking(move || -> Result<(Envoy, Redis)> {
-            let redis = Redis::start()?;
-            let envoy = Envoy::start("demo.yaml", &vars)?;
-            Ok((envoy, redis))
-        })
-        .await
-        .map_err(|e| e.to_string())??;
+        Demo::start_with(port, CONFIG).await
+    }
+
+    /// [`Demo::start`] with another bootstrap: a name in `envoy-config/` or an absolute path
+    /// (a test's variant of `gateway.yaml`).
+    pub async fn start_with(port: u16, config: &str) -> Result<Demo> {
+        let (openai, azure, anthropic) = (mock().await?, mock().await?, mock().await?);
+        let vars = vars(
+            port,
+            openai.addr().port(),
+            azure.addr().port(),
+            anthropic.addr().port(),
+        );
+        let options = Options {
+            concurrency: 2,
+            trace_wasm: false,
+        };
+        let config = config.to_string();
+        let envoy =
+            tokio::task::spawn_blocking(move || Envoy::start_with(&config, &vars, &options))
+                .await
+                .map_err(|e| e.to_string())??;
         Ok(Demo {
             envoy,
-            redis,
-            upstream,
+            openai,
+            azure,
+            anthropic,
         })
     }
 
@@ -50,38 +112,145 @@ impl Demo {
         self.envoy.url()
     }
 
-    /// The ready-to-paste curl, with the demo key or without it.
-    pub fn curl(&self, with_key: bool) -> String {
-        let auth = if with_key {
-            format!(" \\\n  -H 'Authorization: Bearer {DEMO_KEY}'")
-        } else {
-            String::new()
-        };
-        format!(
-            "curl -s {}/v1/chat/completions{auth} \\\n  -H 'Content-Type: application/json' \\\n  -d '{{\"model\":\"fast\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello!\"}}]}}'",
-            self.url()
-        )
+    /// The access log: one JSON line per request, with usage-accounting's record in `usage`.
+    pub fn access_log(&self) -> std::path::PathBuf {
+        self.envoy.dir().join("access.log")
+    }
+
+    /// The mock provider behind a cluster name of `gateway.yaml`.
+    pub fn provider(&self, cluster: &str) -> Option<&MockUpstream> {
+        match cluster {
+            "openai" => Some(&self.openai),
+            "azure" => Some(&self.azure),
+            "anthropic" => Some(&self.anthropic),
+            _ => None,
+        }
+    }
+
+    /// One line per request the mock providers received since the last call (the requests are
+    /// then forgotten): what a provider sees of a request after the gateway. `demo-gateway`
+    /// prints them as they come.
+    pub fn drain_provider_lines(&self) -> Vec<String> {
+        let mut lines = Vec::new();
+        for (cluster, mock) in [
+            ("openai", &self.openai),
+            ("azure", &self.azure),
+            ("anthropic", &self.anthropic),
+        ] {
+            let seen = mock.requests();
+            mock.clear_requests();
+            lines.extend(seen.iter().map(|r| provider_line(cluster, r)));
+        }
+        lines
+    }
+
+    /// The commands `scripts/run` prints, in order; `e2e_demo` runs every one of them.
+    pub fn walkthrough(&self) -> Vec<Step> {
+        let url = self.url();
+        let chat = format!("curl -s {url}/v1/chat/completions");
+        let json = "-H 'Content-Type: application/json'";
+        let key = format!("-H 'Authorization: Bearer {DEMO_KEY}'");
+        vec![
+            Step {
+                title: "Stream a chat completion: model group `fast` -> gpt-4o-mini at the `openai` deployment",
+                command: format!(
+                    "{chat} -N {key} {json} \\\n  -d '{{\"model\":\"fast\",\"stream\":true,\"messages\":[{{\"role\":\"user\",\"content\":\"Hello!\"}}]}}'"
+                ),
+                look_for: "SSE chunks (data: {...}) ending with data: [DONE]",
+            },
+            Step {
+                title: "The same request without a key is refused",
+                command: format!(
+                    "{chat} {json} \\\n  -d '{{\"model\":\"fast\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello!\"}}]}}'"
+                ),
+                look_for: "401, an OpenAI-shaped error with \"code\":\"missing_api_key\"",
+            },
+            Step {
+                title: "Personal data is masked for the provider and restored for you (x-mock-echo: the mock answers with what it received)",
+                command: format!(
+                    "{chat} {key} {json} -H 'x-mock-echo: 1' \\\n  -d '{{\"model\":\"fast\",\"messages\":[{{\"role\":\"user\",\"content\":\"Mail me at jane.doe@example.com\"}}]}}'"
+                ),
+                look_for: "your address in the answer; the provider line below this walkthrough shows [EMAIL_1]",
+            },
+            Step {
+                title: "A key allowed only `fast` asks for `smart`",
+                command: format!(
+                    "{chat} -H 'Authorization: Bearer {FAST_ONLY_KEY}' {json} \\\n  -d '{{\"model\":\"smart\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello!\"}}]}}'"
+                ),
+                look_for: "403, \"code\":\"model_not_allowed\"",
+            },
+            Step {
+                title: "Metrics (Envoy stats; Prometheus format at /stats/prometheus)",
+                command: format!("curl -s 'http://{}/stats?filter=llm_gateway'", self.envoy.admin()),
+                look_for: "wasmcustom.llm_gateway.* counters: keys allowed, routes, tokens, cost, limits",
+            },
+            Step {
+                title: "Usage and spend per tenant / model group, from the access log (the plain-Envoy ledger)",
+                command: format!("scripts/usage-report {}", self.access_log().display()),
+                look_for: "a row for tenant demo with its tokens and cost",
+            },
+        ]
     }
 
     /// What `scripts/run` prints once everything is up.
     pub fn banner(&self) -> String {
-        format!(
+        let mut out = format!(
             "llm-gateway demo is up\n\
-             \x20 gateway   {} (Envoy 1.40, chain: key-auth)\n\
-             \x20 upstream  http://{} (mock OpenAI / Anthropic)\n\
-             \x20 redis     {}\n\
-             \x20 admin     http://{} (stats: /stats?filter=llm_gateway)\n\
-             \x20 logs      {}\n\n\
-             Try it (answers with a mock completion):\n\n{}\n\n\
-             The same request without the key is refused with 401:\n\n{}\n\n\
-             Ctrl-C stops everything.",
+             \x20 gateway    {} (Envoy 1.40; chain: key-auth -> model-router -> pii-redaction -> usage-accounting -> token-ratelimit)\n\
+             \x20 providers  openai http://{}  azure http://{}  anthropic http://{} (mock LLM upstreams)\n\
+             \x20 admin      http://{}\n\
+             \x20 config     envoy-config/{CONFIG} (rendered: {})\n\
+             \x20 logs       {}\n\
+             \x20 keys       {DEMO_KEY} (groups fast, smart, claude)\n\
+             \x20            {FAST_ONLY_KEY} (group fast)\n",
             self.url(),
-            self.upstream.addr(),
-            self.redis.addr(),
+            self.openai.addr(),
+            self.azure.addr(),
+            self.anthropic.addr(),
             self.envoy.admin(),
+            self.envoy.dir().join("envoy.yaml").display(),
             self.envoy.dir().display(),
-            self.curl(true),
-            self.curl(false),
-        )
+        );
+        for (i, step) in self.walkthrough().iter().enumerate() {
+            out.push_str(&format!(
+                "\n{}. {}\n\n{}\n\n   -> {}\n",
+                i + 1,
+                step.title,
+                step.command,
+                step.look_for
+            ));
+        }
+        out.push_str(
+            "\nAnthropic clients use the same gateway: POST /v1/messages with `x-api-key` and model `claude`.\n\
+             Each request a provider receives is printed below. Ctrl-C stops everything.\n",
+        );
+        out
     }
+}
+
+/// `[openai] POST /v1/chat/completions model=gpt-4o-mini credential=Bearer sk-demo-… last user
+/// message: "…"`: the demo shows the provider's view (a fixture's output, not the gateway's
+/// logs: the gateway never logs prompts).
+fn provider_line(cluster: &str, request: &mock_upstream::RecordedRequest) -> String {
+    let body = request.json().unwrap_or_default();
+    let model = body["model"].as_str().unwrap_or("?");
+    let credential = request
+        .header("authorization")
+        .or_else(|| request.header("x-api-key"))
+        .map_or("none".to_string(), |c| {
+            let shown: String = c.chars().take(16).collect();
+            format!("{shown}…")
+        });
+    let said = body["messages"]
+        .as_array()
+        .and_then(|m| m.iter().rev().find(|m| m["role"] == "user"))
+        .map(|m| match &m["content"] {
+            serde_json::Value::String(text) => text.clone(),
+            other => other.to_string(),
+        })
+        .unwrap_or_default();
+    format!(
+        "[{cluster}] {} {} model={model} credential={credential} last user message: {said:?}",
+        request.method, request.path
+    )
 }

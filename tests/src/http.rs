@@ -156,3 +156,23 @@ pub async fn hang_up_after(addr: &str, raw: &str, marker: &str) -> String {
     drop(socket);
     String::from_utf8_lossy(&seen).into_owned()
 }
+
+/// The SSE events (name, JSON data) of a body; `[DONE]` as a string.
+pub fn sse_events(body: &str) -> Vec<(Option<String>, serde_json::Value)> {
+    body.split("\n\n")
+        .filter(|e| !e.trim().is_empty())
+        .map(|event| {
+            let mut name = None;
+            let mut data = String::new();
+            for line in event.lines() {
+                if let Some(n) = line.strip_prefix("event: ") {
+                    name = Some(n.to_owned());
+                } else if let Some(d) = line.strip_prefix("data: ") {
+                    data.push_str(d);
+                }
+            }
+            let value = serde_json::from_str(&data).unwrap_or(serde_json::Value::String(data));
+            (name, value)
+        })
+        .collect()
+}

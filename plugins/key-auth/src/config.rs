@@ -16,7 +16,7 @@
 //! Only SHA-256 digests of keys ever appear in config (`scripts/hash-key` prints one).
 
 use crate::rfc3339;
-use llm_gateway_shared::config::{validate_name, ConfigError};
+use llm_gateway_shared::config::{self, validate_name, ConfigError};
 use llm_gateway_shared::rules::{RuleSet, Scope};
 use serde::Deserialize;
 use serde_json::{Map, Value};
@@ -146,8 +146,7 @@ fn parse_scope(
     scope: Scope,
     built: &mut Option<(Value, Rc<KeyTable>)>,
 ) -> Result<KeyAuthConfig, ConfigError> {
-    let raw: RawConfig = serde_json::from_value(Value::Object(fields.clone()))
-        .map_err(|e| ConfigError::from_serde("", &e))?;
+    let raw: RawConfig = config::from_value("", Value::Object(fields.clone()))?;
 
     let keys_value = fields.get("keys").cloned().unwrap_or(Value::Null);
     let keys = match built {

@@ -4,7 +4,7 @@
 //! then [`RouterConfig::try_from_raw`] validates names, references and numbers and builds the
 //! lookup tables. Errors name the field; a credential is never echoed.
 
-use llm_gateway_shared::config::{validate_name, ConfigError};
+use llm_gateway_shared::config::{self, validate_name, ConfigError};
 use llm_gateway_shared::route_info::{Price, TRY_SLOTS};
 use llm_gateway_shared::rules::{RuleSet, Scope};
 use serde::Deserialize;
@@ -430,8 +430,7 @@ pub fn parse_document(document: &[u8]) -> Result<RuleSet<RouterConfig>, ConfigEr
 }
 
 fn parse_scope(fields: &Map<String, Value>, _scope: Scope) -> Result<RouterConfig, ConfigError> {
-    let raw: RawConfig = serde_json::from_value(Value::Object(fields.clone()))
-        .map_err(|e| ConfigError::from_serde("", &e))?;
+    let raw: RawConfig = config::from_value("", Value::Object(fields.clone()))?;
     RouterConfig::try_from_raw(raw)
 }
 

@@ -145,6 +145,32 @@ pub fn route_info(
     }
 }
 
+/// The route info once attempt `attempts` of `plan` (deployment names, in attempt order) has
+/// answered from `deployment`: what the upstream role publishes at that attempt's response
+/// headers, before any listener filter sees the response. A listener filter that holds the
+/// response headers (usage-accounting with `cost_headers`) finalises before the downstream
+/// role's response callback runs, so the answering deployment must already be published.
+/// The group, request id, route version and price ceiling of the request's plan are kept.
+pub fn answered_by(
+    mut info: RouteInfo,
+    deployment: &Deployment,
+    plan: &str,
+    attempts: u32,
+) -> RouteInfo {
+    info.deployment = deployment.name.clone();
+    info.model = deployment.model.clone();
+    info.provider = deployment.provider.as_str().to_string();
+    info.price = deployment.price.clone();
+    info.price_version = deployment.price_version.clone();
+    info.attempts = attempts;
+    info.tried = plan
+        .split(',')
+        .take(usize::try_from(attempts).unwrap_or(usize::MAX))
+        .map(str::to_string)
+        .collect();
+    info
+}
+
 /// True if `allowed` (the `x-llm-groups` value) lets the caller use `group`.
 pub fn group_allowed(config: &RouterConfig, allowed: Option<&str>, group: &str) -> bool {
     match allowed {
@@ -402,5 +428,46 @@ mod tests {
             ordered_targets(group, None)[0],
             config.deployment("claude").unwrap().0
         );
+    }
+
+    #[test]
+    fn the_answering_attempt_replaces_the_first_choice_and_keeps_the_plan() {
+        let config = example();
+        let plan_indexes = [0, 1];
+        let first = &config.deployments[0];
+        let before = route_info(
+            &config,
+            "fast",
+            &plan_indexes,
+            first,
+            "req-1",
+            1,
+            Vec::new(),
+        );
+        let (_, azure) = config.deployment("azure-mini").unwrap();
+        let after = answered_by(before.clone(), azure, "openai-mini,azure-mini", 2);
+        assert_eq!(after.deployment, "azure-mini");
+        assert_eq!(after.model, "gpt-4o-mini-2024");
+        assert_eq!(after.provider, "openai-compatible");
+        assert_eq!(
+            after.price, None,
+            "azure-mini has no price: none is carried over"
+        );
+        assert_eq!(after.price_version, None);
+        assert_eq!(after.attempts, 2);
+        assert_eq!(after.tried, ["openai-mini", "azure-mini"]);
+        assert_eq!(
+            (
+                after.request_id.as_str(),
+                after.model_group.as_str(),
+                after.route_version.as_str()
+            ),
+            ("req-1", "fast", "v7")
+        );
+        assert_eq!(after.price_ceiling, before.price_ceiling);
+        // the first attempt answering publishes itself alone
+        let same = answered_by(before.clone(), first, "openai-mini,azure-mini", 1);
+        assert_eq!(same.tried, ["openai-mini"]);
+        assert_eq!(same.price, first.price);
     }
 }

@@ -666,6 +666,9 @@ impl HttpContext for Downstream {
 struct Attempt {
     deployment: usize,
     config_version: String,
+    /// Envoy's attempt number (1 for the first try) and the plan's deployment names.
+    number: u32,
+    plan: String,
     /// A later deployment exists: a context-length 400 may move there.
     has_next: bool,
     /// The response is a 400 held until its body says whether it is a context-length error.
@@ -692,6 +695,28 @@ impl Upstream {
     fn deployment(&self) -> Option<&Deployment> {
         let attempt = self.attempt.as_ref()?;
         self.config()?.deployments.get(attempt.deployment)
+    }
+
+    /// Publishes this attempt as the one that answered (`plan::answered_by`); a later attempt
+    /// that answers publishes itself in turn.
+    fn publish_answer(&self) {
+        let (Some(attempt), Some(deployment)) = (self.attempt.as_ref(), self.deployment()) else {
+            return;
+        };
+        let Some(info) = host::property(&[ROUTE_PROPERTY])
+            .ok()
+            .flatten()
+            .and_then(|bytes| llm_gateway_shared::route_info::RouteInfo::from_json(&bytes))
+        else {
+            return;
+        };
+        let info = crate::plan::answered_by(info, deployment, &attempt.plan, attempt.number);
+        if let Err(err) = host::set_property(&[ROUTE_PROPERTY], &info.to_json()) {
+            log(
+                LogLevel::Warn,
+                &format!("cannot publish the answering deployment: {err}"),
+            );
+        }
     }
 }
 
@@ -725,6 +750,8 @@ impl HttpContext for Upstream {
         self.attempt = Some(Attempt {
             deployment: index,
             config_version: config.version.clone(),
+            number: attempt,
+            plan: plan.clone(),
             has_next,
             inspecting: false,
         });
@@ -754,6 +781,7 @@ impl HttpContext for Upstream {
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
+        self.publish_answer();
         let Some(attempt) = self.attempt.as_mut() else {
             return Action::Continue;
         };

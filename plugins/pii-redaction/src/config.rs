@@ -24,7 +24,7 @@
 
 use crate::detect::{deny_words_pattern, Builtin, Detector};
 use crate::mask::{Action, Redactor, Rule, MAX_NAME_LEN};
-use llm_gateway_shared::config::ConfigError;
+use llm_gateway_shared::config::{self, ConfigError};
 use llm_gateway_shared::rules::{RuleSet, Scope};
 use serde::Deserialize;
 use serde_json::{Map, Value};
@@ -135,8 +135,7 @@ pub fn parse_document(document: &[u8]) -> Result<RuleSet<Rc<PiiConfig>>, ConfigE
 }
 
 fn parse_scope(fields: &Map<String, Value>, _scope: Scope) -> Result<PiiConfig, ConfigError> {
-    let raw: RawConfig = serde_json::from_value(Value::Object(fields.clone()))
-        .map_err(|e| ConfigError::from_serde("", &e))?;
+    let raw: RawConfig = config::from_value("", Value::Object(fields.clone()))?;
     let rules = match &raw.rules {
         None => Builtin::ALL
             .into_iter()

@@ -28,7 +28,7 @@
 //! Redis); budgets are hard (reserved atomically in Redis; per instance in the plain-Envoy
 //! build, which has no Redis).
 
-use llm_gateway_shared::config::{validate_name, ConfigError};
+use llm_gateway_shared::config::{self, validate_name, ConfigError};
 use llm_gateway_shared::route_info::Price;
 use llm_gateway_shared::rules::RuleSet;
 use serde::Deserialize;
@@ -489,8 +489,7 @@ fn validate_key_name(value: &str) -> Result<(), ConfigError> {
 }
 
 fn parse_scope(fields: &Map<String, Value>) -> Result<Config, ConfigError> {
-    let raw: RawConfig = serde_json::from_value(Value::Object(fields.clone()))
-        .map_err(|e| ConfigError::from_serde("", &e))?;
+    let raw: RawConfig = config::from_value("", Value::Object(fields.clone()))?;
     if raw.default_max_tokens == 0 || raw.default_max_tokens > 10_000_000 {
         return Err(ConfigError::new(
             "default_max_tokens",

@@ -22,7 +22,7 @@
 
 use crate::ledger::{parse_ledger, LedgerConfig};
 use crate::pricing::{parse_price, Price};
-use llm_gateway_shared::config::{validate_name, ConfigError};
+use llm_gateway_shared::config::{self, validate_name, ConfigError};
 use llm_gateway_shared::rules::RuleSet;
 use serde::Deserialize;
 use serde_json::{Map, Value};
@@ -116,8 +116,7 @@ pub fn parse_document(document: &[u8]) -> Result<RuleSet<UsageConfig>, ConfigErr
 }
 
 fn parse_scope(fields: &Map<String, Value>) -> Result<UsageConfig, ConfigError> {
-    let raw: RawConfig = serde_json::from_value(Value::Object(fields.clone()))
-        .map_err(|e| ConfigError::from_serde("", &e))?;
+    let raw: RawConfig = config::from_value("", Value::Object(fields.clone()))?;
     validate_name("currency", &raw.currency)?;
     if let Some(version) = &raw.price_version {
         validate_name("price_version", version)?;

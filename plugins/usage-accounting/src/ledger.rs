@@ -66,8 +66,7 @@ fn default_timeout() -> u32 {
 
 /// Parses the `ledger` member.
 pub fn parse_ledger(value: &Value) -> Result<LedgerConfig, ConfigError> {
-    let raw: RawLedger =
-        serde_json::from_value(value.clone()).map_err(|e| ConfigError::from_serde("ledger", &e))?;
+    let raw: RawLedger = llm_gateway_shared::config::from_value("ledger", value.clone())?;
     if raw.service.is_empty() {
         return Err(ConfigError::new("ledger.service", "must not be empty"));
     }
@@ -157,7 +156,7 @@ mod tests {
             assert_eq!(parse_ledger(&value).unwrap_err().field(), field, "{value}");
         }
         let err = parse_ledger(&json!({"service": "s", "password": 5})).unwrap_err();
-        assert_eq!(err.field(), "ledger");
+        assert_eq!(err.field(), "ledger.password");
         let err = parse_ledger(&json!({"service": "s", "max_len": "hunter2"})).unwrap_err();
         assert!(!err.to_string().contains("hunter2"), "{err}");
     }

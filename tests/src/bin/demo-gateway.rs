@@ -1,5 +1,5 @@
-//! `scripts/run`: starts the demo gateway and prints a ready-to-paste curl; Ctrl-C (or
-//! SIGTERM) stops Envoy, Redis and the mock upstream.
+//! `scripts/run`: starts the demo gateway (the whole chain in Envoy, mock providers), prints the
+//! walkthrough, then one line per request a provider receives; Ctrl-C (or SIGTERM) stops it all.
 //!
 //! Usage: `demo-gateway [--port N]` (default 10000, or `LLM_GATEWAY_PORT`).
 
@@ -56,12 +56,15 @@ async fn main() -> ExitCode {
         eprintln!("cannot install signal handlers");
         return ExitCode::FAILURE;
     };
-    let mut watch = tokio::time::interval(Duration::from_millis(500));
+    let mut watch = tokio::time::interval(Duration::from_millis(300));
     loop {
         tokio::select! {
             _ = interrupt.recv() => break,
             _ = terminate.recv() => break,
             _ = watch.tick() => {
+                for line in demo.drain_provider_lines() {
+                    println!("{line}");
+                }
                 if !demo.envoy.is_running() {
                     eprintln!("envoy exited unexpectedly; logs in {}", demo.envoy.dir().display());
                     return ExitCode::FAILURE;
