@@ -396,6 +396,39 @@ async fn refusals_name_their_reason_and_reach_no_provider() {
     );
     assert!(demo.openai.requests().is_empty() && demo.azure.requests().is_empty());
 
+    // 404: what no provider serves, after authentication; a query string does not matter
+    let models = http::get(format!("{}/v1/models", demo.url()))
+        .header("authorization", &key)
+        .send()
+        .await
+        .unwrap();
+    assert_error(&models, 404, "unknown_url");
+    assert_eq!(models.header("content-type"), Some("application/json"));
+    let legacy = json!({"model": "fast", "prompt": "Hello"});
+    let completions = post(
+        &demo,
+        "/v1/completions",
+        &[("authorization", &key)],
+        &legacy,
+    )
+    .await;
+    assert_error(&completions, 404, "unknown_url");
+    assert_error(
+        &post(&demo, "/v1/models", &[], &legacy).await,
+        401,
+        "missing_api_key",
+    );
+    let with_query = post(
+        &demo,
+        "/v1/chat/completions?trace=1",
+        &[("authorization", &key)],
+        &hello,
+    )
+    .await;
+    assert_eq!(with_query.status, 200, "{}", with_query.text());
+    assert_eq!(demo.openai.requests().len(), 1);
+    demo.openai.clear_requests();
+
     // 429: `user-rpm` lets bob send 10 requests a minute; the 11th waits
     let bob = [("authorization", key.as_str()), ("x-user-id", "bob")];
     for i in 0..USER_RPM {
@@ -529,7 +562,7 @@ async fn anthropic_messages_through_the_same_chain() {
     });
     let headers = [
         ("x-api-key", DEMO_KEY),
-        ("anthropic-version", "2023-06-01"),
+        ("anthropic-version", "2023-01-01"),
         ("x-mock-echo", "1"),
     ];
     let response = post(&demo, "/v1/messages", &headers, &body).await;
@@ -562,6 +595,11 @@ async fn anthropic_messages_through_the_same_chain() {
         ("x-api-key", ANTHROPIC_CREDENTIAL),
     );
     assert_eq!(seen[0].header("authorization"), None);
+    assert_eq!(
+        seen[0].header("anthropic-version"),
+        Some("2023-01-01"),
+        "the client's version kept"
+    );
     assert_eq!(
         sent["messages"][0]["content"], "Reach me at [EMAIL_1]",
         "{sent}"

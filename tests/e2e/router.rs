@@ -141,6 +141,10 @@ fn assert_provider_request(request: &RecordedRequest, model: &str, credential: (
         "authorization"
     };
     assert_eq!(request.header(other), None, "{request:?}");
+    if credential.0 == "x-api-key" {
+        // the clients here send no API version: Anthropic's is added with the credential
+        assert_eq!(request.header("anthropic-version"), Some("2023-06-01"));
+    }
     for (name, value) in &request.headers {
         assert!(
             !name.starts_with("x-llm-"),

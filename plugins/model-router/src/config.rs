@@ -20,7 +20,7 @@ pub const MAX_ATTEMPTS: usize = TRY_SLOTS;
 pub enum Provider {
     /// `Authorization: Bearer <credential>`.
     Openai,
-    /// `x-api-key: <credential>` (plus `anthropic-version` when the client sent none).
+    /// `x-api-key: <credential>` (plus `anthropic-version: 2023-06-01` when the client sent none).
     Anthropic,
     /// An OpenAI-compatible API: `Authorization: Bearer <credential>`.
     OpenaiCompatible,

@@ -256,6 +256,10 @@ fn header_string(map: HeaderMap, name: &str) -> Option<String> {
 }
 
 /// Replaces the provider credential headers with the deployment's.
+/// The header naming the Anthropic API version, and the value sent when the client sent none.
+const ANTHROPIC_VERSION: &str = "anthropic-version";
+const DEFAULT_ANTHROPIC_VERSION: &str = "2023-06-01";
+
 fn set_credential(deployment: &Deployment) -> Result<(), HostError> {
     host::remove_header(HeaderMap::RequestHeaders, "authorization")?;
     host::remove_header(HeaderMap::RequestHeaders, "x-api-key")?;
@@ -263,11 +267,21 @@ fn set_credential(deployment: &Deployment) -> Result<(), HostError> {
         return Ok(());
     };
     match deployment.provider {
-        Provider::Anthropic => host::set_header(
-            HeaderMap::RequestHeaders,
-            "x-api-key",
-            credential.as_bytes(),
-        ),
+        Provider::Anthropic => {
+            // Anthropic refuses a request without its API version; most SDKs send one
+            if host::header(HeaderMap::RequestHeaders, ANTHROPIC_VERSION)?.is_none() {
+                host::set_header(
+                    HeaderMap::RequestHeaders,
+                    ANTHROPIC_VERSION,
+                    DEFAULT_ANTHROPIC_VERSION.as_bytes(),
+                )?;
+            }
+            host::set_header(
+                HeaderMap::RequestHeaders,
+                "x-api-key",
+                credential.as_bytes(),
+            )
+        }
         Provider::Openai | Provider::OpenaiCompatible => host::set_header(
             HeaderMap::RequestHeaders,
             "authorization",

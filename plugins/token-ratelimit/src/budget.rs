@@ -257,13 +257,18 @@ pub fn nano(tokens: u64, micro_per_million: u64) -> u64 {
 }
 
 /// What `budget` reserves for a request of `prompt` + `output_cap` tokens, priced (money
-/// budgets) at `ceiling`, the dearest price among the deployments the request may reach.
+/// budgets) at `ceiling`, the dearest price among the deployments the request may reach. A
+/// request of no tokens (not an LLM API call: `GET /v1/models`, a path no provider serves)
+/// reserves nothing and needs no price.
 pub fn reserve_amount(
     budget: &Budget,
     prompt: u64,
     output_cap: u64,
     ceiling: Option<&Price>,
 ) -> Result<u64, Unpriced> {
+    if prompt == 0 && output_cap == 0 {
+        return Ok(0);
+    }
     match &budget.unit {
         BudgetUnit::Tokens => Ok(prompt.saturating_add(output_cap)),
         BudgetUnit::Money { currency } => {
@@ -510,6 +515,12 @@ mod tests {
         assert_eq!(reserve_amount(&money, 1000, 100, Some(&price)), Ok(210_000));
         assert_eq!(nano(1, 1), 1, "rounded up");
         assert_eq!(reserve_amount(&money, 1, 1, None), Err(Unpriced));
+        assert_eq!(
+            reserve_amount(&money, 0, 0, None),
+            Ok(0),
+            "nothing to price"
+        );
+        assert_eq!(reserve_amount(&money, 0, 1, None), Err(Unpriced));
         let eur = Price {
             currency: "EUR".into(),
             ..price.clone()
