@@ -21,7 +21,8 @@
 //!   "journal_capacity": 1024,
 //!   "prompt_margin_percent": 10,
 //!   "prices": {"gpt-4o-mini": {"currency": "USD", "input": 150000, "output": 600000}},
-//!   "tokenizer_sample_bytes": 8192
+//!   "tokenizer_sample_bytes": 8192,
+//!   "usage_filter_state": "llm_usage"
 //! }
 //! ```
 //! Every field is described in the README. Limits are soft (buckets per instance, leased from
@@ -235,6 +236,9 @@ pub struct Config {
     /// The tokenizer counts at most this much of a prompt's text; the rest is counted at the
     /// rate it measured (0: count everything).
     pub tokenizer_sample_bytes: usize,
+    /// Where usage-accounting publishes its record: `wasm.<usage_filter_state>`; the same
+    /// name as usage-accounting's `filter_state`.
+    pub usage_filter_state: String,
 }
 
 impl Config {
@@ -294,6 +298,8 @@ struct RawConfig {
     prices: HashMap<String, Price>,
     #[serde(default = "default_sample")]
     tokenizer_sample_bytes: usize,
+    #[serde(default = "default_usage_filter_state")]
+    usage_filter_state: String,
 }
 
 #[derive(Deserialize)]
@@ -408,6 +414,9 @@ fn default_journal_capacity() -> usize {
 }
 fn default_max_body() -> usize {
     8 << 20
+}
+fn default_usage_filter_state() -> String {
+    llm_gateway_shared::usage_record::PROPERTY.to_string()
 }
 fn default_sample() -> usize {
     8192
@@ -530,6 +539,17 @@ fn parse_scope(fields: &Map<String, Value>) -> Result<Config, ConfigError> {
         }
         budgets.push(budget);
     }
+    if raw.usage_filter_state.is_empty()
+        || !raw
+            .usage_filter_state
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    {
+        return Err(ConfigError::new(
+            "usage_filter_state",
+            "must be a non-empty name of letters, digits, _ and - (usage-accounting's `filter_state`)",
+        ));
+    }
     let redis = match raw.redis {
         None => None,
         Some(_) if !REDIS_TRANSPORT => {
@@ -600,6 +620,7 @@ fn parse_scope(fields: &Map<String, Value>) -> Result<Config, ConfigError> {
             0 => usize::MAX,
             n => n,
         },
+        usage_filter_state: raw.usage_filter_state,
     })
 }
 
@@ -853,6 +874,8 @@ mod tests {
             (r#"{"lease":{"sync_ms":1}}"#, "lease.sync_ms"),
             (r#"{"journal_capacity":0}"#, "journal_capacity"),
             (r#"{"prompt_margin_percent":101}"#, "prompt_margin_percent"),
+            (r#"{"usage_filter_state":"llm.usage"}"#, "usage_filter_state"),
+            (r#"{"usage_filter_state":""}"#, "usage_filter_state"),
             (
                 r#"{"limits":[{"name":"a:b","by":"key","tokens":1,"per":"minute"}]}"#,
                 "limits[0].name",

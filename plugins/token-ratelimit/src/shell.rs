@@ -34,7 +34,7 @@ use llm_gateway_shared::route_info::{
     Alternative, RouteInfo, BUDGET_FALLBACK_PROPERTY, PROPERTY as ROUTE_PROPERTY,
 };
 use llm_gateway_shared::rules::RuleSet;
-use llm_gateway_shared::usage_record::{Record, PROPERTY as USAGE_PROPERTY};
+use llm_gateway_shared::usage_record::Record;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType};
 use std::cell::RefCell;
@@ -998,7 +998,7 @@ impl State {
         };
         let waiting = flow.waiting || matches!(flow.reservation, Reservation::Pending);
         let record = if flow.admitted {
-            host::property(&[USAGE_PROPERTY])
+            host::property(&[config.usage_filter_state.as_str()])
                 .ok()
                 .flatten()
                 .and_then(|bytes| Record::from_json(&bytes))
