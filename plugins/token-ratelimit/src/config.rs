@@ -874,7 +874,10 @@ mod tests {
             (r#"{"lease":{"sync_ms":1}}"#, "lease.sync_ms"),
             (r#"{"journal_capacity":0}"#, "journal_capacity"),
             (r#"{"prompt_margin_percent":101}"#, "prompt_margin_percent"),
-            (r#"{"usage_filter_state":"llm.usage"}"#, "usage_filter_state"),
+            (
+                r#"{"usage_filter_state":"llm.usage"}"#,
+                "usage_filter_state",
+            ),
             (r#"{"usage_filter_state":""}"#, "usage_filter_state"),
             (
                 r#"{"limits":[{"name":"a:b","by":"key","tokens":1,"per":"minute"}]}"#,
