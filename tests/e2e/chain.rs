@@ -779,3 +779,48 @@ async fn a_budget_too_small_for_smart_switches_to_fast() {
     assert_eq!(response.status, 200, "{}", response.text());
     assert_eq!(response.header("x-llm-budget-fallback"), None);
 }
+
+/// Envoy's own error replies reach clients OpenAI-shaped too (gateway.yaml's
+/// `local_reply_config`): a body over the buffer limit, and a plan whose every deployment is
+/// unreachable. The plugins' replies keep their own codes (the other tests).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoys_own_errors_are_openai_shaped() {
+    let Demo {
+        envoy,
+        openai,
+        azure,
+        anthropic,
+    } = Demo::start(0).await.unwrap();
+    let url = format!("{}/v1/chat/completions", envoy.url());
+    let key = bearer(DEMO_KEY);
+
+    // 11 MiB: over the listener's 10 MiB buffer, refused by Envoy before any plugin answers
+    let content = "a".repeat(11 << 20);
+    let huge = chat(&content, false);
+    let response = http::post(&url)
+        .header("authorization", &key)
+        .json(&huge)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.header("content-type"), Some("application/json"));
+    let body = assert_error(&response, 413, "request_too_large");
+    assert_eq!(body["error"]["type"], "invalid_request_error");
+    assert!(openai.requests().is_empty());
+
+    // both deployments of `fast` gone: Envoy's 503 after the last attempt, as JSON
+    drop(openai);
+    drop(azure);
+    let response = http::post(&url)
+        .header("authorization", &key)
+        .json(&chat("Hello!", false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.header("content-type"), Some("application/json"));
+    let body = assert_error(&response, 503, "gateway_error");
+    assert_eq!(body["error"]["type"], "api_error");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("connection_failure"), "{message}");
+    assert!(anthropic.requests().is_empty());
+}
