@@ -43,21 +43,6 @@ fn bearer(key: &str) -> String {
 fn chat(content: &str, stream: bool) -> Value {
     json!({"model": "fast", "stream": stream, "messages": [{"role": "user", "content": content}]})
 }
-
-fn assert_error(response: &Response, status: u16, code: &str) -> Value {
-    assert_eq!(response.status, status, "{}", response.text());
-    let body = response.json().unwrap();
-    assert_eq!(body["error"]["code"], code, "{body}");
-    assert!(
-        body["error"]["message"]
-            .as_str()
-            .is_some_and(|m| !m.is_empty()),
-        "{body}"
-    );
-    assert!(body["error"]["type"].is_string(), "{body}");
-    body
-}
-
 /// Everything a client received, head and body, as one text: for "never reaches the client".
 fn everything(response: &Response) -> String {
     let mut all = String::new();
@@ -336,7 +321,7 @@ async fn a_streaming_request_with_an_email_through_the_whole_chain() {
     // the 402 says what is left: exactly the budget minus the first request's real tokens.
     let big = json!({"model": "fast", "max_tokens": 30000, "messages": [{"role": "user", "content": "Hi"}]});
     let refused = post(&demo, "/v1/chat/completions", &headers, &big).await;
-    let error = assert_error(&refused, 402, "budget_exceeded");
+    let error = http::assert_openai_error(&refused, 402, "budget_exceeded");
     assert_eq!(refused.header("x-llm-budget"), Some("user-day"));
     let message = error["error"]["message"].as_str().unwrap();
     assert!(message.contains("user-day"), "{message}");
@@ -359,13 +344,13 @@ async fn refusals_name_their_reason_and_reach_no_provider() {
     let path = "/v1/chat/completions";
 
     // 401: no key, a wrong key
-    assert_error(
+    http::assert_openai_error(
         &post(&demo, path, &[], &hello).await,
         401,
         "missing_api_key",
     );
     let wrong = bearer("sk-llmgw-not-a-key");
-    assert_error(
+    http::assert_openai_error(
         &post(&demo, path, &[("authorization", &wrong)], &hello).await,
         401,
         "invalid_api_key",
@@ -380,7 +365,7 @@ async fn refusals_name_their_reason_and_reach_no_provider() {
     ] {
         let mut headers = vec![("authorization", intern.as_str())];
         headers.extend(spoof);
-        assert_error(
+        http::assert_openai_error(
             &post(&demo, path, &headers, &smart).await,
             403,
             "model_not_allowed",
@@ -389,7 +374,7 @@ async fn refusals_name_their_reason_and_reach_no_provider() {
     // 404: no such group
     let key = bearer(DEMO_KEY);
     let unknown = json!({"model": "gpt-5", "messages": [{"role": "user", "content": "Hello!"}]});
-    assert_error(
+    http::assert_openai_error(
         &post(&demo, path, &[("authorization", &key)], &unknown).await,
         404,
         "model_not_found",
@@ -402,7 +387,7 @@ async fn refusals_name_their_reason_and_reach_no_provider() {
         .send()
         .await
         .unwrap();
-    assert_error(&models, 404, "unknown_url");
+    http::assert_openai_error(&models, 404, "unknown_url");
     assert_eq!(models.header("content-type"), Some("application/json"));
     let legacy = json!({"model": "fast", "prompt": "Hello"});
     let completions = post(
@@ -412,8 +397,8 @@ async fn refusals_name_their_reason_and_reach_no_provider() {
         &legacy,
     )
     .await;
-    assert_error(&completions, 404, "unknown_url");
-    assert_error(
+    http::assert_openai_error(&completions, 404, "unknown_url");
+    http::assert_openai_error(
         &post(&demo, "/v1/models", &[], &legacy).await,
         401,
         "missing_api_key",
@@ -436,7 +421,7 @@ async fn refusals_name_their_reason_and_reach_no_provider() {
         assert_eq!(response.status, 200, "request {i}: {}", response.text());
     }
     let limited = post(&demo, path, &bob, &hello).await;
-    let error = assert_error(&limited, 429, "rate_limit_exceeded");
+    let error = http::assert_openai_error(&limited, 429, "rate_limit_exceeded");
     assert_eq!(error["error"]["type"], "rate_limit_error");
     assert!(
         error["error"]["message"]
@@ -457,7 +442,7 @@ async fn refusals_name_their_reason_and_reach_no_provider() {
     let carol = [("authorization", key.as_str()), ("x-user-id", "carol")];
     let big = json!({"model": "fast", "max_tokens": 25000, "messages": [{"role": "user", "content": "Hi"}]});
     let refused = post(&demo, path, &carol, &big).await;
-    assert_error(&refused, 402, "budget_exceeded");
+    http::assert_openai_error(&refused, 402, "budget_exceeded");
     assert_eq!(refused.header("x-llm-budget"), Some("user-day"));
 
     // the refusals in the metrics, labelled with the limit and the budget (stats_tags)
@@ -804,7 +789,7 @@ async fn envoys_own_errors_are_openai_shaped() {
         .await
         .unwrap();
     assert_eq!(response.header("content-type"), Some("application/json"));
-    let body = assert_error(&response, 413, "request_too_large");
+    let body = http::assert_openai_error(&response, 413, "request_too_large");
     assert_eq!(body["error"]["type"], "invalid_request_error");
     assert!(openai.requests().is_empty());
 
@@ -818,7 +803,7 @@ async fn envoys_own_errors_are_openai_shaped() {
         .await
         .unwrap();
     assert_eq!(response.header("content-type"), Some("application/json"));
-    let body = assert_error(&response, 503, "gateway_error");
+    let body = http::assert_openai_error(&response, 503, "gateway_error");
     assert_eq!(body["error"]["type"], "api_error");
     let message = body["error"]["message"].as_str().unwrap();
     assert!(message.contains("connection_failure"), "{message}");

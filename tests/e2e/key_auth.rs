@@ -77,21 +77,6 @@ fn template_vars(upstream: &MockUpstream, config: &Value) -> Vec<(&'static str, 
         ("KEY_AUTH_CONFIG", config.to_string().replace('\'', "''")),
     ]
 }
-
-fn assert_error(response: &Response, status: u16, code: &str) {
-    assert_eq!(response.status, status, "{}", response.text());
-    let body = response.json().unwrap();
-    assert_eq!(body["error"]["code"], code, "{body}");
-    assert!(
-        body["error"]["message"]
-            .as_str()
-            .is_some_and(|m| !m.is_empty()),
-        "{body}"
-    );
-    assert!(body["error"]["type"].is_string(), "{body}");
-    assert_eq!(response.header("content-type"), Some("application/json"));
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn valid_key_passes_with_identity_and_without_the_credential() {
     let gw = Gateway::start().await;
@@ -167,7 +152,7 @@ async fn spoofed_identity_headers_are_replaced() {
     let response = gw
         .chat("/v1/chat/completions", &[("x-llm-consumer", "team-a")])
         .await;
-    assert_error(&response, 401, "missing_api_key");
+    http::assert_openai_error(&response, 401, "missing_api_key");
     assert!(gw.upstream.requests().is_empty());
 }
 
@@ -188,7 +173,7 @@ async fn bad_keys_get_401_with_openai_errors() {
     ];
     for (headers, code) in cases {
         let response = gw.chat("/v1/chat/completions", headers).await;
-        assert_error(&response, 401, code);
+        http::assert_openai_error(&response, 401, code);
         let challenge = response.header("www-authenticate").unwrap_or_default();
         assert!(
             challenge.starts_with("Bearer realm=\"llm-gateway\""),
@@ -221,7 +206,7 @@ async fn allow_listed_route_answers_403_to_other_consumers() {
     let response = gw
         .chat("/billing/chat/completions", &[("x-api-key", TEAM_B)])
         .await;
-    assert_error(&response, 403, "consumer_not_allowed");
+    http::assert_openai_error(&response, 403, "consumer_not_allowed");
     assert_eq!(
         response.json().unwrap()["error"]["type"],
         "permission_error"
@@ -242,7 +227,7 @@ async fn allow_listed_route_answers_403_to_other_consumers() {
         .await;
     assert_eq!(response.status, 200, "{}", response.text());
     // And bad keys on the allow-listed route still get 401, not 403.
-    assert_error(
+    http::assert_openai_error(
         &gw.chat("/billing/chat/completions", &[("x-api-key", UNKNOWN)])
             .await,
         401,
@@ -270,7 +255,7 @@ async fn allow_lists_by_domain_and_by_service() {
     }
     // `_match_service_: ["mock-reports"]`: the cluster the route picked (property
     // `xds.cluster_name` in plain Envoy).
-    assert_error(
+    http::assert_openai_error(
         &gw.chat("/reports/chat/completions", &[("x-api-key", TEAM_A)])
             .await,
         403,

@@ -161,12 +161,6 @@ fn assert_provider_request(request: &RecordedRequest, model: &str, credential: (
         "content-length fixed after the rewrite"
     );
 }
-
-fn assert_error(response: &Response, status: u16, code: &str) {
-    assert_eq!(response.status, status, "{}", response.text());
-    assert_eq!(response.json().unwrap()["error"]["code"], code);
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn routes_by_group_and_refuses_unknown_forbidden_and_bad_requests() {
     let gw = Gateway::start().await;
@@ -197,20 +191,20 @@ async fn routes_by_group_and_refuses_unknown_forbidden_and_bad_requests() {
     assert_eq!(messages.status, 200, "{}", messages.text());
     assert_eq!(messages.header("x-llm-deployment"), Some("c"));
 
-    assert_error(&gw.ask("gpt-9", &[]).await, 404, "model_not_found");
+    http::assert_openai_error(&gw.ask("gpt-9", &[]).await, 404, "model_not_found");
     let forbidden = gw
         .chat(KEY_FAST, json!({"model": "smart", "messages": []}), &[])
         .await;
-    assert_error(&forbidden, 403, "model_not_allowed");
+    http::assert_openai_error(&forbidden, 403, "model_not_allowed");
     let not_json = http::post(format!("{}/v1/chat/completions", gw.envoy.url()))
         .header("authorization", &format!("Bearer {KEY_ALL}"))
         .body("model=fast")
         .send()
         .await
         .unwrap();
-    assert_error(&not_json, 400, "invalid_request_body");
+    http::assert_openai_error(&not_json, 400, "invalid_request_body");
     let no_model = gw.chat(KEY_ALL, json!({"messages": []}), &[]).await;
-    assert_error(&no_model, 400, "missing_model");
+    http::assert_openai_error(&no_model, 400, "missing_model");
     assert!(Gateway::take(&gw.a).is_empty() && Gateway::take(&gw.b).is_empty());
     assert_eq!(gw.stat("rejected.model_not_found"), 1);
 }
@@ -405,7 +399,7 @@ async fn context_length_moves_to_a_larger_deployment() {
         ("x-mock-error-code", "context_length_exceeded"),
     ]);
     let response = gw.ask("fast", &[]).await;
-    assert_error(&response, 400, "context_length_exceeded");
+    http::assert_openai_error(&response, 400, "context_length_exceeded");
     assert_eq!(response.header("x-llm-attempts"), Some("2"));
 }
 

@@ -38,6 +38,23 @@ impl Response {
     }
 }
 
+/// Panics unless `response` is an OpenAI-shaped error (`{"error":{"message","type","code"}}`,
+/// JSON content type) with `status` and `code`; the parsed body.
+pub fn assert_openai_error(response: &Response, status: u16, code: &str) -> serde_json::Value {
+    assert_eq!(response.status, status, "{}", response.text());
+    let body = response.json().unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(body["error"]["code"], code, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| !m.is_empty()),
+        "{body}"
+    );
+    assert!(body["error"]["type"].is_string(), "{body}");
+    assert_eq!(response.header("content-type"), Some("application/json"));
+    body
+}
+
 /// A request being built.
 #[derive(Debug, Clone)]
 pub struct Request {
