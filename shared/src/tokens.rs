@@ -1,10 +1,16 @@
 //! Counting tokens when the upstream does not: a stream cut before its usage, a provider that
 //! omits it, a client that went away.
 //!
-//! With the cargo feature `tokenizer`, OpenAI model families are counted with tiktoken's real
-//! BPE ranks (`o200k_base` for GPT-4o / 4.1 / 5 and the o-series, `cl100k_base` for GPT-4 /
-//! 3.5 and the embedding models), each loaded lazily the first time it is needed and kept for
-//! the life of the VM (never per request). Only these two rank files are linked.
+//! With the cargo feature `tokenizer`, OpenAI model families are counted exactly as tiktoken
+//! counts them (`encode_ordinary`: `o200k_base` for GPT-4o / 4.1 / 5 and the o-series,
+//! `cl100k_base` for GPT-4 / 3.5 and the embedding models), by a counter of our own built for
+//! a VM that counts often and must stay small: the ranks are compact data embedded in the
+//! module and indexed the first time an encoding is needed, then kept for the life of the VM
+//! (4 MiB for o200k_base, 2 MiB for cl100k_base; never per request) ([`bpe`]); tiktoken's
+//! split patterns are written out by hand, with the regex engine's Unicode classes, so there
+//! is no regex and no backtrack limit ([`split`], [`classes`]); tiktoken's byte-pair merge is
+//! reduced to counting. The tests check the counts against tiktoken-rs on arbitrary text in
+//! every script.
 //!
 //! Every other model (Anthropic, Gemini, Llama, …), and every model when the feature is off,
 //! gets the cheap estimate `ceil(chars / 4)` (Unicode scalar values), OpenAI's rule of thumb
@@ -16,6 +22,15 @@
 
 use crate::usage::Api;
 use serde_json::Value;
+
+#[cfg(feature = "tokenizer")]
+mod bpe;
+#[cfg(feature = "tokenizer")]
+mod classes;
+#[cfg(all(test, feature = "tokenizer", not(target_arch = "wasm32")))]
+mod reference_tests;
+#[cfg(feature = "tokenizer")]
+mod split;
 
 /// How to count a model's tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,7 +91,9 @@ pub fn count_tokens(encoding: Encoding, text: &str) -> u64 {
     }
     match encoding {
         #[cfg(feature = "tokenizer")]
-        Encoding::O200k | Encoding::Cl100k => bpe::count(encoding, text),
+        Encoding::O200k | Encoding::Cl100k => {
+            bpe::count(encoding, text).unwrap_or_else(|| count_chars(text))
+        }
         _ => count_chars(text),
     }
 }
@@ -210,70 +227,6 @@ fn count_content(content: Option<&Value>, count: &dyn Fn(&str) -> u64) -> u64 {
     }
 }
 
-#[cfg(feature = "tokenizer")]
-mod bpe {
-    //! tiktoken's BPE, one instance per encoding per VM, built on first use.
-    use super::Encoding;
-    use std::sync::OnceLock;
-    use tiktoken_rs::CoreBPE;
-
-    /// Longest piece handed to the BPE at once. tiktoken-rs `unwrap`s the result of its
-    /// backtracking regex, which gives up (and so panics) past a backtrack limit on long runs
-    /// of whitespace; pieces this short stay far below that limit.
-    const MAX_PIECE: usize = 512;
-
-    static O200K: OnceLock<Option<CoreBPE>> = OnceLock::new();
-    static CL100K: OnceLock<Option<CoreBPE>> = OnceLock::new();
-
-    fn bpe(encoding: Encoding) -> Option<&'static CoreBPE> {
-        match encoding {
-            Encoding::O200k => O200K.get_or_init(|| tiktoken_rs::o200k_base().ok()),
-            Encoding::Cl100k => CL100K.get_or_init(|| tiktoken_rs::cl100k_base().ok()),
-            Encoding::Chars => return None,
-        }
-        .as_ref()
-    }
-
-    pub(super) fn count(encoding: Encoding, text: &str) -> u64 {
-        let Some(bpe) = bpe(encoding) else {
-            return super::count_chars(text);
-        };
-        pieces(text)
-            .map(|piece| bpe.encode_ordinary(piece).len() as u64)
-            .fold(0u64, u64::saturating_add)
-    }
-
-    /// Splits `text` into pieces of at most [`MAX_PIECE`] bytes, preferably before a
-    /// whitespace (where BPE pieces begin anyway), always on a char boundary.
-    pub(super) fn pieces(text: &str) -> impl Iterator<Item = &str> {
-        let mut rest = text;
-        std::iter::from_fn(move || {
-            if rest.is_empty() {
-                return None;
-            }
-            if rest.len() <= MAX_PIECE {
-                let piece = rest;
-                rest = "";
-                return Some(piece);
-            }
-            let mut cut = MAX_PIECE;
-            while !rest.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            let head = rest.get(..cut).unwrap_or(rest);
-            let at_space = head
-                .char_indices()
-                .rev()
-                .find(|(i, c)| *i > 0 && c.is_whitespace())
-                .map(|(i, _)| i);
-            let cut = at_space.unwrap_or(cut);
-            let (piece, tail) = rest.split_at_checked(cut).unwrap_or((rest, ""));
-            rest = tail;
-            Some(piece)
-        })
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -368,25 +321,66 @@ mod tests {
         );
     }
 
+    /// `(text, o200k_base tokens, cl100k_base tokens)`, from tiktoken (`reference_tests`
+    /// checks them against tiktoken-rs natively; here they check the wasm build too).
+    pub(super) const KNOWN_COUNTS: &[(&str, u64, u64)] = &[
+        ("hello world", 2, 2),
+        ("tiktoken is great!", 6, 6),
+        ("don't DON'T I'M here", 5, 7),
+        ("  indented\n\n\tcode();  \n", 7, 7),
+        ("日本語のテキスト", 6, 8),
+        ("e\u{301}te\u{301} ſ'ſ 👩\u{200d}👩\u{200d}👧", 16, 21),
+        (MULTILINGUAL, 286, 455),
+    ];
+
+    /// Chinese, Japanese, Russian, Arabic, Hindi, Thai, Korean, French, NFD accents, German,
+    /// Greek, title case, long s, emoji with joiners and modifiers, Unicode spaces.
+    pub(super) const MULTILINGUAL: &str = "\
+日本語のテキストを数えます。東京タワーは333メートルです。カタカナ：コンピューター、ｶﾀｶﾅ。
+中文：今天天气很好，我们去公园散步吧！价格是¥1,234.56。
+Русский: Съешь же ещё этих мягких французских булок, да выпей чаю. МОСКВА 2024 г.
+العربية: مرحبا بالعالم، كيف حالك اليوم؟ الأرقام ١٢٣٤٥٦٧٨٩٠.
+हिन्दी: नमस्ते दुनिया, यह एक परीक्षण है। क्षत्रिय २०२४
+ภาษาไทย: สวัสดีชาวโลก  한국어: 안녕하세요 세계
+Français : « Où est l'hôtel ? » — Ça coûte 12,50 € ; naïve façade, Œuvre.
+NFD: Cafe\u{301} re\u{301}sume\u{301} U\u{308}ber A\u{30a}ngstro\u{308}m
+Deutsch: Straße, STRASSE, Grüße; Ελληνικά: Καλημέρα κόσμε; ǅemal ǈubljana ſ'ſ
+Emoji: 😀 👍🏽 👩\u{200d}👩\u{200d}👧 🇫🇷🇯🇵 ✔️ ❤\u{fe0f} — Ⅻ ½ ² Ⓐ\u{a0}\u{a0}end\u{3000}\u{3000}x\u{2028}y
+";
+
     #[cfg(feature = "tokenizer")]
     #[test]
     fn bpe_counts_known_strings() {
-        // reference counts from OpenAI's tiktoken
-        assert_eq!(count_tokens(Encoding::Cl100k, "hello world"), 2);
-        assert_eq!(count_tokens(Encoding::O200k, "hello world"), 2);
-        assert_eq!(count_tokens(Encoding::Cl100k, "tiktoken is great!"), 6);
+        for &(text, o200k, cl100k) in KNOWN_COUNTS {
+            assert_eq!(count_tokens(Encoding::O200k, text), o200k, "{text:?}");
+            assert_eq!(count_tokens(Encoding::Cl100k, text), cl100k, "{text:?}");
+        }
     }
 
     #[cfg(feature = "tokenizer")]
     #[test]
-    fn long_whitespace_and_multibyte_text_never_panics() {
-        let spaces = " ".repeat(100_000);
-        assert!(count_tokens(Encoding::O200k, &spaces) > 0);
+    fn bpe_counts_long_and_hostile_text_without_panicking() {
+        // whitespace runs (tiktoken-rs panicked on its regex's backtrack limit on these)
+        for encoding in [Encoding::O200k, Encoding::Cl100k] {
+            for space in [" ", "\n", "\t", "\r\n", " \n", "\u{3000}"] {
+                let run = space.repeat(40_000);
+                assert!(count_tokens(encoding, &run) > 0);
+                assert!(count_tokens(encoding, &format!("a{run}b")) > 2);
+            }
+        }
+        // a 1 MB word: counted in 16 KiB parts, each merged exactly
+        let word = "abcdefghij".repeat(100_000);
+        let n = count_tokens(Encoding::O200k, &word);
+        assert!(n > 100_000 && n < 1_000_000, "{n}");
         let mixed = "日本語 ".repeat(5_000) + &"\n".repeat(10_000);
         assert!(count_tokens(Encoding::Cl100k, &mixed) > 0);
-        for piece in bpe::pieces(&mixed) {
-            assert!(piece.len() <= 512);
+        // arbitrary bytes, as a gateway may receive them
+        let bytes: Vec<u8> = (0..200_000u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect();
+        let text = String::from_utf8_lossy(&bytes);
+        for encoding in [Encoding::O200k, Encoding::Cl100k] {
+            assert!(count_tokens(encoding, &text) > 0);
         }
-        assert_eq!(bpe::pieces(&mixed).collect::<String>(), mixed);
     }
 }
