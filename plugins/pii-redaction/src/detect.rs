@@ -106,8 +106,8 @@ impl Builtin {
 
     /// For the scanners that try a match at each byte passing a first-byte test: that test
     /// and the matcher. `None` for the ones with a scan of their own.
-    fn anchored(self) -> Option<(fn(u8) -> bool, fn(&[u8], usize) -> Step)> {
-        let first: fn(u8) -> bool = match self {
+    fn anchored(self) -> Option<(FirstByte, Matcher)> {
+        let first: FirstByte = match self {
             Builtin::PhoneCn => |c| matches!(c, b'+' | b'0' | b'1'),
             Builtin::PhoneE164 => |c| c == b'+',
             Builtin::IdCn | Builtin::Ipv4 => is_digit,
@@ -117,7 +117,7 @@ impl Builtin {
             Builtin::Jwt => |c| c == b'e',
             Builtin::Email | Builtin::Ipv6 | Builtin::PrivateKey => return None,
         };
-        let try_at: fn(&[u8], usize) -> Step = match self {
+        let try_at: Matcher = match self {
             Builtin::PhoneCn => phone_cn,
             Builtin::PhoneE164 => phone_e164,
             Builtin::IdCn => id_cn,
@@ -139,7 +139,7 @@ impl Builtin {
 #[derive(Debug, Clone)]
 pub struct Sweep {
     /// (scanner, caller's tag) for at most 32 anchored scanners.
-    scanners: Vec<(fn(&[u8], usize) -> Step, usize)>,
+    scanners: Vec<(Matcher, usize)>,
     /// Byte value -> bit set of `scanners` whose first-byte test passes.
     starts: Box<[u32; 256]>,
 }
@@ -302,6 +302,12 @@ fn starts(
         }
     }
 }
+
+/// Tries a match at a position.
+type Matcher = fn(&[u8], usize) -> Step;
+
+/// Whether a byte can begin a match.
+type FirstByte = fn(u8) -> bool;
 
 enum Step {
     /// A match from the position to this end.
