@@ -531,11 +531,42 @@ pub fn set_effective_context(context_id: u32) -> HostResult<()> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Metric(u32);
 
+/// Most metric ids one VM remembers per kind. Names carry labels (tenant, model group,
+/// deployment, consumer), all from config, so a VM sees a bounded set; past this many a name
+/// is defined again on each use instead of being remembered.
+const METRIC_CACHE: usize = 4096;
+
+thread_local! {
+    /// Metric ids by kind (counter, gauge, histogram) and name. The host gives a name the same
+    /// id for the life of the VM, and defining one is a host call that also resolves the name
+    /// in Envoy's symbol table, under its lock: once per name per VM is enough.
+    static METRIC_IDS: std::cell::RefCell<[std::collections::HashMap<String, u32>; 3]> =
+        std::cell::RefCell::new(Default::default());
+}
+
 impl Metric {
     fn define(kind: u32, name: &str) -> HostResult<Metric> {
+        let slot = kind as usize;
+        let known = METRIC_IDS.with(|ids| {
+            ids.try_borrow()
+                .ok()
+                .and_then(|ids| ids.get(slot).and_then(|by_name| by_name.get(name).copied()))
+        });
+        if let Some(id) = known {
+            return Ok(Metric(id));
+        }
         let mut id = 0u32;
         // SAFETY: `name` is live; out-pointer to a live local.
         check(unsafe { abi::proxy_define_metric(kind, name.as_ptr(), name.len(), &mut id) })?;
+        METRIC_IDS.with(|ids| {
+            if let Ok(mut ids) = ids.try_borrow_mut() {
+                if let Some(by_name) = ids.get_mut(slot) {
+                    if by_name.len() < METRIC_CACHE {
+                        by_name.insert(name.to_string(), id);
+                    }
+                }
+            }
+        });
         Ok(Metric(id))
     }
 
