@@ -247,6 +247,15 @@ pub fn property_string(path: &[&str]) -> HostResult<Option<String>> {
     Ok(property(path)?.and_then(|bytes| String::from_utf8(bytes).ok()))
 }
 
+/// The `root_id` of the filter whose context is current (Envoy's property `plugin_root_id`);
+/// `None` if the host does not say. Envoy 1.40 answers it in a root context's
+/// `proxy_on_context_create` already (before `proxy_on_vm_start` and `proxy_on_configure`), so
+/// a module that holds several plugins (`plugins/bundle`) picks the root context to create by
+/// it.
+pub fn plugin_root_id() -> HostResult<Option<String>> {
+    property_string(&["plugin_root_id"])
+}
+
 /// The name of the route the request matched: Higress's property `route_name`, else plain
 /// Envoy's `xds.route_name` (Envoy 1.40 answers `NotFound` for `route_name`); empty if
 /// neither is known.
