@@ -1258,6 +1258,15 @@ async fn hostile_headers_never_change_identity_route_or_reach_a_provider() {
     assert_eq!(line["status"], 408, "{line}");
     serves(&demo, "slow loris").await;
 
+    // the admin API (loopback only in gateway.yaml) prints every filter's configuration: the
+    // virtual keys only as digests, the provider credentials in clear (the known gap of
+    // docs/security.md; an admin listener must stay private)
+    assert!(demo.envoy.admin().ip().is_loopback());
+    let dump = demo.envoy.admin_get("/config_dump").unwrap();
+    assert!(!dump.contains(DEMO_KEY) && !dump.contains(FAST_ONLY_KEY));
+    assert!(dump.contains(&sha256_hex(DEMO_KEY.as_bytes())));
+    assert!(dump.contains(OPENAI_CREDENTIAL) && dump.contains(ANTHROPIC_CREDENTIAL));
+
     // no key in the access log's path, nor anywhere else; Envoy's codec refusals are logged
     // with their reason
     let lines = access_lines(&demo);
