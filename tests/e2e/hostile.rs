@@ -1142,6 +1142,38 @@ async fn hostile_headers_never_change_identity_route_or_reach_a_provider() {
         }
         serves(&demo, c.name).await;
     }
+    // what the injection attempts became: a bare CR vanished, a bare LF made a header of its
+    // own (stripped by key-auth), an obs-fold joined the value; identity is the key's
+    for (project, agent) in [
+        ("ab", Some("cx-llm-tenant: evil")),
+        ("lf", None),
+        ("fold x-llm-tenant: evil", None),
+    ] {
+        let quoted = format!("\"project\":{}", json!(project));
+        let (_, record) = record_where(&demo, project, |l| {
+            l["usage"].as_str().is_some_and(|u| u.contains(&quoted))
+        })
+        .await;
+        assert_eq!(
+            (&record["consumer"], &record["tenant"]),
+            (&json!("demo"), &json!("demo")),
+            "{record}"
+        );
+        if let Some(agent) = agent {
+            assert_eq!(record["agent"], agent, "{record}");
+        }
+    }
+    let injected_seen = demo
+        .openai
+        .requests()
+        .into_iter()
+        .find(|r| r.header("x-project") == Some("ab"))
+        .expect("the bare-CR request reached the provider");
+    assert_eq!(injected_seen.header("x-agent"), Some("cx-llm-tenant: evil"));
+    assert!(injected_seen
+        .headers
+        .iter()
+        .all(|(n, _)| !n.starts_with("x-llm-")));
     // the key in the query string beside a header key never reached the provider; the other
     // query parameters did
     let paths: Vec<String> = demo
@@ -1225,6 +1257,9 @@ async fn hostile_headers_never_change_identity_route_or_reach_a_provider() {
         "{xff}"
     );
     assert_eq!(provider.header("x-forwarded-proto"), Some("http"));
+    // ordinary client headers go on as sent (docs/security.md § 5)
+    assert_eq!(provider.header("x-forwarded-host"), Some("evil.example"));
+    assert_eq!(provider.header("x-project"), Some("spoof"));
     assert_eq!(
         provider.header("authorization"),
         Some(bearer(OPENAI_CREDENTIAL).as_str())
