@@ -377,11 +377,25 @@ fn budgets_without_redis_reject_or_journal_and_replay_exactly_once() {
         fleet.pump().unwrap();
     }
     assert_eq!(redis_int(&redis, tenant_key), 3 * 124);
+    // the two charges, and the CANCEL of the RESERVE that went unanswered when Redis went
+    // away (it may have run: a tombstone now stands in its place)
     assert_eq!(
         fleet.metric_sum("llm_gateway.ratelimit.journal_replayed"),
-        2
+        3
     );
-    assert_eq!(redis.command(&["KEYS", "llm:*:res:*"]).unwrap(), "*0\r\n");
+    assert_eq!(
+        fleet.metric_sum("llm_gateway.ratelimit.reserve_unanswered"),
+        1
+    );
+    let reservations = redis.command(&["KEYS", "llm:*:res:*"]).unwrap();
+    assert_eq!(reservations, "*1\r\n$23\r\nllm:{t:acme}:res:down-1\r\n");
+    assert_eq!(
+        redis
+            .command(&["HGET", "llm:{t:acme}:res:down-1", "n"])
+            .unwrap(),
+        "$1\r\n0\r\n",
+        "a tombstone"
+    );
 }
 
 #[test]
