@@ -219,6 +219,14 @@ def usage_seeds():
                                          "output_tokens": 300, "output_tokens_details": {"reasoning_tokens": 256},
                                          "total_tokens": 309}}),
     ]
+    # counts near u64::MAX (regression: Price::cost overflowed its sum at the dearest price)
+    bodies.append(("regression-huge-usage", 0, {"object": "chat.completion", "model": "m", "choices": [],
+                                                "usage": {"prompt_tokens": 18446744073709551615,
+                                                          "completion_tokens": 18446744073709551615}}))
+    bodies.append(("huge-anthropic", 2, {"type": "message", "model": "claude", "content": [],
+                                         "usage": {"input_tokens": 18446744073709551615,
+                                                   "cache_read_input_tokens": 18446744073709551615,
+                                                   "output_tokens": 18446744073709551615}}))
     for name, api, body in bodies:
         seed("usage_stream", name, [api, 0, 0], j(body))
 
@@ -276,9 +284,11 @@ def pii_seeds():
         for config in (0, 2, 3):
             seed("pii_request", f"{name}-{config}", [config, path], j(body))
     seed("pii_request", "raw-text", [1, 3], "Contact ann@example.com, 13800138000, [EMAIL_1] or -----BEGIN PRIVATE KEY-----\nMIIB\n-----END PRIVATE KEY-----")
-    seed("pii_request", "messages-object", [2, 0], '{"model":"fast","messages":{"content":"ann@example.com"}}')
     for name, path, body in RAW_REQUESTS[:2]:
         seed("pii_request", name, [0, path], body)
+    # regression: the preamble went into an object as if it were a list
+    seed("pii_request", "regression-messages-object", [2, 0], '{"model":"fast","messages":{"content":"ann@example.com"}}')
+    seed("pii_request", "regression-system-object", [2, 1], '{"model":"c","system":{"t":1},"messages":[{"content":"a@b.co"}]}')
 
     texts = [
         ("mixed", "Mail ann@example.com or bob@example.org, call +86 138 0013 8000 or +1 415 555 2671, "

@@ -14,6 +14,7 @@ use libfuzzer_sys::fuzz_target;
 use llm_gateway_fuzz::Input;
 use llm_gateway_shared::tokens::Encoding;
 use llm_gateway_shared::usage::{self, Api, Usage};
+use usage_accounting::pricing::Price;
 use usage_accounting::stream::{Forward, ResponseStream};
 
 #[derive(Debug, PartialEq)]
@@ -55,6 +56,34 @@ fn run(api: Api, hide: bool, max: usize, chunks: &[&[u8]]) -> Outcome {
     }
 }
 
+fn price(nano_per_million: u64) -> Price {
+    Price {
+        input: nano_per_million,
+        cached_input: nano_per_million / 10,
+        cache_write: nano_per_million,
+        output: nano_per_million,
+        reasoning: nano_per_million,
+        version: "fuzz".into(),
+        currency: "USD".into(),
+    }
+}
+
+/// An upstream may report any count: the cost grows with the price and saturates, it never
+/// wraps (the wasm build has no overflow checks: a wrapped sum would be a tiny charge).
+fn check_cost(usage: &Usage) {
+    let _ = (usage.total_tokens(), usage.uncached_prompt_tokens());
+    // $2.50 per million tokens, and the dearest price the config accepts
+    let realistic = price(2_500_000_000).cost(usage).nano;
+    let dearest = price(u64::MAX).cost(usage).nano;
+    assert!(
+        dearest >= realistic,
+        "{dearest} < {realistic} for {usage:?}"
+    );
+    if usage.total_tokens() >= 1_000_000 {
+        assert!(dearest >= realistic.max(1), "{usage:?} costs nothing");
+    }
+}
+
 fuzz_target!(|data: &[u8]| {
     let mut input = Input::new(data);
     let api = match input.byte() % 4 {
@@ -82,8 +111,8 @@ fuzz_target!(|data: &[u8]| {
             "bytes changed though nothing was hidden"
         );
     }
-    if let Some(u) = cut.usage {
-        let _ = (u.total_tokens(), u.uncached_prompt_tokens());
+    if let Some(usage) = cut.usage {
+        check_cost(&usage);
     }
     if max == 1 << 20 && body.len() < 1 << 20 {
         let whole = run(api, hide, max, &[body]);
@@ -91,6 +120,10 @@ fuzz_target!(|data: &[u8]| {
     }
 
     // the same bytes as a whole JSON body, and as the tail of a large one
-    let _ = usage::from_response_body(api, body);
-    let _ = usage::from_body_tail(api, body);
+    if let Some((usage, _model)) = usage::from_response_body(api, body) {
+        check_cost(&usage);
+    }
+    if let Some(usage) = usage::from_body_tail(api, body) {
+        check_cost(&usage);
+    }
 });
