@@ -1,0 +1,96 @@
+//! Usage extraction: usage-accounting's `ResponseStream` (SSE framing, `shared::usage`'s
+//! `StreamUsage` event by event, hiding the usage-only chunk) and the whole-body readers
+//! `usage::from_response_body` / `from_body_tail`.
+//!
+//! Input: `api, flags, split plan, response bytes`. Checked:
+//! - without hiding, what reaches the client is the upstream's bytes exactly;
+//! - with a bound no event reaches, the bytes forwarded, the usage, the model, the completion
+//!   flag, the event counts and the streamed-token count do not depend on where the stream
+//!   was cut, and time-to-first-token is marked once at most;
+//! - nothing hidden means nothing changed.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use llm_gateway_fuzz::Input;
+use llm_gateway_shared::tokens::Encoding;
+use llm_gateway_shared::usage::{self, Api, Usage};
+use usage_accounting::stream::{Forward, ResponseStream};
+
+#[derive(Debug, PartialEq)]
+struct Outcome {
+    forwarded: Vec<u8>,
+    first_outputs: usize,
+    usage: Option<Usage>,
+    complete: bool,
+    model: Option<String>,
+    counts: (u64, u64),
+    streamed_tokens: u64,
+}
+
+fn run(api: Api, hide: bool, max: usize, chunks: &[&[u8]]) -> Outcome {
+    let mut stream = ResponseStream::new(api, hide, Encoding::Chars, max);
+    let mut forwarded = Vec::new();
+    let mut first_outputs = 0;
+    for chunk in chunks {
+        let pushed = stream.push(chunk);
+        first_outputs += usize::from(pushed.first_output);
+        match pushed.forward {
+            Forward::Unchanged => forwarded.extend_from_slice(chunk),
+            Forward::Replace(bytes) => forwarded.extend_from_slice(&bytes),
+        }
+    }
+    let end = stream.finish();
+    first_outputs += usize::from(end.first_output);
+    if let Forward::Replace(bytes) = end.forward {
+        forwarded.extend_from_slice(&bytes);
+    }
+    Outcome {
+        forwarded,
+        first_outputs,
+        usage: stream.usage(),
+        complete: stream.usage_is_complete(),
+        model: stream.model().map(str::to_owned),
+        counts: stream.counts(),
+        streamed_tokens: stream.streamed_tokens(),
+    }
+}
+
+fuzz_target!(|data: &[u8]| {
+    let mut input = Input::new(data);
+    let api = match input.byte() % 4 {
+        0 => Api::ChatCompletions,
+        1 => Api::Responses,
+        2 => Api::AnthropicMessages,
+        _ => Api::Embeddings,
+    };
+    let flags = input.byte();
+    let hide = flags & 1 != 0;
+    let max = if flags & 2 != 0 { 32 } else { 1 << 20 };
+    let plan = input.plan();
+    let body = input.rest();
+    let chunks = plan.split(body);
+
+    let cut = run(api, hide, max, &chunks);
+    assert!(
+        cut.first_outputs <= 1,
+        "first output marked {} times",
+        cut.first_outputs
+    );
+    if !hide || cut.counts.1 == 0 {
+        assert_eq!(
+            cut.forwarded, body,
+            "bytes changed though nothing was hidden"
+        );
+    }
+    if let Some(u) = cut.usage {
+        let _ = (u.total_tokens(), u.uncached_prompt_tokens());
+    }
+    if max == 1 << 20 && body.len() < 1 << 20 {
+        let whole = run(api, hide, max, &[body]);
+        assert_eq!(cut, whole, "the outcome depends on the cuts");
+    }
+
+    // the same bytes as a whole JSON body, and as the tail of a large one
+    let _ = usage::from_response_body(api, body);
+    let _ = usage::from_body_tail(api, body);
+});
