@@ -570,6 +570,41 @@ async fn a_provider_that_sends_garbage() {
     check_workers(&demo).await;
 }
 
+/// Not a provider fault: a client over its own rate limit (gateway.yaml's `user-rpm`, 10 a
+/// minute) gets token-ratelimit's 429s, local replies that reach no deployment. They must
+/// not count against the deployments' breakers (5 failures in a row open one): counted,
+/// they opened both `fast` deployments' breakers and every other client got 503
+/// `deployments_unavailable` for the cooldown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_at_its_rate_limit_is_no_provider_failure() {
+    let demo = Demo::start(0).await.unwrap();
+    let url = format!("{}/v1/chat/completions", demo.url());
+    let hello = json!({"model": "fast", "messages": [{"role": "user", "content": "Hello"}]});
+    let send = |user: &'static str| {
+        http::post(&url)
+            .header("authorization", &format!("Bearer {DEMO_KEY}"))
+            .header("x-user-id", user)
+            .json(&hello)
+            .send()
+    };
+    let mut refused = 0;
+    for _ in 0..16 {
+        if send("uf-flood").await.unwrap().status == 429 {
+            refused += 1;
+        }
+    }
+    assert!(refused >= 6, "{refused} refused");
+    let other = send("uf-other").await.unwrap();
+    assert_eq!(other.status, 200, "{}", other.text());
+    assert_eq!(other.header("x-llm-deployment"), Some("openai-mini"));
+    let stats = demo
+        .envoy
+        .admin_get("/stats?filter=breaker.opened")
+        .unwrap();
+    assert!(!stats.contains("breaker.opened"), "{stats}");
+    assert!(demo.azure.requests().is_empty());
+}
+
 /// How much of the endless line the client reads before it leaves.
 const ENDLESS_READ: usize = 48 << 20;
 
