@@ -4,7 +4,7 @@
 //!
 //! * the provider's connection dies mid-stream (a FIN, and a TCP reset);
 //! * it stalls between two events past the route's idle timeout (a variant of gateway.yaml
-//!   with 2 s instead of 120 s);
+//!   with 5 s instead of 120 s);
 //! * it ends the stream cleanly but early (no usage, no `[DONE]`), or completes it without
 //!   usage;
 //! * it sends garbage: a line that is not SSE, an event whose JSON is cut off, bytes that are
@@ -238,7 +238,7 @@ fn check_no_trap(demo: &Demo) {
     }
 }
 
-/// The gateway.yaml variant with the route's idle timeout cut from 120 s to 2 s.
+/// A gateway.yaml variant (each `from` must occur once).
 async fn start_variant(changes: &[(&str, &str)]) -> Demo {
     let shipped = std::fs::read_to_string(llm_gateway_tests::workspace::envoy_config(
         llm_gateway_tests::demo::CONFIG,
@@ -397,10 +397,11 @@ async fn check_workers(demo: &Demo) {
 }
 
 /// The provider's connection dies mid-stream (FIN, then RST), goes silent past the idle
-/// timeout (2 s in this variant), ends the stream early, or completes it without usage.
+/// timeout (5 s in this variant: short, and still far above what a loaded machine keeps a
+/// request waiting), ends the stream early, or completes it without usage.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_provider_that_breaks_off() {
-    let demo = start_variant(&[("idle_timeout: 120s", "idle_timeout: 2s")]).await;
+    let demo = start_variant(&[("idle_timeout: 120s", "idle_timeout: 5s")]).await;
     let cut = ("upstream_reset_after_response_started", "UPE");
     let cases = [
         Case {
@@ -425,7 +426,7 @@ async fn a_provider_that_breaks_off() {
         },
         Case {
             name: "stall",
-            knobs: &[("x-mock-chunks", "4"), ("x-mock-chunk-delay-ms", "4000")],
+            knobs: &[("x-mock-chunks", "4"), ("x-mock-chunk-delay-ms", "15000")],
             client: Client::Cut,
             log: ("stream_idle_timeout", "SI"),
             complete: false,
