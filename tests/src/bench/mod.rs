@@ -101,12 +101,15 @@ impl Cell {
             v.sort_by(f64::total_cmp);
             v.get(v.len() / 2).copied()
         }
-        let m = |f: &dyn Fn(&Window) -> Option<f64>| median(windows.iter().filter_map(f).collect());
+        // a window in which no request completed has no latency to give
+        let done: Vec<&Window> = windows.iter().filter(|w| w.sample.requests > 0.0).collect();
+        let m =
+            |f: &dyn Fn(&Window) -> Option<f64>| median(done.iter().filter_map(|w| f(w)).collect());
         Cell {
             row,
             workload,
             connections,
-            rps: m(&|w| Some(w.sample.rps)).unwrap_or(0.0),
+            rps: median(windows.iter().map(|w| w.sample.rps).collect()).unwrap_or(0.0),
             p50_us: m(&|w| Some(w.sample.p50_us)).unwrap_or(0.0),
             p99_us: m(&|w| Some(w.sample.p99_us)).unwrap_or(0.0),
             cpu_us: m(&|w| w.cpu_us),

@@ -72,6 +72,8 @@ pub struct Results {
     pub rows: Vec<(Row, Result<(), String>)>,
     /// The cells.
     pub cells: Vec<Cell>,
+    /// Cells not run, and why: `(row, workload, connections, reason)`.
+    pub skipped: Vec<(Row, usize, u32, String)>,
     /// The leak checks.
     pub leaks: Vec<LeakCheck>,
     /// The per-worker memory step (not in `--quick`), or why it is missing.
@@ -115,11 +117,11 @@ fn mib(bytes: f64) -> String {
 }
 
 impl Results {
-    /// The cell of `row`, workload `w`, `c` connections.
+    /// The cell of `row`, workload `w`, `c` connections, if some request completed in it.
     pub fn cell(&self, row: Row, w: usize, c: u32) -> Option<&Cell> {
         self.cells
             .iter()
-            .find(|x| x.row == row && x.workload == w && x.connections == c)
+            .find(|x| x.row == row && x.workload == w && x.connections == c && x.requests > 0.0)
     }
 
     fn measured(&self, row: Row) -> bool {
@@ -253,7 +255,10 @@ impl Results {
                 .rows
                 .iter()
                 .find(|(r, _)| *r == Row::LiteLlm)
-                .and_then(|(_, s)| s.clone().err())
+                .map(|(_, s)| match s {
+                    Ok(()) => "LiteLLM completed no request in these cells".to_string(),
+                    Err(why) => why.clone(),
+                })
                 .unwrap_or_else(|| "row D not run".into());
             format!("not measured: {why}")
         };
@@ -337,7 +342,18 @@ impl Results {
             }
             _ => unmeasured(MEM),
         });
-        for leak in &self.leaks {
+        let control = self
+            .leaks
+            .iter()
+            .find(|l| l.row == Row::Bare)
+            .map(|b| {
+                format!(
+                    "; B, the control: {:+.2} MiB",
+                    b.growth_after_first_batch() as f64 / MIB
+                )
+            })
+            .unwrap_or_default();
+        for leak in self.leaks.iter().filter(|l| l.row != Row::Bare) {
             let growth = leak.growth_after_first_batch();
             out.push(Target {
                 what: if leak.row == Row::Bundle {
@@ -346,7 +362,7 @@ impl Results {
                     "no RSS growth across the leak check (C)"
                 },
                 measured: format!(
-                    "{:.0} requests: {} → {} (after the first batch → end: {:+.2} MiB; max growth {:+.2} MiB); growth means > 1 MiB",
+                    "{:.0} requests: {} → {} (after the first batch → end: {:+.2} MiB; max growth {:+.2} MiB{control}); growth means > 1 MiB",
                     leak.requests,
                     mib(leak.start() as f64),
                     mib(leak.end() as f64),
@@ -446,11 +462,24 @@ impl Results {
             );
             for &c in &self.connections {
                 let base = self.cell(Row::Mock, w, c).map(|a| a.p50_us);
+                for (row, _, _, why) in self.skipped.iter().filter(|x| x.1 == w && x.2 == c) {
+                    let _ = writeln!(o, "| {} | {c} | {why} | | | | | | |", row.letter());
+                }
                 for cell in self
                     .cells
                     .iter()
                     .filter(|x| x.workload == w && x.connections == c)
                 {
+                    if cell.requests == 0.0 {
+                        let _ = writeln!(
+                            o,
+                            "| {} | {c} | no request completed within a window | | | | | {} | {} |",
+                            cell.row.letter(),
+                            cell.rss.map_or("-".into(), |v| mib(v as f64)),
+                            cell.errors
+                        );
+                        continue;
+                    }
                     let _ = writeln!(
                         o,
                         "| {} | {c} | {:.0} | {} | {} | {} | {} | {} | {} |",
@@ -639,8 +668,13 @@ impl Results {
         for leak in &self.leaks {
             let _ = writeln!(
                 o,
-                "Leak check, row {}: {:.0} requests at c=16 in batches of about {} (the workloads in turn), {} errors. RSS (MiB) at requests sent:\n\n{}\n\nstart {}, end {}, max growth {:+.2} MiB, growth after the first batch {:+.2} MiB\n",
+                "Leak check, row {}{}: {:.0} requests at c=16 in batches of about {} (the workloads in turn), {} errors. RSS (MiB) at requests sent:\n\n{}\n\nstart {}, end {}, max growth {:+.2} MiB, growth after the first batch {:+.2} MiB\n",
                 leak.row.letter(),
+                if leak.row == Row::Bare {
+                    " (the control: Envoy without the chain)"
+                } else {
+                    ""
+                },
                 leak.requests,
                 leak.every,
                 leak.errors,
@@ -901,6 +935,23 @@ mod tests {
         assert!(module.measured.contains("pii-redaction.wasm 1.20 MB"));
         let leak = targets.iter().find(|t| t.what.contains("leak")).unwrap();
         assert_eq!(leak.met, Some(false));
+        assert!(!leak.measured.contains("control"));
+        r.leaks.push(LeakCheck {
+            row: Row::Bare,
+            every: 10,
+            rss: vec![60 << 20, 60 << 20, 61 << 20],
+            at: vec![0.0, 10.0, 20.0],
+            errors: 0,
+            requests: 20.0,
+        });
+        let targets = r.targets();
+        let leaks: Vec<&Target> = targets.iter().filter(|t| t.what.contains("leak")).collect();
+        assert_eq!(leaks.len(), 1, "the control is no target");
+        assert!(
+            leaks[0].measured.contains("B, the control: +1.00 MiB"),
+            "{}",
+            leaks[0].measured
+        );
     }
 
     #[test]
@@ -923,6 +974,36 @@ mod tests {
         assert!(t.measured.starts_with("40.0 MiB"), "{}", t.measured);
         assert!(t.measured.contains("plus 170.0 MiB once"), "{}", t.measured);
         assert_eq!(t.met, Some(false));
+    }
+
+    #[test]
+    fn a_cell_without_completed_requests_gives_no_figures() {
+        let mut r = results(6_000.0, 400.0);
+        for c in r
+            .cells
+            .iter_mut()
+            .filter(|c| c.row == Row::LiteLlm && c.connections == 16)
+        {
+            c.requests = 0.0;
+            c.rps = 0.0;
+        }
+        r.skipped
+            .push((Row::LiteLlm, 2, 64, "not run: too slow".into()));
+        r.connections.push(64);
+        assert!(r.cell(Row::LiteLlm, 0, 16).is_none());
+        let text = r.render();
+        assert!(
+            text.contains("| D | 16 | no request completed within a window |"),
+            "{text}"
+        );
+        assert!(text.contains("| D | 64 | not run: too slow |"), "{text}");
+        let throughput = r
+            .targets()
+            .into_iter()
+            .find(|t| t.what.contains("throughput per worker"))
+            .unwrap();
+        assert_eq!(throughput.met, None);
+        assert!(throughput.measured.contains("completed no request"));
     }
 
     #[test]
