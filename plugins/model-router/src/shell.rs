@@ -323,6 +323,17 @@ fn refuse(reject: &Reject) -> Action {
     Action::Pause
 }
 
+/// True if Envoy's router made this response: the upstream's answer (`via_upstream`) or the
+/// router's own reply when the attempts failed (`upstream_reset_before_response_started{…}`,
+/// `upstream_per_try_timeout`, …). A filter's local reply has its own details
+/// (`<plugin>.<code>`). A host that does not say counts as the router (as before).
+fn answered_by_router() -> bool {
+    match host::property_string(&["response", "code_details"]) {
+        Ok(Some(details)) => details == "via_upstream" || details.starts_with("upstream_"),
+        _ => true,
+    }
+}
+
 fn attempt_number() -> u32 {
     header_string(HeaderMap::RequestHeaders, ATTEMPT_COUNT)
         .and_then(|v| v.trim().parse::<u32>().ok())
@@ -629,12 +640,19 @@ impl HttpContext for Downstream {
             count(&format!("served.{}.{}", routed.group, deployment.name));
         }
         // Every attempt before the last was retried, and Envoy retries only failures (429,
-        // 5xx, reset, timeout, connect failure): they all count against their breakers.
+        // 5xx, reset, timeout, connect failure): they all count against their breakers. A
+        // local reply of a later filter (token-ratelimit's 429 or 503, ...) reached no
+        // deployment and says nothing about one: counted, one client at its own rate limit
+        // opened the breakers of the whole group for everyone.
         let now = now_ms();
+        let answered_by_router = answered_by_router();
         for (n, index) in routed.deployments.iter().enumerate() {
             let Some(deployment) = config.deployments.get(*index) else {
                 continue;
             };
+            if !answered_by_router {
+                break;
+            }
             if n + 1 < attempts as usize {
                 record(config, &deployment.name, true, now);
             } else if n + 1 == attempts as usize {

@@ -70,17 +70,6 @@ pub fn ratelimit_config(timeout_ms: u32, requests_per_minute: u64) -> Value {
     })
 }
 
-/// model-router's configuration: `workloads::router_config` (group `fast`: deployments `a`
-/// then `b`) with the breakers off. The router's downstream role counts every final status
-/// against the deployment's breaker, local replies of later filters included, so the 429s
-/// of a client at its own rate limit would open the breakers for everyone (reported; see
-/// the suite's notes). The runs here test Redis faults, not that.
-pub fn router_config() -> Value {
-    let mut config = crate::workloads::router_config();
-    config["breaker"] = json!({"consecutive_failures": 0, "failure_rate_percent": 0});
-    config
-}
-
 /// usage-accounting's configuration: the ledger on [`SERVICE`], prices from the router.
 pub fn usage_config(timeout_ms: u32) -> Value {
     json!({"ledger": {"service": SERVICE, "stream": LEDGER, "timeout_ms": timeout_ms}})
@@ -97,11 +86,7 @@ pub fn fleet(
 ) -> crate::Result<Fleet> {
     let fleet = Fleet::builder()
         .filter(crate::workloads::key_auth()?)
-        .filter(
-            FilterSpec::plugin("model-router", &router_config())?
-                .root_id("model-router")
-                .allow_on_headers_stop_iteration(true),
-        )
+        .filter(crate::workloads::router_downstream()?)
         .filter(crate::workloads::pii()?)
         .filter(
             FilterSpec::plugin("usage-accounting-higress", usage)?
