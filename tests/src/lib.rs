@@ -10,6 +10,8 @@
 //!   semantics and Higress's Redis calls (see `tests/README.md`);
 //! - [`workloads`] are the plugins' configurations and requests the cost figures
 //!   (`harness-cost`, the `harness_cost` suite) are measured on;
+//! - [`bench`] is `scripts/bench`'s machinery (configs derived from gateway.yaml, wrk, LiteLLM,
+//!   the report);
 //! - [`bundle`] derives the bundle build's Envoy config (`gateway-bundle.yaml`) from
 //!   `gateway.yaml`;
 //! - [`demo::Demo`] is the demo gateway `scripts/run` starts (Envoy + the chain + Redis + the
@@ -19,6 +21,7 @@
 //! harness, Envoy itself: a model of its semantics, checked against the real one by the
 //! end-to-end suites where the two meet.
 
+pub mod bench;
 pub mod bundle;
 pub mod demo;
 pub mod envoy;
