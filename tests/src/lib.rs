@@ -12,6 +12,8 @@
 //!   (`harness-cost`, the `harness_cost` suite) are measured on;
 //! - [`bench`] is `scripts/bench`'s machinery (configs derived from gateway.yaml, wrk, LiteLLM,
 //!   the report);
+//! - [`bundle`] derives the bundle build's Envoy config (`gateway-bundle.yaml`) from
+//!   `gateway.yaml`;
 //! - [`demo::Demo`] is the demo gateway `scripts/run` starts (Envoy + the chain + Redis + the
 //!   mock upstream), also driven by an end-to-end test.
 //!
@@ -20,6 +22,7 @@
 //! end-to-end suites where the two meet.
 
 pub mod bench;
+pub mod bundle;
 pub mod demo;
 pub mod envoy;
 pub mod harness;
