@@ -546,8 +546,9 @@ fn settle(t: &Target) -> Result<(), String> {
 }
 
 /// `requests` through `t` at 16 connections in batches of about `every` (the workloads in
-/// turn; wrk cannot stop at a count, so each batch is a window as long as the row's measured
-/// rate at 16 connections needs), RSS before and after each batch.
+/// turn; wrk cannot stop at a count, so a batch is a window as long as the workload's rate
+/// needs: the row's c=16 cell first, then the rate its last batch ran at), RSS before and
+/// after each batch.
 fn leak_check(
     t: &Target,
     workloads: &[Workload],
@@ -556,17 +557,14 @@ fn leak_check(
     every: u64,
 ) -> Result<LeakCheck, String> {
     let pid = t.pid.ok_or("the leak check needs a process")?;
-    let secs = |w: usize| -> u32 {
-        let rate = cells
-            .iter()
-            .find(|c| c.row == t.row && c.workload == w && c.connections == 16)
-            .map_or(0.0, |c| c.rps);
-        if rate > 0.0 {
-            (every as f64 / rate).round().clamp(1.0, 120.0) as u32
-        } else {
-            2
-        }
-    };
+    let mut rates: Vec<f64> = (0..workloads.len())
+        .map(|w| {
+            cells
+                .iter()
+                .find(|c| c.row == t.row && c.workload == w && c.connections == 16)
+                .map_or(0.0, |c| c.rps)
+        })
+        .collect();
     let mut check = LeakCheck {
         row: t.row,
         every,
@@ -579,12 +577,22 @@ fn leak_check(
     while check.requests < requests as f64 {
         let w = batch % workloads.len();
         let script = t.scripts.get(w).ok_or("no script")?;
-        let sample = wrk::run(&t.url, script, secs(w), 16)?;
+        let rate = rates.get(w).copied().unwrap_or(0.0);
+        let left = (requests as f64 - check.requests).min(every as f64);
+        let secs = if rate > 0.0 {
+            (left / rate).round().clamp(1.0, 120.0) as u32
+        } else {
+            2
+        };
+        let sample = wrk::run(&t.url, script, secs, 16)?;
         if sample.requests == 0.0 {
             return Err(format!(
                 "leak check, row {}: no request completed",
                 t.row.letter()
             ));
+        }
+        if let Some(r) = rates.get_mut(w) {
+            *r = sample.rps;
         }
         check.requests += sample.requests;
         check.errors += sample.errors;
