@@ -377,11 +377,25 @@ fn budgets_without_redis_reject_or_journal_and_replay_exactly_once() {
         fleet.pump().unwrap();
     }
     assert_eq!(redis_int(&redis, tenant_key), 3 * 124);
+    // the two charges, and the CANCEL of the RESERVE that went unanswered when Redis went
+    // away (it may have run: a tombstone now stands in its place)
     assert_eq!(
         fleet.metric_sum("llm_gateway.ratelimit.journal_replayed"),
-        2
+        3
     );
-    assert_eq!(redis.command(&["KEYS", "llm:*:res:*"]).unwrap(), "*0\r\n");
+    assert_eq!(
+        fleet.metric_sum("llm_gateway.ratelimit.reserve_unanswered"),
+        1
+    );
+    let reservations = redis.command(&["KEYS", "llm:*:res:*"]).unwrap();
+    assert_eq!(reservations, "*1\r\n$23\r\nllm:{t:acme}:res:down-1\r\n");
+    assert_eq!(
+        redis
+            .command(&["HGET", "llm:{t:acme}:res:down-1", "n"])
+            .unwrap(),
+        "$1\r\n0\r\n",
+        "a tombstone"
+    );
 }
 
 #[test]
@@ -729,5 +743,67 @@ fn client_addresses_get_their_own_bucket_in_bounded_slots() {
     assert!(
         keys.iter().all(|k| !k.contains("10.0.0")),
         "addresses never become keys: {keys:?}"
+    );
+}
+
+/// A client at its own rate limit gets token-ratelimit's 429, a local reply that passes the
+/// router's response path: it reached no deployment, so it must not count against one's
+/// breaker (counted, one end user over its limit opened the breakers of the group for every
+/// client: `e2e_upstream_faults` shows it in Envoy 1.40 with gateway.yaml).
+#[test]
+fn local_refusals_do_not_open_the_routers_breakers() {
+    let router_config = json!({
+        "version": "br",
+        "breaker": {"consecutive_failures": 2, "cooldown_ms": 60000},
+        "deployments": [
+            {"name": "big", "cluster": "c-big", "model": "big-model", "provider": "openai",
+             "credential": "cred-big"}
+        ],
+        "groups": [{"name": "smart", "deployments": [{"deployment": "big"}]}]
+    });
+    let config = json!({
+        "limits": [{"name": "user-rpm", "by": "user", "requests": 1, "per": "minute"}]
+    });
+    let fleet = Fleet::builder()
+        .filter(
+            FilterSpec::plugin("model-router", &router_config)
+                .unwrap()
+                .allow_on_headers_stop_iteration(true),
+        )
+        .filter(usage())
+        .filter(limiter("token-ratelimit", &config))
+        .build()
+        .unwrap();
+    let send = |id: &str, user: &str| {
+        let request = group_request(id, "smart").header("x-user-id", user);
+        fleet
+            .exchange(0, 0, &request, |_| answer(1004, 20))
+            .unwrap()
+    };
+    assert_eq!(send("f-0", "flood").status(), 200, "{}", fleet.log_text());
+    for i in 1..6 {
+        assert_eq!(send(&format!("f-{i}"), "flood").status(), 429);
+    }
+    assert_eq!(
+        fleet.metric_sum("llm_gateway.model_router.breaker.opened.big"),
+        0,
+        "{}",
+        fleet.log_text()
+    );
+    let ex = send("other-1", "someone-else");
+    assert_eq!(ex.status(), 200, "{}", fleet.log_text());
+    assert_eq!(ex.header("x-llm-deployment"), Some("big"));
+    // the provider's own 429s still count: two in a row open the breaker
+    for i in 0..2 {
+        let request =
+            group_request(&format!("p-{i}"), "smart").header("x-user-id", &format!("u{i}"));
+        let ex = fleet
+            .exchange(0, 0, &request, |_| Response::status(429))
+            .unwrap();
+        assert_eq!(ex.status(), 429);
+    }
+    assert_eq!(
+        fleet.metric_sum("llm_gateway.model_router.breaker.opened.big"),
+        1
     );
 }

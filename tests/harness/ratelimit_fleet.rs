@@ -251,8 +251,20 @@ fn redis_int(redis: &Redis, key: &str) -> i64 {
     reply.lines().nth(1).unwrap().parse().unwrap()
 }
 
+/// Reservations not reconciled (the `KEYS` reply): tombstones of cancelled `RESERVE`s
+/// (`n` = 0, left by an outage) do not count.
 fn reservations_left(redis: &Redis) -> String {
-    redis.command(&["KEYS", "llm:*:res:*"]).unwrap()
+    let keys = redis.command(&["KEYS", "llm:*:res:*"]).unwrap();
+    let live: Vec<&str> = keys
+        .lines()
+        .filter(|l| l.starts_with("llm:"))
+        .filter(|key| redis.command(&["HGET", key, "n"]).unwrap() != "$1\r\n0\r\n")
+        .collect();
+    let mut reply = format!("*{}\r\n", live.len());
+    for key in live {
+        reply.push_str(&format!("${}\r\n{key}\r\n", key.len()));
+    }
+    reply
 }
 
 fn journal_depth(fleet: &Fleet) -> usize {

@@ -978,3 +978,87 @@ fn on_a_cluster_node_every_call_stays_in_one_slot() {
     assert_eq!(c.spent(&a), 7);
     c.assert_every_key_has_a_ttl();
 }
+
+/// `CANCEL` settles a `RESERVE` whose reply never came (a timeout): whether that `RESERVE`
+/// ran before the cancel, runs after it (a slow Redis executes what it was sent), or never
+/// runs, the levels end where they started, and the tombstone makes a late `RESERVE`, a
+/// `RECONCILE` and another `CANCEL` change nothing.
+#[test]
+fn cancel_undoes_an_unanswered_reserve_whichever_lands_first() {
+    let redis = Redis::start().unwrap();
+    let mut c = Client::connect(redis.addr());
+    let (a, b) = (key("bud", "a:x:1"), key("bud", "b:x:1"));
+    c.reserve(&key("res", "earlier"), &[level(&a, 30, 1000)]);
+    let keys = [a.as_str(), b.as_str()];
+    let levels = [level(&a, 100, 1000), level(&b, 40, 500)];
+    let cancel = |c: &mut Client, reservation: &str, levels: usize| {
+        let reply =
+            c.run(|src| scripts::cancel_command(reservation, &keys[..levels], TTL, NOW, src));
+        scripts::decode_cancel(&reply, levels).unwrap()
+    };
+
+    // the RESERVE ran before the cancel: its amounts go back
+    let landed = key("res", "landed");
+    c.reserve(&landed, &levels);
+    assert_eq!((c.spent(&a), c.spent(&b)), (130, 40));
+    assert_eq!(
+        cancel(&mut c, &landed, 2),
+        Reconcile::Done {
+            refunds: vec![100, 40]
+        }
+    );
+    assert_eq!((c.spent(&a), c.spent(&b)), (30, 0));
+    assert_eq!(hget(&mut c, &landed, "n"), "0");
+    // a second cancel, a reconcile, a replayed RESERVE: nothing
+    assert_eq!(cancel(&mut c, &landed, 2), Reconcile::Already);
+    assert_eq!(
+        c.reconcile(&landed, &[actual(&a, 7), actual(&b, 7)]),
+        Reconcile::Already
+    );
+    assert!(matches!(
+        c.reserve(&landed, &levels),
+        Reserve::Replayed { .. }
+    ));
+    assert_eq!((c.spent(&a), c.spent(&b)), (30, 0));
+
+    // the RESERVE arrives after the cancel: it finds the tombstone and deducts nothing
+    let late = key("res", "late");
+    assert_eq!(cancel(&mut c, &late, 2), Reconcile::Already);
+    assert!(matches!(
+        c.reserve(&late, &levels),
+        Reserve::Replayed { .. }
+    ));
+    assert_eq!((c.spent(&a), c.spent(&b)), (30, 0));
+
+    // never below zero; an expired level is not re-created
+    let reset = key("res", "reset");
+    c.reserve(&reset, &levels);
+    assert_eq!(
+        c.cmd(&["SET", &a, "60", "KEEPTTL"]),
+        Reply::Simple("OK".into())
+    );
+    c.cmd(&["DEL", &b]);
+    assert_eq!(
+        cancel(&mut c, &reset, 2),
+        Reconcile::Done {
+            refunds: vec![60, 0]
+        }
+    );
+    assert_eq!(c.spent(&a), 0);
+    assert!(!c.exists(&b));
+
+    // the tombstone lives the TTL it was given; a cancel naming other levels than the
+    // reservation's is refused and changes nothing
+    let pttl = c.pttl(&late);
+    assert!(pttl > 0 && pttl <= TTL as i64, "{pttl}");
+    let other = key("res", "other");
+    c.reserve(&other, &[level(&a, 5, 1000), level(&b, 5, 500)]);
+    let reply = c.raw(&scripts::cancel_command(&other, &keys[..1], TTL, NOW, true));
+    let Err(ScriptError::Redis(text)) = scripts::decode_cancel(&reply, 1) else {
+        panic!("{}", String::from_utf8_lossy(&reply));
+    };
+    assert!(text.contains("bad n"), "{text}");
+    assert_eq!((c.spent(&a), c.spent(&b)), (5, 5));
+    assert_eq!(hget(&mut c, &other, "n"), "2");
+    c.assert_every_key_has_a_ttl();
+}

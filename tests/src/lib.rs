@@ -10,6 +10,10 @@
 //!   semantics and Higress's Redis calls (see `tests/README.md`);
 //! - [`workloads`] are the plugins' configurations and requests the cost figures
 //!   (`harness-cost`, the `harness_cost` suite) are measured on;
+//! - [`bench`] is `scripts/bench`'s machinery (configs derived from gateway.yaml, wrk, LiteLLM,
+//!   the report);
+//! - [`bundle`] derives the bundle build's Envoy config (`gateway-bundle.yaml`) from
+//!   `gateway.yaml`;
 //! - [`demo::Demo`] is the demo gateway `scripts/run` starts (Envoy + the chain + Redis + the
 //!   mock upstream), also driven by an end-to-end test.
 //!
@@ -17,6 +21,8 @@
 //! harness, Envoy itself: a model of its semantics, checked against the real one by the
 //! end-to-end suites where the two meet.
 
+pub mod bench;
+pub mod bundle;
 pub mod demo;
 pub mod envoy;
 pub mod harness;

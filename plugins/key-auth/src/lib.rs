@@ -27,3 +27,5 @@ pub mod rfc3339;
 
 #[cfg(target_arch = "wasm32")]
 mod shell;
+#[cfg(target_arch = "wasm32")]
+pub use shell::root_context;

@@ -34,3 +34,5 @@ pub mod stream;
 
 #[cfg(target_arch = "wasm32")]
 mod shell;
+#[cfg(target_arch = "wasm32")]
+pub use shell::root_context;

@@ -54,9 +54,18 @@ const FALLBACK_HEADER: &str = "x-llm-fallback";
 const MAX_ERROR_BODY: usize = 64 * 1024;
 const CAS_ROUNDS: usize = 8;
 
+// The standalone module's entry point; a module holding several plugins (`plugins/bundle`)
+// turns the `standalone` feature off and creates this plugin's root context with
+// [`root_context`].
+#[cfg(feature = "standalone")]
 proxy_wasm::main! {{
-    proxy_wasm::set_root_context(|_| Box::new(Root::default()));
+    proxy_wasm::set_root_context(root_context);
 }}
+
+/// A root context of this plugin (what the standalone module creates for every `root_id`).
+pub fn root_context(_context_id: u32) -> Box<dyn RootContext> {
+    Box::new(Root::default())
+}
 
 fn log(level: LogLevel, message: &str) {
     host::log(level, &format!("model-router: {message}"));
@@ -312,6 +321,17 @@ fn refuse(reject: &Reject) -> Action {
         );
     }
     Action::Pause
+}
+
+/// True if Envoy's router made this response: the upstream's answer (`via_upstream`) or the
+/// router's own reply when the attempts failed (`upstream_reset_before_response_started{…}`,
+/// `upstream_per_try_timeout`, …). A filter's local reply has its own details
+/// (`<plugin>.<code>`). A host that does not say counts as the router (as before).
+fn answered_by_router() -> bool {
+    match host::property_string(&["response", "code_details"]) {
+        Ok(Some(details)) => details == "via_upstream" || details.starts_with("upstream_"),
+        _ => true,
+    }
 }
 
 fn attempt_number() -> u32 {
@@ -620,12 +640,19 @@ impl HttpContext for Downstream {
             count(&format!("served.{}.{}", routed.group, deployment.name));
         }
         // Every attempt before the last was retried, and Envoy retries only failures (429,
-        // 5xx, reset, timeout, connect failure): they all count against their breakers.
+        // 5xx, reset, timeout, connect failure): they all count against their breakers. A
+        // local reply of a later filter (token-ratelimit's 429 or 503, ...) reached no
+        // deployment and says nothing about one: counted, one client at its own rate limit
+        // opened the breakers of the whole group for everyone.
         let now = now_ms();
+        let answered_by_router = answered_by_router();
         for (n, index) in routed.deployments.iter().enumerate() {
             let Some(deployment) = config.deployments.get(*index) else {
                 continue;
             };
+            if !answered_by_router {
+                break;
+            }
             if n + 1 < attempts as usize {
                 record(config, &deployment.name, true, now);
             } else if n + 1 == attempts as usize {

@@ -93,18 +93,119 @@ impl Builtin {
     /// Calls `found` with the span of every match in `text`, in order, not overlapping.
     pub fn find(self, text: &str, found: &mut dyn FnMut(Range<usize>)) {
         let b = text.as_bytes();
+        if let Some((first, try_at)) = self.anchored() {
+            return starts(b, found, first, try_at);
+        }
         match self {
             Builtin::Email => email(b, found),
-            Builtin::PhoneCn => starts(b, found, |c| matches!(c, b'+' | b'0' | b'1'), phone_cn),
-            Builtin::PhoneE164 => starts(b, found, |c| c == b'+', phone_e164),
-            Builtin::IdCn => starts(b, found, is_digit, id_cn),
-            Builtin::Card => starts(b, found, |c| matches!(c, b'2'..=b'6'), card),
-            Builtin::Ipv4 => starts(b, found, is_digit, ipv4),
             Builtin::Ipv6 => ipv6_runs(b, found),
-            Builtin::OpenAiKey => starts(b, found, |c| c == b's', openai_key),
-            Builtin::AwsAccessKey => starts(b, found, |c| c == b'A', aws_key),
-            Builtin::Jwt => starts(b, found, |c| c == b'e', jwt),
             Builtin::PrivateKey => private_key(text, found),
+            _ => {}
+        }
+    }
+
+    /// For the scanners that try a match at each byte passing a first-byte test: that test
+    /// and the matcher. `None` for the ones with a scan of their own.
+    fn anchored(self) -> Option<(FirstByte, Matcher)> {
+        let first: FirstByte = match self {
+            Builtin::PhoneCn => |c| matches!(c, b'+' | b'0' | b'1'),
+            Builtin::PhoneE164 => |c| c == b'+',
+            Builtin::IdCn | Builtin::Ipv4 => is_digit,
+            Builtin::Card => |c| matches!(c, b'2'..=b'6'),
+            Builtin::OpenAiKey => |c| c == b's',
+            Builtin::AwsAccessKey => |c| c == b'A',
+            Builtin::Jwt => |c| c == b'e',
+            Builtin::Email | Builtin::Ipv6 | Builtin::PrivateKey => return None,
+        };
+        let try_at: Matcher = match self {
+            Builtin::PhoneCn => phone_cn,
+            Builtin::PhoneE164 => phone_e164,
+            Builtin::IdCn => id_cn,
+            Builtin::Ipv4 => ipv4,
+            Builtin::Card => card,
+            Builtin::OpenAiKey => openai_key,
+            Builtin::AwsAccessKey => aws_key,
+            Builtin::Jwt => jwt,
+            Builtin::Email | Builtin::Ipv6 | Builtin::PrivateKey => return None,
+        };
+        Some((first, try_at))
+    }
+}
+
+/// Several anchored built-ins run in one pass over the text: a table from byte value to the
+/// set of scanners that may start there, so a byte no scanner cares about (most of prose)
+/// costs one lookup instead of one test per scanner. Each scanner keeps its own resume
+/// position, so the spans are exactly those of running [`Builtin::find`] for each one.
+#[derive(Debug, Clone)]
+pub struct Sweep {
+    /// (scanner, caller's tag) for at most 32 anchored scanners.
+    scanners: Vec<(Matcher, usize)>,
+    /// Byte value -> bit set of `scanners` whose first-byte test passes.
+    starts: Box<[u32; 256]>,
+}
+
+impl Sweep {
+    /// A sweep over the anchored built-ins among `(builtin, tag)`: the others (scanners with
+    /// a scan of their own, and any past the 32nd) are left to [`Builtin::find`]; see
+    /// [`Sweep::covers`].
+    pub fn new(builtins: &[(Builtin, usize)]) -> Sweep {
+        let mut sweep = Sweep {
+            scanners: Vec::new(),
+            starts: Box::new([0; 256]),
+        };
+        for &(builtin, tag) in builtins {
+            let Some((first, try_at)) = builtin.anchored() else {
+                continue;
+            };
+            if sweep.scanners.len() == 32 {
+                break;
+            }
+            let bit = 1u32 << sweep.scanners.len();
+            for (value, set) in (0u8..=255).zip(sweep.starts.iter_mut()) {
+                if first(value) {
+                    *set |= bit;
+                }
+            }
+            sweep.scanners.push((try_at, tag));
+        }
+        sweep
+    }
+
+    /// Whether the sweep runs the scanner tagged `tag`.
+    pub fn covers(&self, tag: usize) -> bool {
+        self.scanners.iter().any(|&(_, t)| t == tag)
+    }
+
+    /// Calls `found(tag, span)` for every match of every scanner, each scanner's matches in
+    /// order and not overlapping one another.
+    pub fn find(&self, text: &str, found: &mut dyn FnMut(usize, Range<usize>)) {
+        if self.scanners.is_empty() {
+            return;
+        }
+        let b = text.as_bytes();
+        // per scanner: no match of it starts before this position
+        let mut resume = vec![0usize; self.scanners.len()];
+        for (i, &c) in b.iter().enumerate() {
+            let mut set = self.starts.get(usize::from(c)).copied().unwrap_or(0);
+            while set != 0 {
+                let k = set.trailing_zeros() as usize;
+                set &= set - 1;
+                let (Some(&(try_at, tag)), Some(from)) = (self.scanners.get(k), resume.get_mut(k))
+                else {
+                    continue;
+                };
+                if i < *from {
+                    continue;
+                }
+                match try_at(b, i) {
+                    Step::Match(end) if end > i => {
+                        found(tag, i..end);
+                        *from = end;
+                    }
+                    Step::Skip(next) if next > i => *from = next,
+                    _ => {}
+                }
+            }
         }
     }
 }
@@ -201,6 +302,12 @@ fn starts(
         }
     }
 }
+
+/// Tries a match at a position.
+type Matcher = fn(&[u8], usize) -> Step;
+
+/// Whether a byte can begin a match.
+type FirstByte = fn(u8) -> bool;
 
 enum Step {
     /// A match from the position to this end.
@@ -890,6 +997,58 @@ mod tests {
             for b in Builtin::ALL {
                 b.find(text, &mut |r| assert!(text.get(r).is_some()));
             }
+        }
+    }
+
+    /// Every built-in's spans, one `find` per built-in (the reference for the sweep).
+    fn one_by_one(text: &str) -> Vec<(usize, Range<usize>)> {
+        let mut out = Vec::new();
+        for (tag, b) in Builtin::ALL.into_iter().enumerate() {
+            b.find(text, &mut |r| out.push((tag, r)));
+        }
+        out.sort_by_key(|(tag, r)| (*tag, r.start));
+        out
+    }
+
+    /// The sweep's spans plus those of the built-ins it leaves to their own scan.
+    fn swept(text: &str) -> Vec<(usize, Range<usize>)> {
+        let all: Vec<(Builtin, usize)> = Builtin::ALL.into_iter().zip(0..).collect();
+        let sweep = Sweep::new(&all);
+        let mut out = Vec::new();
+        sweep.find(text, &mut |tag, r| out.push((tag, r)));
+        for (b, tag) in all {
+            if !sweep.covers(tag) {
+                b.find(text, &mut |r| out.push((tag, r)));
+            }
+        }
+        out.sort_by_key(|(tag, r)| (*tag, r.start));
+        out
+    }
+
+    #[test]
+    fn the_sweep_finds_what_each_scanner_finds() {
+        let text = format!(
+            "{} sk-proj-abcdefghijklmnopqrstuv AKIAABCDEFGHIJKLMNOP +86 138 0013 8000 \
+             +44 20 7946 0958 11010519491231002X 4111 1111 1111 1111 192.168.0.1 \
+             eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.c2lnbmF0dXJl a.b@example.com fe80::1 \
+             13800138000 5555555555554444",
+            "The quick brown fox. ".repeat(20)
+        );
+        let expected = one_by_one(&text);
+        assert!(expected.len() >= 9, "the sample has matches: {expected:?}");
+        assert_eq!(swept(&text), expected);
+        let all: Vec<(Builtin, usize)> = Builtin::ALL.into_iter().zip(0..).collect();
+        let sweep = Sweep::new(&all);
+        assert!(!sweep.covers(0), "private_key has its own scan");
+        assert!(sweep.covers(1), "jwt is anchored");
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn the_sweep_equals_scanning_one_by_one(
+            text in "([0-9+ .:@eyJskA-]|sk-|AKIA|eyJ|\\+86|[a-z]{1,3}|[0-9]{3,4}|\\.){0,80}"
+        ) {
+            proptest::prop_assert_eq!(swept(&text), one_by_one(&text));
         }
     }
 }

@@ -8,7 +8,7 @@
 //! so masking then restoring gives back any text exactly, and a client cannot make the gateway
 //! "restore" a value it never sent in this request.
 
-use crate::detect::Detector;
+use crate::detect::{Builtin, Detector, Sweep};
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -48,6 +48,10 @@ const MAX_COUNTER_DIGITS: usize = 10;
 #[derive(Debug, Clone)]
 pub struct Redactor {
     rules: Vec<Rule>,
+    /// The anchored built-in rules, run in one pass (tag: rule index).
+    sweep: Sweep,
+    /// Indexes of the rules the sweep does not run, in order.
+    others: Vec<usize>,
     salt: String,
     /// Distinct names of `mask` rules: text shaped like their placeholders is masked too.
     mask_names: Vec<String>,
@@ -226,8 +230,22 @@ impl Redactor {
                 mask_names.push(rule.name.clone());
             }
         }
+        let builtins: Vec<(Builtin, usize)> = rules
+            .iter()
+            .enumerate()
+            .filter_map(|(index, rule)| match rule.detector {
+                Detector::Builtin(builtin) => Some((builtin, index)),
+                Detector::Regex(_) => None,
+            })
+            .collect();
+        let sweep = Sweep::new(&builtins);
+        let others = (0..rules.len())
+            .filter(|&index| !sweep.covers(index))
+            .collect();
         Redactor {
             rules,
+            sweep,
+            others,
             salt,
             mask_names,
         }
@@ -260,20 +278,29 @@ impl Redactor {
     ) -> Result<Option<String>, Blocked> {
         // (span, rule index; usize::MAX for a literal placeholder)
         let mut found: Vec<(Range<usize>, usize)> = Vec::new();
-        for (index, rule) in self.rules.iter().enumerate() {
-            let mut blocked = false;
-            rule.detector.find(text, &mut |span| {
-                if rule.action == Action::Block {
-                    blocked = true;
-                } else {
-                    found.push((span, index));
-                }
-            });
-            if blocked {
-                return Err(Blocked {
-                    rule: rule.name.clone(),
-                });
+        // the first rule in order that is a `block` rule and matched refuses the text
+        let mut blocked: Option<usize> = None;
+        let mut note = |index: usize, span: Range<usize>| {
+            let block = self
+                .rules
+                .get(index)
+                .is_some_and(|rule| rule.action == Action::Block);
+            if block {
+                blocked = Some(blocked.map_or(index, |b| b.min(index)));
+            } else {
+                found.push((span, index));
             }
+        };
+        self.sweep.find(text, &mut note);
+        for &index in &self.others {
+            if let Some(rule) = self.rules.get(index) {
+                rule.detector.find(text, &mut |span| note(index, span));
+            }
+        }
+        if let Some(rule) = blocked.and_then(|index| self.rules.get(index)) {
+            return Err(Blocked {
+                rule: rule.name.clone(),
+            });
         }
         if literals {
             self.literal_placeholders(text, &mut found);
@@ -489,7 +516,6 @@ fn word_cut(text: &str) -> usize {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::detect::Builtin;
     use proptest::prelude::*;
 
     pub(crate) fn redactor() -> Redactor {

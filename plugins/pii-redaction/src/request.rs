@@ -172,7 +172,7 @@ fn redact_messages(
     // fail closed: text that cannot be decoded cannot be scanned, so it is not forwarded
     let mut undecodable: Option<usize> = None;
     json::walk(body, &json::Limits::default(), &mut |path, kind, span| {
-        anchors.note(path, kind, &span);
+        anchors.note(path, kind, &span, body);
         if kind != Scalar::String || blocked.is_some() || !is_message_text(path) {
             return;
         }
@@ -213,24 +213,42 @@ fn redact_messages(
 struct Anchors {
     /// The `{` of the document.
     root: Option<usize>,
-    /// The `[` of top-level `messages`.
+    /// The `[` of top-level `messages`, if it is an array.
     messages: Option<usize>,
-    /// Top-level `system` / `instructions`: a string's span, or an array's `[`.
-    system: Option<(Scalar, Range<usize>)>,
-    instructions: Option<(Scalar, Range<usize>)>,
+    /// Top-level `system` / `instructions`, whatever their type.
+    system: Option<Slot>,
+    instructions: Option<Slot>,
+}
+
+/// A top-level member a preamble may go into.
+#[derive(Debug)]
+enum Slot {
+    /// A string: its span, quotes included.
+    String(Range<usize>),
+    /// An array: the offset of its `[`.
+    Array(usize),
+    /// Any other type (the API's own error): the preamble cannot go in, nor beside it.
+    Other,
 }
 
 impl Anchors {
-    fn note(&mut self, path: &[Seg], kind: Scalar, span: &Range<usize>) {
-        match (path, kind) {
-            ([], Scalar::Open) => self.root = Some(span.start),
-            ([Seg::Key(k)], Scalar::Open) if k == "messages" => self.messages = Some(span.start),
-            ([Seg::Key(k)], Scalar::String | Scalar::Open) if k == "system" => {
-                self.system = Some((kind, span.clone()));
+    fn note(&mut self, path: &[Seg], kind: Scalar, span: &Range<usize>, body: &[u8]) {
+        let slot = || match kind {
+            Scalar::String => Slot::String(span.clone()),
+            Scalar::Open if body.get(span.start) == Some(&b'[') => Slot::Array(span.start),
+            _ => Slot::Other,
+        };
+        match path {
+            [] if kind == Scalar::Open => self.root = Some(span.start),
+            // an object (or any other type) is no list to prepend a message to
+            [Seg::Key(k)] if k == "messages" => {
+                self.messages = match slot() {
+                    Slot::Array(at) => Some(at),
+                    _ => None,
+                }
             }
-            ([Seg::Key(k)], Scalar::String) if k == "instructions" => {
-                self.instructions = Some((kind, span.clone()));
-            }
+            [Seg::Key(k)] if k == "system" => self.system = Some(slot()),
+            [Seg::Key(k)] if k == "instructions" => self.instructions = Some(slot()),
             _ => {}
         }
     }
@@ -277,9 +295,9 @@ impl Anchors {
             }
             Api::Anthropic => match &self.system {
                 None => Some(member("system")),
-                Some((Scalar::String, span)) => prefix(span),
-                Some((_, span)) => {
-                    let at = span.start + 1;
+                Some(Slot::String(span)) => prefix(span),
+                Some(Slot::Array(open)) => {
+                    let at = open + 1;
                     let mut v = b"{\"type\":\"text\",\"text\":".to_vec();
                     json::push_quoted(&mut v, preamble);
                     v.extend_from_slice(b"},");
@@ -293,10 +311,12 @@ impl Anchors {
                     }
                     Some((at..at, v))
                 }
+                Some(Slot::Other) => None,
             },
             Api::Responses => match &self.instructions {
                 None => Some(member("instructions")),
-                Some((_, span)) => prefix(span),
+                Some(Slot::String(span)) => prefix(span),
+                Some(_) => None,
             },
             Api::Other => None,
         }
@@ -459,6 +479,57 @@ mod tests {
         // nothing masked: no preamble
         let plain = json!({"messages": [{"role": "user", "content": "hi"}]});
         assert_eq!(run(doc, Api::Chat, &plain).0, Redaction::Unchanged);
+    }
+
+    /// Found by the `pii_request` fuzz target: a `messages`, `system` or `instructions` of
+    /// another type than the API's got the preamble spliced into it as if it were a list (or
+    /// a duplicate member beside it), and a body that was JSON went upstream as broken JSON.
+    /// Such a body is masked as usual, without a preamble.
+    #[test]
+    fn preamble_never_breaks_a_body_of_unexpected_shape() {
+        let doc = r#"{"preamble":"Keep [X_1] tokens."}"#;
+        for (api, body) in [
+            (Api::Chat, json!({"messages": {"content": "a@x.com"}})),
+            (
+                Api::Anthropic,
+                json!({"system": {"text": "a"}, "messages": [{"content": "a@x.com"}]}),
+            ),
+            (
+                Api::Anthropic,
+                json!({"system": 7, "messages": [{"content": "a@x.com"}]}),
+            ),
+            (
+                Api::Responses,
+                json!({"instructions": null, "input": "a@x.com"}),
+            ),
+            (
+                Api::Responses,
+                json!({"instructions": ["x"], "input": "a@x.com"}),
+            ),
+        ] {
+            let (redaction, _) = run(doc, api, &body);
+            let Redaction::Rewritten(bytes) = redaction else {
+                panic!("{body}: not rewritten: {redaction:?}");
+            };
+            let text = String::from_utf8(bytes.clone()).unwrap();
+            assert!(
+                serde_json::from_slice::<Value>(&bytes).is_ok(),
+                "{body}: invalid JSON: {text}"
+            );
+            assert!(
+                text.contains("[EMAIL_1]") && !text.contains("Keep"),
+                "{text}"
+            );
+        }
+        // the same bytes the fuzz target found: `messages` an object, in a chat request
+        let raw = br#"{"model":"fast","messages":{"content":"ann@example.com"}}"#;
+        let mut map = PlaceholderMap::default();
+        assert_eq!(
+            redact_body(&config(doc), Api::Chat, raw, &mut map),
+            Redaction::Rewritten(
+                br#"{"model":"fast","messages":{"content":"[EMAIL_1]"}}"#.to_vec()
+            )
+        );
     }
 
     proptest::proptest! {

@@ -342,6 +342,16 @@ pub enum JournalEntry {
         /// Expiry per level.
         expire_at_ms: Vec<u64>,
     },
+    /// A `RESERVE` whose call failed once sent (it may have run, or may run later): `CANCEL`
+    /// gives back whatever it reserved and leaves a tombstone that makes a late one a no-op.
+    Cancel {
+        /// The reservation key.
+        reservation: String,
+        /// Level keys, in the order the `RESERVE` named them.
+        keys: Vec<String>,
+        /// How long the tombstone lives (the reservation TTL).
+        ttl_ms: u64,
+    },
 }
 
 /// The journal as kept in shared data: bounded, oldest first.
@@ -564,6 +574,12 @@ mod tests {
         assert!(!j.push(entry, 2));
         j.remove(0);
         assert_eq!(j.entries.len(), 1);
+        let cancel = JournalEntry::Cancel {
+            reservation: "r".into(),
+            keys: vec!["k".into()],
+            ttl_ms: 3_600_000,
+        };
+        assert!(j.push(cancel, 2));
         assert_eq!(Journal::decode(&j.encode()), j);
         assert_eq!(Journal::decode(b"garbage"), Journal::default());
     }

@@ -97,13 +97,22 @@ pub fn inspect(
             )
         })?;
         if let Some(value) = value {
-            cap = Some(value);
+            cap = Some((*field, value));
             break;
         }
     }
     let mut edited = None;
     let output_cap = match (cap, cap_fields(api).first()) {
-        (Some(cap), _) => cap,
+        (Some((field, cap)), _) => {
+            // The cap read is the last copy; a provider whose parser keeps the first would
+            // generate up to another cap than the one reserved: leave one copy only.
+            if object.members().iter().filter(|m| m.key == field).count() > 1 {
+                let mut edits = json::Edits::new(body, &object);
+                edits.set(field, cap.to_string().into_bytes());
+                edited = Some(edits.finish());
+            }
+            cap
+        }
         (None, None) => 0,
         (None, Some(field)) => {
             let mut edits = json::Edits::new(body, &object);
@@ -191,6 +200,23 @@ mod tests {
         )
         .unwrap();
         assert_eq!((e.output_cap, e.body), (0, None));
+    }
+
+    #[test]
+    fn a_duplicated_cap_leaves_one_copy_the_one_reserved() {
+        let c = chat(r#"{"max_tokens":100000,"model":"m","messages":[],"max_tokens":5}"#).unwrap();
+        assert_eq!(c.output_cap, 5);
+        let body = String::from_utf8(c.body.unwrap()).unwrap();
+        assert_eq!(body, r#"{"model":"m","messages":[],"max_tokens":5}"#);
+        // an earlier copy that is not a number goes too
+        let c = chat(r#"{"model":"m","max_tokens":"x","messages":[],"max_tokens":7}"#).unwrap();
+        assert_eq!(c.output_cap, 7);
+        assert_eq!(
+            String::from_utf8(c.body.unwrap()).unwrap(),
+            r#"{"model":"m","messages":[],"max_tokens":7}"#
+        );
+        // a single copy is left as it is
+        assert_eq!(chat(r#"{"model":"m","max_tokens":5}"#).unwrap().body, None);
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! The Redis side of token-ratelimit: five Lua scripts (and a read-only `PEEK`), the commands
+//! The Redis side of token-ratelimit: six Lua scripts (and a read-only `PEEK`), the commands
 //! that run them and the decoding of their replies.
 //!
 //! Every script is atomic in Redis, touches only the keys it is given in `KEYS` (all sharing
@@ -14,6 +14,7 @@
 //! | [`RESERVE`] | reservation, level_1..n | ttl_ms, n, (amount_i, limit_i, expire_at_ms_i)×n, now_ms | `[1, rem_1..n]` reserved, `[2, rem_1..n]` replay, `[0, i, rem_i]` refused |
 //! | [`RECONCILE`] | reservation, level_1..n | n, actual_1..n, now_ms | `[1, refund_1..n]`, `[0]` already done |
 //! | [`CHARGE`] | marker, level_1..n | ttl_ms, n, amount_1..n, expire_at_ms_1..n, now_ms | `[1]` charged, `[0]` already |
+//! | [`CANCEL`] | reservation, level_1..n | ttl_ms, n, now_ms | `[1, refund_1..n]` given back, `[0]` nothing to give back |
 //! | [`PEEK`] | level_1..n | now_ms | `[spent_1..n]` |
 //!
 //! A bad argument is an error reply `ERR token-ratelimit: bad <what>` and changes nothing.
@@ -28,7 +29,7 @@ use std::sync::OnceLock;
 
 /// The largest integer the scripts accept or produce (2^53 − 1: exact in a Lua double).
 pub const MAX_SAFE: u64 = (1 << 53) - 1;
-/// The most budget levels one RESERVE / RECONCILE / CHARGE / PEEK call takes.
+/// The most budget levels one RESERVE / RECONCILE / CHARGE / CANCEL / PEEK call takes.
 pub const MAX_LEVELS: usize = 32;
 /// The longest bucket window and reservation / marker TTL the scripts accept (2^44 ms, about
 /// 557 years: a bound that keeps every expiry far from overflowing).
@@ -225,7 +226,8 @@ return out
 
 /// `RECONCILE` — KEYS[1] reservation, KEYS[2..n+1] the levels it reserved on; ARGV n,
 /// actual_1..n, now_ms (checked, unused).
-/// - the reservation is gone (reconciled already, or expired) → `[0]`, nothing changes;
+/// - the reservation is gone (reconciled already, or expired) or is a [`CANCEL`] tombstone
+///   → `[0]`, nothing changes;
 /// - else each level still there gets `INCRBY actual_i − a_i`, clamped so it never goes below
 ///   0; a level whose key expired (its period ended) is left alone (re-creating it would leave
 ///   a key without TTL). The reservation is deleted. Reply `[1, refund_1..n]`: what was given
@@ -247,7 +249,7 @@ if not int(ARGV[n + 2], 0, MAX) then return bad('now_ms') end
 local fields = {'n'}
 for i = 1, n do fields[i + 1] = 'a' .. i end
 local stored = redis.call('HMGET', KEYS[1], unpack(fields))
-if not stored[1] then return {0} end
+if not stored[1] or tonumber(stored[1]) == 0 then return {0} end
 if tonumber(stored[1]) ~= n then return bad('n (not the reserved levels)') end
 local reserved = {}
 for i = 1, n do
@@ -268,6 +270,58 @@ for i = 1, n do
   out[i + 1] = refund
 end
 redis.call('DEL', KEYS[1])
+return out
+"#
+);
+
+/// `CANCEL` — KEYS[1] reservation, KEYS[2..n+1] the levels its `RESERVE` named; ARGV ttl_ms,
+/// n, now_ms (checked, unused). Settles a `RESERVE` whose reply never came: the call failed
+/// after it was sent (a timeout), so it may have run, or may still run later (a slow Redis
+/// executes what it was sent).
+/// - the reservation is there (it ran) → each level still there gets its amount back, never
+///   below 0 (what a `RECONCILE` to 0 does) → `[1, refund_1..n]`;
+/// - else → `[0]`;
+/// - in both cases the reservation key becomes a tombstone (hash `n` = 0, `PEXPIRE ttl_ms`):
+///   a `RESERVE` that arrives later finds it and deducts nothing (a replay), a `RECONCILE` or
+///   another `CANCEL` of it changes nothing.
+pub const CANCEL: &str = concat!(
+    prelude!(),
+    r#"
+local n = int(ARGV[2], 1, MAX_LEVELS)
+if not n then return bad('n') end
+if #KEYS ~= n + 1 or #ARGV ~= 3 then return bad('arity') end
+if not distinct_keys() then return bad('keys (not distinct)') end
+local ttl = int(ARGV[1], 1, MAX_DURATION)
+if not ttl then return bad('ttl_ms') end
+if not int(ARGV[3], 0, MAX) then return bad('now_ms') end
+local fields = {'n'}
+for i = 1, n do fields[i + 1] = 'a' .. i end
+local stored = redis.call('HMGET', KEYS[1], unpack(fields))
+local out = {0}
+if stored[1] and tonumber(stored[1]) ~= 0 then
+  if tonumber(stored[1]) ~= n then return bad('n (not the reserved levels)') end
+  local reserved = {}
+  for i = 1, n do
+    reserved[i] = int(stored[i + 1], 0, MAX)
+    if not reserved[i] then return bad('reservation') end
+  end
+  out = {1}
+  for i = 1, n do
+    local refund = 0
+    local current = redis.call('GET', KEYS[i + 1])
+    if current then
+      local spent = tonumber(current) or 0
+      local delta = -reserved[i]
+      if spent + delta < 0 then delta = -spent end
+      if delta ~= 0 then redis.call('INCRBY', KEYS[i + 1], str(delta)) end
+      refund = -delta
+    end
+    out[i + 1] = refund
+  end
+end
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], 'n', '0')
+redis.call('PEXPIRE', KEYS[1], str(ttl))
 return out
 "#
 );
@@ -350,16 +404,18 @@ script!(give_back, "GIVE_BACK", GIVE_BACK);
 script!(reserve, "RESERVE", RESERVE);
 script!(reconcile, "RECONCILE", RECONCILE);
 script!(charge, "CHARGE", CHARGE);
+script!(cancel, "CANCEL", CANCEL);
 script!(peek, "PEEK", PEEK);
 
 /// Every script (to preload with `SCRIPT LOAD`, or to list).
-pub fn all() -> [&'static Script; 6] {
+pub fn all() -> [&'static Script; 7] {
     [
         lease(),
         give_back(),
         reserve(),
         reconcile(),
         charge(),
+        cancel(),
         peek(),
     ]
 }
@@ -520,6 +576,22 @@ pub fn charge_command(
     args.extend(levels.iter().map(|l| wire(l.expire_at_ms)));
     args.push(wire(now_ms));
     command(charge(), &keys, &args, with_source)
+}
+
+/// `CANCEL` of a reservation whose `RESERVE` went unanswered, on the levels that `RESERVE`
+/// named (same keys, same order); the tombstone lives `ttl_ms`.
+pub fn cancel_command(
+    reservation_key: &str,
+    level_keys: &[&str],
+    ttl_ms: u64,
+    now_ms: u64,
+    with_source: bool,
+) -> Vec<u8> {
+    let mut keys = Vec::with_capacity(level_keys.len() + 1);
+    keys.push(reservation_key);
+    keys.extend_from_slice(level_keys);
+    let args = [wire(ttl_ms), wire(level_keys.len() as u64), wire(now_ms)];
+    command(cancel(), &keys, &args, with_source)
 }
 
 /// `PEEK` at level keys.
@@ -683,6 +755,19 @@ pub fn decode_reconcile(reply: &[u8], levels: usize) -> Result<Reconcile, Script
     }
 }
 
+/// Decodes a `CANCEL` reply of a call on `levels` levels: [`Reconcile::Done`] with what went
+/// back when the reservation had landed, [`Reconcile::Already`] when there was nothing there.
+pub fn decode_cancel(reply: &[u8], levels: usize) -> Result<Reconcile, ScriptError> {
+    const S: &str = "CANCEL";
+    match integers(reply, S)?.split_first() {
+        Some((0, [])) => Ok(Reconcile::Already),
+        Some((1, rest)) if rest.len() == levels => Ok(Reconcile::Done {
+            refunds: rest.to_vec(),
+        }),
+        _ => Err(ScriptError::Unexpected(S)),
+    }
+}
+
 /// Decodes a `CHARGE` reply: `true` when charged now, `false` when charged before.
 pub fn decode_charge(reply: &[u8]) -> Result<bool, ScriptError> {
     const S: &str = "CHARGE";
@@ -747,6 +832,7 @@ mod tests {
                 "RESERVE",
                 "RECONCILE",
                 "CHARGE",
+                "CANCEL",
                 "PEEK"
             ]
         );
@@ -894,6 +980,20 @@ mod tests {
             ]
         );
         assert_eq!(
+            args_of(&cancel_command("r", &["l1", "l2"], 3_600_000, 7, false)),
+            [
+                "EVALSHA",
+                &cancel().sha1,
+                "3",
+                "r",
+                "l1",
+                "l2",
+                "3600000",
+                "2",
+                "7"
+            ]
+        );
+        assert_eq!(
             args_of(&peek_command(&["a", "b"], 1, false)),
             ["EVALSHA", &peek().sha1, "2", "a", "b", "1"]
         );
@@ -956,6 +1056,21 @@ mod tests {
             })
         );
         assert_eq!(decode_reconcile(b"*1\r\n:0\r\n", 2), Ok(Reconcile::Already));
+        assert_eq!(
+            decode_cancel(b"*3\r\n:1\r\n:223\r\n:0\r\n", 2),
+            Ok(Reconcile::Done {
+                refunds: vec![223, 0]
+            })
+        );
+        assert_eq!(decode_cancel(b"*1\r\n:0\r\n", 2), Ok(Reconcile::Already));
+        assert_eq!(
+            decode_cancel(b"*2\r\n:1\r\n:5\r\n", 2),
+            Err(ScriptError::Unexpected("CANCEL"))
+        );
+        assert_eq!(
+            decode_cancel(b"-NOSCRIPT x\r\n", 1),
+            Err(ScriptError::NoScript)
+        );
         assert_eq!(decode_charge(b"*1\r\n:1\r\n"), Ok(true));
         assert_eq!(decode_charge(b"*1\r\n:0\r\n"), Ok(false));
         assert_eq!(decode_peek(b"*2\r\n:0\r\n:9\r\n", 2), Ok(vec![0, 9]));

@@ -58,9 +58,18 @@ const MAX_CALLS: usize = 4096;
 const REPLAY_BATCH: usize = 32;
 const METRIC_PREFIX: &str = "llm_gateway.ratelimit.";
 
+// The standalone module's entry point; a module holding several plugins (`plugins/bundle`)
+// turns the `standalone` feature off and creates this plugin's root context with
+// [`root_context`].
+#[cfg(feature = "standalone")]
 proxy_wasm::main! {{
-    proxy_wasm::set_root_context(|_| Box::new(Root::default()));
+    proxy_wasm::set_root_context(root_context);
 }}
+
+/// A root context of this plugin (what the standalone module creates for every `root_id`).
+pub fn root_context(_context_id: u32) -> Box<dyn RootContext> {
+    Box::new(Root::default())
+}
 
 fn log(level: LogLevel, message: &str) {
     host::log(level, &format!("token-ratelimit: {message}"));
@@ -733,7 +742,8 @@ impl State {
     fn on_reply(&self, context_id: u32, call: Call, reply: Option<Vec<u8>>) {
         let Some(reply) = reply else {
             self.mark_down("call failed");
-            self.call_failed(context_id, call);
+            // sent, then no answer: it may have run (or run later)
+            self.call_failed(context_id, call, Sent::Unanswered);
             return;
         };
         self.mark_up();
@@ -745,6 +755,9 @@ impl State {
             CallKind::Settle { .. } | CallKind::Replay { .. } => {
                 if std::ptr::eq(call.script, scripts::charge()) {
                     scripts::decode_charge(&reply).map(|_| Reply::Done)
+                } else if std::ptr::eq(call.script, scripts::cancel()) {
+                    scripts::decode_cancel(&reply, call.keys.len().saturating_sub(1))
+                        .map(|_| Reply::Done)
                 } else {
                     scripts::decode_reconcile(&reply, call.keys.len().saturating_sub(1))
                         .map(|_| Reply::Done)
@@ -761,7 +774,7 @@ impl State {
                     ..call
                 };
                 if let Err(call) = self.send(call, context_id) {
-                    self.call_failed(context_id, *call);
+                    self.call_failed(context_id, *call, Sent::Not);
                 }
             }
             Err(err) => {
@@ -770,7 +783,8 @@ impl State {
                     &format!("{} failed: {err}", call.script.name),
                 );
                 self.count("redis_errors", 1);
-                self.call_failed(context_id, call);
+                // an error reply: the script changed nothing
+                self.call_failed(context_id, call, Sent::Not);
             }
             Ok(reply) => {
                 self.loaded.borrow_mut().insert(call.script.name);
@@ -779,8 +793,11 @@ impl State {
         }
     }
 
-    fn call_failed(&self, _context_id: u32, call: Call) {
+    fn call_failed(&self, _context_id: u32, call: Call, sent: Sent) {
         let now = now_ms();
+        if let (CallKind::Reserve { key, levels, .. }, Sent::Unanswered) = (&call.kind, sent) {
+            self.cancel_reservation(key, levels, now);
+        }
         match call.kind {
             CallKind::Lease {
                 flow, local_key, ..
@@ -823,6 +840,26 @@ impl State {
                 self.replaying.borrow_mut().remove(&seq);
             }
         }
+    }
+
+    /// A `RESERVE` went unanswered: it may have deducted its amounts (now, or later when a
+    /// slow Redis gets to it). Its `CANCEL` (sent now, or journaled while Redis counts as
+    /// down) gives them back and makes a late one a no-op; the request itself goes on as if
+    /// Redis were unreachable.
+    fn cancel_reservation(&self, key: &str, levels: &[Level], now: u64) {
+        self.count("reserve_unanswered", 1);
+        let ttl_ms = self
+            .rules
+            .configs()
+            .map(|c| c.reservation_ttl_ms)
+            .max()
+            .unwrap_or(3_600_000);
+        let entry = JournalEntry::Cancel {
+            reservation: key.to_string(),
+            keys: levels.iter().map(|l| l.key.clone()).collect(),
+            ttl_ms,
+        };
+        self.settle_entry(entry, now);
     }
 
     fn call_answered(&self, call: Call, reply: Reply) {
@@ -1248,6 +1285,15 @@ impl State {
     }
 }
 
+/// What is known of a failed call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sent {
+    /// Not sent, or answered with an error: it changed nothing.
+    Not,
+    /// Sent and never answered (a timeout, a connection lost): it may have run.
+    Unanswered,
+}
+
 enum Reply {
     Lease(scripts::Lease),
     Reserve(scripts::Reserve),
@@ -1296,6 +1342,16 @@ fn entry_command(entry: &JournalEntry, clock: u64) -> (&'static Script, Vec<Stri
             args.extend(expire_at_ms.iter().map(|a| wire(*a)));
             args.push(wire(clock));
             (scripts::charge(), all, args)
+        }
+        JournalEntry::Cancel {
+            reservation,
+            keys,
+            ttl_ms,
+        } => {
+            let mut all = vec![reservation.clone()];
+            all.extend(keys.iter().cloned());
+            let args = vec![wire(*ttl_ms), wire(keys.len() as u64), wire(clock)];
+            (scripts::cancel(), all, args)
         }
     }
 }

@@ -68,11 +68,12 @@ impl Price {
             (usage.completion_tokens - reasoning, self.output),
             (reasoning, self.reasoning),
         ];
-        let total: u128 = parts
-            .iter()
-            .map(|(tokens, price)| u128::from(*tokens) * u128::from(*price))
-            .sum();
-        let nano = (total + 500_000) / 1_000_000;
+        // Each product fits a u128 (both factors are u64); their sum may not, at prices near
+        // the largest the config accepts and counts near u64::MAX: saturate, never wrap.
+        let total = parts.iter().fold(0u128, |sum, (tokens, price)| {
+            sum.saturating_add(u128::from(*tokens) * u128::from(*price))
+        });
+        let nano = total.saturating_add(500_000) / 1_000_000;
         Cost {
             nano: u64::try_from(nano).unwrap_or(u64::MAX),
             version: self.version.clone(),
@@ -197,6 +198,31 @@ mod tests {
             ..Usage::default()
         };
         assert_eq!(price("1000", "1000", "1000").cost(&huge).nano, u64::MAX);
+    }
+
+    /// Found by the `usage_stream` fuzz target: at the dearest price the config accepts
+    /// (`18446744073.709551615`, u64::MAX nano per million) an upstream reporting u64::MAX
+    /// prompt and completion tokens overflowed the u128 sum, which the wasm build (no
+    /// overflow checks) wraps into a tiny cost.
+    #[test]
+    fn cost_saturates_at_the_dearest_price() {
+        let dearest = parse_decimal_nano("18446744073.709551615").unwrap();
+        assert_eq!(dearest, u64::MAX);
+        let p = Price {
+            input: dearest,
+            cached_input: dearest,
+            cache_write: dearest,
+            output: dearest,
+            reasoning: dearest,
+            version: "v1".into(),
+            currency: "USD".into(),
+        };
+        let huge = Usage {
+            prompt_tokens: u64::MAX,
+            completion_tokens: u64::MAX,
+            ..Usage::default()
+        };
+        assert_eq!(p.cost(&huge).nano, u64::MAX);
     }
 
     #[test]

@@ -15,9 +15,18 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
 
+// The standalone module's entry point; a module holding several plugins (`plugins/bundle`)
+// turns the `standalone` feature off and creates this plugin's root context with
+// [`root_context`].
+#[cfg(feature = "standalone")]
 proxy_wasm::main! {{
-    proxy_wasm::set_root_context(|_| Box::new(Root::default()));
+    proxy_wasm::set_root_context(root_context);
 }}
+
+/// A root context of this plugin (what the standalone module creates for every `root_id`).
+pub fn root_context(_context_id: u32) -> Box<dyn RootContext> {
+    Box::new(Root::default())
+}
 
 #[derive(Default)]
 struct Root {

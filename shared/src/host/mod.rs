@@ -247,6 +247,15 @@ pub fn property_string(path: &[&str]) -> HostResult<Option<String>> {
     Ok(property(path)?.and_then(|bytes| String::from_utf8(bytes).ok()))
 }
 
+/// The `root_id` of the filter whose context is current (Envoy's property `plugin_root_id`);
+/// `None` if the host does not say. Envoy 1.40 answers it in a root context's
+/// `proxy_on_context_create` already (before `proxy_on_vm_start` and `proxy_on_configure`), so
+/// a module that holds several plugins (`plugins/bundle`) picks the root context to create by
+/// it.
+pub fn plugin_root_id() -> HostResult<Option<String>> {
+    property_string(&["plugin_root_id"])
+}
+
 /// The name of the route the request matched: Higress's property `route_name`, else plain
 /// Envoy's `xds.route_name` (Envoy 1.40 answers `NotFound` for `route_name`); empty if
 /// neither is known.
@@ -531,11 +540,42 @@ pub fn set_effective_context(context_id: u32) -> HostResult<()> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Metric(u32);
 
+/// Most metric ids one VM remembers per kind. Names carry labels (tenant, model group,
+/// deployment, consumer), all from config, so a VM sees a bounded set; past this many a name
+/// is defined again on each use instead of being remembered.
+const METRIC_CACHE: usize = 4096;
+
+thread_local! {
+    /// Metric ids by kind (counter, gauge, histogram) and name. The host gives a name the same
+    /// id for the life of the VM, and defining one is a host call that also resolves the name
+    /// in Envoy's symbol table, under its lock: once per name per VM is enough.
+    static METRIC_IDS: std::cell::RefCell<[std::collections::HashMap<String, u32>; 3]> =
+        std::cell::RefCell::new(Default::default());
+}
+
 impl Metric {
     fn define(kind: u32, name: &str) -> HostResult<Metric> {
+        let slot = kind as usize;
+        let known = METRIC_IDS.with(|ids| {
+            ids.try_borrow()
+                .ok()
+                .and_then(|ids| ids.get(slot).and_then(|by_name| by_name.get(name).copied()))
+        });
+        if let Some(id) = known {
+            return Ok(Metric(id));
+        }
         let mut id = 0u32;
         // SAFETY: `name` is live; out-pointer to a live local.
         check(unsafe { abi::proxy_define_metric(kind, name.as_ptr(), name.len(), &mut id) })?;
+        METRIC_IDS.with(|ids| {
+            if let Ok(mut ids) = ids.try_borrow_mut() {
+                if let Some(by_name) = ids.get_mut(slot) {
+                    if by_name.len() < METRIC_CACHE {
+                        by_name.insert(name.to_string(), id);
+                    }
+                }
+            }
+        });
         Ok(Metric(id))
     }
 

@@ -27,6 +27,14 @@ enum Inner {
         exact: bool,
     },
     Scripted(Box<Scripted>),
+    /// `head`, then `chunk` again and again, never ending (until the peer goes away).
+    Endless {
+        head: Option<Bytes>,
+        chunk: Bytes,
+        /// Every other poll is `Pending` (after waking itself): hyper flushes what it
+        /// buffered only when the body is not ready, so an always-ready body is never sent.
+        ready: bool,
+    },
 }
 
 struct Scripted {
@@ -84,6 +92,19 @@ impl MockBody {
     }
 }
 
+impl MockBody {
+    /// `head`, then `chunk` forever: a body that never ends.
+    pub(crate) fn endless(head: Bytes, chunk: Bytes) -> MockBody {
+        MockBody {
+            inner: Inner::Endless {
+                head: (!head.is_empty()).then_some(head),
+                chunk,
+                ready: true,
+            },
+        }
+    }
+}
+
 impl Scripted {
     fn arm(&mut self, after: Duration) {
         let deadline = Instant::now() + after;
@@ -131,6 +152,16 @@ impl Body for MockBody {
         match &mut self.get_mut().inner {
             Inner::Full { data, .. } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
             Inner::Scripted(s) => s.poll_frame(cx),
+            Inner::Endless { head, chunk, ready } => {
+                *ready = !*ready;
+                if *ready {
+                    cx.waker().wake_by_ref();
+                    return Poll::Pending;
+                }
+                Poll::Ready(Some(Ok(Frame::data(
+                    head.take().unwrap_or_else(|| chunk.clone()),
+                ))))
+            }
         }
     }
 
@@ -138,6 +169,7 @@ impl Body for MockBody {
         match &self.inner {
             Inner::Full { data, .. } => data.is_none(),
             Inner::Scripted(s) => s.frames.is_empty() && s.abort == Abort::Never && !s.waiting,
+            Inner::Endless { .. } => false,
         }
     }
 
@@ -150,6 +182,7 @@ impl Body for MockBody {
             Inner::Full { data: None, .. } => SizeHint::with_exact(0),
             Inner::Full { .. } => SizeHint::new(),
             Inner::Scripted(s) => s.exact_len.map_or_else(SizeHint::new, SizeHint::with_exact),
+            Inner::Endless { .. } => SizeHint::new(),
         }
     }
 }

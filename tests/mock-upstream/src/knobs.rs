@@ -17,6 +17,22 @@ pub(crate) const USAGE_IN_FINAL_CHUNK: &str = "x-mock-usage-in-final-chunk";
 pub(crate) const PROMPT_TOKENS: &str = "x-mock-prompt-tokens";
 pub(crate) const CACHE_READ_TOKENS: &str = "x-mock-cache-read-tokens";
 pub(crate) const ECHO: &str = "x-mock-echo";
+pub(crate) const GARBAGE: &str = "x-mock-garbage";
+pub(crate) const CUT_RST: &str = "x-mock-cut-rst";
+
+/// What `x-mock-garbage` puts into a stream after its first event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Garbage {
+    /// A line that is not SSE (an HTML error page's first line), then a blank line.
+    Text,
+    /// A `data:` event whose JSON is cut off.
+    Json,
+    /// A `data:` event whose JSON string holds bytes that are not UTF-8.
+    Utf8,
+    /// A `data:` line that never ends: `x` bytes without a newline until the client leaves
+    /// (the rest of the stream never comes).
+    Endless,
+}
 
 /// Default number of completion tokens.
 pub(crate) const DEFAULT_CHUNKS: u64 = 8;
@@ -39,6 +55,8 @@ pub(crate) struct Knobs {
     pub(crate) prompt_tokens: Option<u64>,
     pub(crate) cache_read_tokens: Option<u64>,
     pub(crate) echo: bool,
+    pub(crate) garbage: Option<Garbage>,
+    pub(crate) cut_rst: bool,
 }
 
 /// A knob header with a value it cannot take.
@@ -104,6 +122,8 @@ impl Knobs {
                 "a non-negative integer",
             )?,
             echo: flag(headers, ECHO)?,
+            garbage: garbage(headers)?,
+            cut_rst: flag(headers, CUT_RST)?,
         })
     }
 
@@ -147,6 +167,23 @@ fn int(
             Ok(Some(v))
         }
         _ => Err(KnobError { knob, expected }),
+    }
+}
+
+fn garbage(headers: &HeaderMap) -> Result<Option<Garbage>, KnobError> {
+    const EXPECTED: &str = "text, json, utf8 or endless";
+    let Some(value) = text(headers, GARBAGE, EXPECTED)? else {
+        return Ok(None);
+    };
+    match value.to_ascii_lowercase().as_str() {
+        "text" => Ok(Some(Garbage::Text)),
+        "json" => Ok(Some(Garbage::Json)),
+        "utf8" => Ok(Some(Garbage::Utf8)),
+        "endless" => Ok(Some(Garbage::Endless)),
+        _ => Err(KnobError {
+            knob: GARBAGE,
+            expected: EXPECTED,
+        }),
     }
 }
 
@@ -197,8 +234,12 @@ mod tests {
             (PROMPT_TOKENS, "12"),
             (CACHE_READ_TOKENS, "3"),
             (ECHO, "on"),
+            (GARBAGE, "Endless"),
+            (CUT_RST, "1"),
         ])
         .expect("valid knobs");
+        assert_eq!(k.garbage, Some(Garbage::Endless));
+        assert!(k.cut_rst);
         assert_eq!(k.status, Some(StatusCode::TOO_MANY_REQUESTS));
         assert_eq!(k.delay, Some(Duration::from_millis(5)));
         assert_eq!(k.chunk_delay, Some(Duration::from_millis(7)));
@@ -227,6 +268,9 @@ mod tests {
             (PROMPT_TOKENS, "99999999999999999999999"),
             (CACHE_READ_TOKENS, "x"),
             (ECHO, "2"),
+            (GARBAGE, "binary"),
+            (GARBAGE, ""),
+            (CUT_RST, "rst"),
         ] {
             let err = parse(&[(knob, value)]).expect_err(value);
             assert_eq!(err.knob, knob, "{knob}: {value}");

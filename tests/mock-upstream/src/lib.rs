@@ -77,6 +77,13 @@
 //! * `x-mock-end-after: N` — streaming: send only the first N SSE events, then end the body
 //!   cleanly (terminating chunk): a stream that looks complete to the transport but lacks its
 //!   terminator (`[DONE]`, `message_stop`). `x-mock-cut-after` wins when both are set.
+//! * `x-mock-cut-rst: 1` — with `x-mock-cut-after`: the connection is aborted with a TCP
+//!   reset (`SO_LINGER` 0) instead of a FIN.
+//! * `x-mock-garbage: KIND` — streaming: after the first SSE event, `text` puts a line that
+//!   is not SSE (an HTML error page's first line), `json` a `data:` event with JSON cut off,
+//!   `utf8` a `data:` event whose string holds bytes that are not UTF-8; the rest of the stream
+//!   follows. `endless` puts a `data:` line that never ends instead: `x` bytes, 64 KiB per
+//!   frame, until the client goes away (nothing after it is sent).
 //! * `x-mock-no-usage: 1` — never send a usage object (streaming or not, all APIs; the
 //!   Responses API sends `"usage": null`).
 //! * `x-mock-usage-in-final-chunk: 1` — chat streaming: put `usage` into the chunk carrying

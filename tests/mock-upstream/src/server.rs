@@ -3,8 +3,10 @@
 use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::io;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, MutexGuard};
+use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
@@ -15,12 +17,13 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
-use tokio::net::TcpListener;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
 use crate::body::MockBody;
 use crate::handlers::{self, ApiError, Ctx, Reply};
-use crate::knobs::Knobs;
+use crate::knobs::{Garbage, Knobs};
 use crate::{RecordedRequest, Recorder, MAX_BODY_BYTES};
 
 pub(crate) struct State {
@@ -98,10 +101,16 @@ pub(crate) async fn accept_loop(listener: TcpListener, state: Arc<State>) {
         let _ = stream.set_nodelay(true);
         let state = Arc::clone(&state);
         let mut shutdown = shutdown_rx.clone();
+        let reset = Arc::new(AtomicBool::new(false));
+        let stream = ResetOnDrop {
+            stream,
+            reset: Arc::clone(&reset),
+        };
         tokio::spawn(async move {
             let service = service_fn(move |req| {
                 let state = Arc::clone(&state);
-                async move { Ok::<_, Infallible>(handle(&state, req).await) }
+                let reset = Arc::clone(&reset);
+                async move { Ok::<_, Infallible>(handle(&state, &reset, req).await) }
             });
             let conn = http1::Builder::new()
                 .keep_alive(true)
@@ -116,7 +125,62 @@ pub(crate) async fn accept_loop(listener: TcpListener, state: Arc<State>) {
     }
 }
 
-async fn handle(state: &State, req: Request<Incoming>) -> Response<MockBody> {
+/// A connection's socket; once `reset` is set, closing it sends a TCP RST instead of a FIN
+/// (`SO_LINGER` 0): `x-mock-cut-rst`.
+struct ResetOnDrop {
+    stream: TcpStream,
+    reset: Arc<AtomicBool>,
+}
+
+impl Drop for ResetOnDrop {
+    fn drop(&mut self) {
+        if self.reset.load(Ordering::Relaxed) {
+            let _ = self.stream.set_zero_linger();
+        }
+    }
+}
+
+impl AsyncRead for ResetOnDrop {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for ResetOnDrop {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().stream).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
+    }
+}
+
+async fn handle(state: &State, reset: &AtomicBool, req: Request<Incoming>) -> Response<MockBody> {
     let (parts, body) = req.into_parts();
     let log_line = state.log.then(|| {
         format!(
@@ -126,7 +190,7 @@ async fn handle(state: &State, req: Request<Incoming>) -> Response<MockBody> {
         )
     });
 
-    let response = handle_inner(state, parts, body).await;
+    let response = handle_inner(state, reset, parts, body).await;
     if let Some(line) = log_line {
         eprintln!("{line} -> {}", response.status().as_u16());
     }
@@ -135,6 +199,7 @@ async fn handle(state: &State, req: Request<Incoming>) -> Response<MockBody> {
 
 async fn handle_inner(
     state: &State,
+    reset: &AtomicBool,
     parts: hyper::http::request::Parts,
     body: Incoming,
 ) -> Response<MockBody> {
@@ -207,6 +272,10 @@ async fn handle_inner(
         Ok(knobs) => knobs,
         Err(e) => return error_response(&e.into()),
     };
+    if knobs.cut_rst && knobs.cut_after.is_some() {
+        // the cut drops the connection: with a reset, not a FIN
+        reset.store(true, Ordering::Relaxed);
+    }
 
     if let Some(delay) = knobs.delay {
         tokio::time::sleep(delay).await;
@@ -316,6 +385,9 @@ fn reply_response(reply: Reply, knobs: &Knobs) -> Response<MockBody> {
         }
         Reply::Sse(sse) => {
             let (bytes, ends) = sse.finish();
+            if let Some(garbage) = knobs.garbage {
+                return sse_response(garbage_body(garbage, &bytes, &ends, knobs));
+            }
             // `x-mock-end-after` stops early like `x-mock-cut-after` but ends the body cleanly
             let limit = knobs.cut_after.or(knobs.end_after);
             let body = if limit.is_none() && knobs.chunk_delay.is_none() {
@@ -348,10 +420,50 @@ fn reply_response(reply: Reply, knobs: &Knobs) -> Response<MockBody> {
                     None,
                 )
             };
-            let mut resp = response(StatusCode::OK, "text/event-stream", body);
-            resp.headers_mut()
-                .insert("cache-control", HeaderValue::from_static("no-cache"));
-            resp
+            sse_response(body)
         }
+    }
+}
+
+fn sse_response(body: MockBody) -> Response<MockBody> {
+    let mut resp = response(StatusCode::OK, "text/event-stream", body);
+    resp.headers_mut()
+        .insert("cache-control", HeaderValue::from_static("no-cache"));
+    resp
+}
+
+/// Bytes of an `x-mock-garbage` event (all but `endless`).
+fn garbage_bytes(garbage: Garbage) -> &'static [u8] {
+    match garbage {
+        Garbage::Text => b"<html><body><h1>502 Bad Gateway</h1></body></html>\n\n",
+        Garbage::Json => b"data: {\"id\":\"chatcmpl-garbage\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"cut off\n\n",
+        Garbage::Utf8 => {
+            b"data: {\"id\":\"chatcmpl-garbage\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"\xff\xfe\xc3\x28\"}}]}\n\n"
+        }
+        Garbage::Endless => b"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"",
+    }
+}
+
+/// The stream with `garbage` after its first event: the rest of it after the garbage, or, for
+/// a line that never ends, nothing after it.
+fn garbage_body(garbage: Garbage, bytes: &Bytes, ends: &[usize], knobs: &Knobs) -> MockBody {
+    let first = ends.first().copied().unwrap_or(0);
+    let head = bytes.slice(..first);
+    match garbage {
+        Garbage::Endless => {
+            let mut start = head.to_vec();
+            start.extend_from_slice(garbage_bytes(garbage));
+            MockBody::endless(Bytes::from(start), Bytes::from(vec![b'x'; 64 * 1024]))
+        }
+        other => MockBody::scripted(
+            vec![
+                head,
+                Bytes::from_static(garbage_bytes(other)),
+                bytes.slice(first..),
+            ],
+            knobs.chunk_delay.unwrap_or(Duration::ZERO),
+            false,
+            None,
+        ),
     }
 }

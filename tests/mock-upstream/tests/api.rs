@@ -1253,3 +1253,114 @@ async fn error_code_knob_names_the_error() {
     .await;
     assert_eq!(json_of(&body)["error"]["code"], "mock_400");
 }
+
+#[tokio::test]
+async fn garbage_knob_puts_broken_events_after_the_first() {
+    let mock = start().await;
+    let body =
+        chat_body(json!({"stream": true, "stream_options": {"include_usage": true}})).to_string();
+    for (kind, garbage) in [
+        (
+            "text",
+            &b"<html><body><h1>502 Bad Gateway</h1></body></html>\n\n"[..],
+        ),
+        (
+            "json",
+            b"data: {\"id\":\"chatcmpl-garbage\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"cut off\n\n",
+        ),
+        (
+            "utf8",
+            b"data: {\"id\":\"chatcmpl-garbage\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"\xff\xfe\xc3\x28\"}}]}\n\n",
+        ),
+    ] {
+        let out = raw(
+            mock.addr(),
+            &raw_post(
+                "/v1/chat/completions",
+                &format!("x-mock-garbage: {kind}\r\nconnection: close\r\n"),
+                &body,
+            ),
+        )
+        .await;
+        let at = out
+            .windows(garbage.len())
+            .position(|w| w == garbage)
+            .unwrap_or_else(|| panic!("{kind}: {}", String::from_utf8_lossy(&out)));
+        let text = String::from_utf8_lossy(&out);
+        // one whole event before it, the usage and [DONE] after it
+        let before = String::from_utf8_lossy(&out[..at]);
+        assert_eq!(before.matches("data: {").count(), 1, "{kind}: {text}");
+        assert!(text.contains("\"usage\":{"), "{kind}: {text}");
+        assert!(text.contains("data: [DONE]\n\n"), "{kind}: {text}");
+        assert!(text.ends_with("0\r\n\r\n"), "{kind}: a clean end");
+    }
+
+    // endless: after the first event a data line that never ends, for as long as one reads
+    let mut stream = TcpStream::connect(mock.addr()).await.expect("connect");
+    stream
+        .write_all(
+            raw_post("/v1/chat/completions", "x-mock-garbage: endless\r\n", &body).as_bytes(),
+        )
+        .await
+        .expect("write");
+    let mut out = Vec::new();
+    let mut buf = [0u8; 65536];
+    while out.len() < 1 << 20 {
+        let n = stream.read(&mut buf).await.expect("read");
+        assert!(n > 0, "the endless line ended");
+        out.extend_from_slice(&buf[..n]);
+    }
+    let text = String::from_utf8_lossy(&out);
+    // (chunked framing aside) one data line that does not end
+    let (_, line) = text
+        .split_once("data: {\"choices\"")
+        .expect("the endless line starts");
+    assert!(!line.contains("\n\n"), "it ended");
+    assert!(line.matches('x').count() > 900_000);
+    assert!(!text.contains("[DONE]"));
+    drop(stream);
+
+    let (status, _, body) = post(
+        &mock,
+        "/v1/chat/completions",
+        &[("x-mock-garbage", "xml")],
+        &chat_body(json!({"stream": true})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(json_of(&body)["error"]["param"], "x-mock-garbage");
+}
+
+#[tokio::test]
+async fn cut_rst_resets_the_connection() {
+    let mock = start().await;
+    let body = chat_body(json!({"stream": true})).to_string();
+    let mut stream = TcpStream::connect(mock.addr()).await.expect("connect");
+    stream
+        .write_all(
+            raw_post(
+                "/v1/chat/completions",
+                "x-mock-cut-after: 2\r\nx-mock-cut-rst: 1\r\n",
+                &body,
+            )
+            .as_bytes(),
+        )
+        .await
+        .expect("write");
+    let mut out = Vec::new();
+    let mut buf = [0u8; 8192];
+    let end = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match stream.read(&mut buf).await {
+                Ok(0) => return Ok(()),
+                Ok(n) => out.extend_from_slice(&buf[..n]),
+                Err(e) => return Err(e.kind()),
+            }
+        }
+    })
+    .await
+    .expect("the connection ended");
+    assert_eq!(end, Err(std::io::ErrorKind::ConnectionReset));
+    let text = String::from_utf8_lossy(&out);
+    assert_eq!(text.matches("data: ").count(), 2, "{text}");
+}

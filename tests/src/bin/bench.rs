@@ -1,341 +1,711 @@
 //! `scripts/bench`: what the gateway costs on the request path, measured side by side in one
-//! run on this machine. Rows: A the mock upstream directly, B bare Envoy (router only),
-//! C Envoy with key-auth (the chain as it exists); `wrk` load, non-streaming chat with a
-//! ~2 KB prompt, Envoy on CPU 0 with `--concurrency 1`, wrk and the mock upstream on CPU 1.
+//! run on this machine (issue 9). Rows: A the mock upstream directly; B Envoy 1.40 with the
+//! router only; C Envoy with the five-plugin chain of `envoy-config/gateway.yaml` (one module
+//! per plugin); E the same chain from the bundle module when `dist/llm-gateway.wasm` exists;
+//! D the LiteLLM proxy. Workloads: chat with a 2 KB and a 32 KB prompt, a 200-event stream, at
+//! 1, 16 and 64 connections, in interleaved fixed-length windows (medians). Then a leak check
+//! through C (and E), the chain in the wasmtime harness on the same workloads, and the
+//! `harness-cost` tables. Writes `target/bench/report.md` and prints it.
 //!
-//! Usage: `bench [--window SECS] [--rounds N] [--connections N] [--out FILE] [--compare DIR]`
-//! (`--compare DIR` adds a row C' running the same chain with the `.wasm` files of DIR, to
-//! measure a change against the current build in one run).
+//! Usage: `bench [--quick] [--window SECS] [--rounds N] [--connections 1,16,64]
+//! [--leak-requests N] [--no-litellm] [--out FILE] [--compare DIR]`
+//! (`--compare DIR` adds a row C' running the chain with the `.wasm` files of DIR, to measure
+//! a change against the current build in one run).
 
+use llm_gateway_tests::bench::config::{self, Build};
+use llm_gateway_tests::bench::litellm::{self, LiteLlm};
+use llm_gateway_tests::bench::procs::{self, MockProcess};
+use llm_gateway_tests::bench::report::{self, Module, Results, Vm, WorkerMemory};
+use llm_gateway_tests::bench::wrk::{self, Workload, WORKLOADS};
+use llm_gateway_tests::bench::{cost, Cell, LeakCheck, Row, Window};
+use llm_gateway_tests::demo::DEMO_KEY;
 use llm_gateway_tests::envoy::{Envoy, Options};
 use llm_gateway_tests::workspace::{self, TempDir};
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
 
-const TEAM_A: &str = "sk-e2e-team-a-4f1c9a7e2b";
-
-/// One measurement window.
-#[derive(Clone)]
-struct Sample {
-    rps: f64,
-    p50_us: f64,
-    p99_us: f64,
-    /// Envoy's CPU time (user + system, all threads) per request; `None` for row A.
-    envoy_cpu_us: Option<f64>,
+struct Args {
+    quick: bool,
+    window: u32,
+    rounds: u32,
+    connections: Vec<u32>,
+    leak_requests: u64,
+    litellm: bool,
+    out: PathBuf,
+    compare: Option<String>,
 }
 
-/// A row: medians over its windows.
-struct Row {
-    name: &'static str,
-    rps: f64,
-    p50_us: f64,
-    p99_us: f64,
-    envoy_cpu_us: Option<f64>,
-}
-
-impl Row {
-    fn median(name: &'static str, samples: &[Sample]) -> Row {
-        let median = |f: &dyn Fn(&Sample) -> Option<f64>| -> Option<f64> {
-            let mut values: Vec<f64> = samples.iter().filter_map(f).collect();
-            values.sort_by(f64::total_cmp);
-            values.get(values.len() / 2).copied()
+impl Args {
+    fn parse() -> Result<Args, String> {
+        let raw: Vec<String> = std::env::args().skip(1).collect();
+        let quick = raw.iter().any(|a| a == "--quick");
+        let mut args = Args {
+            quick,
+            window: if quick { 1 } else { 2 },
+            rounds: if quick { 1 } else { 3 },
+            connections: if quick { vec![1, 16] } else { vec![1, 16, 64] },
+            leak_requests: if quick { 1_000 } else { 100_000 },
+            litellm: !quick,
+            out: workspace::root().join(if quick {
+                "target/bench/report-quick.md"
+            } else {
+                "target/bench/report.md"
+            }),
+            compare: None,
         };
-        Row {
-            name,
-            rps: median(&|s| Some(s.rps)).unwrap_or(0.0),
-            p50_us: median(&|s| Some(s.p50_us)).unwrap_or(0.0),
-            p99_us: median(&|s| Some(s.p99_us)).unwrap_or(0.0),
-            envoy_cpu_us: median(&|s| s.envoy_cpu_us),
+        let mut it = raw.into_iter();
+        while let Some(arg) = it.next() {
+            let mut value = || it.next().ok_or(format!("{arg} needs a value"));
+            match arg.as_str() {
+                "--quick" => {}
+                "--window" => {
+                    args.window = value()?.parse().map_err(|e| format!("--window: {e}"))?
+                }
+                "--rounds" => {
+                    args.rounds = value()?.parse().map_err(|e| format!("--rounds: {e}"))?
+                }
+                "--connections" => {
+                    args.connections = value()?
+                        .split(',')
+                        .map(|c| c.trim().parse::<u32>())
+                        .collect::<Result<_, _>>()
+                        .map_err(|e| format!("--connections: {e}"))?
+                }
+                "--leak-requests" => {
+                    args.leak_requests = value()?
+                        .parse()
+                        .map_err(|e| format!("--leak-requests: {e}"))?
+                }
+                "--no-litellm" => args.litellm = false,
+                "--out" => args.out = value()?.into(),
+                "--compare" => args.compare = Some(value()?),
+                other => return Err(format!("unknown argument {other:?}")),
+            }
         }
+        if args.window == 0 || args.rounds == 0 || args.connections.is_empty() {
+            return Err("--window, --rounds and --connections must be positive".into());
+        }
+        Ok(args)
     }
 }
 
 fn main() {
-    if let Err(err) = run() {
-        eprintln!("bench failed: {err}");
-        std::process::exit(1);
+    let started = Instant::now();
+    match run(started) {
+        Ok(()) => println!("bench: elapsed {:.0} s", started.elapsed().as_secs_f64()),
+        Err(err) => {
+            eprintln!("bench failed: {err}");
+            std::process::exit(1);
+        }
     }
 }
 
-fn run() -> Result<(), String> {
-    let mut window = 4u32;
-    let mut rounds = 5u32;
-    let mut connections = 16u32;
-    let mut out = workspace::root().join("target/bench/report.md");
-    let mut compare: Option<String> = None;
-    let mut args = std::env::args().skip(1);
-    while let Some(arg) = args.next() {
-        let mut value = || args.next().ok_or(format!("{arg} needs a value"));
-        match arg.as_str() {
-            "--window" => window = value()?.parse().map_err(|e| format!("--window: {e}"))?,
-            "--rounds" => rounds = value()?.parse().map_err(|e| format!("--rounds: {e}"))?,
-            "--connections" => {
-                connections = value()?
-                    .parse()
-                    .map_err(|e| format!("--connections: {e}"))?
-            }
-            "--out" => out = value()?.into(),
-            "--compare" => compare = Some(value()?),
-            other => return Err(format!("unknown argument {other:?}")),
-        }
-    }
+/// A proxy (or the mock) under load.
+struct Target {
+    row: Row,
+    url: String,
+    /// The process whose CPU and RSS count (`None` for row A).
+    pid: Option<u32>,
+    /// One wrk script per workload.
+    scripts: Vec<PathBuf>,
+}
 
+fn run(started: Instant) -> Result<(), String> {
+    let args = Args::parse()?;
     let dir = TempDir::new("bench")?;
-    let mock = MockProcess::start()?;
-    let lua = dir.path().join("post.lua");
-    std::fs::write(&lua, wrk_script()).map_err(|e| e.to_string())?;
-
-    let key_auth_config = std::fs::read_to_string(workspace::envoy_config("e2e-key-auth.json"))
-        .map_err(|e| e.to_string())?;
-    let key_auth_config: serde_json::Value =
-        serde_json::from_str(&key_auth_config).map_err(|e| e.to_string())?;
-    let mock_port = mock.port.to_string();
-
-    // Both Envoys run for the whole benchmark (an idle one costs nothing) and the rows are
-    // measured in interleaved windows, so a slow minute on this shared machine hits every
-    // row alike; each row reports the median of its windows.
-    let bare = pinned_envoy("bench-bare.yaml", &[("MOCK_PORT", mock_port.clone())])?;
-    let chain_vars = |wasm_dir: Option<&str>| {
-        let mut vars = vec![
-            ("MOCK_PORT", mock_port.clone()),
-            (
-                "KEY_AUTH_CONFIG",
-                key_auth_config.to_string().replace('\'', "''"),
-            ),
-        ];
-        if let Some(dir) = wasm_dir {
-            vars.push(("WASM_DIR", dir.to_string()));
-        }
-        vars
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mock = MockProcess::start(&exe.with_file_name("mock-upstream"))?;
+    let workloads: Vec<Workload> = WORKLOADS.to_vec();
+    let mut results = Results {
+        quick: args.quick,
+        workloads: workloads.clone(),
+        connections: args.connections.clone(),
+        ..Results::default()
     };
-    let chain = pinned_envoy("bench-chain.yaml", &chain_vars(None))?;
-    let mut targets: Vec<(&'static str, String, Option<u32>)> = vec![
-        (
-            "A  mock upstream directly",
-            format!("http://127.0.0.1:{}", mock.port),
-            None,
-        ),
-        ("B  Envoy 1.40, router only", bare.url(), Some(bare.pid())),
-        ("C  Envoy + key-auth", chain.url(), Some(chain.pid())),
-    ];
-    // --compare DIR: one more row, the same chain built from DIR/*.wasm (A/B of a change)
-    let other = match &compare {
-        Some(dir) => Some(pinned_envoy("bench-chain.yaml", &chain_vars(Some(dir)))?),
+    let load_start = load_average();
+
+    // the proxies: each runs for the whole benchmark (an idle one costs nothing)
+    let bare = start_envoy(&dir, "bare.yaml", &config::bare(mock.port)?, &[])?;
+    let chain_config = config::chain(mock.port, Build::PerPlugin)?;
+    let chain = start_envoy(&dir, "chain.yaml", &chain_config, &[])?;
+    let compare = match &args.compare {
+        Some(wasm_dir) => Some(start_envoy(
+            &dir,
+            "compare.yaml",
+            &chain_config,
+            &[("WASM_DIR", wasm_dir.clone())],
+        )?),
         None => None,
     };
-    if let Some(other) = &other {
-        targets.push((
-            "C' Envoy + chain from --compare",
-            other.url(),
-            Some(other.pid()),
-        ));
+    let bundle_path = workspace::wasm_dir().join(config::BUNDLE_FILE);
+    let bundle = if bundle_path.is_file() {
+        start_envoy(
+            &dir,
+            "bundle.yaml",
+            &config::chain(mock.port, Build::Bundle)?,
+            &[],
+        )
+        .map_err(|e| format!("the bundle did not start: {}", first_lines(&e, 6)))
+    } else {
+        Err(format!(
+            "bundle not built ({} is missing)",
+            bundle_path.display()
+        ))
+    };
+    let litellm = if args.litellm {
+        litellm::install(&workspace::root().join("target/bench/litellm-install.log"))
+            .and_then(|()| LiteLlm::start(&mock.url(), dir.path()))
+    } else {
+        Err("skipped (--quick or --no-litellm)".into())
+    };
+
+    let mut targets = Vec::new();
+    let mut add = |row: Row, url: String, pid: Option<u32>| -> Result<(), String> {
+        let (key, knob, stream_model) = match row {
+            Row::LiteLlm => (litellm::MASTER_KEY, false, litellm::STREAM_MODEL),
+            _ => (DEMO_KEY, true, "fast"),
+        };
+        let mut scripts = Vec::new();
+        for (i, w) in workloads.iter().enumerate() {
+            let model = if w.streams() { stream_model } else { "fast" };
+            let path = dir
+                .path()
+                .join(format!("{}-{i}.lua", row.letter().replace('\'', "p")));
+            std::fs::write(&path, w.lua(model, key, knob)).map_err(|e| e.to_string())?;
+            scripts.push(path);
+        }
+        targets.push(Target {
+            row,
+            url,
+            pid,
+            scripts,
+        });
+        Ok(())
+    };
+    add(Row::Mock, mock.url(), None)?;
+    add(Row::Bare, bare.url(), Some(bare.pid()))?;
+    add(Row::Chain, chain.url(), Some(chain.pid()))?;
+    results.rows = vec![
+        (Row::Mock, Ok(())),
+        (Row::Bare, Ok(())),
+        (Row::Chain, Ok(())),
+    ];
+    if let Some(envoy) = &compare {
+        add(Row::Compare, envoy.url(), Some(envoy.pid()))?;
+        results.rows.push((Row::Compare, Ok(())));
     }
-    for (_, url, _) in &targets {
-        wrk(url, &lua, 2, connections)?; // warm-up: connections, VM tiers, caches
+    match &bundle {
+        Ok(envoy) => {
+            add(Row::Bundle, envoy.url(), Some(envoy.pid()))?;
+            results.rows.push((Row::Bundle, Ok(())));
+        }
+        Err(why) => results.rows.push((Row::Bundle, Err(why.clone()))),
     }
-    let mut samples: Vec<Vec<Sample>> = vec![Vec::new(); targets.len()];
-    for round in 0..rounds {
-        eprintln!("round {}/{rounds}", round + 1);
-        for ((_, url, pid), into) in targets.iter().zip(samples.iter_mut()) {
-            into.push(measure(url, &lua, window, connections, *pid)?);
+    match &litellm {
+        Ok(proxy) => {
+            add(Row::LiteLlm, proxy.url(), Some(proxy.pid()))?;
+            results.rows.push((Row::LiteLlm, Ok(())));
+        }
+        Err(why) => results.rows.push((Row::LiteLlm, Err(why.clone()))),
+    }
+
+    // every row answers every workload as it should before any load (the stream: all its
+    // events, so `x-mock-chunks` survived the proxy); a broken optional row is dropped
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let mut dropped = Vec::new();
+    for t in &targets {
+        for w in &workloads {
+            if let Err(e) = probe(&rt, t, w) {
+                if matches!(t.row, Row::Mock | Row::Bare | Row::Chain) {
+                    return Err(format!("row {}: {e}", t.row.letter()));
+                }
+                dropped.push((t.row, e));
+                break;
+            }
         }
     }
-    let rows: Vec<Row> = targets
+    for (row, why) in dropped {
+        targets.retain(|t| t.row != row);
+        for (r, status) in &mut results.rows {
+            if *r == row {
+                *status = Err(format!("its probe request failed: {why}"));
+            }
+        }
+    }
+
+    // warm-up: connections, V8 tiers, the tokenizers, caches
+    for t in &targets {
+        for script in &t.scripts {
+            wrk::run(&t.url, script, 1, 16)?;
+            settle(t)?;
+        }
+    }
+    // interleaved windows: a slow minute on this shared machine hits every row alike
+    let mut windows: Vec<(Row, usize, u32, Vec<Window>)> = Vec::new();
+    for round in 0..args.rounds {
+        eprintln!(
+            "round {}/{} ({:.0} s so far)",
+            round + 1,
+            args.rounds,
+            started.elapsed().as_secs_f64()
+        );
+        for (w, _) in workloads.iter().enumerate() {
+            for &c in &args.connections {
+                for t in &targets {
+                    let secs = match window_for(t.row, w, c, args.window, &windows) {
+                        Ok(secs) => secs,
+                        Err(why) => {
+                            if round == 0 {
+                                results.skipped.push((t.row, w, c, why));
+                            }
+                            continue;
+                        }
+                    };
+                    let window = measure(t, w, secs, c)?;
+                    match windows
+                        .iter_mut()
+                        .find(|(r, ww, cc, _)| *r == t.row && *ww == w && *cc == c)
+                    {
+                        Some((_, _, _, list)) => list.push(window),
+                        None => windows.push((t.row, w, c, vec![window])),
+                    }
+                }
+            }
+        }
+    }
+    results.cells = windows
         .iter()
-        .zip(&samples)
-        .map(|((name, _, _), samples)| Row::median(name, samples))
+        .map(|(row, w, c, list)| Cell::of(*row, *w, *c, list))
         .collect();
 
-    let report = render(&rows, window, rounds, connections);
-    println!("{report}");
-    if let Some(parent) = out.parent() {
+    // leak check through the chain (and the bundle), bare Envoy as the control
+    let every = (args.leak_requests / 10).max(1);
+    for t in targets
+        .iter()
+        .filter(|t| matches!(t.row, Row::Bare | Row::Chain | Row::Bundle))
+    {
+        eprintln!("leak check, row {}", t.row.letter());
+        results.leaks.push(leak_check(
+            t,
+            &workloads,
+            &results.cells,
+            args.leak_requests,
+            every,
+        )?);
+    }
+    results.header = header(&args, load_start);
+    drop(targets);
+    drop(litellm);
+    drop(bundle);
+    drop(compare);
+    drop(chain);
+    drop(bare);
+
+    // per worker: fresh B and C at one and two workers after the same load
+    if !args.quick {
+        eprintln!("memory per worker");
+        results.workers = Some(worker_memory(&dir, &mock, &chain_config, &workloads));
+    }
+
+    // the harness: the chain on the same workloads, then harness-cost's tables
+    eprintln!("the chain in the wasmtime harness");
+    let filters = config::wasm_filters(&chain_config)?;
+    let runs = if args.quick { 2 } else { 20 };
+    let chain_cost = cost::measure(&filters, &workloads, DEMO_KEY, &mock.url(), runs);
+    let harness_text = if args.quick {
+        None
+    } else {
+        eprintln!("harness-cost");
+        Some(harness_cost(&exe.with_file_name("harness-cost")))
+    };
+    let vm_rows = harness_text
+        .as_ref()
+        .and_then(|r| r.as_ref().ok())
+        .map(|(_, text)| report::parse_vm_tables(text))
+        .unwrap_or_default();
+    for f in &filters {
+        let (start, configured) = vm_rows
+            .iter()
+            .find(|(root, _, _)| *root == f.root_id)
+            .map(|(_, s, m)| (Some(s.clone()), Some(m.clone())))
+            .unwrap_or_default();
+        let warm_bytes = chain_cost.as_ref().ok().and_then(|c| {
+            c.memory
+                .iter()
+                .find(|(root, _)| *root == f.root_id)
+                .map(|(_, b)| *b)
+        });
+        results.vms.push(Vm {
+            root_id: f.root_id.clone(),
+            module: f.file.clone(),
+            start,
+            configured,
+            warm_bytes,
+        });
+    }
+    results.chain_cost = Some(chain_cost);
+    results.harness_tables = harness_text.map(|r| r.map(|(path, _)| path));
+    results.modules = modules()?;
+    results.elapsed_s = started.elapsed().as_secs_f64();
+
+    let text = results.render();
+    println!("{text}");
+    if let Some(parent) = args.out.parent() {
         std::fs::create_dir_all(parent).map_err(|e| e.to_string())?;
     }
-    std::fs::write(&out, &report).map_err(|e| e.to_string())?;
-    println!("written to {}", out.display());
+    std::fs::write(&args.out, &text).map_err(|e| e.to_string())?;
+    println!("written to {}", args.out.display());
     Ok(())
 }
 
-/// Envoy with one worker, pinned to CPU 0.
-fn pinned_envoy(template: &str, vars: &[(&str, String)]) -> Result<Envoy, String> {
+fn first_lines(text: &str, n: usize) -> String {
+    text.lines().take(n).collect::<Vec<_>>().join(" / ")
+}
+
+/// Envoy with one worker from a derived config, pinned to the proxies' CPU.
+fn start_envoy(
+    dir: &TempDir,
+    name: &str,
+    config: &serde_json::Value,
+    vars: &[(&str, String)],
+) -> Result<Envoy, String> {
+    start_envoy_with(dir, name, config, vars, 1)
+}
+
+/// Envoy with `workers` workers from a derived config, pinned to the proxies' CPU.
+fn start_envoy_with(
+    dir: &TempDir,
+    name: &str,
+    config: &serde_json::Value,
+    vars: &[(&str, String)],
+    workers: u32,
+) -> Result<Envoy, String> {
+    let path = dir.path().join(name);
+    let text = serde_json::to_string_pretty(config).map_err(|e| e.to_string())?;
+    std::fs::write(&path, text).map_err(|e| e.to_string())?;
     let options = Options {
-        concurrency: 1,
+        concurrency: workers,
         trace_wasm: false,
     };
+    let template = path.to_str().ok_or("temp path is not UTF-8")?;
     let envoy = Envoy::start_with(template, vars, &options)?;
-    let pid = envoy.pid().to_string();
-    let status = Command::new("taskset")
-        .args(["-a", "-p", "-c", "0", &pid])
-        .stdout(Stdio::null())
-        .status();
-    if !status.is_ok_and(|s| s.success()) {
-        eprintln!("(taskset failed: Envoy is not pinned)");
+    if !procs::pin(envoy.pid(), procs::PROXY_CPU) {
+        eprintln!("(taskset failed: Envoy {name} is not pinned)");
     }
     Ok(envoy)
 }
 
-struct MockProcess {
-    child: Child,
-    port: u16,
-}
-
-impl MockProcess {
-    fn start() -> Result<MockProcess, String> {
-        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-        let bin = exe.with_file_name("mock-upstream");
-        let mut child = Command::new("taskset")
-            .args(["-c", "1"])
-            .arg(&bin)
-            .args(["--listen", "127.0.0.1:0", "--threads", "1"])
-            .stdout(Stdio::piped())
-            .spawn()
-            .map_err(|e| format!("{}: {e}", bin.display()))?;
-        let stdout = child.stdout.take().ok_or("no stdout")?;
-        let mut line = String::new();
-        BufReader::new(stdout)
-            .read_line(&mut line)
-            .map_err(|e| e.to_string())?;
-        let port = line
-            .trim()
-            .rsplit(':')
-            .next()
-            .and_then(|p| p.parse().ok())
-            .ok_or(format!("unexpected mock-upstream output {line:?}"))?;
-        Ok(MockProcess { child, port })
+/// RSS of fresh B and C at `--concurrency` 1 and 2, each after every workload for 2 s at 16
+/// connections.
+fn worker_memory(
+    dir: &TempDir,
+    mock: &MockProcess,
+    chain_config: &serde_json::Value,
+    workloads: &[Workload],
+) -> Result<WorkerMemory, String> {
+    let bare_config = config::bare(mock.port)?;
+    let mut rss = Vec::new();
+    for (name, config) in [("bare", &bare_config), ("chain", chain_config)] {
+        for workers in [1, 2] {
+            let file = format!("{name}-{workers}w.yaml");
+            let envoy = start_envoy_with(dir, &file, config, &[], workers)?;
+            for (i, w) in workloads.iter().enumerate() {
+                let script = dir.path().join(format!("mem-{i}.lua"));
+                std::fs::write(&script, w.lua("fast", DEMO_KEY, true))
+                    .map_err(|e| e.to_string())?;
+                wrk::run(&envoy.url(), &script, 2, 16)?;
+            }
+            rss.push(procs::rss_bytes(envoy.pid())?);
+        }
+    }
+    match rss[..] {
+        [bare_1, bare_2, chain_1, chain_2] => Ok(WorkerMemory {
+            bare_1,
+            bare_2,
+            chain_1,
+            chain_2,
+        }),
+        _ => Err("missing RSS samples".into()),
     }
 }
 
-impl Drop for MockProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// A chat request with a ~2 KB prompt and the test key.
-fn wrk_script() -> String {
-    let prompt = "The quick brown fox jumps over the lazy dog. ".repeat(45);
-    let body =
-        serde_json::json!({"model": "fast", "messages": [{"role": "user", "content": prompt}]})
-            .to_string();
-    format!(
-        "wrk.method = \"POST\"\nwrk.path = \"/v1/chat/completions\"\nwrk.headers[\"Content-Type\"] = \"application/json\"\nwrk.headers[\"Authorization\"] = \"Bearer {TEAM_A}\"\nwrk.body = [[{body}]]\n"
-    )
-}
-
-/// CPU time of a process so far (user + system, all threads), in microseconds.
-fn cpu_us(pid: u32) -> Result<f64, String> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).map_err(|e| e.to_string())?;
-    // fields after the parenthesised command name: state is field 3, utime 14, stime 15
-    let rest = stat
-        .rsplit_once(") ")
-        .map(|(_, r)| r)
-        .ok_or("bad /proc stat")?;
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| -> Result<f64, String> {
-        fields
-            .get(i)
-            .and_then(|v| v.parse::<f64>().ok())
-            .ok_or(format!("bad /proc stat field {i}"))
+/// One request of `w` through `t`: 200, and for a stream all its events.
+fn probe(rt: &tokio::runtime::Runtime, t: &Target, w: &Workload) -> Result<(), String> {
+    let (key, knob, model) = match t.row {
+        Row::LiteLlm if w.streams() => (litellm::MASTER_KEY, false, litellm::STREAM_MODEL),
+        Row::LiteLlm => (litellm::MASTER_KEY, false, "fast"),
+        _ => (DEMO_KEY, true, "fast"),
     };
-    // SAFETY: sysconf has no preconditions.
-    #[allow(unsafe_code)]
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    Ok((ticks(11)? + ticks(12)?) * 1_000_000.0 / hz)
-}
-
-fn wrk(url: &str, lua: &std::path::Path, secs: u32, connections: u32) -> Result<String, String> {
-    let output = Command::new("taskset")
-        .args(["-c", "1", "wrk", "-t1", "--latency"])
-        .arg(format!("-c{connections}"))
-        .arg(format!("-d{secs}s"))
-        .arg("-s")
-        .arg(lua)
-        .arg(url)
-        .output()
-        .map_err(|e| format!("wrk: {e} (apt-get install wrk)"))?;
-    let text = String::from_utf8_lossy(&output.stdout).into_owned();
-    if !output.status.success() || text.contains("Non-2xx") || text.contains("Socket errors") {
-        return Err(format!("wrk against {url} failed or saw errors:\n{text}"));
+    let mut request =
+        llm_gateway_tests::http::post(format!("{}/v1/chat/completions", t.url)).body(w.body(model));
+    for (name, value) in w.headers(key, knob) {
+        request = request.header(&name, &value);
     }
-    Ok(text)
+    let answer = rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(60), request.send())
+            .await
+            .map_err(|_| "no answer within 60 s".to_string())?
+    })?;
+    let text = answer.text();
+    if answer.status != 200 {
+        return Err(format!(
+            "{}: answered {}: {}",
+            w.name,
+            answer.status,
+            first_lines(&text, 3)
+        ));
+    }
+    if w.streams() {
+        let deltas = llm_gateway_tests::http::sse_events(&text)
+            .iter()
+            .filter(|(_, v)| v["choices"][0]["delta"]["content"].is_string())
+            .count();
+        if deltas < w.events as usize {
+            return Err(format!(
+                "{}: {deltas} content events, not {} (x-mock-chunks lost?)",
+                w.name, w.events
+            ));
+        }
+    }
+    Ok(())
 }
 
-fn measure(
-    url: &str,
-    lua: &std::path::Path,
-    secs: u32,
-    connections: u32,
-    envoy_pid: Option<u32>,
-) -> Result<Sample, String> {
-    let cpu_before = envoy_pid.map(cpu_us).transpose()?;
-    let text = wrk(url, lua, secs, connections)?;
-    let cpu_after = envoy_pid.map(cpu_us).transpose()?;
-    let requests: f64 = text
-        .lines()
-        .find_map(|l| l.trim().split_once(" requests in "))
-        .and_then(|(n, _)| n.trim().parse().ok())
-        .ok_or(format!("no request count in wrk output:\n{text}"))?;
-    let rps = text
-        .lines()
-        .find_map(|l| l.strip_prefix("Requests/sec:"))
-        .and_then(|v| v.trim().parse().ok())
-        .ok_or(format!("no Requests/sec in wrk output:\n{text}"))?;
-    let percentile = |p: &str| -> Result<f64, String> {
-        text.lines()
-            .find_map(|l| l.trim().strip_prefix(p))
-            .map(|v| parse_latency_us(v.trim()))
-            .ok_or(format!("no {p} latency in wrk output"))?
+/// The window length for a cell: `window`, except for LiteLLM under concurrency, whose
+/// requests can take longer than a window (it runs them one CPU-bound step at a time): from its
+/// c=1 p50 on the workload (measured earlier in the same round), a request at `c` takes about
+/// `c` times that; the window stretches to twice that up to 20 s, beyond which the cell is not
+/// run (and says why).
+fn window_for(
+    row: Row,
+    w: usize,
+    c: u32,
+    window: u32,
+    windows: &[(Row, usize, u32, Vec<Window>)],
+) -> Result<u32, String> {
+    if row != Row::LiteLlm || c <= 1 {
+        return Ok(window);
+    }
+    let Some(p50_us) = windows
+        .iter()
+        .find(|(r, ww, cc, _)| *r == row && *ww == w && *cc == 1)
+        .map(|(_, _, _, list)| Cell::of(row, w, 1, list))
+        .filter(|cell| cell.requests > 0.0)
+        .map(|cell| cell.p50_us)
+    else {
+        return Ok(window);
     };
-    Ok(Sample {
-        rps,
-        p50_us: percentile("50%")?,
-        p99_us: percentile("99%")?,
-        envoy_cpu_us: cpu_before.zip(cpu_after).map(|(b, a)| (a - b) / requests),
+    let estimate = f64::from(c) * p50_us / 1e6;
+    if 2.0 * estimate <= f64::from(window) {
+        Ok(window)
+    } else if 2.0 * estimate <= 20.0 {
+        Ok((2.0 * estimate).ceil() as u32)
+    } else {
+        Err(format!(
+            "not run: a request would take ≈ {estimate:.0} s (LiteLLM's c=1 p50 × {c})"
+        ))
+    }
+}
+
+/// One window of `t` on workload `w` with `c` connections.
+fn measure(t: &Target, w: usize, secs: u32, c: u32) -> Result<Window, String> {
+    let script = t.scripts.get(w).ok_or("no script")?;
+    let cpu_before = t.pid.map(procs::cpu_us).transpose()?;
+    let sample = wrk::run(&t.url, script, secs, c)?;
+    let cpu_after = t.pid.map(procs::cpu_us).transpose()?;
+    settle(t)?;
+    Ok(Window {
+        sample,
+        cpu_us: cpu_before
+            .zip(cpu_after)
+            .map(|(b, a)| (a - b) / sample.requests.max(1.0)),
+        rss: t.pid.map(procs::rss_bytes).transpose()?,
     })
 }
 
-/// wrk prints `812.00us`, `1.23ms`, `2.00s`.
-fn parse_latency_us(text: &str) -> Result<f64, String> {
-    let (number, scale) = if let Some(v) = text.strip_suffix("us") {
-        (v, 1.0)
-    } else if let Some(v) = text.strip_suffix("ms") {
-        (v, 1_000.0)
-    } else if let Some(v) = text.strip_suffix('s') {
-        (v, 1_000_000.0)
-    } else {
-        return Err(format!("latency {text:?}"));
+/// Waits (up to 20 s) until a LiteLLM row is idle again: requests wrk gave up on at the end
+/// of a window may still be running, and would take CPU from the next row's window.
+fn settle(t: &Target) -> Result<(), String> {
+    let (Row::LiteLlm, Some(pid)) = (t.row, t.pid) else {
+        return Ok(());
     };
-    number
-        .parse::<f64>()
-        .map(|n| n * scale)
-        .map_err(|e| format!("latency {text:?}: {e}"))
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut last = procs::cpu_us(pid)?;
+    while Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(250));
+        let now = procs::cpu_us(pid)?;
+        if now - last < 25_000.0 {
+            break; // < 10 % of a CPU
+        }
+        last = now;
+    }
+    Ok(())
 }
 
-fn render(rows: &[Row], window: u32, rounds: u32, connections: u32) -> String {
-    let mut out = format!(
-        "# llm-gateway bench\n\nnon-streaming chat, ~2 KB prompt, wrk -t1 -c{connections}; medians of {rounds} interleaved {window}-second windows per row; Envoy --concurrency 1 on CPU 0, wrk and mock upstream on CPU 1\n\n| row | req/s | p50 | p99 | p50 added over A | Envoy CPU per request |\n|---|---:|---:|---:|---:|---:|\n"
-    );
-    let base = rows.first().map_or(0.0, |r| r.p50_us);
-    for row in rows {
-        out.push_str(&format!(
-            "| {} | {:.0} | {:.0} µs | {:.0} µs | {:.0} µs | {} |\n",
-            row.name,
-            row.rps,
-            row.p50_us,
-            row.p99_us,
-            row.p50_us - base,
-            row.envoy_cpu_us
-                .map_or("-".to_string(), |us| format!("{us:.1} µs")),
+/// `requests` through `t` at 16 connections in batches of about `every` (the workloads in
+/// turn; wrk cannot stop at a count, so a batch is a window as long as the workload's rate
+/// needs: the row's c=16 cell first, then the rate its last batch ran at), RSS before and
+/// after each batch.
+fn leak_check(
+    t: &Target,
+    workloads: &[Workload],
+    cells: &[Cell],
+    requests: u64,
+    every: u64,
+) -> Result<LeakCheck, String> {
+    let pid = t.pid.ok_or("the leak check needs a process")?;
+    let mut rates: Vec<f64> = (0..workloads.len())
+        .map(|w| {
+            cells
+                .iter()
+                .find(|c| c.row == t.row && c.workload == w && c.connections == 16)
+                .map_or(0.0, |c| c.rps)
+        })
+        .collect();
+    let mut check = LeakCheck {
+        row: t.row,
+        every,
+        rss: vec![procs::rss_bytes(pid)?],
+        at: vec![0.0],
+        errors: 0,
+        requests: 0.0,
+    };
+    let mut batch = 0;
+    while check.requests < requests as f64 {
+        let w = batch % workloads.len();
+        let script = t.scripts.get(w).ok_or("no script")?;
+        let rate = rates.get(w).copied().unwrap_or(0.0);
+        let left = (requests as f64 - check.requests).min(every as f64);
+        let secs = if rate > 0.0 {
+            (left / rate).round().clamp(1.0, 120.0) as u32
+        } else {
+            2
+        };
+        let sample = wrk::run(&t.url, script, secs, 16)?;
+        if sample.requests == 0.0 {
+            return Err(format!(
+                "leak check, row {}: no request completed",
+                t.row.letter()
+            ));
+        }
+        if let Some(r) = rates.get_mut(w) {
+            *r = sample.rps;
+        }
+        check.requests += sample.requests;
+        check.errors += sample.errors;
+        check.rss.push(procs::rss_bytes(pid)?);
+        check.at.push(check.requests);
+        batch += 1;
+    }
+    Ok(check)
+}
+
+/// Runs `harness-cost` (all plugins, 3 runs per figure); its output goes to
+/// `target/bench/harness-cost.md`. The path and the text.
+fn harness_cost(bin: &Path) -> Result<(String, String), String> {
+    let out = Command::new(bin)
+        .args(["--runs", "3", "--requests", "50"])
+        .output()
+        .map_err(|e| format!("{}: {e}", bin.display()))?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    if !out.status.success() {
+        return Err(format!(
+            "harness-cost failed: {}",
+            first_lines(&String::from_utf8_lossy(&out.stderr), 5)
         ));
     }
-    if let (Some(b), Some(c)) = (rows.get(1), rows.get(2)) {
-        out.push_str(&format!(
-            "\nC/B throughput: {:.1} %; the chain adds {:.0} µs at p50 and {:.1} µs of Envoy CPU per request over bare Envoy\n",
-            100.0 * c.rps / b.rps,
-            c.p50_us - b.p50_us,
-            c.envoy_cpu_us.zip(b.envoy_cpu_us).map_or(0.0, |(c, b)| c - b),
-        ));
+    let path = workspace::root().join("target/bench/harness-cost.md");
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).map_err(|e| e.to_string())?;
     }
-    out
+    std::fs::write(&path, &text).map_err(|e| e.to_string())?;
+    let shown = path
+        .strip_prefix(workspace::root())
+        .unwrap_or(&path)
+        .display()
+        .to_string();
+    Ok((shown, text))
+}
+
+/// The plugin modules of `dist/` (fixtures left out) and whether each holds the tokenizer
+/// (its crate's default features enable `tokenizer`; the bundle holds the plugins that do).
+fn modules() -> Result<Vec<Module>, String> {
+    let root = workspace::root();
+    let mut out = Vec::new();
+    let dir = workspace::wasm_dir();
+    let entries = std::fs::read_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let (Some(stem), Some("wasm")) = (
+            path.file_stem().and_then(|s| s.to_str()),
+            path.extension().and_then(|s| s.to_str()),
+        ) else {
+            continue;
+        };
+        if root.join("tests/fixture-plugins").join(stem).is_dir() {
+            continue;
+        }
+        let tokenizer = stem == config::BUNDLE_FILE.trim_end_matches(".wasm") || {
+            let krate = stem.trim_end_matches("-higress");
+            std::fs::read_to_string(root.join("plugins").join(krate).join("Cargo.toml")).is_ok_and(
+                |toml| {
+                    toml.lines()
+                        .any(|l| l.starts_with("default") && l.contains("\"tokenizer\""))
+                },
+            )
+        };
+        let bytes = entry.metadata().map_err(|e| e.to_string())?.len();
+        out.push(Module {
+            file: format!("{stem}.wasm"),
+            bytes,
+            tokenizer,
+        });
+    }
+    out.sort_by(|a, b| a.file.cmp(&b.file));
+    Ok(out)
+}
+
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+fn header(args: &Args, load_start: String) -> Vec<String> {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("model name"))
+                .map(|v| v.trim_start_matches([' ', '\t', ':']).to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let envoy = workspace::envoy_bin()
+        .ok()
+        .and_then(|bin| Command::new(bin).arg("--version").output().ok())
+        .map(|o| {
+            let text = String::from_utf8_lossy(&o.stdout).into_owned();
+            text.split_whitespace()
+                .find(|w| {
+                    w.contains('/') && w.chars().next().is_some_and(|c| c.is_ascii_hexdigit())
+                })
+                .map(str::to_string)
+                .unwrap_or_else(|| text.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown".into());
+    let connections: Vec<String> = args.connections.iter().map(u32::to_string).collect();
+    vec![
+        format!("machine: {cpu}, {cores} cores; load average (1/5/15 min) {load_start} at the start, {} at the end of the load (other work on the machine skews the figures; the windows are interleaved so it skews every row alike)", load_average()),
+        format!("Envoy {envoy}, `--concurrency 1`, pinned to CPU {}; LiteLLM pinned to the same CPU (the proxy's CPU); wrk (one thread) and the mock upstream (one thread) on CPU {}", procs::PROXY_CPU, procs::LOAD_CPU),
+        format!("load: wrk -t1 --latency at {} connections; {} round(s) of one {}-second window per row, workload and connection count, interleaved (round → workload → connections → row); figures are medians over the rounds; 1 s of warm-up per row and workload first", connections.join(", "), args.rounds, args.window),
+        "C: `envoy-config/gateway.yaml` as shipped (key-auth → model-router → pii-redaction → usage-accounting → token-ratelimit, model-router-upstream on every provider cluster, its routes, retries and local replies), every provider cluster pointed at the one mock, and only token-ratelimit's amounts raised (limits' requests/tokens, budgets' tokens/money) so no request is refused; they are still evaluated on every request. Derived at run time (tests/src/bench/config.rs); E is the same with every filter in one `llm-gateway` VM of `dist/llm-gateway.wasm`".into(),
+        "B: `envoy-config/bench-bare.yaml` (router only). Access log: B and C (and E) write the same line per request, gateway.yaml's JSON file access log, flushed every 100 ms".into(),
+        format!("requests: the demo key (consumer demo, group `fast` → the mock's `/v1/chat/completions`), one user message of prose without personal data; the stream asks the mock for its events with `x-mock-chunks` (checked to arrive through every row before the load); D: LiteLLM {} (PyPI `litellm[proxy]`, `.venv-litellm`), one worker, no database, a master key, `tests/bench/litellm.yaml` (model group `fast` → openai/gpt-4o-mini at the mock's `/v1`; its stream group sets `x-mock-chunks` itself, LiteLLM does not forward client headers)", litellm::VERSION),
+        format!("LiteLLM under concurrency: a request takes about c × its c=1 latency, longer than a {}-second window for the stream; its windows stretch to twice that (up to 20 s), and a cell that would need more is not run (the table says so)", args.window),
+        format!("leak check: {} requests through C (and E) at 16 connections, RSS sampled every {}; B gets the same as the control", args.leak_requests, (args.leak_requests / 10).max(1)),
+    ]
 }

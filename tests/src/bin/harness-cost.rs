@@ -553,6 +553,14 @@ fn token_ratelimit(opts: &Options) -> Result<(), String> {
     println!("## token-ratelimit per request (admitted, settled; wasm time: all of its callbacks; gpt-4o-mini is counted with o200k_base, claude-sonnet with chars/4)\n");
     println!("{}", summary("token-ratelimit", &plain, |_| true));
     println!("{}", summary("token-ratelimit-higress", &higress, |_| true));
+    for s in plain.iter().chain(&higress) {
+        let costs: Vec<CallCost> = s.exchanges.iter().flatten().cloned().collect();
+        println!(
+            "### {}, per callback (units: per request)\n\n{}",
+            s.label,
+            cost::table(&costs, s.per_exchange())
+        );
+    }
     println!("| workload | Redis calls/request |\n|---|---:|");
     for (label, per) in calls {
         println!("| {label} | {per:.2} |");

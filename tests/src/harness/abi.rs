@@ -372,6 +372,9 @@ fn define(l: &mut Linker<HostState>) -> wasmtime::Result<()> {
                     None => match path.as_str() {
                         "plugin_name" => Some(s.plugin.as_bytes().to_vec()),
                         "plugin_vm_id" => Some(s.vm_id.as_bytes().to_vec()),
+                        // Envoy answers it in the root context's proxy_on_context_create
+                        // already (e2e_bundle)
+                        "plugin_root_id" => Some(s.root_id.as_bytes().to_vec()),
                         _ => None,
                     },
                 }

@@ -453,6 +453,7 @@ impl StreamCore {
             ));
         }
         self.local_reply = Some(reply.clone());
+        lock(&self.data).response_code_details = Some(reply.details.clone());
         if self.upstream.headers.is_some() && !self.upstream.end {
             self.upstream.reset = true;
         }
@@ -498,7 +499,11 @@ impl StreamCore {
                 self.id
             ));
         }
-        lock(&self.data).response_headers = Some(headers);
+        {
+            let mut data = lock(&self.data);
+            data.response_headers = Some(headers);
+            data.response_code_details = Some("via_upstream".into());
+        }
         self.headers_from(fleet, Direction::Response, 0, eos)
     }
 

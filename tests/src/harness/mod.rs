@@ -8,7 +8,8 @@
 //! functions), [`state`] (a VM's store data), [`vm`] (one VM), [`stream`] (a stream's data),
 //! [`chain`] (Envoy's filter iteration), [`services`] (shared data, queues, metrics, clock),
 //! [`redis`] (Redis bridge and fault proxy), [`http_call`] (answers to `dispatch_http_call`),
-//! [`fleet`] (instances, workers, streams, pumping), [`cost`] (accounting).
+//! [`fleet`] (instances, workers, streams, pumping), [`cost`] (accounting); [`traffic`] drives
+//! mixed traffic through the whole chain and reads the books it leaves in Redis.
 
 pub mod abi;
 pub mod chain;
@@ -20,6 +21,7 @@ pub mod redis;
 pub mod services;
 pub mod state;
 pub mod stream;
+pub mod traffic;
 pub mod vm;
 
 pub use chain::{Downstream, Upstream};

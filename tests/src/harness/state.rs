@@ -135,6 +135,8 @@ pub struct HostState {
     pub plugin: String,
     /// `vm_id`: shared data and queues are per `vm_id`.
     pub vm_id: String,
+    /// `root_id` of the filter (property `plugin_root_id`, in the root context too).
+    pub root_id: String,
     /// Where it sits.
     pub location: VmLocation,
     /// The instance's services.

@@ -140,6 +140,9 @@ pub struct StreamData {
     pub route_cache_cleared: Vec<u32>,
     /// Plugin names per filter, for properties `plugin_name` / `plugin_root_id`.
     pub plugin_names: Vec<(String, String)>,
+    /// `response.code_details` (`%RESPONSE_CODE_DETAILS%`): `via_upstream` once the upstream
+    /// answered, a local reply's details once one was carried out.
+    pub response_code_details: Option<String>,
 }
 
 impl StreamData {
@@ -181,7 +184,8 @@ impl StreamData {
 
     /// A property as a plugin reads it: the test's properties, then values derived from the
     /// headers (`request.path`, `request.method`, `request.host`, `request.id` from
-    /// `x-request-id`, `response.code`), then filter state written by `set_property`.
+    /// `x-request-id`, `response.code`), `response.code_details`, then filter state written
+    /// by `set_property`.
     pub fn property(&self, path: &str, filter: usize) -> Option<Vec<u8>> {
         if let Some(p) = self.properties.get(path) {
             return Some(p.encode());
@@ -206,6 +210,10 @@ impl StreamData {
                 .and_then(|h| header_value(h, ":status"))
                 .and_then(|s| s.parse::<i64>().ok())
                 .map(|c| c.to_le_bytes().to_vec()),
+            "response.code_details" => self
+                .response_code_details
+                .as_ref()
+                .map(|d| d.as_bytes().to_vec()),
             "plugin_name" => self
                 .plugin_names
                 .get(filter)

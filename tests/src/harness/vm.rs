@@ -140,6 +140,7 @@ impl Vm {
             wasi,
             plugin: spec.name.clone(),
             vm_id: spec.vm_id.clone(),
+            root_id: spec.root_id.clone(),
             location,
             services: env.services.clone(),
             clock: env.clock.clone(),

@@ -1,0 +1,432 @@
+//! The bundle (`dist/llm-gateway.wasm`, `plugins/bundle`) in the harness: loaded once per root
+//! id of `envoy-config/gateway.yaml`, with gateway.yaml's filter configs, it does what the five
+//! standalone modules do — byte for byte at the upstream and the client, in filter state, in
+//! shared data and in metrics — on the journey of `e2e_chain` (a stream with an e-mail
+//! address, one without usage, a non-streaming chat, the refusals). A root id it does not
+//! know fails the configuration, naming the id and the known ones.
+//!
+//! The model router's upstream filter (a cluster filter in Envoy) runs here as the last filter
+//! of the chain: it sees the request after the listener's filters, the response first.
+
+use llm_gateway_tests::bundle;
+use llm_gateway_tests::demo::{DEMO_KEY, FAST_ONLY_KEY};
+use llm_gateway_tests::harness::stream::Headers;
+use llm_gateway_tests::harness::{Exchange, FilterSpec, Fleet, Request, Response, Upstream};
+use llm_gateway_tests::workspace;
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use yaml_rust2::{Yaml, YamlLoader};
+
+const EMAIL: &str = "jane.doe@example.com";
+
+/// A wasm filter of gateway.yaml.
+#[derive(Debug)]
+struct GatewayFilter {
+    name: String,
+    root_id: String,
+    vm_id: String,
+    /// The module's name in dist/ (`key-auth` for `${WASM_DIR}/key-auth.wasm`).
+    module: String,
+    config: Value,
+    allow_stop: bool,
+}
+
+fn wasm_filter(filter: &Yaml) -> Option<GatewayFilter> {
+    let config = &filter["typed_config"]["config"];
+    let vm = &config["vm_config"];
+    let file = vm["code"]["local"]["filename"].as_str()?;
+    let module = file
+        .strip_prefix("@wasm/")?
+        .strip_suffix(".wasm")?
+        .to_string();
+    let text = config["configuration"]["value"].as_str()?;
+    Some(GatewayFilter {
+        name: config["name"].as_str()?.to_string(),
+        root_id: config["root_id"].as_str()?.to_string(),
+        vm_id: vm["vm_id"].as_str()?.to_string(),
+        module,
+        config: serde_json::from_str(text).unwrap(),
+        allow_stop: config["allow_on_headers_stop_iteration"]
+            .as_bool()
+            .unwrap_or(false),
+    })
+}
+
+/// The listener's wasm filters of gateway.yaml in chain order, then the first provider
+/// cluster's upstream filter (the model router's upstream role).
+fn gateway_filters() -> Vec<GatewayFilter> {
+    let path = workspace::envoy_config(llm_gateway_tests::demo::CONFIG);
+    let template = std::fs::read_to_string(&path).unwrap();
+    // `${…}` inside a YAML flow mapping does not parse: placeholders first
+    let mut vars = llm_gateway_tests::demo::vars(1, 1, 1, 1);
+    vars.push(("WASM_DIR", "@wasm".into()));
+    vars.push(("LOG_DIR", "/tmp".into()));
+    let text = workspace::render(&template, &vars).unwrap();
+    let docs = YamlLoader::load_from_str(&text).unwrap();
+    let resources = &docs[0]["static_resources"];
+    let listener = &resources["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"];
+    let upstream = &resources["clusters"][0]["typed_extension_protocol_options"]
+        ["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"];
+    let mut filters: Vec<GatewayFilter> = listener["http_filters"]
+        .as_vec()
+        .unwrap()
+        .iter()
+        .filter_map(wasm_filter)
+        .collect();
+    filters.extend(
+        upstream["http_filters"]
+            .as_vec()
+            .unwrap()
+            .iter()
+            .filter_map(wasm_filter),
+    );
+    let roots: Vec<&str> = filters.iter().map(|f| f.root_id.as_str()).collect();
+    assert_eq!(
+        roots,
+        [
+            "key-auth",
+            "model-router",
+            "pii-redaction",
+            "usage-accounting",
+            "token-ratelimit",
+            "model-router-upstream"
+        ],
+        "gateway.yaml's chain changed: update this suite"
+    );
+    filters
+}
+
+/// The chain as gateway.yaml runs it (`bundled`: as gateway-bundle.yaml runs it).
+fn chain(bundled: bool) -> Fleet {
+    let mut builder = Fleet::builder();
+    for filter in gateway_filters() {
+        let module = if bundled {
+            bundle::MODULE
+        } else {
+            &filter.module
+        };
+        let mut spec = FilterSpec::plugin(module, &filter.config)
+            .unwrap()
+            .root_id(&filter.root_id)
+            .vm_id(if bundled {
+                bundle::VM_ID
+            } else {
+                &filter.vm_id
+            })
+            .allow_on_headers_stop_iteration(filter.allow_stop);
+        spec.name = filter.name;
+        builder = builder.filter(spec);
+    }
+    builder.build().unwrap()
+}
+
+/// The mock provider's answer with `x-mock-echo`: the last user message it received, as a
+/// stream of 4-character deltas (with the usage chunk if the body asked for one, unless
+/// `usage` is false) cut into 7-byte pieces, or as one chat completion.
+fn provider(up: &Upstream, usage: bool) -> Response {
+    let body: Value = serde_json::from_slice(&up.body).unwrap();
+    let said = body["messages"]
+        .as_array()
+        .and_then(|m| m.iter().rev().find(|m| m["role"] == "user"))
+        .and_then(|m| m["content"].as_str())
+        .unwrap_or_default()
+        .to_string();
+    let model = body["model"].as_str().unwrap_or_default();
+    let chars: Vec<char> = said.chars().collect();
+    let pieces: Vec<String> = chars.chunks(4).map(|c| c.iter().collect()).collect();
+    let usage_json = json!({"prompt_tokens": 40, "completion_tokens": pieces.len(),
+        "total_tokens": 40 + pieces.len()});
+    if body["stream"] != true {
+        let mut answer = json!({"id": "chatcmpl-1", "object": "chat.completion", "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": said},
+                         "finish_reason": "stop"}]});
+        if usage {
+            answer["usage"] = usage_json;
+        }
+        let length = answer.to_string().len().to_string();
+        return Response::json(&answer).header("content-length", &length);
+    }
+    let mut sse = String::new();
+    for piece in &pieces {
+        let event = json!({"id": "chatcmpl-1", "object": "chat.completion.chunk", "model": model,
+            "choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": null}]});
+        sse.push_str(&format!("data: {event}\n\n"));
+    }
+    if usage && body["stream_options"]["include_usage"] == true {
+        let event = json!({"id": "chatcmpl-1", "object": "chat.completion.chunk", "model": model,
+            "choices": [], "usage": usage_json});
+        sse.push_str(&format!("data: {event}\n\n"));
+    }
+    sse.push_str("data: [DONE]\n\n");
+    let offsets: Vec<usize> = (7..sse.len()).step_by(7).collect();
+    Response::status(200)
+        .header("content-type", "text/event-stream")
+        .body(sse.as_bytes())
+        .split_at(&offsets)
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn headers_json(headers: Option<&Headers>) -> Value {
+    headers
+        .map(|h| {
+            h.iter()
+                .map(|(n, v)| json!([n, text(v)]))
+                .collect::<Vec<_>>()
+        })
+        .into()
+}
+
+/// Everything the chain did to one exchange, as JSON.
+fn summary(ex: &Exchange) -> Value {
+    let filter_state: BTreeMap<&String, String> =
+        ex.filter_state.iter().map(|(k, v)| (k, text(v))).collect();
+    json!({
+        "upstream": ex.upstream.as_ref().map(|up| json!({
+            "headers": headers_json(up.headers.as_ref()),
+            "body": text(&up.body),
+        })),
+        "downstream": {
+            "headers": headers_json(ex.downstream.headers.as_ref()),
+            "body": text(&ex.downstream.body),
+        },
+        "local_reply": ex.local_reply.as_ref().map(|r| json!({
+            "filter": r.filter, "status": r.status, "details": r.details,
+            "headers": headers_json(Some(&r.headers)), "body": text(&r.body),
+        })),
+        "filter_state": filter_state,
+        "route_cache_cleared": ex.route_cache_cleared,
+    })
+}
+
+/// The journey, one exchange after the other on one worker; each exchange's summary with the
+/// router's request id (random per VM) replaced by `<request-id>`.
+fn journey(fleet: &Fleet) -> Vec<Value> {
+    let key = format!("Bearer {DEMO_KEY}");
+    let intern = format!("Bearer {FAST_ONLY_KEY}");
+    let mail = format!("Please write to {EMAIL} about the launch");
+    let chat = |content: &str, stream: bool| json!({"model": "fast", "stream": stream, "messages": [{"role": "user", "content": content}]});
+    let post = |auth: Option<&str>, user: &str, body: &Value| {
+        let mut request = Request::post("/v1/chat/completions").header("x-user-id", user);
+        if let Some(auth) = auth {
+            request = request.header("authorization", auth);
+        }
+        let raw = body.to_string();
+        let offsets: Vec<usize> = (64..raw.len()).step_by(64).collect();
+        request.json(body).split_at(&offsets)
+    };
+    let steps: Vec<(Request, bool)> = vec![
+        (post(Some(&key), "alice", &chat(&mail, true)), true),
+        (post(Some(&key), "bob", &chat(&mail, true)), false),
+        (post(Some(&key), "alice", &chat(&mail, false)), true),
+        (post(None, "alice", &chat("Hello!", false)), true),
+        (
+            post(
+                Some(&intern),
+                "carol",
+                &json!({"model": "smart", "messages": [{"role": "user", "content": "Hello!"}]}),
+            ),
+            true,
+        ),
+        (
+            post(
+                Some(&key),
+                "alice",
+                &json!({"model": "gpt-5", "messages": [{"role": "user", "content": "Hello!"}]}),
+            ),
+            true,
+        ),
+    ];
+    steps
+        .iter()
+        .enumerate()
+        .map(|(i, (request, usage))| {
+            let ex = fleet
+                .exchange(0, 0, request, |up| provider(up, *usage))
+                .unwrap_or_else(|e| panic!("step {i}: {e}"));
+            let mut text = summary(&ex).to_string();
+            if let Some(id) = ex.upstream_header("x-llm-request-id") {
+                assert!(!id.is_empty());
+                text = text.replace(id, "<request-id>");
+            }
+            serde_json::from_str(&text).unwrap()
+        })
+        .collect()
+}
+
+/// Shared data of every vm_id of the chain, key -> value (CAS tokens left out).
+fn shared_data(fleet: &Fleet, vm_ids: &[&str]) -> BTreeMap<String, String> {
+    let data = &fleet.services(0).shared_data;
+    let mut all = BTreeMap::new();
+    for vm_id in vm_ids {
+        for key in data.keys(vm_id) {
+            let (value, _) = data.get(vm_id, &key).unwrap();
+            assert!(
+                all.insert(key.clone(), format!("{value:?}")).is_none(),
+                "{key} in two vm_ids"
+            );
+        }
+    }
+    all
+}
+
+/// Every metric: name, kind, value, histogram samples.
+fn metrics(fleet: &Fleet) -> Vec<String> {
+    let metrics = &fleet.services(0).metrics;
+    let mut all: Vec<String> = metrics
+        .names()
+        .into_iter()
+        .map(|(name, kind)| {
+            format!(
+                "{name} {kind:?} {:?} {:?}",
+                metrics.value(&name),
+                metrics.samples(&name)
+            )
+        })
+        .collect();
+    all.sort();
+    all
+}
+
+#[test]
+fn the_bundle_does_what_the_five_modules_do_on_the_gateway_journey() {
+    let separate = chain(false);
+    let bundled = chain(true);
+    let expected = journey(&separate);
+    let got = journey(&bundled);
+    for (i, (want, have)) in expected.iter().zip(&got).enumerate() {
+        assert_eq!(
+            have,
+            want,
+            "step {i}: the bundle differs\nbundle: {}\nfive modules: {}",
+            serde_json::to_string_pretty(have).unwrap(),
+            serde_json::to_string_pretty(want).unwrap()
+        );
+    }
+    assert_eq!(got.len(), 6);
+
+    // What the journey is (so that equal does not mean equally broken): the address masked
+    // for the provider and restored for the client, the provider's model and credential,
+    // usage from the provider or estimated, the record, the refusals.
+    let stream = &got[0];
+    let sent = stream["upstream"]["body"].as_str().unwrap();
+    assert!(
+        sent.contains("[EMAIL_1]") && !sent.contains(EMAIL),
+        "{sent}"
+    );
+    assert!(sent.contains(r#""model":"gpt-4o-mini""#), "{sent}");
+    let up_headers = stream["upstream"]["headers"].to_string();
+    assert!(
+        up_headers.contains(r#"["authorization","Bearer sk-demo-openai-provider-credential"]"#),
+        "{up_headers}"
+    );
+    assert!(!up_headers.contains(DEMO_KEY), "{up_headers}");
+    let received = stream["downstream"]["body"].as_str().unwrap();
+    assert!(!received.contains("[EMAIL_"), "{received}");
+    assert!(received.ends_with("data: [DONE]\n\n"), "{received}");
+    let record: Value =
+        serde_json::from_str(stream["filter_state"]["wasm.llm_usage"].as_str().unwrap()).unwrap();
+    assert_eq!(record["consumer"], "demo", "{record}");
+    assert_eq!(record["deployment"], "openai-mini", "{record}");
+    assert_eq!(record["usage_source"], "upstream", "{record}");
+    assert_eq!(record["usage"]["prompt_tokens"], 40, "{record}");
+    assert_eq!(record["request_id"], "<request-id>", "{record}");
+    let estimated: Value =
+        serde_json::from_str(got[1]["filter_state"]["wasm.llm_usage"].as_str().unwrap()).unwrap();
+    assert_eq!(estimated["usage_source"], "estimated", "{estimated}");
+    let whole = got[2]["downstream"]["headers"].to_string();
+    assert!(whole.contains("x-llm-cost"), "{whole}");
+    for (step, status, code) in [
+        (3, 401, "missing_api_key"),
+        (4, 403, "model_not_allowed"),
+        (5, 404, "model_not_found"),
+    ] {
+        let reply = &got[step]["local_reply"];
+        assert_eq!(reply["status"], status, "step {step}: {reply}");
+        assert!(
+            reply["body"].as_str().unwrap().contains(code),
+            "step {step}: {reply}"
+        );
+        assert!(
+            got[step]["upstream"].is_null(),
+            "step {step} reached the provider"
+        );
+    }
+
+    // The state the journey left: the router's breakers and token-ratelimit's buckets and
+    // budgets in one vm_id hold what they held in two (no key of one plugin meets another's),
+    // and every metric counts the same.
+    let vm_ids: std::collections::BTreeSet<String> =
+        gateway_filters().into_iter().map(|f| f.vm_id).collect();
+    let vm_ids: Vec<&str> = vm_ids.iter().map(String::as_str).collect();
+    let left = shared_data(&separate, &vm_ids);
+    assert!(
+        left.keys().any(|k| k.starts_with("llm_router:breaker:")),
+        "{left:?}"
+    );
+    assert!(left.keys().any(|k| k.starts_with("trl:")), "{left:?}");
+    assert_eq!(shared_data(&bundled, &[bundle::VM_ID]), left);
+    let counted = metrics(&separate);
+    assert!(
+        counted
+            .iter()
+            .any(|m| m.starts_with("llm_gateway.key_auth.allowed ")),
+        "{counted:?}"
+    );
+    assert_eq!(metrics(&bundled), counted);
+}
+
+#[test]
+fn a_root_id_the_bundle_does_not_know_fails_the_configuration() {
+    for root_id in ["pii", ""] {
+        let spec = FilterSpec::plugin(bundle::MODULE, &json!({}))
+            .unwrap()
+            .root_id(root_id)
+            .vm_id(bundle::VM_ID);
+        let Err(err) = Fleet::single(spec) else {
+            panic!("root_id {root_id:?} configured");
+        };
+        assert!(err.contains("proxy_on_configure returned false"), "{err}");
+        assert!(
+            err.contains(&format!("unknown root_id {root_id:?}")),
+            "{err}"
+        );
+        for known in [
+            "key-auth",
+            "model-router",
+            "model-router-upstream",
+            "pii-redaction",
+            "usage-accounting",
+            "token-ratelimit",
+        ] {
+            assert!(err.contains(known), "{known} in {err}");
+        }
+    }
+}
+
+#[test]
+fn the_bundle_imports_nothing_plain_envoy_lacks_and_has_one_entry_point() {
+    let module = llm_gateway_tests::harness::engine::module(
+        &workspace::plugin_wasm(bundle::MODULE).unwrap(),
+    )
+    .unwrap();
+    let imports = llm_gateway_tests::harness::engine::imports(&module);
+    assert!(
+        !imports.iter().any(|i| i.contains("redis")),
+        "Higress's Redis calls in the plain-Envoy bundle: {imports:?}"
+    );
+    let exports = llm_gateway_tests::harness::engine::exports(&module);
+    for export in [
+        "_initialize",
+        "proxy_abi_version_0_2_1",
+        "proxy_on_context_create",
+    ] {
+        assert_eq!(
+            exports.iter().filter(|e| *e == export).count(),
+            1,
+            "{export}: {exports:?}"
+        );
+    }
+}

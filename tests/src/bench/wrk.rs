@@ -1,0 +1,246 @@
+//! The load: `wrk` (one thread, pinned to the load CPU) with a Lua script per workload, and
+//! its output parsed into a [`Sample`].
+
+use super::procs;
+use std::path::Path;
+use std::process::Command;
+
+/// One kind of request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Workload {
+    /// Short label.
+    pub name: &'static str,
+    /// Bytes of the user message.
+    pub prompt_bytes: usize,
+    /// SSE events asked of the mock (`x-mock-chunks`) for a stream; 0: a JSON answer.
+    pub events: u32,
+}
+
+/// The bench's workloads.
+pub const WORKLOADS: [Workload; 3] = [
+    Workload {
+        name: "chat 2 KB",
+        prompt_bytes: 2 * 1024,
+        events: 0,
+    },
+    Workload {
+        name: "chat 32 KB",
+        prompt_bytes: 32 * 1024,
+        events: 0,
+    },
+    Workload {
+        name: "stream 200 events",
+        prompt_bytes: 2 * 1024,
+        events: 200,
+    },
+];
+
+impl Workload {
+    /// True for a streaming request.
+    pub fn streams(&self) -> bool {
+        self.events > 0
+    }
+
+    /// The request body with model `model`: one user message of prose (no personal data),
+    /// `stream: true` for a stream.
+    pub fn body(&self, model: &str) -> String {
+        let mut prompt = pii_redaction::bench_data::prose(self.prompt_bytes, false);
+        let mut end = self.prompt_bytes.min(prompt.len());
+        while !prompt.is_char_boundary(end) {
+            end -= 1;
+        }
+        prompt.truncate(end);
+        let mut body = serde_json::json!({
+            "model": model,
+            "messages": [{"role": "user", "content": prompt}],
+        });
+        if self.streams() {
+            body["stream"] = serde_json::json!(true);
+        }
+        body.to_string()
+    }
+
+    /// The headers of the request: JSON, the key, and for a stream `x-mock-chunks` (when
+    /// `mock_knob`: a proxy that forwards client headers; LiteLLM does not, its model group
+    /// sets the header instead).
+    pub fn headers(&self, authorization: &str, mock_knob: bool) -> Vec<(String, String)> {
+        let mut headers = vec![
+            ("Content-Type".to_string(), "application/json".to_string()),
+            (
+                "Authorization".to_string(),
+                format!("Bearer {authorization}"),
+            ),
+        ];
+        if self.streams() && mock_knob {
+            headers.push(("x-mock-chunks".into(), self.events.to_string()));
+        }
+        headers
+    }
+
+    /// A wrk Lua script sending this request.
+    pub fn lua(&self, model: &str, authorization: &str, mock_knob: bool) -> String {
+        let mut lua = String::from("wrk.method = \"POST\"\nwrk.path = \"/v1/chat/completions\"\n");
+        for (name, value) in self.headers(authorization, mock_knob) {
+            lua.push_str(&format!("wrk.headers[\"{name}\"] = \"{value}\"\n"));
+        }
+        lua.push_str(&format!("wrk.body = [===[{}]===]\n", self.body(model)));
+        lua
+    }
+}
+
+/// One measurement window.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Sample {
+    /// Requests completed.
+    pub requests: f64,
+    /// Requests per second.
+    pub rps: f64,
+    /// Latency percentiles, µs.
+    pub p50_us: f64,
+    /// 99th percentile, µs.
+    pub p99_us: f64,
+    /// Non-2xx answers plus socket errors.
+    pub errors: u64,
+}
+
+/// Runs wrk against `url` for `secs` with `connections`; its parsed output.
+pub fn run(url: &str, script: &Path, secs: u32, connections: u32) -> crate::Result<Sample> {
+    let output = Command::new("taskset")
+        .args([
+            "-c",
+            procs::LOAD_CPU,
+            "wrk",
+            "-t1",
+            "--latency",
+            "--timeout",
+            "30s",
+        ])
+        .arg(format!("-c{connections}"))
+        .arg(format!("-d{secs}s"))
+        .arg("-s")
+        .arg(script)
+        .arg(url)
+        .output()
+        .map_err(|e| format!("wrk: {e} (apt-get install wrk)"))?;
+    let text = String::from_utf8_lossy(&output.stdout).into_owned();
+    if !output.status.success() {
+        return Err(format!(
+            "wrk against {url} failed: {text}{}",
+            String::from_utf8_lossy(&output.stderr)
+        ));
+    }
+    parse(&text).map_err(|e| format!("{e} in wrk output:\n{text}"))
+}
+
+/// Parses wrk's `--latency` output.
+pub fn parse(text: &str) -> crate::Result<Sample> {
+    let requests: f64 = text
+        .lines()
+        .find_map(|l| l.trim().split_once(" requests in "))
+        .and_then(|(n, _)| n.trim().parse().ok())
+        .ok_or("no request count")?;
+    let rps = text
+        .lines()
+        .find_map(|l| l.strip_prefix("Requests/sec:"))
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or("no Requests/sec")?;
+    let percentile = |p: &str| -> crate::Result<f64> {
+        match text.lines().find_map(|l| l.trim().strip_prefix(p)) {
+            Some(v) => parse_latency_us(v.trim()),
+            // no request completed: wrk prints no distribution
+            None if requests == 0.0 => Ok(0.0),
+            None => Err(format!("no {p} latency")),
+        }
+    };
+    let non_2xx: u64 = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Non-2xx or 3xx responses:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    // "Socket errors: connect 0, read 3, write 0, timeout 2"
+    let socket: u64 = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Socket errors:"))
+        .map(|v| {
+            v.split(',')
+                .filter_map(|part| part.split_whitespace().nth(1)?.parse::<u64>().ok())
+                .sum()
+        })
+        .unwrap_or(0);
+    Ok(Sample {
+        requests,
+        rps,
+        p50_us: percentile("50%")?,
+        p99_us: percentile("99%")?,
+        errors: non_2xx + socket,
+    })
+}
+
+/// wrk prints `812.00us`, `1.23ms`, `2.00s`, `1.50m`.
+pub fn parse_latency_us(text: &str) -> crate::Result<f64> {
+    let (number, scale) = if let Some(v) = text.strip_suffix("us") {
+        (v, 1.0)
+    } else if let Some(v) = text.strip_suffix("ms") {
+        (v, 1_000.0)
+    } else if let Some(v) = text.strip_suffix('s') {
+        (v, 1_000_000.0)
+    } else if let Some(v) = text.strip_suffix('m') {
+        (v, 60_000_000.0)
+    } else {
+        return Err(format!("latency {text:?}"));
+    };
+    number
+        .parse::<f64>()
+        .map(|n| n * scale)
+        .map_err(|e| format!("latency {text:?}: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const OUTPUT: &str = "Running 2s test @ http://127.0.0.1:1234
+  1 threads and 16 connections
+  Thread Stats   Avg      Stdev     Max   +/- Stdev
+    Latency     1.20ms  300.00us   5.00ms   90.00%
+    Req/Sec    12.00k     1.00k   13.00k    80.00%
+  Latency Distribution
+     50%  812.00us
+     75%    1.00ms
+     90%    1.50ms
+     99%    2.50ms
+  24000 requests in 2.00s, 10.00MB read
+  Socket errors: connect 0, read 3, write 0, timeout 2
+  Non-2xx or 3xx responses: 7
+Requests/sec:  12000.00
+Transfer/sec:      5.00MB
+";
+
+    #[test]
+    fn parses_wrk_output() {
+        let s = parse(OUTPUT).unwrap();
+        assert_eq!(s.requests, 24000.0);
+        assert_eq!(s.rps, 12000.0);
+        assert_eq!(s.p50_us, 812.0);
+        assert_eq!(s.p99_us, 2500.0);
+        assert_eq!(s.errors, 12);
+        assert!(parse("nothing").is_err());
+        assert_eq!(parse_latency_us("2.00s").unwrap(), 2_000_000.0);
+        assert!(parse_latency_us("2.00x").is_err());
+    }
+
+    #[test]
+    fn workloads_ask_what_they_say() {
+        for w in WORKLOADS {
+            let body: serde_json::Value = serde_json::from_str(&w.body("fast")).unwrap();
+            let prompt = body["messages"][0]["content"].as_str().unwrap();
+            assert_eq!(prompt.len(), w.prompt_bytes, "{}", w.name);
+            assert_eq!(body["stream"].as_bool().unwrap_or(false), w.streams());
+            let lua = w.lua("fast", "k", true);
+            assert!(!w.body("fast").contains("]===]"));
+            assert_eq!(lua.contains("x-mock-chunks\"] = \"200\""), w.streams());
+            assert!(lua.contains("Bearer k"));
+            assert!(!w.lua("fast", "k", false).contains("x-mock-chunks"));
+        }
+    }
+}
