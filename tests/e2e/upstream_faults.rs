@@ -544,11 +544,11 @@ async fn a_provider_that_sends_garbage() {
         "endless: {} MiB read, Envoy RSS every 8 MiB (KiB): {rss:?}",
         total >> 20
     );
-    // over the last 24 MiB it flowed, Envoy grew by less than 8 MiB (a filter holding the
-    // line would have grown by all of it)
-    let tail = &rss[rss.len() - 4..];
+    // A filter holding the line grows Envoy by at least what flowed, in every 8 MiB window;
+    // the allocator takes a step of 15-40 MiB once or twice, at any point of the line.
+    let growing = rss.windows(2).filter(|w| w[1] > w[0] + 4 * 1024).count();
     assert!(
-        tail[3] < tail[0] + 8 * 1024,
+        rss.len() >= 8 && growing <= 2,
         "Envoy keeps growing with the line: {rss:?}"
     );
     let id = head
@@ -606,8 +606,8 @@ async fn a_client_at_its_rate_limit_is_no_provider_failure() {
     assert!(demo.azure.requests().is_empty());
 }
 
-/// How much of the endless line the client reads before it leaves.
-const ENDLESS_READ: usize = 48 << 20;
+/// How much of the endless line the client reads before it leaves: ten 8 MiB windows of RSS.
+const ENDLESS_READ: usize = 80 << 20;
 
 fn rss_kib(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
