@@ -681,7 +681,12 @@ impl HttpContext for Downstream {
                 watcher.push(&chunk);
             }
         }
-        if end_of_stream && !watcher.finished() {
+        if watcher.finished() {
+            // the terminator went by: nothing later can cut this stream short
+            self.watcher = None;
+            return Action::Continue;
+        }
+        if end_of_stream {
             let anthropic = self.routed.as_ref().is_some_and(|r| r.anthropic_api);
             let event = interrupted_event(anthropic);
             if let Err(err) = host::set_buffer(Buffer::ResponseBody, size, 0, &event) {
