@@ -182,29 +182,41 @@ fn skip_ws(bytes: &[u8], mut at: usize) -> usize {
     at
 }
 
-/// True if any byte of `word` is `byte`.
-fn has_byte(word: u64, byte: u8) -> bool {
-    const ONES: u64 = u64::from_ne_bytes([1; 8]);
-    const HIGHS: u64 = u64::from_ne_bytes([0x80; 8]);
-    let x = word ^ (ONES * u64::from(byte));
-    x.wrapping_sub(ONES) & !x & HIGHS != 0
+/// How many bytes `rest` starts with that are neither `"` nor `\\`, eight at a time (a
+/// byte-wise "is this byte zero" test on a whole word for each: a borrow can flag bytes after
+/// a true match, never before one, so the lowest flag is the first match).
+fn plain_run(rest: &[u8]) -> usize {
+    const ONES: u64 = u64::from_le_bytes([1; 8]);
+    const HIGH: u64 = u64::from_le_bytes([0x80; 8]);
+    const QUOTES: u64 = ONES * b'"' as u64;
+    const BACKSLASHES: u64 = ONES * b'\\' as u64;
+    let mut done = 0;
+    let mut words = rest.chunks_exact(8);
+    for chunk in words.by_ref() {
+        let word = chunk.try_into().map_or(0, u64::from_le_bytes);
+        let quote = word ^ QUOTES;
+        let backslash = word ^ BACKSLASHES;
+        let flags =
+            (quote.wrapping_sub(ONES) & !quote | backslash.wrapping_sub(ONES) & !backslash) & HIGH;
+        if flags != 0 {
+            return done + (flags.trailing_zeros() / 8) as usize;
+        }
+        done += 8;
+    }
+    let tail = words.remainder();
+    done + tail
+        .iter()
+        .position(|&c| c == b'"' || c == b'\\')
+        .unwrap_or(tail.len())
 }
 
 /// The offset of the `"` that closes the string whose content starts at `at`.
 fn string_end(bytes: &[u8], mut at: usize) -> Option<usize> {
     loop {
-        // eight bytes at a time through text without quotes or backslashes
-        while let Some(&[a, b, c, d, e, f, g, h]) = bytes.get(at..at + 8) {
-            let word = u64::from_ne_bytes([a, b, c, d, e, f, g, h]);
-            if has_byte(word, b'"') || has_byte(word, b'\\') {
-                break;
-            }
-            at += 8;
-        }
+        at += plain_run(bytes.get(at..)?);
         match bytes.get(at)? {
             b'"' => return Some(at),
-            b'\\' => at += 2,
-            _ => at += 1,
+            _ => at += 2, // a backslash and the byte it escapes
         }
     }
 }
