@@ -182,7 +182,7 @@ fn skip_ws(bytes: &[u8], mut at: usize) -> usize {
     at
 }
 
-/// How many bytes `rest` starts with that are neither `"` nor `\\`, eight at a time (a
+/// How many bytes `rest` starts with that are neither `"` nor `\`, eight at a time (a
 /// byte-wise "is this byte zero" test on a whole word for each: a borrow can flag bytes after
 /// a true match, never before one, so the lowest flag is the first match).
 fn plain_run(rest: &[u8]) -> usize {

@@ -11,7 +11,7 @@
 //! It runs on every event of every stream, so it does the least it can: one pass over each new
 //! byte, which skips ordinary bytes through a table lookup and stops only at line ends and at
 //! the last byte of one of the [`MARKERS`] — four-byte windows of the words a terminating event
-//! must contain — or at a `\\` (a `\\u00XX` escape could spell such a word inside JSON). Only an
+//! must contain — or at a `\` (a `\u00XX` escape could spell such a word inside JSON). Only an
 //! event holding one of them is parsed and judged ([`is_terminal`]); the rest — almost every
 //! event of a chat stream — is neither copied nor parsed nor allocated for, unless it straddles
 //! two chunks (then its first part is kept until it ends).
@@ -36,9 +36,9 @@ const fn window(bytes: &[u8; 4]) -> u32 {
 /// Four consecutive bytes of each word a terminating event must spell: `[DONE]`, `error`
 /// (the `error` event, type or top-level member), `message_stop`, `response.` (every Responses
 /// API terminal type), each chosen to end with a byte that is rare in chat events. An event
-/// without any of them, and without a `\\u00` escape, is not terminal: every test of
+/// without any of them, and without a `\u00` escape, is not terminal: every test of
 /// [`is_terminal`] compares with one of these words, literally or as a JSON string (where only
-/// a `\\u00XX` escape can spell an ASCII letter, `_` or `.` differently).
+/// a `\u00XX` escape can spell an ASCII letter, `_` or `.` differently).
 pub const MARKERS: [u32; 4] = [
     window(b"[DON"),
     window(b"rror"),
