@@ -6,6 +6,7 @@
 
 use llm_gateway_shared::json::{quote, scan_object, Edits, Limits, Object};
 use llm_gateway_shared::reject::Reject;
+use std::ops::Range;
 
 /// The endpoints the router handles (path without the query).
 pub const ENDPOINTS: [&str; 4] = [
@@ -89,8 +90,39 @@ impl<'a> Body<'a> {
 }
 
 /// Rewrites only `model` of an already-routed body (the upstream filter, per attempt).
-/// `None` if the body is not a JSON object (then it goes upstream unchanged).
+/// `None` if `model` is already right (no copy), or if the body is not a JSON object (then it
+/// goes upstream unchanged).
+///
+/// The downstream role validated the body and left it exactly one top-level `model`, so the
+/// attempt does not validate it again: [`find_model`] skips over the values (strings eight
+/// bytes at a time) to the top-level `model` and only that value is spliced. A body it cannot
+/// settle that way — no `model` or several, an escaped key or `model` value, a document that
+/// does not hold together — takes the validating path ([`scan_object`] and [`Edits`]); for a
+/// valid document both give the same bytes.
 pub fn rewrite_model(bytes: &[u8], model: &str) -> Option<Vec<u8>> {
+    let Some(value) = find_model(bytes) else {
+        return rewrite_model_validating(bytes, model);
+    };
+    let current = bytes.get(value.clone()).unwrap_or_default();
+    if current.contains(&b'\\') {
+        return rewrite_model_validating(bytes, model);
+    }
+    if current
+        .strip_prefix(b"\"")
+        .and_then(|c| c.strip_suffix(b"\""))
+        == Some(model.as_bytes())
+    {
+        return None; // already right: no copy
+    }
+    let replacement = quote(model);
+    let mut out = Vec::with_capacity(bytes.len() - current.len() + replacement.len());
+    out.extend_from_slice(bytes.get(..value.start).unwrap_or_default());
+    out.extend_from_slice(replacement.as_bytes());
+    out.extend_from_slice(bytes.get(value.end..).unwrap_or_default());
+    Some(out)
+}
+
+fn rewrite_model_validating(bytes: &[u8], model: &str) -> Option<Vec<u8>> {
     let object = scan_object(bytes, &Limits::default()).ok()?;
     if object.str(bytes, "model").ok().flatten().as_deref() == Some(model) {
         return None; // already right: no copy
@@ -98,6 +130,130 @@ pub fn rewrite_model(bytes: &[u8], model: &str) -> Option<Vec<u8>> {
     let mut edits = Edits::new(bytes, &object);
     edits.set("model", quote(model).into_bytes());
     Some(edits.finish())
+}
+
+/// The span of the value of the only top-level `model` of a JSON object, without validating
+/// the values it skips. `None` when it cannot tell: no `model` or more than one, a top-level
+/// key with an escape (it might spell `model`), or a document that does not hold together.
+pub fn find_model(bytes: &[u8]) -> Option<Range<usize>> {
+    let mut at = skip_ws(bytes, 0);
+    if bytes.get(at) != Some(&b'{') {
+        return None;
+    }
+    at = skip_ws(bytes, at + 1);
+    let mut found = None;
+    if bytes.get(at) == Some(&b'}') {
+        return None; // no members
+    }
+    loop {
+        if bytes.get(at) != Some(&b'"') {
+            return None;
+        }
+        let key_end = string_end(bytes, at + 1)? + 1;
+        let key = bytes.get(at..key_end)?;
+        at = skip_ws(bytes, key_end);
+        if bytes.get(at) != Some(&b':') {
+            return None;
+        }
+        let value_start = skip_ws(bytes, at + 1);
+        let value_end = value_end(bytes, value_start)?;
+        if key == b"\"model\"" {
+            if found.is_some() {
+                return None;
+            }
+            found = Some(value_start..value_end);
+        } else if key.contains(&b'\\') {
+            return None;
+        }
+        at = skip_ws(bytes, value_end);
+        match bytes.get(at) {
+            Some(b',') => at = skip_ws(bytes, at + 1),
+            Some(b'}') => break,
+            _ => return None,
+        }
+    }
+    (skip_ws(bytes, at + 1) == bytes.len()).then_some(found?)
+}
+
+fn skip_ws(bytes: &[u8], mut at: usize) -> usize {
+    while matches!(bytes.get(at), Some(b' ' | b'\t' | b'\n' | b'\r')) {
+        at += 1;
+    }
+    at
+}
+
+/// How many bytes `rest` starts with that are neither `"` nor `\`, eight at a time (a
+/// byte-wise "is this byte zero" test on a whole word for each: a borrow can flag bytes after
+/// a true match, never before one, so the lowest flag is the first match).
+fn plain_run(rest: &[u8]) -> usize {
+    const ONES: u64 = u64::from_le_bytes([1; 8]);
+    const HIGH: u64 = u64::from_le_bytes([0x80; 8]);
+    const QUOTES: u64 = ONES * b'"' as u64;
+    const BACKSLASHES: u64 = ONES * b'\\' as u64;
+    let mut done = 0;
+    let mut words = rest.chunks_exact(8);
+    for chunk in words.by_ref() {
+        let word = chunk.try_into().map_or(0, u64::from_le_bytes);
+        let quote = word ^ QUOTES;
+        let backslash = word ^ BACKSLASHES;
+        let flags =
+            (quote.wrapping_sub(ONES) & !quote | backslash.wrapping_sub(ONES) & !backslash) & HIGH;
+        if flags != 0 {
+            return done + (flags.trailing_zeros() / 8) as usize;
+        }
+        done += 8;
+    }
+    let tail = words.remainder();
+    done + tail
+        .iter()
+        .position(|&c| c == b'"' || c == b'\\')
+        .unwrap_or(tail.len())
+}
+
+/// The offset of the `"` that closes the string whose content starts at `at`.
+fn string_end(bytes: &[u8], mut at: usize) -> Option<usize> {
+    loop {
+        at += plain_run(bytes.get(at..)?);
+        match bytes.get(at)? {
+            b'"' => return Some(at),
+            _ => at += 2, // a backslash and the byte it escapes
+        }
+    }
+}
+
+/// The end of the value starting at `at`: a string, an object or array (brackets counted,
+/// strings skipped), or a number or literal (up to the next delimiter).
+fn value_end(bytes: &[u8], mut at: usize) -> Option<usize> {
+    match bytes.get(at)? {
+        b'"' => string_end(bytes, at + 1).map(|end| end + 1),
+        b'{' | b'[' => {
+            let mut depth = 0usize;
+            loop {
+                match bytes.get(at)? {
+                    b'"' => at = string_end(bytes, at + 1)?,
+                    b'{' | b'[' => depth += 1,
+                    b'}' | b']' => {
+                        depth -= 1;
+                        if depth == 0 {
+                            return Some(at + 1);
+                        }
+                    }
+                    _ => {}
+                }
+                at += 1;
+            }
+        }
+        _ => {
+            let start = at;
+            while !matches!(
+                bytes.get(at),
+                None | Some(b',' | b'}' | b']' | b' ' | b'\t' | b'\n' | b'\r')
+            ) {
+                at += 1;
+            }
+            (at > start).then_some(at)
+        }
+    }
 }
 
 /// True if a provider's error body says the request is longer than the model's context:
@@ -164,6 +320,58 @@ mod tests {
         let raw = br#"{"model":"fast","max_tokens":1000,"messages":[]}"#;
         let body = Body::parse(raw).unwrap();
         assert_eq!(body.estimated_tokens(), (raw.len() / 4) as u64 + 1000);
+    }
+
+    #[test]
+    fn rewrites_the_attempt_model_like_the_validating_path() {
+        for (raw, model) in [
+            (
+                &br#"{"model":"gpt-4o-mini","messages":[{"content":"a \"model\": [}"}]}"#[..],
+                "claude",
+            ),
+            (
+                br#" { "messages" : [ {"x":{"model":"y"}} ] , "model" : "a" } "#,
+                "b",
+            ),
+            (br#"{"model":"a"}"#, "a"),
+            (br#"{"model":1,"stream":true,"n":-1.5e3,"z":null}"#, "m"),
+            (br#"{"model":"\u0061"}"#, "a"),
+            (br#"{"mod\u0065l":"x","messages":[]}"#, "y"),
+            (br#"{"model":"x","model":"y"}"#, "z"),
+            (br#"{"messages":[]}"#, "m"),
+            (br#"{}"#, "m"),
+            (br#"{"model":"a""#, "b"),
+            (br#"{"model":"a"} x"#, "b"),
+            (br#"{"model":"a","messages":[1,2}"#, "b"),
+            (b"[1]", "m"),
+        ] {
+            assert_eq!(
+                rewrite_model(raw, model),
+                rewrite_model_validating(raw, model),
+                "{}",
+                String::from_utf8_lossy(raw)
+            );
+        }
+        let raw = br#"{"messages":[{"role":"user","content":"hi \\ \" there"}],"model":"gpt-4o"}"#;
+        let value = find_model(raw).unwrap();
+        assert_eq!(&raw[value], br#""gpt-4o""#);
+        // an escaped quote or backslash at every offset of the eight-byte steps
+        for escape in [r#"\""#, r#"\\"#, r#"\u0022"#] {
+            for pad in 0..17 {
+                let raw = format!(
+                    r#"{{"messages":[{{"content":"{}{escape}}}],\"model\":\"no\"","n":1}}],"model":"gpt-4o"}}"#,
+                    "x".repeat(pad)
+                );
+                let value = find_model(raw.as_bytes()).unwrap();
+                assert_eq!(&raw.as_bytes()[value], br#""gpt-4o""#, "{raw}");
+                assert_eq!(
+                    rewrite_model(raw.as_bytes(), "m"),
+                    rewrite_model_validating(raw.as_bytes(), "m")
+                );
+            }
+        }
+        assert_eq!(find_model(br#"{"mod\u0065l":"x"}"#), None);
+        assert_eq!(find_model(br#"{"model":"x","model":"y"}"#), None);
     }
 
     #[test]
@@ -236,6 +444,31 @@ mod tests {
                     &rewrite_model(&raw, &model).unwrap_or_else(|| raw.clone()),
                 ).unwrap();
                 prop_assert_eq!(again, Value::Object(object));
+            }
+
+            /// The attempt's rewrite that skips values gives the validating path's bytes on
+            /// any object, compact or spread out, whatever model it is asked for.
+            #[test]
+            fn attempt_rewrite_matches_the_validating_path(
+                members in prop::collection::btree_map("[a-z_]{1,8}", value(), 0..6),
+                current in prop::option::of("\\PC{0,12}"),
+                model in "\\PC{1,12}",
+                pretty in any::<bool>(),
+            ) {
+                let mut object: Map<String, Value> = members.into_iter().collect();
+                if let Some(current) = &current {
+                    object.insert("model".into(), Value::from(current.clone()));
+                }
+                let value = Value::Object(object);
+                let raw = if pretty {
+                    serde_json::to_vec_pretty(&value).unwrap()
+                } else {
+                    serde_json::to_vec(&value).unwrap()
+                };
+                prop_assert_eq!(rewrite_model(&raw, &model), rewrite_model_validating(&raw, &model));
+                if let Some(current) = current {
+                    prop_assert_eq!(rewrite_model(&raw, &current), None);
+                }
             }
 
             /// Arbitrary bytes never panic the parser; they parse or give a 400.

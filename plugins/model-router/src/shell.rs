@@ -398,7 +398,9 @@ impl Downstream {
             subject: subject.as_deref(),
             estimated_tokens: body.estimated_tokens(),
         };
-        let now = now_ms();
+        // one clock read for the breakers (ms) and the request id (ns)
+        let now_nanos = host::now_nanos().unwrap_or_default();
+        let now = now_nanos / 1_000_000;
         let plan = plan(config, &request, |index| {
             match config.deployments.get(index) {
                 Some(deployment) => admit(config, deployment, now),
@@ -427,7 +429,7 @@ impl Downstream {
         let request_id = self
             .ids
             .try_borrow_mut()
-            .map(|mut ids| ids.next_id(host::now_nanos().unwrap_or(now)))
+            .map(|mut ids| ids.next_id(now_nanos))
             .unwrap_or_default();
         let set = |name: &str, value: &str| {
             host::set_header(HeaderMap::RequestHeaders, name, value.as_bytes()).map_err(internal)
@@ -681,7 +683,12 @@ impl HttpContext for Downstream {
                 watcher.push(&chunk);
             }
         }
-        if end_of_stream && !watcher.finished() {
+        if watcher.finished() {
+            // the terminator went by: nothing later can cut this stream short
+            self.watcher = None;
+            return Action::Continue;
+        }
+        if end_of_stream {
             let anthropic = self.routed.as_ref().is_some_and(|r| r.anthropic_api);
             let event = interrupted_event(anthropic);
             if let Err(err) = host::set_buffer(Buffer::ResponseBody, size, 0, &event) {

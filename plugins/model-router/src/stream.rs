@@ -1,13 +1,22 @@
 //! After the first byte: a streamed response that ends without its terminator gets an
 //! in-band error event, so a client never mistakes a cut stream for a complete one.
 //!
-//! The watcher frames the SSE body with [`llm_gateway_shared::sse::Framer`] (so a terminator
-//! split across chunks is found, and the text `data: [DONE]` inside a JSON string is not taken
-//! for one) and remembers only whether a terminating event went by: `data: [DONE]` for OpenAI
-//! APIs, `message_stop` for Anthropic Messages, `response.completed` / `response.failed` /
-//! `response.incomplete` for the Responses API, or an `error` event the provider sent itself.
+//! The watcher frames the SSE body exactly as [`llm_gateway_shared::sse::Framer`] does (so a
+//! terminator split across chunks is found, and the text `data: [DONE]` inside a JSON string
+//! is not taken for one) and remembers only whether a terminating event went by: `data: [DONE]`
+//! for OpenAI APIs, `message_stop` for Anthropic Messages, `response.completed` /
+//! `response.failed` / `response.incomplete` for the Responses API, or an `error` event the
+//! provider sent itself.
+//!
+//! It runs on every event of every stream, so it does the least it can: one pass over each new
+//! byte, which skips ordinary bytes through a table lookup and stops only at line ends and at
+//! the last byte of one of the [`MARKERS`] — four-byte windows of the words a terminating event
+//! must contain — or at a `\` (a `\u00XX` escape could spell such a word inside JSON). Only an
+//! event holding one of them is parsed and judged ([`is_terminal`]); the rest — almost every
+//! event of a chat stream — is neither copied nor parsed nor allocated for, unless it straddles
+//! two chunks (then its first part is kept until it ends).
 
-use llm_gateway_shared::sse::{Event, Framer};
+use llm_gateway_shared::sse::Event;
 
 /// Largest event the watcher frames; a larger one passes through without being looked at.
 const MAX_EVENT_BYTES: usize = 1024 * 1024;
@@ -20,23 +29,117 @@ const TERMINAL_TYPES: [&str; 5] = [
     "error",
 ];
 
+const fn window(bytes: &[u8; 4]) -> u32 {
+    u32::from_be_bytes(*bytes)
+}
+
+/// Four consecutive bytes of each word a terminating event must spell: `[DONE]`, `error`
+/// (the `error` event, type or top-level member), `message_stop`, `response.` (every Responses
+/// API terminal type), each chosen to end with a byte that is rare in chat events. An event
+/// without any of them, and without a `\u00` escape, is not terminal: every test of
+/// [`is_terminal`] compares with one of these words, literally or as a JSON string (where only
+/// a `\u00XX` escape can spell an ASCII letter, `_` or `.` differently).
+pub const MARKERS: [u32; 4] = [
+    window(b"[DON"),
+    window(b"rror"),
+    window(b"age_"),
+    window(b"nse."),
+];
+
+/// What [`StreamWatcher::push`] does with a byte.
+const PLAIN: u8 = 0;
+const LF: u8 = 1;
+const CR: u8 = 2;
+/// The last byte of a marker.
+const MARKER_END: u8 = 3;
+const BACKSLASH: u8 = 4;
+
+// Evaluated at compile time: an index out of range would fail the build, never panic.
+#[allow(clippy::indexing_slicing)]
+const CLASSES: [u8; 256] = {
+    let mut classes = [PLAIN; 256];
+    classes[b'\n' as usize] = LF;
+    classes[b'\r' as usize] = CR;
+    classes[b'\\' as usize] = BACKSLASH;
+    let mut i = 0;
+    while i < MARKERS.len() {
+        classes[(MARKERS[i] & 0xff) as usize] = MARKER_END;
+        i += 1;
+    }
+    classes
+};
+
+fn class(byte: u8) -> u8 {
+    CLASSES.get(usize::from(byte)).copied().unwrap_or(PLAIN)
+}
+
+/// The four bytes ending at `chunk[end]`, the ones before the chunk taken from `before` (the
+/// last four bytes of the stream before it).
+fn window_at(chunk: &[u8], end: usize, before: u32) -> u32 {
+    if let Some(&[a, b, c, d]) = end.checked_sub(3).and_then(|start| chunk.get(start..=end)) {
+        return u32::from_be_bytes([a, b, c, d]);
+    }
+    chunk
+        .get(..=end)
+        .unwrap_or_default()
+        .iter()
+        .fold(before, |w, &b| w << 8 | u32::from(b))
+}
+
+fn is_marker(window: u32) -> bool {
+    let [a, b, c, d] = MARKERS;
+    window == a || window == b || window == c || window == d
+}
+
+/// How many bytes `bytes` starts with that are [`PLAIN`] (four at a time: this loop sees
+/// nearly every byte of a stream).
+fn plain_run(bytes: &[u8]) -> usize {
+    let mut n = 0;
+    for quad in bytes.chunks_exact(4) {
+        if let &[a, b, c, d] = quad {
+            if class(a) | class(b) | class(c) | class(d) != PLAIN {
+                break;
+            }
+        }
+        n += 4;
+    }
+    let rest = bytes.get(n..).unwrap_or_default();
+    n + rest
+        .iter()
+        .position(|&b| class(b) != PLAIN)
+        .unwrap_or(rest.len())
+}
+
 /// Watches one SSE response body.
 #[derive(Debug)]
 pub struct StreamWatcher {
-    framer: Framer,
     finished: bool,
+    /// The current line has at least one byte.
+    in_line: bool,
+    /// The last terminator was a CR: an LF right after it belongs to it.
+    skip_lf: bool,
+    /// The current event ended with a blank line whose CR was the last byte so far: like the
+    /// framer, the event counts once the next byte arrives (an LF then belongs to it).
+    cr_pending: bool,
+    /// The current event outgrew `max_event_bytes`: ignored until it ends.
+    overflowing: bool,
+    /// The bytes of the current event that came in earlier chunks.
+    carry: Vec<u8>,
+    /// The last four bytes of the stream so far, for a marker across chunks.
+    window: u32,
+    /// The current event holds a marker: judge it when it ends.
+    suspect: bool,
+    max_event_bytes: usize,
 }
 
 impl Default for StreamWatcher {
     fn default() -> Self {
-        StreamWatcher {
-            framer: Framer::new(MAX_EVENT_BYTES),
-            finished: false,
-        }
+        StreamWatcher::with_max_event_bytes(MAX_EVENT_BYTES)
     }
 }
 
-fn is_terminal(event: &Event) -> bool {
+/// True if a (complete) event ends the stream.
+pub fn is_terminal(event: &Event) -> bool {
     if event.is_done() {
         return true;
     }
@@ -61,20 +164,132 @@ fn is_terminal(event: &Event) -> bool {
 }
 
 impl StreamWatcher {
+    /// A watcher that ignores events larger than `max` bytes (as the framer bounds them).
+    pub fn with_max_event_bytes(max: usize) -> Self {
+        StreamWatcher {
+            finished: false,
+            in_line: false,
+            skip_lf: false,
+            cr_pending: false,
+            overflowing: false,
+            carry: Vec::new(),
+            window: 0,
+            suspect: false,
+            max_event_bytes: max.max(1),
+        }
+    }
+
     /// Feeds the next chunk of the body.
     pub fn push(&mut self, chunk: &[u8]) {
-        if self.finished {
+        if self.finished || chunk.is_empty() {
             return;
         }
-        self.framer.push(chunk);
-        while let Some(item) = self.framer.next_event() {
-            if let Ok(event) = item {
-                if is_terminal(&event) {
-                    self.finished = true;
-                    return;
+        let before = self.window;
+        self.window = window_at(chunk, chunk.len() - 1, before);
+        // Where the current event's bytes start in `chunk`.
+        let mut start = 0;
+        let mut i = 0;
+        if std::mem::take(&mut self.cr_pending) {
+            if chunk.first() == Some(&b'\n') {
+                i = 1;
+            }
+            let suspect = std::mem::take(&mut self.suspect);
+            self.end_event(chunk.get(..i).unwrap_or_default(), suspect);
+            if self.finished {
+                return;
+            }
+            start = i;
+        }
+        let (mut in_line, mut skip_lf, mut suspect) = (self.in_line, self.skip_lf, self.suspect);
+        // the bytes of this chunk the current event holds at the end (all but a pending CR)
+        let mut end = chunk.len();
+        loop {
+            let run = plain_run(chunk.get(i..).unwrap_or_default());
+            if run > 0 {
+                i += run;
+                in_line = true;
+                skip_lf = false;
+            }
+            let Some(&byte) = chunk.get(i) else {
+                break;
+            };
+            i += 1;
+            match class(byte) {
+                MARKER_END => {
+                    suspect |= is_marker(window_at(chunk, i - 1, before));
+                    in_line = true;
+                    skip_lf = false;
+                    continue;
+                }
+                BACKSLASH => {
+                    // a `\u00XX` escape, or one this chunk cuts short
+                    let next = chunk.get(i..).unwrap_or_default();
+                    suspect |= b"u00".starts_with(next.get(..3).unwrap_or(next));
+                    in_line = true;
+                    skip_lf = false;
+                    continue;
+                }
+                _ => {}
+            }
+            if std::mem::take(&mut skip_lf) && byte == b'\n' {
+                continue;
+            }
+            skip_lf = byte == b'\r';
+            if std::mem::take(&mut in_line) {
+                continue;
+            }
+            // a blank line: the event ends here, with the LF of a CRLF
+            if skip_lf {
+                match chunk.get(i) {
+                    Some(b'\n') => {
+                        i += 1;
+                        skip_lf = false;
+                    }
+                    None => {
+                        skip_lf = false;
+                        self.cr_pending = true;
+                        end = i - 1;
+                        break;
+                    }
+                    Some(_) => {}
                 }
             }
+            self.end_event(
+                chunk.get(start..i).unwrap_or_default(),
+                std::mem::take(&mut suspect),
+            );
+            if self.finished {
+                return;
+            }
+            start = i;
         }
+        (self.in_line, self.skip_lf) = (in_line, skip_lf);
+        // the unfinished event: kept (for a suspect one's verdict), or given up when too large
+        let rest = chunk.get(start..end).unwrap_or_default();
+        let held = if self.overflowing {
+            rest.len()
+        } else {
+            self.carry.len() + rest.len()
+        };
+        if held > 0 && (self.overflowing || held > self.max_event_bytes) {
+            self.overflowing = true;
+            self.carry = Vec::new();
+        } else {
+            self.carry.extend_from_slice(rest);
+        }
+        self.suspect = suspect;
+    }
+
+    /// The current event ended; `tail` is its part in the current chunk.
+    fn end_event(&mut self, tail: &[u8], suspect: bool) {
+        if std::mem::take(&mut self.overflowing) {
+            // passed through unframed, like the framer's overflow items
+        } else if suspect {
+            let mut raw = std::mem::take(&mut self.carry);
+            raw.extend_from_slice(tail);
+            self.finished = is_terminal(&Event::parse(raw));
+        }
+        self.carry.clear();
     }
 
     /// True once a terminating event went by.
@@ -103,6 +318,7 @@ pub fn interrupted_event(anthropic: bool) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use llm_gateway_shared::sse::Framer;
 
     #[test]
     fn finds_the_terminator_at_every_split_point() {
@@ -144,6 +360,139 @@ mod tests {
             let mut w = StreamWatcher::default();
             w.push(stream);
             assert!(w.finished(), "{}", String::from_utf8_lossy(stream));
+        }
+    }
+
+    #[test]
+    fn escaped_terminators_are_judged_too() {
+        for stream in [
+            &br#"data: {"type":"message\u005fstop"}"#[..],
+            br#"data: {"\u0065rror":{}}"#,
+            br#"data: {"type":"respons\u0065.completed"}"#,
+        ] {
+            let mut w = StreamWatcher::default();
+            w.push(stream);
+            w.push(b"\n\n");
+            assert!(w.finished(), "{}", String::from_utf8_lossy(stream));
+        }
+    }
+
+    #[test]
+    fn events_within_a_chunk_are_not_copied() {
+        let mut w = StreamWatcher::default();
+        for _ in 0..3 {
+            w.push(b"data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n");
+        }
+        assert_eq!(w.carry.capacity(), 0);
+        w.push(b"data: [DONE]\n\n");
+        assert!(w.finished());
+    }
+
+    /// The watcher as it was: the shared framer, every event parsed and judged.
+    struct Oracle {
+        framer: Framer,
+        finished: bool,
+    }
+
+    impl Oracle {
+        fn new(max: usize) -> Self {
+            Oracle {
+                framer: Framer::new(max),
+                finished: false,
+            }
+        }
+
+        fn push(&mut self, chunk: &[u8]) {
+            if self.finished {
+                return;
+            }
+            self.framer.push(chunk);
+            while let Some(item) = self.framer.next_event() {
+                if let Ok(event) = item {
+                    if is_terminal(&event) {
+                        self.finished = true;
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        const FIELDS: [&str; 6] = ["data: ", "data:", "event: ", "id: ", ": ", ""];
+        const VALUES: [&str; 18] = [
+            "[DONE]",
+            " [DONE] ",
+            "error",
+            "message_stop",
+            "response.completed",
+            "response.incomplete",
+            "ping",
+            r#"{"type":"message_stop"}"#,
+            r#"{"type":"message\u005fstop"}"#,
+            r#"{"type":"response.failed"}"#,
+            r#"{"type":"content_block_delta","delta":{"text":"error"}}"#,
+            r#"{"error":{"message":"x"}}"#,
+            r#"{"\u0065rror":1}"#,
+            r#"{"choices":[{"delta":{"content":"data: [DONE]"}}]}"#,
+            r#"{"choices":[{"delta":{"content":"hello \u00e9"}}]}"#,
+            r#"{"choices":[]"#,
+            "\u{e9}x",
+            "",
+        ];
+        const ENDINGS: [&str; 3] = ["\n", "\r", "\r\n"];
+
+        /// Events of 0 to 3 lines, each line and the blank line after an event ended by LF,
+        /// CR or CRLF; the stream then cut anywhere (or not).
+        fn stream() -> impl Strategy<Value = Vec<u8>> {
+            let line = (0..FIELDS.len(), 0..VALUES.len(), 0..ENDINGS.len());
+            let event = (prop::collection::vec(line, 0..3), 0..ENDINGS.len());
+            (
+                prop::collection::vec(event, 0..6),
+                any::<prop::sample::Index>(),
+            )
+                .prop_map(|(events, cut)| {
+                    let mut out = Vec::new();
+                    for (lines, blank) in events {
+                        for (field, value, ending) in lines {
+                            out.extend_from_slice(FIELDS[field].as_bytes());
+                            out.extend_from_slice(VALUES[value].as_bytes());
+                            out.extend_from_slice(ENDINGS[ending].as_bytes());
+                        }
+                        out.extend_from_slice(ENDINGS[blank].as_bytes());
+                    }
+                    if cut.index(4) == 0 {
+                        out.truncate(cut.index(out.len() + 1));
+                    }
+                    out
+                })
+        }
+
+        proptest! {
+            /// Same verdict as the framer-based watcher after every chunk, whatever the
+            /// stream, its chunking and the event bound.
+            #[test]
+            fn agrees_with_framing_and_judging_every_event(
+                stream in stream(),
+                cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..8),
+                max in prop_oneof![1usize..64, Just(MAX_EVENT_BYTES)],
+            ) {
+                let mut cuts: Vec<usize> = cuts.iter().map(|c| c.index(stream.len() + 1)).collect();
+                cuts.push(0);
+                cuts.push(stream.len());
+                cuts.sort_unstable();
+                let mut fast = StreamWatcher::with_max_event_bytes(max);
+                let mut oracle = Oracle::new(max);
+                for pair in cuts.windows(2) {
+                    let chunk = &stream[pair[0]..pair[1]];
+                    fast.push(chunk);
+                    oracle.push(chunk);
+                    prop_assert_eq!(fast.finished(), oracle.finished, "{:?}", String::from_utf8_lossy(&stream));
+                }
+            }
         }
     }
 
