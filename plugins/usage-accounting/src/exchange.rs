@@ -314,7 +314,15 @@ impl Exchange {
         }
     }
 
-    /// A chunk of a streamed response.
+    /// True until a stream's first output arrived: only then does
+    /// [`Exchange::on_response_chunk`] read its `now_ms` (the shell spares the clock's host
+    /// call on every later chunk).
+    pub fn awaits_first_output(&self) -> bool {
+        self.first_output_ms.is_none()
+    }
+
+    /// A chunk of a streamed response; `now_ms` is read only while
+    /// [`Exchange::awaits_first_output`].
     pub fn on_response_chunk(&mut self, chunk: &[u8], end_of_stream: bool, now_ms: u64) -> Forward {
         let Response::Stream(stream) = &mut self.response else {
             return Forward::Unchanged;

@@ -8,6 +8,7 @@
 //! than `max_event_bytes`; a longer event passes through as it comes, uninspected). A chunk
 //! that also carries `choices` is never removed.
 
+use crate::chunk;
 use llm_gateway_shared::sse::Framer;
 use llm_gateway_shared::tokens::{count_tokens, Encoding};
 use llm_gateway_shared::usage::{Api, StreamUsage, Usage};
@@ -38,7 +39,12 @@ pub struct Pushed {
 #[derive(Debug)]
 pub struct ResponseStream {
     framer: Framer,
+    api: Api,
     usage: StreamUsage,
+    /// The first model named by an event (read by [`chunk::scan`] or by `usage`).
+    model: Option<String>,
+    /// The text of the current event, reused from event to event.
+    event_text: String,
     hide_usage_only: bool,
     encoding: Encoding,
     /// The first [`TEXT_SAMPLE`] bytes of streamed text, counted only if no usage comes, so
@@ -62,7 +68,10 @@ impl ResponseStream {
     ) -> Self {
         ResponseStream {
             framer: Framer::new(max_event_bytes),
+            api,
             usage: StreamUsage::new(api),
+            model: None,
+            event_text: String::new(),
             hide_usage_only,
             encoding,
             text: String::new(),
@@ -101,18 +110,18 @@ impl ResponseStream {
             match item {
                 Ok(event) => {
                     self.events += 1;
-                    let info = match &event.data {
-                        Some(data) => self.usage.on_event(event.event.as_deref(), data),
-                        None => Default::default(),
+                    let (has_usage, usage_only) = match &event.data {
+                        Some(data) => self.on_data(event.event.as_deref(), data),
+                        None => (false, false),
                     };
-                    if !info.text.is_empty() && !self.usage.is_complete() {
-                        self.keep_text(&info.text);
+                    if !self.event_text.is_empty() && !self.usage.is_complete() {
+                        keep_text(&mut self.text, &mut self.text_chars, &self.event_text);
                     }
-                    if !self.seen_output && (!info.text.is_empty() || info.has_usage) {
+                    if !self.seen_output && (!self.event_text.is_empty() || has_usage) {
                         self.seen_output = true;
                         first_output = true;
                     }
-                    let hide = self.hide_usage_only && info.usage_only;
+                    let hide = self.hide_usage_only && usage_only;
                     if hide {
                         self.hidden += 1;
                         hidden_now = true;
@@ -141,6 +150,30 @@ impl ResponseStream {
         }
     }
 
+    /// Reads one event's data: its text into `event_text`; returns (has usage, usage-only).
+    /// A usual Chat Completions chunk takes [`chunk::scan`], anything else the full parse.
+    fn on_data(&mut self, event: Option<&str>, data: &str) -> (bool, bool) {
+        self.event_text.clear();
+        if self.api == Api::ChatCompletions {
+            let trimmed = data.trim();
+            if !trimmed.is_empty() && trimmed != "[DONE]" {
+                if let Some(chunk) = chunk::scan(trimmed, &mut self.event_text) {
+                    if self.model.is_none() {
+                        self.model = chunk.model.map(str::to_owned);
+                    }
+                    return (false, false);
+                }
+                self.event_text.clear();
+            }
+        }
+        let info = self.usage.on_event(event, data);
+        if self.model.is_none() {
+            self.model = self.usage.model().map(str::to_owned);
+        }
+        self.event_text = info.text;
+        (info.has_usage, info.usage_only)
+    }
+
     /// The usage the upstream reported, if it did.
     pub fn usage(&self) -> Option<Usage> {
         self.usage.usage()
@@ -153,20 +186,7 @@ impl ResponseStream {
 
     /// The model the upstream named.
     pub fn model(&self) -> Option<&str> {
-        self.usage.model()
-    }
-
-    fn keep_text(&mut self, text: &str) {
-        self.text_chars = self.text_chars.saturating_add(text.chars().count() as u64);
-        let room = TEXT_SAMPLE.saturating_sub(self.text.len());
-        if room == 0 {
-            return;
-        }
-        let mut cut = room.min(text.len());
-        while !text.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        self.text.push_str(text.get(..cut).unwrap_or_default());
+        self.model.as_deref()
     }
 
     /// Tokens of the streamed text: the kept sample counted with the tokenizer, scaled by
@@ -187,6 +207,20 @@ impl ResponseStream {
     pub fn counts(&self) -> (u64, u64) {
         (self.events, self.hidden)
     }
+}
+
+/// Adds an event's text to the sample (while it has room) and to the count of characters.
+fn keep_text(sample: &mut String, chars: &mut u64, text: &str) {
+    *chars = chars.saturating_add(text.chars().count() as u64);
+    let room = TEXT_SAMPLE.saturating_sub(sample.len());
+    if room == 0 {
+        return;
+    }
+    let mut cut = room.min(text.len());
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    sample.push_str(text.get(..cut).unwrap_or_default());
 }
 
 #[cfg(test)]
