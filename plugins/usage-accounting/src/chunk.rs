@@ -30,14 +30,31 @@ pub struct Chunk<'a> {
     pub model: Option<&'a str>,
 }
 
-/// Reads one Chat Completions event's data (already trimmed, not `[DONE]`); appends its text
-/// to `text`. `None`: not certain, `text` may hold part of the text — clear it and use the
-/// full parse.
-pub fn scan<'a>(data: &'a str, text: &mut String) -> Option<Chunk<'a>> {
+/// Reads one Chat Completions event's data; appends its text to `text`. `None`: not
+/// certain, `text` may hold part of the text — clear it and use the full parse.
+///
+/// `data` is bytes, not yet checked as UTF-8: the strings that are read are checked (an
+/// invalid one gives `None`), the others are skipped (the full parse would see them with
+/// U+FFFD in place of the invalid bytes, which changes nothing read). Whitespace is a space
+/// or a tab only, so `data` is known to be one line (see [`single_data_line`]).
+pub fn scan<'a>(data: &'a [u8], text: &mut String) -> Option<Chunk<'a>> {
     let mut s = Scanner { s: data, i: 0 };
     let chunk = s.top(text)?;
     s.ws();
     (s.i == data.len()).then_some(chunk)
+}
+
+/// The data of an event that is exactly one `data:` line (the usual chunk), without looking
+/// at the bytes in between: [`scan`] refuses a line break inside it. `None` for any other
+/// event (named, several lines, a comment), which takes the full parse.
+pub fn single_data_line(raw: &[u8]) -> Option<&[u8]> {
+    let value = raw.strip_prefix(b"data:")?;
+    let value = value.strip_prefix(b" ").unwrap_or(value);
+    let end = value
+        .iter()
+        .rposition(|&b| b != b'\n' && b != b'\r')
+        .map_or(0, |last| last + 1);
+    value.get(..end)
 }
 
 /// A string value's inner bytes `start..end` (quotes excluded); `escaped` if it holds a `\`.
@@ -49,7 +66,7 @@ struct Span {
 }
 
 struct Scanner<'a> {
-    s: &'a str,
+    s: &'a [u8],
     i: usize,
 }
 
@@ -60,11 +77,11 @@ fn once(seen: &mut bool) -> Option<()> {
 
 impl<'a> Scanner<'a> {
     fn peek(&self) -> Option<u8> {
-        self.s.as_bytes().get(self.i).copied()
+        self.s.get(self.i).copied()
     }
 
     fn ws(&mut self) {
-        while matches!(self.peek(), Some(b' ' | b'\n' | b'\r' | b'\t')) {
+        while matches!(self.peek(), Some(b' ' | b'\t')) {
             self.i += 1;
         }
     }
@@ -84,17 +101,23 @@ impl<'a> Scanner<'a> {
 
     fn literal(&mut self, word: &[u8]) -> Option<()> {
         let end = self.i + word.len();
-        (self.s.as_bytes().get(self.i..end) == Some(word)).then(|| self.i = end)
+        (self.s.get(self.i..end) == Some(word)).then(|| self.i = end)
     }
 
     /// A string at the cursor; validates its escapes (hex digits only: surrogates are
     /// checked when a string is decoded).
     fn string(&mut self) -> Option<Span> {
         self.eat(b'"')?;
-        let bytes = self.s.as_bytes();
+        let bytes = self.s;
         let start = self.i;
         let mut escaped = false;
         loop {
+            // the plain run up to the next byte that matters, in one search
+            let rest = bytes.get(self.i..)?;
+            self.i += rest
+                .iter()
+                .position(|&b| b == b'"' || b == b'\\' || b < 0x20)
+                .unwrap_or(rest.len());
             let byte = *bytes.get(self.i)?;
             self.i += 1;
             match byte {
@@ -126,7 +149,7 @@ impl<'a> Scanner<'a> {
     }
 
     /// A key and its colon; `None` for a key with escapes (its meaning would need decoding).
-    fn key(&mut self) -> Option<&'a str> {
+    fn key(&mut self) -> Option<&'a [u8]> {
         let span = self.string()?;
         if span.escaped {
             return None;
@@ -248,21 +271,21 @@ impl<'a> Scanner<'a> {
         let (mut usage, mut delta, mut message, mut response) = (false, false, false, false);
         loop {
             match self.key()? {
-                "type" => {
+                b"type" => {
                     once(&mut kind)?;
                     if self.optional_string()?.is_some_and(|s| s.escaped) {
                         return None;
                     }
                 }
-                "model" => {
+                b"model" => {
                     once(&mut model)?;
                     chunk.model = match self.optional_string()? {
                         Some(span) if span.escaped => return None,
-                        Some(span) => Some(self.s.get(span.start..span.end)?),
+                        Some(span) => Some(self.text(span)?),
                         None => None,
                     };
                 }
-                "choices" => {
+                b"choices" => {
                     once(&mut choices)?;
                     if !self.null()? {
                         self.choices(depth, text)?;
@@ -270,10 +293,10 @@ impl<'a> Scanner<'a> {
                 }
                 key => {
                     let seen = match key {
-                        "usage" => &mut usage,
-                        "delta" => &mut delta,
-                        "message" => &mut message,
-                        "response" => &mut response,
+                        b"usage" => &mut usage,
+                        b"delta" => &mut delta,
+                        b"message" => &mut message,
+                        b"response" => &mut response,
                         _ => {
                             self.skip(depth)?;
                             if self.next(b'}')? {
@@ -315,7 +338,7 @@ impl<'a> Scanner<'a> {
         }
         let mut delta = false;
         loop {
-            if self.key()? == "delta" {
+            if self.key()? == b"delta" {
                 once(&mut delta)?;
                 if !self.null()? {
                     self.delta(depth, text)?;
@@ -337,10 +360,10 @@ impl<'a> Scanner<'a> {
         if !self.open(b'{', b'}')? {
             loop {
                 let slot = match self.key()? {
-                    "content" => 0,
-                    "reasoning_content" => 1,
-                    "refusal" => 2,
-                    "tool_calls" => 3,
+                    b"content" => 0,
+                    b"reasoning_content" => 1,
+                    b"refusal" => 2,
+                    b"tool_calls" => 3,
                     _ => {
                         self.skip(depth)?;
                         if self.next(b'}')? {
@@ -388,7 +411,7 @@ impl<'a> Scanner<'a> {
             if !self.open(b'{', b'}')? {
                 let mut function = false;
                 loop {
-                    if self.key()? == "function" {
+                    if self.key()? == b"function" {
                         once(&mut function)?;
                         if !self.null()? {
                             self.function(call_depth, text.as_deref_mut())?;
@@ -413,7 +436,7 @@ impl<'a> Scanner<'a> {
         let mut seen = false;
         if !self.open(b'{', b'}')? {
             loop {
-                if self.key()? == "arguments" {
+                if self.key()? == b"arguments" {
                     once(&mut seen)?;
                     arguments = self.optional_string()?;
                 } else {
@@ -430,9 +453,15 @@ impl<'a> Scanner<'a> {
         Some(())
     }
 
-    /// Appends a string's value; `None` for a lone surrogate (which serde refuses).
+    /// A string's raw inside, if it is UTF-8.
+    fn text(&self, span: Span) -> Option<&'a str> {
+        std::str::from_utf8(self.s.get(span.start..span.end)?).ok()
+    }
+
+    /// Appends a string's value; `None` for invalid UTF-8 or a lone surrogate (which serde
+    /// refuses).
     fn decode(&self, span: Span, out: &mut String) -> Option<()> {
-        let raw = self.s.get(span.start..span.end)?;
+        let raw = self.text(span)?;
         if !span.escaped {
             out.push_str(raw);
             return Some(());
@@ -500,7 +529,7 @@ mod tests {
     fn agrees(data: &str) -> bool {
         let data = data.trim();
         let mut text = String::new();
-        let Some(chunk) = scan(data, &mut text) else {
+        let Some(chunk) = scan(data.as_bytes(), &mut text) else {
             return false;
         };
         let mut full = StreamUsage::new(Api::ChatCompletions);
@@ -547,10 +576,14 @@ mod tests {
             "{\"choices\":[{\"delta\":{\"content\":\"a\"}}]",
         ] {
             let mut text = String::new();
-            assert_eq!(scan(data, &mut text), None, "{data}");
+            assert_eq!(scan(data.as_bytes(), &mut text), None, "{data}");
         }
         let deep = format!("{{\"x\":{}{}}}", "[".repeat(40), "]".repeat(40));
-        assert_eq!(scan(&deep, &mut String::new()), None);
+        assert_eq!(scan(deep.as_bytes(), &mut String::new()), None);
+        // a line break is no whitespace here: the data must be one line
+        assert_eq!(scan(b"{\n}", &mut String::new()), None);
+        let invalid = b"{\"choices\":[{\"delta\":{\"content\":\"\xff\"}}]}";
+        assert_eq!(scan(invalid, &mut String::new()), None);
     }
 
     /// Pieces of chunks, glued in any order: whatever the fast path accepts, the full parse
