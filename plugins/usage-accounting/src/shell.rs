@@ -258,7 +258,7 @@ impl HttpContext for Request {
         );
         active.mode = mode;
         match mode {
-            ResponseMode::Stream if active.exchange.request().injected_include_usage => {
+            ResponseMode::Stream if active.exchange.injected_include_usage() => {
                 // chunks may shrink (the hidden usage chunk)
                 let _ = host::remove_header(HeaderMap::ResponseHeaders, "content-length");
                 Action::Continue
