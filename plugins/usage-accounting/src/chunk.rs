@@ -28,6 +28,9 @@ pub const MAX_DEPTH: usize = 32;
 pub struct Chunk<'a> {
     /// The top-level `model`, when it is a string without escapes.
     pub model: Option<&'a str>,
+    /// The inside of the chunk's `content` string (`start..end`, quotes excluded) when it is
+    /// the only string that gave text: the chunk can serve as a [`Template`].
+    pub content: Option<(usize, usize)>,
 }
 
 /// Reads one Chat Completions event's data; appends its text to `text`. `None`: not
@@ -38,10 +41,101 @@ pub struct Chunk<'a> {
 /// U+FFFD in place of the invalid bytes, which changes nothing read). Whitespace is a space
 /// or a tab only, so `data` is known to be one line (see [`single_data_line`]).
 pub fn scan<'a>(data: &'a [u8], text: &mut String) -> Option<Chunk<'a>> {
-    let mut s = Scanner { s: data, i: 0 };
-    let chunk = s.top(text)?;
+    let mut s = Scanner {
+        s: data,
+        i: 0,
+        decoded: 0,
+        content: None,
+    };
+    let mut chunk = s.top(text)?;
     s.ws();
-    (s.i == data.len()).then_some(chunk)
+    if s.i != data.len() {
+        return None;
+    }
+    if s.decoded == 1 {
+        chunk.content = s.content.map(|span| (span.start, span.end));
+    }
+    Some(chunk)
+}
+
+/// The chunk read last by [`scan`] whose text was its one `content` string: the bytes before
+/// that string (`head`, its opening quote included) and after it (`tail`, from its closing
+/// quote). A stream repeats them chunk after chunk (id, created, model, index, finish_reason,
+/// usage null): only the content changes.
+///
+/// A chunk that is `head`, a valid string inside, `tail` is read by [`scan`] exactly as the
+/// template was — the same members, types and nesting, the same model, no usage — with that
+/// string as all its text: the scan would take the same steps on the same bytes, with
+/// another string at the same place. So [`Template::apply`] only compares the bytes around
+/// and reads the string.
+#[derive(Debug, Default)]
+pub struct Template {
+    bytes: Vec<u8>,
+    start: usize,
+    end: usize,
+}
+
+impl Template {
+    /// Keeps `data`, a chunk [`scan`] read, whose [`Chunk::content`] is `content`.
+    pub fn set(&mut self, data: &[u8], content: (usize, usize)) {
+        self.bytes.clear();
+        self.bytes.extend_from_slice(data);
+        (self.start, self.end) = content;
+    }
+
+    /// If `data` is the template with another content string: appends that string's value
+    /// to `text` and returns true. False (and `text` untouched): read it with [`scan`].
+    pub fn apply(&self, data: &[u8], text: &mut String) -> bool {
+        let (Some(head), Some(tail)) = (self.bytes.get(..self.start), self.bytes.get(self.end..))
+        else {
+            return false;
+        };
+        if head.is_empty()
+            || data.len() < head.len() + tail.len()
+            || !same(data.get(..head.len()), head)
+            || !same(data.get(data.len() - tail.len()..), tail)
+        {
+            return false;
+        }
+        let mut s = Scanner {
+            s: data,
+            i: head.len() - 1,
+            decoded: 0,
+            content: None,
+        };
+        let Some(span) = s.string() else {
+            return false;
+        };
+        if span.end != data.len() - tail.len() {
+            return false;
+        }
+        let before = text.len();
+        if s.decode(span, text).is_none() {
+            text.truncate(before);
+            return false;
+        }
+        true
+    }
+}
+
+/// `a == Some(b)`, eight bytes at a time.
+fn same(a: Option<&[u8]>, b: &[u8]) -> bool {
+    let Some(a) = a else {
+        return false;
+    };
+    if a.len() != b.len() {
+        return false;
+    }
+    let (mut x, mut y) = (a.chunks_exact(8), b.chunks_exact(8));
+    for (p, q) in x.by_ref().zip(y.by_ref()) {
+        let (Ok(p), Ok(q)) = (<[u8; 8]>::try_from(p), <[u8; 8]>::try_from(q)) else {
+            return false;
+        };
+        if u64::from_ne_bytes(p) != u64::from_ne_bytes(q) {
+            return false;
+        }
+    }
+    x.remainder() == y.remainder()
 }
 
 /// The data of an event that is exactly one `data:` line (the usual chunk), without looking
@@ -68,6 +162,10 @@ struct Span {
 struct Scanner<'a> {
     s: &'a [u8],
     i: usize,
+    /// Strings whose value went into the text.
+    decoded: u32,
+    /// The last `content` string whose value went into the text.
+    content: Option<Span>,
 }
 
 /// Marks a known member as seen; a second one (which the typed parse refuses) gives `None`.
@@ -388,8 +486,15 @@ impl<'a> Scanner<'a> {
             }
         }
         // the typed parse's order, whatever the members' order
-        for span in fields.into_iter().flatten() {
+        for (slot, span) in fields.into_iter().enumerate() {
+            let Some(span) = span else {
+                continue;
+            };
             self.decode(span, text)?;
+            self.decoded += 1;
+            if slot == 0 {
+                self.content = Some(span);
+            }
         }
         if let Some(at) = tool_calls {
             let end = std::mem::replace(&mut self.i, at);
@@ -449,6 +554,7 @@ impl<'a> Scanner<'a> {
         }
         if let (Some(text), Some(span)) = (text, arguments) {
             self.decode(span, text)?;
+            self.decoded += 1;
         }
         Some(())
     }
@@ -637,6 +743,48 @@ mod tests {
             }
             if let Ok(data) = std::str::from_utf8(&bytes) {
                 agrees(data);
+            }
+        }
+
+        /// A template reads a chunk as the scan does, and only when the scan would read it so.
+        #[test]
+        fn a_template_reads_like_the_scan(
+            first in "([a-z é😀]|\\\\[nt\"\\\\/]|\\\\u00e9){0,6}",
+            content in "([a-z\"é😀\t]|\\\\[nt\"\\\\/x]|\\\\u[0-9a-fA-F]{0,4}|\\\\ud83d|\\\\ude00){0,8}",
+            around in 0usize..4,
+        ) {
+            let (head, tail) = [
+                (r#"{"id":"c","model":"m","choices":[{"index":0,"delta":{"content":""#, r#""},"finish_reason":null}],"usage":null}"#),
+                (r#"{"choices":[{"delta":{"role":"assistant","content":""#, r#"","refusal":null}}]}"#),
+                (r#"{"choices":[{"delta":{"content":""#, r#"","tool_calls":[{"function":{"arguments":""}}]}}]}"#),
+                (r#"{"choices":[{"delta":{"reasoning_content":"r","content":""#, r#""}}]}"#),
+            ][around];
+            let template_data = format!("{head}{first}{tail}");
+            let mut text = String::new();
+            let Some(chunk) = scan(template_data.as_bytes(), &mut text) else {
+                return Ok(());
+            };
+            let mut template = Template::default();
+            match chunk.content {
+                Some(content) => template.set(template_data.as_bytes(), content),
+                // several strings gave text: no template
+                None => {
+                    prop_assert!(around >= 2);
+                    return Ok(());
+                }
+            }
+            let data = format!("{head}{content}{tail}");
+            let (mut fast, mut full) = (String::new(), String::new());
+            let applied = template.apply(data.as_bytes(), &mut fast);
+            let scanned = scan(data.as_bytes(), &mut full);
+            if applied {
+                prop_assert!(scanned.is_some(), "{}", data);
+                prop_assert_eq!(&fast, &full);
+                prop_assert!(agrees(&data));
+            } else {
+                prop_assert!(fast.is_empty());
+                // refused: the content is no valid string in that place
+                prop_assert!(scanned.is_none(), "{}", data);
             }
         }
 

@@ -8,7 +8,7 @@
 //! than `max_event_bytes`; a longer event passes through as it comes, uninspected). A chunk
 //! that also carries `choices` is never removed.
 
-use crate::chunk;
+use crate::chunk::{self, Template};
 use llm_gateway_shared::sse::{EventRef, Framer, RawItem};
 use llm_gateway_shared::tokens::{count_tokens, Encoding};
 use llm_gateway_shared::usage::{Api, StreamUsage, Usage};
@@ -70,6 +70,7 @@ impl ResponseStream {
                 usage: StreamUsage::new(api),
                 model: None,
                 event_text: String::new(),
+                template: Template::default(),
             },
             out: Vec::new(),
             hide_usage_only,
@@ -204,6 +205,8 @@ struct Reader {
     model: Option<String>,
     /// The text of the current event, reused from event to event.
     event_text: String,
+    /// The last usual chunk read in full (Chat Completions).
+    template: Template,
 }
 
 impl Reader {
@@ -215,6 +218,9 @@ impl Reader {
         let chat = self.api == Api::ChatCompletions;
         let single = chat.then(|| chunk::single_data_line(raw)).flatten();
         if let Some(data) = single {
+            if self.template.apply(data, &mut self.event_text) {
+                return (false, false);
+            }
             if self.fast(data) {
                 return (false, false);
             }
@@ -243,6 +249,10 @@ impl Reader {
             Some(chunk) => {
                 if self.model.is_none() {
                     self.model = chunk.model.map(str::to_owned);
+                }
+                // a template's chunk names the model the template's did: nothing to update
+                if let Some(content) = chunk.content {
+                    self.template.set(data, content);
                 }
                 true
             }
