@@ -529,12 +529,34 @@ def dictionaries():
     write_dict("config", JSON_TOKENS + config_words)
     write_dict("resp", ["\r\n", "+OK", "-ERR ", "-NOSCRIPT ", ":", ":-1", "$", "$-1", "*", "*-1", "*0", "$0\r\n\r\n",
                         "9223372036854775807", "-9223372036854775808", "4097", "1048577"])
+    write_dict("text", ["'s", "'t", "'re", "'ve", "'m", "'ll", "'d", "'S", "'RE", " ", "  ", "\n", "\r\n", "\t",
+                        "\u00a0", "\u3000", "123", "4567", "/", "//", "é", "e\u0301", "日本", "ー", "ǅ", "Ⅻ",
+                        "👩\u200d👧", "\u200d", "ſ", "ß", "İ", "µ", "\U0001d400", "HTTPServer", "camelCase"])
     write_dict("headers", [":path: ", ":authority: ", "authorization: ", "Bearer ", "bearer ", "x-api-key: ",
                            "api-key: ", "x-llm-consumer: ", "x-llm-tenant: ", "x-llm-groups: ", "X-LLM-", "x-mse-consumer: ",
                            "x-request-id: ", "x-llm-request-id: ", "x-project: ", "x-agent: ", "x-run-id: ",
                            "x-forwarded-for: ", "?key=", "&key=", "%2D", "%", "sk-fuzz-team-a-0001",
                            "sk-fuzz-team-b-0002", "\r\n", "\x00\x00\x00\x00", "\xff\xff\xff\xff"]
                + JSON_TOKENS + ['"request_id":', '"attempts":', '"tried":', '"price":', '"op":"charge"', '"entries":'])
+
+
+def token_seeds():
+    """Text for the token counter: both encodings (parameter byte 0 / 1)."""
+    texts = {
+        "prose": "The quarterly review covers onboarding, billing disputes and the migration plan.",
+        "contractions": "don't DON'T I'M here, they'll've 'S 's 'RE 'Ll ſ'ſ",
+        "whitespace": "  indented\n\n\tcode();  \n \r\n\u00a0\u3000\u2028x" + " " * 40 + "\n",
+        "code": "fn main() {\n    let x = vec![1, 22, 333, 4444];\n    println!(\"{x:?}\"); // 12345678\n}\n",
+        "json": '{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Hi!"}],"max_tokens":128}',
+        "cjk": "日本語のテキストを数えます。東京タワーは333メートルです。中文：今天天气很好！ｶﾀｶﾅ",
+        "scripts": "Русский МОСКВА مرحبا ١٢٣ हिन्दी क्षत्रिय ภาษาไทย 한국어 Ελληνικά ǅ Ⅻ ²½",
+        "marks": "Cafe\u0301 re\u0301sume\u0301 U\u0308ber \u0301\u0308 \u093f",
+        "emoji": "👩\u200d👩\u200d👧 👍🏽 🇫🇷 😀😀 \u200b\ufeff Ⓐ €",
+        "slashes": "path/to//file ///x \\\\ http://a.b/c?d=e&f=g",
+    }
+    for name, text in texts.items():
+        for encoding in (0, 1):
+            seed("token_count", f"{name}-{encoding}", [encoding], text)
 
 
 dictionaries()
@@ -545,5 +567,6 @@ pii_seeds()
 config_seeds()
 resp_seeds()
 host_seeds()
+token_seeds()
 for target, n in sorted(written.items()):
     print(f"{target}: {n} seeds")

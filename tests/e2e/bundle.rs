@@ -59,20 +59,12 @@ fn bearer(key: &str) -> String {
     format!("Bearer {key}")
 }
 
-/// The usage record usage-accounting wrote into the access-log line of `response`.
+/// The usage record of `response` (by its `x-request-id`).
 async fn record_of(demo: &Demo, response: &Response) -> Value {
     let id = response
         .header("x-request-id")
-        .map(str::to_owned)
         .unwrap_or_else(|| panic!("no x-request-id: {:?}", response.headers));
-    demo.envoy
-        .access_log_line("access.log", &id, |line| {
-            if line["request_id"] != id.as_str() {
-                return None;
-            }
-            serde_json::from_str(line["usage"].as_str()?).ok()
-        })
-        .await
+    demo.usage_record(id).await.0
 }
 
 /// What a client and a provider see of one streamed chat, and the record, without what

@@ -13,7 +13,6 @@ use llm_gateway_tests::demo::{
     Demo, ANTHROPIC_CREDENTIAL, AZURE_CREDENTIAL, DEMO_KEY, FAST_ONLY_KEY, OPENAI_CREDENTIAL,
 };
 use llm_gateway_tests::http::{self, sse_events, Response};
-use llm_gateway_tests::workspace::sha256_hex;
 use mock_upstream::RecordedRequest;
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -81,21 +80,12 @@ fn assert_provider_view(seen: &RecordedRequest, model: &str, credential: (&str, 
     body
 }
 
-/// The usage record usage-accounting wrote into the access log line of the request whose
-/// `x-request-id` the client received.
+/// The usage record of `response` (by its `x-request-id`).
 async fn record_of(demo: &Demo, response: &Response) -> Value {
     let id = response
         .header("x-request-id")
-        .map(str::to_owned)
         .unwrap_or_else(|| panic!("no x-request-id: {:?}", response.headers));
-    demo.envoy
-        .access_log_line("access.log", &id, |line| {
-            if line["request_id"] != id.as_str() {
-                return None;
-            }
-            serde_json::from_str(line["usage"].as_str()?).ok()
-        })
-        .await
+    demo.usage_record(id).await.0
 }
 
 fn tokens(record: &Value) -> (u64, u64) {
@@ -117,29 +107,6 @@ fn left_in(message: &str) -> u64 {
         .unwrap()
         .parse()
         .unwrap_or_else(|_| panic!("{message}"))
-}
-
-/// The demo with `gateway.yaml` as shipped but for `changes` (each `from` must occur exactly
-/// once): a setting shortened or shrunk so a test sees its effect quickly.
-async fn start_variant(changes: &[(&str, &str)]) -> Demo {
-    let shipped = std::fs::read_to_string(llm_gateway_tests::workspace::envoy_config(
-        llm_gateway_tests::demo::CONFIG,
-    ))
-    .unwrap();
-    let mut text = shipped.clone();
-    for (from, to) in changes {
-        assert_eq!(shipped.matches(from).count(), 1, "{from} in gateway.yaml");
-        text = text.replace(from, to);
-    }
-    let path = std::env::temp_dir().join(format!(
-        "llm-gateway-variant-{}-{}.yaml",
-        std::process::id(),
-        sha256_hex(text.as_bytes())
-    ));
-    std::fs::write(&path, text).unwrap();
-    let demo = Demo::start_with(0, path.to_str().unwrap()).await.unwrap();
-    let _ = std::fs::remove_file(&path);
-    demo
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -625,11 +592,12 @@ async fn anthropic_messages_through_the_same_chain() {
 /// is cut, and what it streamed so far is still recorded and charged.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn timeouts_bound_silence_not_the_length_of_a_stream() {
-    let demo = start_variant(&[
+    let demo = Demo::start_variant(&[
         ("per_try_timeout: 60s", "per_try_timeout: 1s"),
         ("idle_timeout: 120s", "idle_timeout: 2s"),
     ])
-    .await;
+    .await
+    .unwrap();
     let key = bearer(DEMO_KEY);
 
     let long = [
@@ -724,7 +692,9 @@ async fn timeouts_bound_silence_not_the_length_of_a_stream() {
 /// the provider gets `fast`'s model at `fast`'s deployment, and the record is charged there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_budget_too_small_for_smart_switches_to_fast() {
-    let demo = start_variant(&[("\"money\": \"100.00\"", "\"money\": \"0.011\"")]).await;
+    let demo = Demo::start_variant(&[("\"money\": \"100.00\"", "\"money\": \"0.011\"")])
+        .await
+        .unwrap();
     let key = bearer(DEMO_KEY);
     let smart =
         json!({"model": "smart", "messages": [{"role": "user", "content": "Summarise the plan"}]});

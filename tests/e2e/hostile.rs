@@ -1324,28 +1324,6 @@ async fn hostile_headers_never_change_identity_route_or_reach_a_provider() {
 
 // --- slow and vanishing clients --------------------------------------------------------------
 
-/// `gateway.yaml` with the LLM route's `idle_timeout` (which overrides the listener's
-/// `stream_idle_timeout` on that route) cut from 120 s to 3 s, so a stalled body is cut within
-/// the test's time; everything else as shipped.
-async fn start_with_short_idle_timeout() -> Demo {
-    let shipped = std::fs::read_to_string(llm_gateway_tests::workspace::envoy_config(
-        llm_gateway_tests::demo::CONFIG,
-    ))
-    .unwrap();
-    let from = "idle_timeout: 120s";
-    assert_eq!(shipped.matches(from).count(), 1, "{from} in gateway.yaml");
-    let text = shipped.replace(from, "idle_timeout: 3s");
-    let path = std::env::temp_dir().join(format!(
-        "llm-gateway-hostile-{}-{}.yaml",
-        std::process::id(),
-        sha256_hex(text.as_bytes())
-    ));
-    std::fs::write(&path, text).unwrap();
-    let demo = Demo::start_with(0, path.to_str().unwrap()).await.unwrap();
-    let _ = std::fs::remove_file(&path);
-    demo
-}
-
 /// Writes `first`, then the rest of `request` one byte every `gap`, then reads the answer.
 fn trickle(addr: &str, request: &[u8], first: usize, gap: Duration) -> Response {
     let mut socket = TcpStream::connect(addr).unwrap();
@@ -1378,7 +1356,11 @@ fn hang_up(addr: &str, bytes: &[u8], linger: Duration) {
 /// and the next request is served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_and_vanishing_clients_are_cut_recorded_and_forgotten() {
-    let mut demo = start_with_short_idle_timeout().await;
+    // the LLM route's `idle_timeout` (it overrides the listener's `stream_idle_timeout` there)
+    // cut from 120 s to 3 s, so a stalled body is cut within the test's time
+    let mut demo = Demo::start_variant(&[("idle_timeout: 120s", "idle_timeout: 3s")])
+        .await
+        .unwrap();
     let addr = demo.url().trim_start_matches("http://").to_owned();
     let key = format!("authorization: {}", bearer(DEMO_KEY));
     let body = hello().to_string().into_bytes();

@@ -22,7 +22,6 @@ use llm_gateway_shared::tokens::{count_tokens, estimate_prompt_tokens, Encoding}
 use llm_gateway_shared::usage::Api;
 use llm_gateway_tests::demo::{Demo, DEMO_KEY};
 use llm_gateway_tests::http::{self, sse_events};
-use llm_gateway_tests::workspace::sha256_hex;
 use serde_json::{json, Value};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -141,19 +140,6 @@ fn dechunk(mut rest: &[u8]) -> (Vec<u8>, bool) {
     }
 }
 
-/// The record usage-accounting wrote into the access log line of `request_id`, with the line.
-async fn record_of(demo: &Demo, request_id: &str) -> (Value, Value) {
-    demo.envoy
-        .access_log_line("access.log", request_id, |line| {
-            if line["request_id"] != request_id {
-                return None;
-            }
-            let record: Value = serde_json::from_str(line["usage"].as_str()?).ok()?;
-            Some((record, line))
-        })
-        .await
-}
-
 fn tokens(record: &Value) -> u64 {
     record["usage"]["total_tokens"].as_u64().unwrap()
 }
@@ -201,7 +187,7 @@ async fn check_budget_after(demo: &Demo, user: &str, charged: &[u64]) {
         .unwrap();
     assert_eq!(ok.status, 200, "{}", ok.text());
     let id = ok.header("x-request-id").unwrap().to_string();
-    let (record, _) = record_of(demo, &id).await;
+    let (record, _) = demo.usage_record(&id).await;
     let big = json!({"model": "fast", "max_tokens": 30000, "messages": [{"role": "user", "content": "Hi"}]});
     let refused = http::post(format!("{}/v1/chat/completions", demo.url()))
         .header("authorization", &format!("Bearer {DEMO_KEY}"))
@@ -236,28 +222,6 @@ fn check_no_trap(demo: &Demo) {
     ] {
         assert!(!logs.contains(needle), "{needle} in Envoy's log:\n{logs}");
     }
-}
-
-/// A gateway.yaml variant (each `from` must occur once).
-async fn start_variant(changes: &[(&str, &str)]) -> Demo {
-    let shipped = std::fs::read_to_string(llm_gateway_tests::workspace::envoy_config(
-        llm_gateway_tests::demo::CONFIG,
-    ))
-    .unwrap();
-    let mut text = shipped.clone();
-    for (from, to) in changes {
-        assert_eq!(shipped.matches(from).count(), 1, "{from} in gateway.yaml");
-        text = text.replace(from, to);
-    }
-    let path = std::env::temp_dir().join(format!(
-        "llm-gateway-faults-{}-{}.yaml",
-        std::process::id(),
-        sha256_hex(text.as_bytes())
-    ));
-    std::fs::write(&path, text).unwrap();
-    let demo = Demo::start_with(0, path.to_str().unwrap()).await.unwrap();
-    let _ = std::fs::remove_file(&path);
-    demo
 }
 
 /// The request as the provider received it (after pii-redaction, with the deployment's model).
@@ -302,7 +266,7 @@ async fn run(demo: &Demo, case: &Case) -> (Seen, Value) {
         .header("x-request-id")
         .expect("x-request-id")
         .to_string();
-    let (record, line) = record_of(demo, &id).await;
+    let (record, line) = demo.usage_record(&id).await;
     let text = seen.text();
     let what = format!("{}: {text}\n{line}", case.name);
 
@@ -401,7 +365,9 @@ async fn check_workers(demo: &Demo) {
 /// request waiting), ends the stream early, or completes it without usage.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_provider_that_breaks_off() {
-    let demo = start_variant(&[("idle_timeout: 120s", "idle_timeout: 5s")]).await;
+    let demo = Demo::start_variant(&[("idle_timeout: 120s", "idle_timeout: 5s")])
+        .await
+        .unwrap();
     let cut = ("upstream_reset_after_response_started", "UPE");
     let cases = [
         Case {
@@ -557,7 +523,7 @@ async fn a_provider_that_sends_garbage() {
         .unwrap()
         .trim()
         .to_string();
-    let (record, line) = record_of(&demo, &id).await;
+    let (record, line) = demo.usage_record(&id).await;
     // the client left: not complete; nothing streamed whole but the role event, so the
     // prompt only is charged
     assert_eq!(line["flags"], "DC", "{line}");

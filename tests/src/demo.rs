@@ -107,6 +107,42 @@ impl Demo {
         })
     }
 
+    /// The demo with `gateway.yaml` as shipped but for `changes`, each `(from, to)` a text
+    /// replacement whose `from` must occur exactly once: a setting shortened or shrunk so a
+    /// test sees its effect quickly. Panics (a test fixture) when a `from` does not occur once.
+    pub async fn start_variant(changes: &[(&str, &str)]) -> Result<Demo> {
+        let shipped = std::fs::read_to_string(crate::workspace::envoy_config(CONFIG))
+            .map_err(|e| format!("{CONFIG}: {e}"))?;
+        let mut text = shipped.clone();
+        for (from, to) in changes {
+            assert_eq!(shipped.matches(from).count(), 1, "{from} in {CONFIG}");
+            text = text.replace(from, to);
+        }
+        let path = std::env::temp_dir().join(format!(
+            "llm-gateway-variant-{}-{}.yaml",
+            std::process::id(),
+            crate::workspace::sha256_hex(text.as_bytes())
+        ));
+        std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
+        let demo = Demo::start_with(0, &path.to_string_lossy()).await;
+        let _ = std::fs::remove_file(&path);
+        demo
+    }
+
+    /// The usage record usage-accounting wrote into the access-log line of the request whose
+    /// `x-request-id` is `request_id`, and that whole line (waits for the log to be flushed).
+    pub async fn usage_record(&self, request_id: &str) -> (serde_json::Value, serde_json::Value) {
+        self.envoy
+            .access_log_line("access.log", request_id, |line| {
+                if line["request_id"] != request_id {
+                    return None;
+                }
+                let record = serde_json::from_str(line["usage"].as_str()?).ok()?;
+                Some((record, line))
+            })
+            .await
+    }
+
     /// `http://127.0.0.1:port` of the gateway.
     pub fn url(&self) -> String {
         self.envoy.url()

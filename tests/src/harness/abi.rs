@@ -112,8 +112,14 @@ macro_rules! tri {
     };
 }
 
-fn count(cx: &mut Cx<'_>) {
+/// Counts a host call; with `LLM_GATEWAY_HOST_CALL_LOG` set, also prints its name to stderr
+/// (`… 2>&1 | sort | uniq -c` shows which calls a workload makes).
+fn count(cx: &mut Cx<'_>, name: &str) {
     cx.data_mut().counters.host_calls += 1;
+    static LOG: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if *LOG.get_or_init(|| std::env::var_os("LLM_GATEWAY_HOST_CALL_LOG").is_some()) {
+        eprintln!("host call {name}");
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -180,7 +186,7 @@ fn define(l: &mut Linker<HostState>) -> wasmtime::Result<()> {
         ENV,
         "proxy_log",
         |mut cx: Cx<'_>, level: u32, ptr: u32, len: u32| -> R {
-            count(&mut cx);
+            count(&mut cx, "proxy_log");
             let message = tri!(read_str(&mut cx, ptr, len));
             cx.data_mut().logs.push(LogLine { level, message });
             Ok(status::OK)
@@ -190,7 +196,7 @@ fn define(l: &mut Linker<HostState>) -> wasmtime::Result<()> {
         ENV,
         "proxy_get_log_level",
         |mut cx: Cx<'_>, out: u32| -> R {
-            count(&mut cx);
+            count(&mut cx, "proxy_get_log_level");
             let level = cx.data().log_level;
             tri!(write(&mut cx, out, &level.to_le_bytes()));
             Ok(status::OK)
@@ -200,7 +206,7 @@ fn define(l: &mut Linker<HostState>) -> wasmtime::Result<()> {
         ENV,
         "proxy_get_current_time_nanoseconds",
         |mut cx: Cx<'_>, out: u32| -> R {
-            count(&mut cx);
+            count(&mut cx, "proxy_get_current_time_nanoseconds");
             let now = cx.data().clock.now_nanos();
             tri!(write(&mut cx, out, &now.to_le_bytes()));
             Ok(status::OK)
@@ -210,7 +216,7 @@ fn define(l: &mut Linker<HostState>) -> wasmtime::Result<()> {
         ENV,
         "proxy_set_tick_period_milliseconds",
         |mut cx: Cx<'_>, period: u32| -> R {
-            count(&mut cx);
+            count(&mut cx, "proxy_set_tick_period_milliseconds");
             cx.data_mut().tick_period_ms = period;
             Ok(status::OK)
         },
@@ -221,7 +227,7 @@ fn define(l: &mut Linker<HostState>) -> wasmtime::Result<()> {
         ENV,
         "proxy_get_buffer_bytes",
         |mut cx: Cx<'_>, kind: u32, start: u32, max: u32, ptr_out: u32, size_out: u32| -> R {
-            count(&mut cx);
+            count(&mut cx, "proxy_get_buffer_bytes");
             let whole: Option<Vec<u8>> = {
                 let s = cx.data();
                 match kind {
@@ -253,7 +259,7 @@ fn define(l: &mut Linker<HostState>) -> wasmtime::Result<()> {
         ENV,
         "proxy_set_buffer_bytes",
         |mut cx: Cx<'_>, kind: u32, start: u32, size: u32, ptr: u32, len: u32| -> R {
-            count(&mut cx);
+            count(&mut cx, "proxy_set_buffer_bytes");
             let bytes = tri!(read(&mut cx, ptr, len));
             let Some((data, filter)) = cx.data().http_context() else {
                 return Ok(status::NOT_FOUND);
@@ -282,7 +288,7 @@ fn define(l: &mut Linker<HostState>) -> wasmtime::Result<()> {
         ENV,
         "proxy_get_header_map_pairs",
         |mut cx: Cx<'_>, map: u32, ptr_out: u32, size_out: u32| -> R {
-            count(&mut cx);
+            count(&mut cx, "proxy_get_header_map_pairs");
             let Some(headers) = map_of(cx.data(), map) else {
                 return Ok(status::NOT_FOUND);
             };
@@ -293,7 +299,7 @@ fn define(l: &mut Linker<HostState>) -> wasmtime::Result<()> {
         ENV,
         "proxy_get_header_map_value",
         |mut cx: Cx<'_>, map: u32, kp: u32, kl: u32, ptr_out: u32, size_out: u32| -> R {
-            count(&mut cx);
+            count(&mut cx, "proxy_get_header_map_value");
             let key = tri!(read_str(&mut cx, kp, kl)).to_ascii_lowercase();
             let Some(headers) = map_of(cx.data(), map) else {
                 return Ok(status::NOT_FOUND);
@@ -308,7 +314,7 @@ fn define(l: &mut Linker<HostState>) -> wasmtime::Result<()> {
         ENV,
         "proxy_set_header_map_pairs",
         |mut cx: Cx<'_>, map: u32, ptr: u32, len: u32| -> R {
-            count(&mut cx);
+            count(&mut cx, "proxy_set_header_map_pairs");
             let raw = tri!(read(&mut cx, ptr, len));
             let Some(pairs) = decode_headers(&raw) else {
                 return Ok(status::BAD_ARGUMENT);
@@ -320,7 +326,7 @@ fn define(l: &mut Linker<HostState>) -> wasmtime::Result<()> {
         ENV,
         "proxy_replace_header_map_value",
         |mut cx: Cx<'_>, map: u32, kp: u32, kl: u32, vp: u32, vl: u32| -> R {
-            count(&mut cx);
+            count(&mut cx, "proxy_replace_header_map_value");
             let key = tri!(read_str(&mut cx, kp, kl)).to_ascii_lowercase();
             let value = tri!(read(&mut cx, vp, vl));
             with_map(cx.data(), map, |h| {
@@ -342,7 +348,7 @@ fn define(l: &mut Linker<HostState>) -> wasmtime::Result<()> {
         ENV,
         "proxy_add_header_map_value",
         |mut cx: Cx<'_>, map: u32, kp: u32, kl: u32, vp: u32, vl: u32| -> R {
-            count(&mut cx);
+            count(&mut cx, "proxy_add_header_map_value");
             let key = tri!(read_str(&mut cx, kp, kl)).to_ascii_lowercase();
             let value = tri!(read(&mut cx, vp, vl));
             with_map(cx.data(), map, |h| h.push((key, value)))
@@ -352,7 +358,7 @@ fn define(l: &mut Linker<HostState>) -> wasmtime::Result<()> {
         ENV,
         "proxy_remove_header_map_value",
         |mut cx: Cx<'_>, map: u32, kp: u32, kl: u32| -> R {
-            count(&mut cx);
+            count(&mut cx, "proxy_remove_header_map_value");
             let key = tri!(read_str(&mut cx, kp, kl)).to_ascii_lowercase();
             with_map(cx.data(), map, |h| h.retain(|(n, _)| *n != key))
         },
@@ -363,7 +369,7 @@ fn define(l: &mut Linker<HostState>) -> wasmtime::Result<()> {
         ENV,
         "proxy_get_property",
         |mut cx: Cx<'_>, pp: u32, pl: u32, ptr_out: u32, size_out: u32| -> R {
-            count(&mut cx);
+            count(&mut cx, "proxy_get_property");
             let path = property_path(&tri!(read(&mut cx, pp, pl)));
             let value = {
                 let s = cx.data();
@@ -389,7 +395,7 @@ fn define(l: &mut Linker<HostState>) -> wasmtime::Result<()> {
         ENV,
         "proxy_set_property",
         |mut cx: Cx<'_>, pp: u32, pl: u32, vp: u32, vl: u32| -> R {
-            count(&mut cx);
+            count(&mut cx, "proxy_set_property");
             let path = property_path(&tri!(read(&mut cx, pp, pl)));
             let value = tri!(read(&mut cx, vp, vl));
             let Some((data, _)) = cx.data().http_context() else {
@@ -407,7 +413,7 @@ fn define(l: &mut Linker<HostState>) -> wasmtime::Result<()> {
         ENV,
         "proxy_get_shared_data",
         |mut cx: Cx<'_>, kp: u32, kl: u32, ptr_out: u32, size_out: u32, cas_out: u32| -> R {
-            count(&mut cx);
+            count(&mut cx, "proxy_get_shared_data");
             let key = tri!(read_str(&mut cx, kp, kl));
             let found = {
                 let s = cx.data();
@@ -424,7 +430,7 @@ fn define(l: &mut Linker<HostState>) -> wasmtime::Result<()> {
         ENV,
         "proxy_set_shared_data",
         |mut cx: Cx<'_>, kp: u32, kl: u32, vp: u32, vl: u32, cas: u32| -> R {
-            count(&mut cx);
+            count(&mut cx, "proxy_set_shared_data");
             let key = tri!(read_str(&mut cx, kp, kl));
             let value = tri!(read(&mut cx, vp, vl));
             let s = cx.data();
@@ -435,7 +441,7 @@ fn define(l: &mut Linker<HostState>) -> wasmtime::Result<()> {
         ENV,
         "proxy_register_shared_queue",
         |mut cx: Cx<'_>, np: u32, nl: u32, id_out: u32| -> R {
-            count(&mut cx);
+            count(&mut cx, "proxy_register_shared_queue");
             let name = tri!(read_str(&mut cx, np, nl));
             let id = {
                 let s = cx.data();
@@ -454,7 +460,7 @@ fn define(l: &mut Linker<HostState>) -> wasmtime::Result<()> {
         ENV,
         "proxy_resolve_shared_queue",
         |mut cx: Cx<'_>, vp: u32, vl: u32, np: u32, nl: u32, id_out: u32| -> R {
-            count(&mut cx);
+            count(&mut cx, "proxy_resolve_shared_queue");
             let vm_id = tri!(read_str(&mut cx, vp, vl));
             let name = tri!(read_str(&mut cx, np, nl));
             let Some(id) = cx.data().services.queues.resolve(&vm_id, &name) else {
@@ -468,7 +474,7 @@ fn define(l: &mut Linker<HostState>) -> wasmtime::Result<()> {
         ENV,
         "proxy_enqueue_shared_queue",
         |mut cx: Cx<'_>, id: u32, vp: u32, vl: u32| -> R {
-            count(&mut cx);
+            count(&mut cx, "proxy_enqueue_shared_queue");
             let value = tri!(read(&mut cx, vp, vl));
             let Some(owner) = cx.data().services.queues.enqueue(id, &value) else {
                 return Ok(status::NOT_FOUND);
@@ -483,7 +489,7 @@ fn define(l: &mut Linker<HostState>) -> wasmtime::Result<()> {
         ENV,
         "proxy_dequeue_shared_queue",
         |mut cx: Cx<'_>, id: u32, ptr_out: u32, size_out: u32| -> R {
-            count(&mut cx);
+            count(&mut cx, "proxy_dequeue_shared_queue");
             match cx.data().services.queues.dequeue(id) {
                 Err(s) => Ok(s),
                 Ok(None) => Ok(status::EMPTY),
@@ -497,7 +503,7 @@ fn define(l: &mut Linker<HostState>) -> wasmtime::Result<()> {
         ENV,
         "proxy_continue_stream",
         |mut cx: Cx<'_>, kind: u32| -> R {
-            count(&mut cx);
+            count(&mut cx, "proxy_continue_stream");
             let direction = match kind {
                 0 => Direction::Request,
                 1 => Direction::Response,
@@ -516,7 +522,7 @@ fn define(l: &mut Linker<HostState>) -> wasmtime::Result<()> {
         ENV,
         "proxy_close_stream",
         |mut cx: Cx<'_>, _kind: u32| -> R {
-            count(&mut cx);
+            count(&mut cx, "proxy_close_stream");
             let s = cx.data_mut();
             if s.http_context().is_none() {
                 return Ok(status::BAD_ARGUMENT);
@@ -539,7 +545,7 @@ fn define(l: &mut Linker<HostState>) -> wasmtime::Result<()> {
          hl: u32,
          _grpc: i32|
          -> R {
-            count(&mut cx);
+            count(&mut cx, "proxy_send_local_response");
             let details = tri!(read_str(&mut cx, dp, dl));
             let body = tri!(read(&mut cx, bp, bl));
             let raw = tri!(read(&mut cx, hp, hl));
@@ -573,7 +579,7 @@ fn define(l: &mut Linker<HostState>) -> wasmtime::Result<()> {
         ENV,
         "proxy_set_effective_context",
         |mut cx: Cx<'_>, context: u32| -> R {
-            count(&mut cx);
+            count(&mut cx, "proxy_set_effective_context");
             let s = cx.data_mut();
             if !s.contexts.contains_key(&context) {
                 return Ok(status::BAD_ARGUMENT);
@@ -583,7 +589,7 @@ fn define(l: &mut Linker<HostState>) -> wasmtime::Result<()> {
         },
     )?;
     l.func_wrap(ENV, "proxy_done", |mut cx: Cx<'_>| -> R {
-        count(&mut cx);
+        count(&mut cx, "proxy_done");
         Ok(status::OK)
     })?;
 
@@ -603,7 +609,7 @@ fn define(l: &mut Linker<HostState>) -> wasmtime::Result<()> {
          timeout_ms: u32,
          token_out: u32|
          -> R {
-            count(&mut cx);
+            count(&mut cx, "proxy_http_call");
             let cluster = tri!(read_str(&mut cx, up, ul));
             let raw_headers = tri!(read(&mut cx, hp, hl));
             let body = tri!(read(&mut cx, bp, bl));
@@ -641,7 +647,7 @@ fn define(l: &mut Linker<HostState>) -> wasmtime::Result<()> {
         ENV,
         "proxy_call_foreign_function",
         |mut cx: Cx<'_>, np: u32, nl: u32, _ap: u32, _al: u32, _rp: u32, rs: u32| -> R {
-            count(&mut cx);
+            count(&mut cx, "proxy_call_foreign_function");
             let name = tri!(read_str(&mut cx, np, nl));
             if name != "clear_route_cache" {
                 return Ok(status::NOT_FOUND);
@@ -662,7 +668,7 @@ fn define(l: &mut Linker<HostState>) -> wasmtime::Result<()> {
         ENV,
         "proxy_define_metric",
         |mut cx: Cx<'_>, kind: u32, np: u32, nl: u32, id_out: u32| -> R {
-            count(&mut cx);
+            count(&mut cx, "proxy_define_metric");
             let name = tri!(read_str(&mut cx, np, nl));
             let kind = match kind {
                 0 => MetricKind::Counter,
@@ -682,7 +688,7 @@ fn define(l: &mut Linker<HostState>) -> wasmtime::Result<()> {
         ENV,
         "proxy_increment_metric",
         |mut cx: Cx<'_>, id: u32, delta: i64| -> R {
-            count(&mut cx);
+            count(&mut cx, "proxy_increment_metric");
             Ok(cx.data().services.metrics.increment(id, delta))
         },
     )?;
@@ -690,7 +696,7 @@ fn define(l: &mut Linker<HostState>) -> wasmtime::Result<()> {
         ENV,
         "proxy_record_metric",
         |mut cx: Cx<'_>, id: u32, value: u64| -> R {
-            count(&mut cx);
+            count(&mut cx, "proxy_record_metric");
             Ok(cx.data().services.metrics.record(id, value))
         },
     )?;
@@ -698,7 +704,7 @@ fn define(l: &mut Linker<HostState>) -> wasmtime::Result<()> {
         ENV,
         "proxy_get_metric",
         |mut cx: Cx<'_>, id: u32, out: u32| -> R {
-            count(&mut cx);
+            count(&mut cx, "proxy_get_metric");
             match cx.data().services.metrics.get(id) {
                 Ok(v) => {
                     tri!(write(&mut cx, out, &v.to_le_bytes()));
@@ -722,7 +728,7 @@ fn define(l: &mut Linker<HostState>) -> wasmtime::Result<()> {
          pl: u32,
          timeout_ms: u32|
          -> R {
-            count(&mut cx);
+            count(&mut cx, "proxy_redis_init");
             let service = tri!(read_str(&mut cx, sp, sl));
             let _user = tri!(read(&mut cx, up, ul));
             let _password = tri!(read(&mut cx, pp, pl));
@@ -737,7 +743,7 @@ fn define(l: &mut Linker<HostState>) -> wasmtime::Result<()> {
         ENV,
         "proxy_redis_call",
         |mut cx: Cx<'_>, sp: u32, sl: u32, qp: u32, ql: u32, token_out: u32| -> R {
-            count(&mut cx);
+            count(&mut cx, "proxy_redis_call");
             let service = tri!(read_str(&mut cx, sp, sl));
             let query = tri!(read(&mut cx, qp, ql));
             let Some(&timeout_ms) = cx.data().redis_services.get(&service) else {
