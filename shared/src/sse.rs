@@ -15,7 +15,9 @@
 //! as more `Overflow` items until the event ends; then it frames normally again. Concatenating
 //! the raw bytes of every item, then [`Framer::finish`], gives back the input exactly.
 
+use std::borrow::Cow;
 use std::fmt;
+use std::ops::Range;
 
 /// One complete event.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,35 +36,14 @@ impl Event {
     /// Parses one event's raw bytes (as [`Framer`] cuts them). Invalid UTF-8 in a field is
     /// replaced by U+FFFD in the parsed fields; `raw` keeps the original bytes.
     pub fn parse(raw: Vec<u8>) -> Event {
-        let mut event = None;
-        let mut data: Option<String> = None;
-        let mut id = None;
-        for line in lines(&raw) {
-            if line.is_empty() || line.first() == Some(&b':') {
-                continue;
-            }
-            let (name, value) = match line.iter().position(|&b| b == b':') {
-                Some(colon) => {
-                    let value = line.get(colon + 1..).unwrap_or_default();
-                    let value = value.strip_prefix(b" ").unwrap_or(value);
-                    (line.get(..colon).unwrap_or_default(), value)
-                }
-                None => (line, &[][..]),
-            };
-            let value = String::from_utf8_lossy(value);
-            match name {
-                b"data" => match &mut data {
-                    Some(joined) => {
-                        joined.push('\n');
-                        joined.push_str(&value);
-                    }
-                    None => data = Some(value.into_owned()),
-                },
-                b"event" => event = Some(value.into_owned()),
-                b"id" => id = Some(value.into_owned()),
-                _ => {}
-            }
-        }
+        let (event, data, id) = {
+            let parsed = EventRef::parse(&raw);
+            (
+                parsed.event.map(Cow::into_owned),
+                parsed.data.map(Cow::into_owned),
+                parsed.id.map(Cow::into_owned),
+            )
+        };
         Event {
             raw,
             event,
@@ -74,6 +55,66 @@ impl Event {
     /// Whether this is OpenAI's end-of-stream marker, `data: [DONE]`.
     pub fn is_done(&self) -> bool {
         self.data.as_deref().map(str::trim) == Some("[DONE]")
+    }
+}
+
+/// One complete event borrowed from the bytes it was cut from ([`Framer::next_raw`]): what
+/// [`Event`] holds, without copying — a field is allocated only when it must be joined
+/// (several `data:` lines) or repaired (invalid UTF-8).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventRef<'a> {
+    /// The event's bytes as received, the terminating blank line included.
+    pub raw: &'a [u8],
+    /// The `event:` field (the last one when repeated).
+    pub event: Option<Cow<'a, str>>,
+    /// The `data:` lines joined with `\n`; `None` when the event has no data line.
+    pub data: Option<Cow<'a, str>>,
+    /// The `id:` field.
+    pub id: Option<Cow<'a, str>>,
+}
+
+impl<'a> EventRef<'a> {
+    /// Parses one event's raw bytes, as [`Event::parse`] does.
+    pub fn parse(raw: &'a [u8]) -> EventRef<'a> {
+        let mut event = None;
+        let mut data: Option<Cow<'a, str>> = None;
+        let mut id = None;
+        for line in lines(raw) {
+            if line.is_empty() || line.first() == Some(&b':') {
+                continue;
+            }
+            let (name, value) = match line.iter().position(|&b| b == b':') {
+                Some(colon) => {
+                    let value = line.get(colon + 1..).unwrap_or_default();
+                    let value = value.strip_prefix(b" ").unwrap_or(value);
+                    (line.get(..colon).unwrap_or_default(), value)
+                }
+                None => (line, &[][..]),
+            };
+            let value = match std::str::from_utf8(value) {
+                Ok(text) => Cow::Borrowed(text),
+                Err(_) => String::from_utf8_lossy(value),
+            };
+            match name {
+                b"data" => match &mut data {
+                    Some(joined) => {
+                        let joined = joined.to_mut();
+                        joined.push('\n');
+                        joined.push_str(&value);
+                    }
+                    None => data = Some(value),
+                },
+                b"event" => event = Some(value),
+                b"id" => id = Some(value),
+                _ => {}
+            }
+        }
+        EventRef {
+            raw,
+            event,
+            data,
+            id,
+        }
     }
 }
 
@@ -205,6 +246,26 @@ impl Framer {
     /// The next complete event, or raw bytes of an oversized one; `None` when more input is
     /// needed.
     pub fn next_event(&mut self) -> Option<Result<Event, SseError>> {
+        Some(match self.next_raw()? {
+            RawItem::Event(raw) => Ok(Event::parse(raw.to_vec())),
+            RawItem::Overflow(raw) => Err(SseError::Overflow { raw: raw.to_vec() }),
+        })
+    }
+
+    /// [`Framer::next_event`] without copying: the item borrows the framer's buffer (parse an
+    /// event with [`EventRef::parse`]). The same items, in the same order.
+    pub fn next_raw(&mut self) -> Option<RawItem<'_>> {
+        let (span, overflow) = self.next_span()?;
+        let raw = self.buf.get(span).unwrap_or_default();
+        Some(if overflow {
+            RawItem::Overflow(raw)
+        } else {
+            RawItem::Event(raw)
+        })
+    }
+
+    /// The bytes of the next item and whether they are an overflow.
+    fn next_span(&mut self) -> Option<(Range<usize>, bool)> {
         while let Some(&byte) = self.buf.get(self.scan) {
             if std::mem::take(&mut self.skip_lf) && byte == b'\n' {
                 self.scan += 1;
@@ -213,6 +274,12 @@ impl Framer {
             self.scan += 1;
             if byte != b'\n' && byte != b'\r' {
                 self.in_line = true;
+                // the rest of the line in one search
+                let rest = self.buf.get(self.scan..).unwrap_or_default();
+                self.scan += rest
+                    .iter()
+                    .position(|&b| b == b'\n' || b == b'\r')
+                    .unwrap_or(rest.len());
                 continue;
             }
             self.skip_lf = byte == b'\r';
@@ -236,16 +303,13 @@ impl Framer {
                     _ => {}
                 }
             }
-            let raw = self.take();
-            if std::mem::take(&mut self.overflowing) {
-                return Some(Err(SseError::Overflow { raw }));
-            }
-            return Some(Ok(Event::parse(raw)));
+            let span = self.take_span();
+            return Some((span, std::mem::take(&mut self.overflowing)));
         }
         let held = self.scan - self.start;
         if held > 0 && (self.overflowing || held > self.max_event_bytes) {
             self.overflowing = true;
-            return Some(Err(SseError::Overflow { raw: self.take() }));
+            return Some((self.take_span(), true));
         }
         None
     }
@@ -273,14 +337,25 @@ impl Framer {
     }
 
     fn take(&mut self) -> Vec<u8> {
-        let raw = self
-            .buf
-            .get(self.start..self.scan)
-            .unwrap_or_default()
-            .to_vec();
-        self.start = self.scan;
-        raw
+        let span = self.take_span();
+        self.buf.get(span).unwrap_or_default().to_vec()
     }
+
+    /// Hands out the bytes up to the scan position.
+    fn take_span(&mut self) -> Range<usize> {
+        let span = self.start..self.scan;
+        self.start = self.scan;
+        span
+    }
+}
+
+/// An item of [`Framer::next_raw`], borrowed from the framer's buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RawItem<'a> {
+    /// A complete event's bytes.
+    Event(&'a [u8]),
+    /// The next part of an oversized event (see [`SseError::Overflow`]).
+    Overflow(&'a [u8]),
 }
 
 #[cfg(test)]
@@ -351,6 +426,15 @@ mod tests {
         assert_eq!(event.event.as_deref(), Some("message_delta"));
         assert_eq!(event.id.as_deref(), Some("7"));
         assert_eq!(event.data.as_deref(), Some("{\"a\":\n1}"));
+    }
+
+    #[test]
+    fn a_single_data_line_is_borrowed() {
+        let parsed = EventRef::parse(b"event: e\ndata: {\"a\":1}\n\n");
+        assert!(matches!(parsed.data, Some(Cow::Borrowed("{\"a\":1}"))));
+        assert!(matches!(parsed.event, Some(Cow::Borrowed("e"))));
+        let joined = EventRef::parse(b"data: a\ndata: b\n\n");
+        assert_eq!(joined.data.as_deref(), Some("a\nb"));
     }
 
     #[test]
@@ -466,6 +550,39 @@ mod tests {
                 let mut whole_bytes = raw_of(&whole);
                 whole_bytes.extend(whole_tail.unwrap_or_default());
                 prop_assert_eq!(&whole_bytes, &stream);
+            }
+
+            /// `next_raw` + `EventRef::parse` hand out what `next_event` does, without copying.
+            #[test]
+            fn borrowed_items_are_the_owned_ones(
+                stream in prop::collection::vec(prop::sample::select(
+                    b"data: {}x\r\n:ev\xff".to_vec()), 0..160),
+                chunk in 1usize..50,
+                max in 4usize..64,
+            ) {
+                let (mut owned, mut borrowed) = (Framer::new(max), Framer::new(max));
+                for c in stream.chunks(chunk) {
+                    owned.push(c);
+                    borrowed.push(c);
+                    loop {
+                        let (a, b) = (owned.next_event(), borrowed.next_raw());
+                        match (a, b) {
+                            (None, None) => break,
+                            (Some(Ok(event)), Some(RawItem::Event(raw))) => {
+                                let parsed = EventRef::parse(raw);
+                                prop_assert_eq!(&event.raw[..], raw);
+                                prop_assert_eq!(event.data.as_deref(), parsed.data.as_deref());
+                                prop_assert_eq!(event.event.as_deref(), parsed.event.as_deref());
+                                prop_assert_eq!(event.id.as_deref(), parsed.id.as_deref());
+                            }
+                            (Some(Err(overflow)), Some(RawItem::Overflow(raw))) => {
+                                prop_assert_eq!(overflow.raw(), raw);
+                            }
+                            (a, b) => prop_assert!(false, "{:?} vs {:?}", a, b),
+                        }
+                    }
+                }
+                prop_assert_eq!(owned.finish(), borrowed.finish());
             }
 
             /// With a tiny bound, memory stays bounded and no byte is lost or duplicated.

@@ -11,6 +11,7 @@ use llm_gateway_shared::headers;
 use llm_gateway_shared::route_info;
 use llm_gateway_shared::tokens::{count_tokens, estimate_prompt_tokens, Encoding};
 use llm_gateway_shared::usage::{self, Api, Usage};
+use std::cell::OnceCell;
 
 /// Who and what a request is for, from the request headers.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -192,6 +193,13 @@ pub struct Exchange {
     attribution: Attribution,
     started_ms: u64,
     request: RequestInfo,
+    /// The body was not inspected: it cannot say `"stream": true` ([`request::may_stream`]),
+    /// so nothing in it changes the request, and `request` holds what such a body says
+    /// (no stream, no `include_usage`) but its model, read from the kept body only if the
+    /// record needs it ([`Exchange::request_model`]).
+    deferred: bool,
+    /// The model of a deferred body, once read.
+    deferred_model: OnceCell<Option<String>>,
     /// Kept to estimate the prompt if no usage comes; dropped once usage arrived.
     request_body: Option<Vec<u8>>,
     /// `content-length` of the request, when it had one.
@@ -214,6 +222,8 @@ impl Exchange {
             attribution,
             started_ms: now_ms,
             request: RequestInfo::default(),
+            deferred: false,
+            deferred_model: OnceCell::new(),
             request_body: None,
             request_length: None,
             request_bytes: 0,
@@ -259,22 +269,52 @@ impl Exchange {
     /// The end of a request body that was not held.
     pub fn on_request_end(&mut self) {
         if let Some(body) = &self.request_body {
+            if !request::may_stream(body) {
+                self.deferred = true;
+                return;
+            }
             let (info, _) = request::inspect(self.api, body, false);
             self.request = info;
         }
     }
 
     /// The whole request body; returns the body to send instead, if it changes.
+    ///
+    /// A body that cannot say `"stream": true` changes nothing (only a stream gets
+    /// `include_usage`): its validating scan is deferred until its model is needed, which it
+    /// is not when the answer names its model (the usual case).
     pub fn on_request_body(&mut self, config: &UsageConfig, body: &[u8]) -> Option<Vec<u8>> {
+        self.request_body = Some(body.to_vec());
+        if !request::may_stream(body) {
+            self.deferred = true;
+            return None;
+        }
         let (info, new_body) = request::inspect(self.api, body, config.inject_include_usage);
         self.request = info;
-        self.request_body = Some(body.to_vec());
         new_body
     }
 
     /// What the request said about itself.
-    pub fn request(&self) -> &RequestInfo {
-        &self.request
+    pub fn request(&self) -> RequestInfo {
+        RequestInfo {
+            model: self.request_model().map(str::to_owned),
+            ..self.request.clone()
+        }
+    }
+
+    /// The gateway added `include_usage` to the request.
+    pub fn injected_include_usage(&self) -> bool {
+        self.request.injected_include_usage
+    }
+
+    /// The request's model (read from a deferred body the first time it is asked for).
+    pub fn request_model(&self) -> Option<&str> {
+        if !self.deferred {
+            return self.request.model.as_deref();
+        }
+        self.deferred_model
+            .get_or_init(|| self.request_body.as_deref().and_then(request::model))
+            .as_deref()
     }
 
     /// Response headers arrived.
@@ -293,7 +333,7 @@ impl Exchange {
             .trim()
             .to_ascii_lowercase();
         if media == "text/event-stream" {
-            let model = self.request.model.as_deref().unwrap_or_default();
+            let model = self.request_model().unwrap_or_default();
             self.response = Response::Stream(Box::new(ResponseStream::new(
                 self.api,
                 self.request.injected_include_usage,
@@ -314,7 +354,15 @@ impl Exchange {
         }
     }
 
-    /// A chunk of a streamed response.
+    /// True until a stream's first output arrived: only then does
+    /// [`Exchange::on_response_chunk`] read its `now_ms` (the shell spares the clock's host
+    /// call on every later chunk).
+    pub fn awaits_first_output(&self) -> bool {
+        self.first_output_ms.is_none()
+    }
+
+    /// A chunk of a streamed response; `now_ms` is read only while
+    /// [`Exchange::awaits_first_output`].
     pub fn on_response_chunk(&mut self, chunk: &[u8], end_of_stream: bool, now_ms: u64) -> Forward {
         let Response::Stream(stream) = &mut self.response else {
             return Forward::Unchanged;
@@ -385,7 +433,7 @@ impl Exchange {
             None => (None, None),
         };
         let text_tokens = if usage.is_none() {
-            let model = self.request.model.as_deref().unwrap_or_default();
+            let model = self.request_model().unwrap_or_default();
             count_tokens(
                 Encoding::for_model(model),
                 &request::response_text(self.api, body),
@@ -446,7 +494,7 @@ impl Exchange {
             Response::Body { model, .. } => model.as_deref(),
             Response::None | Response::Collecting(_) => None,
         };
-        upstream.or(self.request.model.as_deref())
+        upstream.or_else(|| self.request_model())
     }
 
     fn price<'c>(&self, config: &'c UsageConfig, route: &'c RouteInfo) -> Option<&'c Price> {
@@ -473,7 +521,7 @@ impl Exchange {
         let Ok(value) = serde_json::from_slice::<serde_json::Value>(body) else {
             return 0;
         };
-        let model = self.request.model.as_deref().unwrap_or_default();
+        let model = self.request_model().unwrap_or_default();
         estimate_prompt_tokens(self.api, &value, Encoding::for_model(model))
     }
 
@@ -902,6 +950,41 @@ event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"delta\":{\
         ex.on_request_end();
         assert!(ex.request().stream);
         assert_eq!(ex.request().model.as_deref(), Some("claude"));
+    }
+
+    #[test]
+    fn a_body_that_cannot_stream_is_scanned_only_if_its_model_is_needed() {
+        let config = config(json!({}));
+        let route = RouteInfo::default();
+        let body =
+            br#"{"model":"gpt-4o","stream":false,"messages":[{"role":"user","content":"abcd"}]}"#;
+        for (answer, scanned) in [
+            (
+                &br#"{"model":"gpt-4o-2024","usage":{"prompt_tokens":10,"completion_tokens":2}}"#[..],
+                false,
+            ),
+            (
+                br#"{"usage":{"prompt_tokens":10,"completion_tokens":2}}"#,
+                true,
+            ),
+        ] {
+            let mut ex = Exchange::start("/v1/chat/completions", attribution(), 0).unwrap();
+            assert!(ex.on_request_body(&config, body).is_none());
+            assert!(ex.deferred && !ex.injected_include_usage());
+            ex.on_response_headers(&config, 200, "application/json", Some(100));
+            ex.on_response_body(&config, &route, answer, true);
+            let record = ex.finish(&config, &route, true, 1).unwrap();
+            assert_eq!(ex.deferred_model.get().is_some(), scanned);
+            let expected = if scanned { "gpt-4o" } else { "gpt-4o-2024" };
+            assert_eq!(record.model.as_deref(), Some(expected));
+            assert!(!record.stream);
+        }
+        // a streaming answer reads the model (its tokenizer) when the headers come
+        let mut ex = Exchange::start("/v1/chat/completions", attribution(), 0).unwrap();
+        ex.on_request_body(&config, body);
+        ex.on_response_headers(&config, 200, "text/event-stream", None);
+        assert_eq!(ex.request_model(), Some("gpt-4o"));
+        assert_eq!(ex.request().model.as_deref(), Some("gpt-4o"));
     }
 
     #[test]

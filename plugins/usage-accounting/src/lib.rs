@@ -24,6 +24,7 @@
     )
 )]
 
+pub mod chunk;
 pub mod config;
 pub mod exchange;
 pub mod ledger;

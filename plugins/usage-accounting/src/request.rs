@@ -68,6 +68,83 @@ pub fn inspect(api: Api, body: &[u8], inject: bool) -> (RequestInfo, Option<Vec<
     (info, Some(edits.finish()))
 }
 
+/// The `model` of a request body, as [`inspect`] reads it (`None` if the body is not a JSON
+/// object or its model not a string).
+pub fn model(body: &[u8]) -> Option<String> {
+    let object = json::scan_object(body, &Limits::default()).ok()?;
+    object.str(body, "model").ok().flatten()
+}
+
+/// False only when `body` cannot hold a member `"stream": true`, whatever else it holds: then
+/// [`inspect`] reads `stream: false` and changes nothing, and its validating scan (the bulk of
+/// a request's cost, linear in the prompt) can wait until the model is needed.
+///
+/// A JSON `true` is never escaped, and a member's value follows its colon: each colon followed
+/// by `true` (JSON whitespace between) is looked at. One that follows a string key whose raw
+/// bytes are `stream`, or hold a backslash (an escaped key might read `stream`), or whose
+/// quotes might be escaped, makes the answer true. Any other (inside a string, the value of
+/// another key) cannot be `stream`'s value. One pass of byte searches; conservative: true
+/// whenever unsure.
+pub fn may_stream(body: &[u8]) -> bool {
+    let ws = |b: u8| matches!(b, b' ' | b'\t' | b'\n' | b'\r');
+    let mut from = 0;
+    // colons are rare in prose: look for the colons followed by `true`
+    while let Some(found) = body.get(from..).and_then(|rest| find_byte(rest, b':')) {
+        let colon = from + found;
+        from = colon + 1;
+        let after = body.get(from..).unwrap_or_default();
+        let value = after.iter().position(|&b| !ws(b)).unwrap_or(after.len());
+        if after.get(value..value + 4) != Some(b"true") {
+            continue;
+        }
+        let head = body.get(..colon).unwrap_or_default();
+        let Some(close) = head.iter().rposition(|&b| !ws(b)) else {
+            continue;
+        };
+        if head.get(close) != Some(&b'"') {
+            continue;
+        }
+        let Some(open) = head
+            .get(..close)
+            .and_then(|h| h.iter().rposition(|&b| b == b'"'))
+        else {
+            return true;
+        };
+        let key = head.get(open + 1..close).unwrap_or_default();
+        let escaped_quote = |i: usize| i > 0 && head.get(i - 1) == Some(&b'\\');
+        if key == b"stream" || key.contains(&b'\\') || escaped_quote(open) || escaped_quote(close) {
+            return true;
+        }
+    }
+    false
+}
+
+/// The first `needle` in `hay`, eight bytes at a time (a prompt is mostly bytes that are not
+/// the one sought).
+fn find_byte(hay: &[u8], needle: u8) -> Option<usize> {
+    const ONES: u64 = u64::from_le_bytes([0x01; 8]);
+    const HIGHS: u64 = u64::from_le_bytes([0x80; 8]);
+    let pattern = ONES * u64::from(needle);
+    let mut words = hay.chunks_exact(8);
+    let mut at = 0;
+    for word in words.by_ref() {
+        let Ok(bytes) = <[u8; 8]>::try_from(word) else {
+            break;
+        };
+        let x = u64::from_le_bytes(bytes) ^ pattern;
+        // a zero byte in x (a byte equal to the needle) sets its high bit here
+        if x.wrapping_sub(ONES) & !x & HIGHS != 0 {
+            return word.iter().position(|&b| b == needle).map(|i| at + i);
+        }
+        at += 8;
+    }
+    words
+        .remainder()
+        .iter()
+        .position(|&b| b == needle)
+        .map(|i| at + i)
+}
+
 /// The text a non-streaming response generated (for counting when it carries no usage).
 pub fn response_text(api: Api, body: &[u8]) -> String {
     let Ok(value) = serde_json::from_slice::<serde_json::Value>(body) else {
@@ -178,6 +255,50 @@ mod tests {
     }
 
     #[test]
+    fn find_byte_finds_the_first() {
+        for len in 0..40 {
+            for at in 0..=len {
+                let mut hay = vec![b'a'; len];
+                if at < len {
+                    hay[at] = b':';
+                    if at + 9 < len {
+                        hay[at + 9] = b':';
+                    }
+                }
+                hay.iter_mut().take(at).for_each(|b| *b = 0xba);
+                let expected = hay.iter().position(|&b| b == b':');
+                assert_eq!(find_byte(&hay, b':'), expected, "{len} {at}");
+            }
+        }
+    }
+
+    #[test]
+    fn may_stream_is_false_only_without_stream_true() {
+        for body in [
+            &br#"{"model":"m","stream":true}"#[..],
+            br#"{"stream" :	true}"#,
+            br#"{"s\u0074ream":true}"#,
+            br#"{"a":"x\"stream\": true"}"#,
+            br#"{"tools":[{"stream":true}]}"#,
+            br#"{"stream":true,"stream":false}"#,
+        ] {
+            assert!(may_stream(body), "{}", String::from_utf8_lossy(body));
+        }
+        for body in [
+            &br#"{"model":"m","messages":[{"role":"user","content":"it is true: true"}]}"#[..],
+            br#"{"stream":false,"logprobs":true,"n":1}"#,
+            br#"{"streams":true}"#,
+            b"true",
+            b"",
+        ] {
+            assert!(!may_stream(body), "{}", String::from_utf8_lossy(body));
+            let (info, new) = inspect(Api::ChatCompletions, body, true);
+            assert!(!info.stream && new.is_none());
+            assert_eq!(info.model, model(body));
+        }
+    }
+
+    #[test]
     fn response_text_of_each_api() {
         let chat = br#"{"choices":[{"message":{"content":"hi there"}}]}"#;
         assert_eq!(response_text(Api::ChatCompletions, chat), "hi there");
@@ -200,6 +321,26 @@ mod tests {
                 let mut before = before;
                 before.as_object_mut().unwrap().remove("stream_options");
                 proptest::prop_assert_eq!(after, before);
+            }
+        }
+
+        /// Whenever the scan is deferred, the full inspection would have read no stream and
+        /// changed nothing, and the model read later is the one it reads.
+        #[test]
+        fn a_deferred_body_is_one_inspect_leaves_alone(
+            parts in proptest::collection::vec(proptest::sample::select(vec![
+                "{", "}", "[", "]", ":", ",", " ", "\"stream\"", "\"model\"", "\"m\"", "true",
+                "false", "null", "\"s\\u0074ream\"", "\"stream_options\"", "\"include_usage\"",
+                "\"x\\\"\"", "1",
+            ]), 0..24),
+        ) {
+            let body = parts.concat();
+            if !may_stream(body.as_bytes()) {
+                for api in [Api::ChatCompletions, Api::AnthropicMessages] {
+                    let (info, new) = inspect(api, body.as_bytes(), true);
+                    proptest::prop_assert!(!info.stream && new.is_none(), "{}", body);
+                    proptest::prop_assert_eq!(info.model, model(body.as_bytes()));
+                }
             }
         }
 

@@ -258,7 +258,7 @@ impl HttpContext for Request {
         );
         active.mode = mode;
         match mode {
-            ResponseMode::Stream if active.exchange.request().injected_include_usage => {
+            ResponseMode::Stream if active.exchange.injected_include_usage() => {
                 // chunks may shrink (the hidden usage chunk)
                 let _ = host::remove_header(HeaderMap::ResponseHeaders, "content-length");
                 Action::Continue
@@ -283,9 +283,15 @@ impl HttpContext for Request {
                 let Ok(chunk) = host::buffer(Buffer::ResponseBody, 0, body_size) else {
                     return Action::Continue;
                 };
+                // the clock only matters for the first output (time to first token)
+                let now = if active.exchange.awaits_first_output() {
+                    now_ms()
+                } else {
+                    0
+                };
                 let forward = active
                     .exchange
-                    .on_response_chunk(&chunk, end_of_stream, now_ms());
+                    .on_response_chunk(&chunk, end_of_stream, now);
                 if let Forward::Replace(bytes) = forward {
                     if let Err(err) = host::set_buffer(Buffer::ResponseBody, 0, body_size, &bytes) {
                         host::log(

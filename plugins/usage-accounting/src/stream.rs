@@ -8,7 +8,8 @@
 //! than `max_event_bytes`; a longer event passes through as it comes, uninspected). A chunk
 //! that also carries `choices` is never removed.
 
-use llm_gateway_shared::sse::Framer;
+use crate::chunk::{self, Template};
+use llm_gateway_shared::sse::{EventRef, Framer, RawItem};
 use llm_gateway_shared::tokens::{count_tokens, Encoding};
 use llm_gateway_shared::usage::{Api, StreamUsage, Usage};
 
@@ -38,7 +39,9 @@ pub struct Pushed {
 #[derive(Debug)]
 pub struct ResponseStream {
     framer: Framer,
-    usage: StreamUsage,
+    reader: Reader,
+    /// What replaces a chunk, reused from chunk to chunk (hiding only).
+    out: Vec<u8>,
     hide_usage_only: bool,
     encoding: Encoding,
     /// The first [`TEXT_SAMPLE`] bytes of streamed text, counted only if no usage comes, so
@@ -62,7 +65,14 @@ impl ResponseStream {
     ) -> Self {
         ResponseStream {
             framer: Framer::new(max_event_bytes),
-            usage: StreamUsage::new(api),
+            reader: Reader {
+                api,
+                usage: StreamUsage::new(api),
+                model: None,
+                event_text: String::new(),
+                template: Template::default(),
+            },
+            out: Vec::new(),
             hide_usage_only,
             encoding,
             text: String::new(),
@@ -94,46 +104,56 @@ impl ResponseStream {
     }
 
     fn drain(&mut self, held_before: usize) -> Pushed {
-        let mut out = self.hide_usage_only.then(Vec::new);
+        // the events borrow the framer's buffer while the rest of the state changes
+        let ResponseStream {
+            framer,
+            reader,
+            out,
+            hide_usage_only,
+            text,
+            text_chars,
+            seen_output,
+            events,
+            hidden,
+            ..
+        } = self;
+        let hide_usage_only = *hide_usage_only;
+        out.clear();
         let mut first_output = false;
         let mut hidden_now = false;
-        while let Some(item) = self.framer.next_event() {
+        while let Some(item) = framer.next_raw() {
             match item {
-                Ok(event) => {
-                    self.events += 1;
-                    let info = match &event.data {
-                        Some(data) => self.usage.on_event(event.event.as_deref(), data),
-                        None => Default::default(),
-                    };
-                    if !info.text.is_empty() && !self.usage.is_complete() {
-                        self.keep_text(&info.text);
+                RawItem::Event(raw) => {
+                    *events += 1;
+                    let (has_usage, usage_only) = reader.on_event(raw);
+                    let event_text = reader.event_text.as_str();
+                    if !event_text.is_empty() && !reader.usage.is_complete() {
+                        keep_text(text, text_chars, event_text);
                     }
-                    if !self.seen_output && (!info.text.is_empty() || info.has_usage) {
-                        self.seen_output = true;
+                    if !*seen_output && (!event_text.is_empty() || has_usage) {
+                        *seen_output = true;
                         first_output = true;
                     }
-                    let hide = self.hide_usage_only && info.usage_only;
-                    if hide {
-                        self.hidden += 1;
+                    if hide_usage_only && usage_only {
+                        *hidden += 1;
                         hidden_now = true;
-                    } else if let Some(out) = &mut out {
-                        out.extend_from_slice(&event.raw);
+                    } else if hide_usage_only {
+                        out.extend_from_slice(raw);
                     }
                 }
-                Err(overflow) => {
-                    if let Some(out) = &mut out {
-                        out.extend_from_slice(overflow.raw());
+                RawItem::Overflow(raw) => {
+                    if hide_usage_only {
+                        out.extend_from_slice(raw);
                     }
                 }
             }
         }
-        let forward = match out {
-            // Every byte that came in goes out: nothing to replace.
-            Some(_) if !hidden_now && held_before == 0 && self.framer.pending() == 0 => {
-                Forward::Unchanged
-            }
-            Some(out) => Forward::Replace(out),
-            None => Forward::Unchanged,
+        // Every byte that came in goes out: nothing to replace.
+        let unchanged = !hidden_now && held_before == 0 && framer.pending() == 0;
+        let forward = if hide_usage_only && !unchanged {
+            Forward::Replace(std::mem::take(out))
+        } else {
+            Forward::Unchanged
         };
         Pushed {
             forward,
@@ -143,30 +163,17 @@ impl ResponseStream {
 
     /// The usage the upstream reported, if it did.
     pub fn usage(&self) -> Option<Usage> {
-        self.usage.usage()
+        self.reader.usage.usage()
     }
 
     /// The upstream's usage covers the whole response (see `StreamUsage::is_complete`).
     pub fn usage_is_complete(&self) -> bool {
-        self.usage.is_complete()
+        self.reader.usage.is_complete()
     }
 
     /// The model the upstream named.
     pub fn model(&self) -> Option<&str> {
-        self.usage.model()
-    }
-
-    fn keep_text(&mut self, text: &str) {
-        self.text_chars = self.text_chars.saturating_add(text.chars().count() as u64);
-        let room = TEXT_SAMPLE.saturating_sub(self.text.len());
-        if room == 0 {
-            return;
-        }
-        let mut cut = room.min(text.len());
-        while !text.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        self.text.push_str(text.get(..cut).unwrap_or_default());
+        self.reader.model.as_deref()
     }
 
     /// Tokens of the streamed text: the kept sample counted with the tokenizer, scaled by
@@ -189,9 +196,92 @@ impl ResponseStream {
     }
 }
 
+/// Reads the events' data.
+#[derive(Debug)]
+struct Reader {
+    api: Api,
+    usage: StreamUsage,
+    /// The first model named by an event (read by [`chunk::scan`] or by `usage`).
+    model: Option<String>,
+    /// The text of the current event, reused from event to event.
+    event_text: String,
+    /// The last usual chunk read in full (Chat Completions).
+    template: Template,
+}
+
+impl Reader {
+    /// Reads one event (its raw bytes): its text into `event_text`; returns (has usage,
+    /// usage-only). A usual Chat Completions chunk takes [`chunk::scan`] straight from the
+    /// bytes; anything else is parsed as SSE, then by [`StreamUsage::on_event`].
+    fn on_event(&mut self, raw: &[u8]) -> (bool, bool) {
+        self.event_text.clear();
+        let chat = self.api == Api::ChatCompletions;
+        let single = chat.then(|| chunk::single_data_line(raw)).flatten();
+        if let Some(data) = single {
+            if self.template.apply(data, &mut self.event_text) {
+                return (false, false);
+            }
+            if self.fast(data) {
+                return (false, false);
+            }
+        }
+        let event = EventRef::parse(raw);
+        let Some(data) = &event.data else {
+            return (false, false);
+        };
+        if chat && single.is_none() {
+            let trimmed = data.trim();
+            if self.fast(trimmed.as_bytes()) {
+                return (false, false);
+            }
+        }
+        let info = self.usage.on_event(event.event.as_deref(), data);
+        if self.model.is_none() {
+            self.model = self.usage.model().map(str::to_owned);
+        }
+        self.event_text = info.text;
+        (info.has_usage, info.usage_only)
+    }
+
+    /// [`chunk::scan`]: true if it read the chunk (its text is in `event_text`).
+    fn fast(&mut self, data: &[u8]) -> bool {
+        match chunk::scan(data, &mut self.event_text) {
+            Some(chunk) => {
+                if self.model.is_none() {
+                    self.model = chunk.model.map(str::to_owned);
+                }
+                // a template's chunk names the model the template's did: nothing to update
+                if let Some(content) = chunk.content {
+                    self.template.set(data, content);
+                }
+                true
+            }
+            None => {
+                self.event_text.clear();
+                false
+            }
+        }
+    }
+}
+
+/// Adds an event's text to the sample (while it has room) and to the count of characters.
+fn keep_text(sample: &mut String, chars: &mut u64, text: &str) {
+    *chars = chars.saturating_add(text.chars().count() as u64);
+    let room = TEXT_SAMPLE.saturating_sub(sample.len());
+    if room == 0 {
+        return;
+    }
+    let mut cut = room.min(text.len());
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    sample.push_str(text.get(..cut).unwrap_or_default());
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use llm_gateway_shared::usage::StreamUsage;
     use proptest::prelude::*;
 
     /// A chat stream as OpenAI sends it with include_usage.
@@ -423,7 +513,149 @@ mod tests {
         }
     }
 
+    /// What the stream did before the fast path, event by event with `Framer::next_event`
+    /// and `StreamUsage::on_event`: (usage, model, client bytes, text sample, text chars,
+    /// first output per chunk, counts).
+    #[allow(clippy::type_complexity)]
+    fn reference(
+        api: Api,
+        hide: bool,
+        chunks: &[&[u8]],
+    ) -> (
+        Option<Usage>,
+        Option<String>,
+        Vec<u8>,
+        String,
+        u64,
+        Vec<bool>,
+        (u64, u64),
+    ) {
+        let mut framer = Framer::new(1 << 20);
+        let mut usage = StreamUsage::new(api);
+        let (mut client, mut text, mut chars) = (Vec::new(), String::new(), 0u64);
+        let (mut seen, mut firsts, mut events, mut hidden) = (false, Vec::new(), 0, 0);
+        for (n, chunk) in chunks.iter().enumerate() {
+            let last = n + 1 == chunks.len();
+            framer.push(chunk);
+            if last {
+                framer.close();
+            }
+            let mut first = false;
+            while let Some(item) = framer.next_event() {
+                match item {
+                    Ok(event) => {
+                        events += 1;
+                        let info = match &event.data {
+                            Some(data) => usage.on_event(event.event.as_deref(), data),
+                            None => Default::default(),
+                        };
+                        if !info.text.is_empty() && !usage.is_complete() {
+                            keep_text(&mut text, &mut chars, &info.text);
+                        }
+                        if !seen && (!info.text.is_empty() || info.has_usage) {
+                            seen = true;
+                            first = true;
+                        }
+                        if hide && info.usage_only {
+                            hidden += 1;
+                        } else {
+                            client.extend_from_slice(&event.raw);
+                        }
+                    }
+                    Err(overflow) => client.extend_from_slice(overflow.raw()),
+                }
+            }
+            if last {
+                client.extend(framer.finish().unwrap_or_default());
+            }
+            firsts.push(first);
+        }
+        let model = usage.model().map(str::to_owned);
+        (
+            usage.usage(),
+            model,
+            client,
+            text,
+            chars,
+            firsts,
+            (events, hidden),
+        )
+    }
+
+    /// Events of every shape a chat stream may hold, the usual chunk most often.
+    fn chat_event() -> impl Strategy<Value = Vec<u8>> {
+        let content = "[a-z é\\\"\n😀]{0,8}";
+        prop_oneof![
+            4 => (content, proptest::option::of("[a-z-]{1,8}")).prop_map(|(c, model)| {
+                let mut chunk = serde_json::json!({"id": "c", "choices": [{"index": 0, "delta": {"content": c}, "finish_reason": null}], "usage": null});
+                if let Some(m) = model {
+                    chunk["model"] = serde_json::json!(m);
+                }
+                format!("data: {chunk}\n\n").into_bytes()
+            }),
+            1 => content.prop_map(|a| format!("data: {}\r\n\r\n", serde_json::json!({"choices": [{"delta": {"tool_calls": [{"function": {"arguments": a}}], "reasoning_content": "r"}}]})).into_bytes()),
+            1 => (0u64..100).prop_map(|n| format!("data: {{\"choices\":[],\"usage\":{{\"prompt_tokens\":{n},\"completion_tokens\":2}}}}\n\n").into_bytes()),
+            1 => Just(b"data: {\"choices\":[{\"delta\":{},\"finish_reason\":\"stop\"}],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":1}}\n\n".to_vec()),
+            1 => Just(b": keep-alive\n\n".to_vec()),
+            1 => Just(b"event: chunk\ndata: {\"choices\":[{\"delta\":{\"content\":\"named\"}}]}\n\n".to_vec()),
+            1 => Just(b"data: {\"choices\":[{\"delta\":\ndata: {\"content\":\"two lines\"}}]}\n\n".to_vec()),
+            1 => Just(b"data:{\"choices\":[{\"delta\":{\"content\":\"tight\"}}]}  \n\n".to_vec()),
+            1 => Just(b"data: {\"choices\":[{\"delta\":{\"content\":5}}]}\n\n".to_vec()),
+            1 => Just(b"data: {\"choices\":[{\"delta\":{\"content\":\"bad \xff utf8\"}}],\"id\":\"\xfe\"}\n\n".to_vec()),
+            1 => Just(b"data: {\"choices\":[{\"delta\":{\"content\":\"cut\"\n\n".to_vec()),
+            1 => Just(b"data: [DONE]\n\n".to_vec()),
+        ]
+    }
+
     proptest! {
+        /// The fast path changes nothing: whatever the events and their chunking, the usage,
+        /// model, client bytes, kept text and first output are those of the full parse.
+        #[test]
+        fn the_fast_path_reads_like_the_full_parse(
+            events in proptest::collection::vec(chat_event(), 0..24),
+            cuts in proptest::collection::vec(0usize..4000, 0..10),
+            hide in proptest::bool::ANY,
+        ) {
+            let body = events.concat();
+            let mut points: Vec<usize> = cuts.iter().map(|c| c % (body.len() + 1)).collect();
+            points.sort_unstable();
+            let mut chunks = Vec::new();
+            let mut last = 0;
+            for p in points {
+                chunks.push(&body[last..p]);
+                last = p;
+            }
+            chunks.push(&body[last..]);
+            let mut stream = ResponseStream::new(Api::ChatCompletions, hide, Encoding::Chars, 1 << 20);
+            let (mut client, mut firsts) = (Vec::new(), Vec::new());
+            for (n, chunk) in chunks.iter().enumerate() {
+                let mut pushed = stream.push(chunk);
+                let mut forward = vec![pushed.forward.clone()];
+                if n + 1 == chunks.len() {
+                    let end = stream.finish();
+                    pushed.first_output |= end.first_output;
+                    forward.push(end.forward);
+                }
+                for (i, f) in forward.into_iter().enumerate() {
+                    match f {
+                        Forward::Unchanged if i == 0 => client.extend_from_slice(chunk),
+                        Forward::Unchanged => {}
+                        Forward::Replace(bytes) => client.extend_from_slice(&bytes),
+                    }
+                }
+                firsts.push(pushed.first_output);
+            }
+            let (usage, model, expected_client, text, chars, expected_firsts, counts) =
+                reference(Api::ChatCompletions, hide, &chunks);
+            prop_assert_eq!(stream.usage(), usage);
+            prop_assert_eq!(stream.model().map(str::to_owned), model);
+            prop_assert_eq!(client, expected_client);
+            prop_assert_eq!(&stream.text, &text);
+            prop_assert_eq!(stream.text_chars, chars);
+            prop_assert_eq!(firsts, expected_firsts);
+            prop_assert_eq!(stream.counts(), counts);
+        }
+
         #[test]
         fn any_chunking_gives_the_same_usage(cuts in proptest::collection::vec(0usize..2000, 0..12)) {
             for (api, body) in [
