@@ -166,8 +166,9 @@ fn usage_cost_per_event_is_flat_and_the_tokenizer_is_built_only_for_an_estimate(
         serde_json::from_slice(ex.filter_state.get("wasm.llm_usage").unwrap()).unwrap();
     assert_eq!(record["usage_source"], "estimated", "{record}");
     let estimated = fleet.memory_bytes(0, 0, 0).unwrap();
+    // the o200k_base index: 2^19 slots of 8 bytes (shared::tokens::bpe), 4 MiB
     assert!(
-        estimated - with_usage > 8 << 20,
+        estimated - with_usage > 3 << 20,
         "memory grew from {with_usage} to {estimated} only: no tokenizer built?"
     );
     // built once: a second estimate does not grow it again
