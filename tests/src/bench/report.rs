@@ -441,6 +441,16 @@ impl Results {
         o
     }
 
+    /// The report of `--harness`: the modules and the chain in the wasmtime harness.
+    pub fn render_harness_only(&self) -> String {
+        let mut o = String::from(
+            "# llm-gateway bench --harness: the chain in the wasmtime harness (no Envoy)\n\n",
+        );
+        let _ = writeln!(o, "- elapsed: {:.0} s\n", self.elapsed_s);
+        self.render_harness(&mut o);
+        o
+    }
+
     fn render_targets(&self, o: &mut String) {
         let _ = writeln!(
             o,

@@ -8,7 +8,9 @@
 //! `harness-cost` tables. Writes `target/bench/report.md` and prints it.
 //!
 //! Usage: `bench [--quick] [--window SECS] [--rounds N] [--connections 1,16,64]
-//! [--leak-requests N] [--no-litellm] [--out FILE] [--compare DIR] [--perf | --no-perf]`
+//! [--leak-requests N] [--no-litellm] [--out FILE] [--compare DIR] [--perf | --no-perf]
+//! [--harness]` (`--harness`: only the chain in the wasmtime harness, no Envoy: the per-plugin
+//! fuel and host calls of the report, deterministic, in seconds)
 //! (`--compare DIR` adds a row C' running the chain with the `.wasm` files of DIR, to measure
 //! a change against the current build in one run).
 
@@ -35,6 +37,7 @@ struct Args {
     out: PathBuf,
     compare: Option<String>,
     perf: bool,
+    harness: bool,
 }
 
 impl Args {
@@ -55,6 +58,7 @@ impl Args {
             }),
             compare: None,
             perf: !quick,
+            harness: false,
         };
         let mut it = raw.into_iter();
         while let Some(arg) = it.next() {
@@ -82,6 +86,7 @@ impl Args {
                 "--no-litellm" => args.litellm = false,
                 "--perf" => args.perf = true,
                 "--no-perf" => args.perf = false,
+                "--harness" => args.harness = true,
                 "--out" => args.out = value()?.into(),
                 "--compare" => args.compare = Some(value()?),
                 other => return Err(format!("unknown argument {other:?}")),
@@ -127,6 +132,9 @@ fn run(started: Instant) -> Result<(), String> {
         connections: args.connections.clone(),
         ..Results::default()
     };
+    if args.harness {
+        return harness_only(&args, &mut results, &mock, &workloads, started);
+    }
     let load_start = load_average();
 
     // the proxies: each runs for the whole benchmark (an idle one costs nothing)
@@ -369,6 +377,44 @@ fn run(started: Instant) -> Result<(), String> {
     }
     std::fs::write(&args.out, &text).map_err(|e| e.to_string())?;
     println!("written to {}", args.out.display());
+    Ok(())
+}
+
+/// `--harness`: the chain of row C in the wasmtime harness on the bench's workloads, and the
+/// modules; nothing in Envoy.
+fn harness_only(
+    args: &Args,
+    results: &mut Results,
+    mock: &MockProcess,
+    workloads: &[Workload],
+    started: Instant,
+) -> Result<(), String> {
+    let chain_config = config::chain(mock.port, Build::PerPlugin)?;
+    let filters = config::wasm_filters(&chain_config)?;
+    let chain_cost = cost::measure(&filters, workloads, DEMO_KEY, &mock.url(), 20);
+    for f in &filters {
+        let warm_bytes = chain_cost.as_ref().ok().and_then(|c| {
+            c.memory
+                .iter()
+                .find(|(root, _)| *root == f.root_id)
+                .map(|(_, b)| *b)
+        });
+        results.vms.push(Vm {
+            root_id: f.root_id.clone(),
+            module: f.file.clone(),
+            start: None,
+            configured: None,
+            warm_bytes,
+        });
+    }
+    results.chain_cost = Some(chain_cost);
+    results.modules = modules()?;
+    results.elapsed_s = started.elapsed().as_secs_f64();
+    let text = results.render_harness_only();
+    println!("{text}");
+    let out = args.out.with_file_name("report-harness.md");
+    std::fs::write(&out, &text).map_err(|e| e.to_string())?;
+    println!("written to {}", out.display());
     Ok(())
 }
 
