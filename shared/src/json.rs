@@ -580,13 +580,14 @@ fn hex4(bytes: &[u8], at: usize) -> Option<u32> {
     u32::from_str_radix(text, 16).ok()
 }
 
-/// How many bytes at the start of `rest` are plain string content: neither `"`, `\\` nor a
-/// control character (below 0x20). Eight bytes at a time: for each of the three, a byte-wise
-/// "is this byte zero / below n" test on a whole word (the borrow of the subtraction can flag
-/// bytes after a true match, never before one, so the lowest flag is the first match). Bytes
-/// of 0x80 and above are never flagged (`!word` clears their high bit).
+/// How many bytes at the start of `rest` are plain string content: neither `"`, a backslash
+/// nor a control character (below 0x20). Eight bytes at a time: for each of the three, a
+/// byte-wise "is this byte zero / below n" test on a whole word (the borrow of the subtraction
+/// can flag bytes after a true match, never before one, so the lowest flag is the first
+/// match). Bytes of 0x80 and above are never flagged (`!word` clears their high bit). Public
+/// for code that skips the strings of a body already validated (model-router's upstream role).
 #[inline]
-fn plain_run(rest: &[u8]) -> usize {
+pub fn plain_run(rest: &[u8]) -> usize {
     const ONES: u64 = 0x0101_0101_0101_0101;
     const HIGH: u64 = 0x8080_8080_8080_8080;
     const QUOTES: u64 = ONES * b'"' as u64;

@@ -4,7 +4,7 @@
 //! whole body in one pass without building the nested messages, and the rewrite splices the
 //! new model name into the original bytes, so the messages reach the provider byte for byte.
 
-use llm_gateway_shared::json::{quote, scan_object, Edits, Limits, Object};
+use llm_gateway_shared::json::{self, quote, scan_object, Edits, Limits, Object};
 use llm_gateway_shared::reject::Reject;
 use std::ops::Range;
 
@@ -182,41 +182,14 @@ fn skip_ws(bytes: &[u8], mut at: usize) -> usize {
     at
 }
 
-/// How many bytes `rest` starts with that are neither `"` nor `\`, eight at a time (a
-/// byte-wise "is this byte zero" test on a whole word for each: a borrow can flag bytes after
-/// a true match, never before one, so the lowest flag is the first match).
-fn plain_run(rest: &[u8]) -> usize {
-    const ONES: u64 = u64::from_le_bytes([1; 8]);
-    const HIGH: u64 = u64::from_le_bytes([0x80; 8]);
-    const QUOTES: u64 = ONES * b'"' as u64;
-    const BACKSLASHES: u64 = ONES * b'\\' as u64;
-    let mut done = 0;
-    let mut words = rest.chunks_exact(8);
-    for chunk in words.by_ref() {
-        let word = chunk.try_into().map_or(0, u64::from_le_bytes);
-        let quote = word ^ QUOTES;
-        let backslash = word ^ BACKSLASHES;
-        let flags =
-            (quote.wrapping_sub(ONES) & !quote | backslash.wrapping_sub(ONES) & !backslash) & HIGH;
-        if flags != 0 {
-            return done + (flags.trailing_zeros() / 8) as usize;
-        }
-        done += 8;
-    }
-    let tail = words.remainder();
-    done + tail
-        .iter()
-        .position(|&c| c == b'"' || c == b'\\')
-        .unwrap_or(tail.len())
-}
-
 /// The offset of the `"` that closes the string whose content starts at `at`.
 fn string_end(bytes: &[u8], mut at: usize) -> Option<usize> {
     loop {
-        at += plain_run(bytes.get(at..)?);
+        at += json::plain_run(bytes.get(at..)?);
         match bytes.get(at)? {
             b'"' => return Some(at),
-            _ => at += 2, // a backslash and the byte it escapes
+            b'\\' => at += 2, // a backslash and the byte it escapes
+            _ => at += 1,     // a control character: content here (the body was validated)
         }
     }
 }

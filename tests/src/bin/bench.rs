@@ -345,26 +345,7 @@ fn run(started: Instant) -> Result<(), String> {
         .and_then(|r| r.as_ref().ok())
         .map(|(_, text)| report::parse_vm_tables(text))
         .unwrap_or_default();
-    for f in &filters {
-        let (start, configured) = vm_rows
-            .iter()
-            .find(|(root, _, _)| *root == f.root_id)
-            .map(|(_, s, m)| (Some(s.clone()), Some(m.clone())))
-            .unwrap_or_default();
-        let warm_bytes = chain_cost.as_ref().ok().and_then(|c| {
-            c.memory
-                .iter()
-                .find(|(root, _)| *root == f.root_id)
-                .map(|(_, b)| *b)
-        });
-        results.vms.push(Vm {
-            root_id: f.root_id.clone(),
-            module: f.file.clone(),
-            start,
-            configured,
-            warm_bytes,
-        });
-    }
+    push_vms(&mut results, &filters, &chain_cost, &vm_rows);
     results.chain_cost = Some(chain_cost);
     results.harness_tables = harness_text.map(|r| r.map(|(path, _)| path));
     results.modules = modules()?;
@@ -392,21 +373,7 @@ fn harness_only(
     let chain_config = config::chain(mock.port, Build::PerPlugin)?;
     let filters = config::wasm_filters(&chain_config)?;
     let chain_cost = cost::measure(&filters, workloads, DEMO_KEY, &mock.url(), 20);
-    for f in &filters {
-        let warm_bytes = chain_cost.as_ref().ok().and_then(|c| {
-            c.memory
-                .iter()
-                .find(|(root, _)| *root == f.root_id)
-                .map(|(_, b)| *b)
-        });
-        results.vms.push(Vm {
-            root_id: f.root_id.clone(),
-            module: f.file.clone(),
-            start: None,
-            configured: None,
-            warm_bytes,
-        });
-    }
+    push_vms(results, &filters, &chain_cost, &[]);
     results.chain_cost = Some(chain_cost);
     results.modules = modules()?;
     results.elapsed_s = started.elapsed().as_secs_f64();
@@ -416,6 +383,36 @@ fn harness_only(
     std::fs::write(&out, &text).map_err(|e| e.to_string())?;
     println!("written to {}", out.display());
     Ok(())
+}
+
+/// One VM row per filter of the chain: start and configure figures from `harness-cost`'s
+/// tables (`vm_rows`, `(root_id, start, memory)`), memory after warm-up from the chain's run.
+fn push_vms(
+    results: &mut Results,
+    filters: &[config::WasmFilter],
+    chain_cost: &Result<cost::ChainCost, String>,
+    vm_rows: &[(String, String, String)],
+) {
+    for f in filters {
+        let (start, configured) = vm_rows
+            .iter()
+            .find(|(root, _, _)| *root == f.root_id)
+            .map(|(_, s, m)| (Some(s.clone()), Some(m.clone())))
+            .unwrap_or_default();
+        let warm_bytes = chain_cost.as_ref().ok().and_then(|c| {
+            c.memory
+                .iter()
+                .find(|(root, _)| *root == f.root_id)
+                .map(|(_, b)| *b)
+        });
+        results.vms.push(Vm {
+            root_id: f.root_id.clone(),
+            module: f.file.clone(),
+            start,
+            configured,
+            warm_bytes,
+        });
+    }
 }
 
 fn first_lines(text: &str, n: usize) -> String {
