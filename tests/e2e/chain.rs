@@ -95,20 +95,6 @@ fn tokens(record: &Value) -> (u64, u64) {
     )
 }
 
-/// `… 1034 tokens reserved, 176 left` → 176.
-fn left_in(message: &str) -> u64 {
-    let before = message
-        .rsplit_once(" left")
-        .map(|(b, _)| b)
-        .unwrap_or_else(|| panic!("{message}"));
-    before
-        .rsplit(' ')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap_or_else(|_| panic!("{message}"))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_streaming_request_with_an_email_through_the_whole_chain() {
     let demo = Demo::start(0).await.unwrap();
@@ -293,7 +279,7 @@ async fn a_streaming_request_with_an_email_through_the_whole_chain() {
     let message = error["error"]["message"].as_str().unwrap();
     assert!(message.contains("user-day"), "{message}");
     assert_eq!(
-        left_in(message),
+        http::tokens_left_in(message),
         USER_DAY_TOKENS - prompt - completion,
         "{message}"
     );

@@ -144,20 +144,6 @@ fn tokens(record: &Value) -> u64 {
     record["usage"]["total_tokens"].as_u64().unwrap()
 }
 
-/// `… 1034 tokens reserved, 176 left` → 176.
-fn left_in(message: &str) -> u64 {
-    let before = message
-        .rsplit_once(" left")
-        .map(|(b, _)| b)
-        .unwrap_or_else(|| panic!("{message}"));
-    before
-        .rsplit(' ')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap_or_else(|_| panic!("{message}"))
-}
-
 fn chat(content: &str) -> Value {
     json!({"model": "fast", "stream": true, "messages": [{"role": "user", "content": content}]})
 }
@@ -204,7 +190,7 @@ async fn check_budget_after(demo: &Demo, user: &str, charged: &[u64]) {
         tokens(&record)
     );
     assert_eq!(
-        left_in(message),
+        http::tokens_left_in(message),
         USER_DAY_TOKENS - spent,
         "{user}: {message}"
     );

@@ -193,3 +193,17 @@ pub fn sse_events(body: &str) -> Vec<(Option<String>, serde_json::Value)> {
         })
         .collect()
 }
+
+/// The amount a budget refusal says is left: `… 1034 tokens reserved, 176 left` → 176.
+/// Panics (a test helper) when the message has no such number.
+pub fn tokens_left_in(message: &str) -> u64 {
+    let before = message
+        .rsplit_once(" left")
+        .map(|(b, _)| b)
+        .unwrap_or_else(|| panic!("{message}"));
+    before
+        .rsplit(' ')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{message}"))
+}
