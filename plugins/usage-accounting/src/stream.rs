@@ -359,6 +359,20 @@ mod tests {
     }
 
     /// Feeds `chunks`, returns (usage, what the client received).
+    /// `body` cut at each of `cuts` (taken modulo its length + 1, in order).
+    fn cut_at<'b>(body: &'b [u8], cuts: &[usize]) -> Vec<&'b [u8]> {
+        let mut points: Vec<usize> = cuts.iter().map(|c| c % (body.len() + 1)).collect();
+        points.sort_unstable();
+        let mut chunks = Vec::new();
+        let mut last = 0;
+        for p in points {
+            chunks.push(&body[last..p]);
+            last = p;
+        }
+        chunks.push(&body[last..]);
+        chunks
+    }
+
     fn run(api: Api, hide: bool, chunks: &[&[u8]]) -> (Option<Usage>, Vec<u8>, ResponseStream) {
         let mut stream = ResponseStream::new(api, hide, Encoding::Chars, 1 << 20);
         let mut client = Vec::new();
@@ -617,15 +631,7 @@ mod tests {
             hide in proptest::bool::ANY,
         ) {
             let body = events.concat();
-            let mut points: Vec<usize> = cuts.iter().map(|c| c % (body.len() + 1)).collect();
-            points.sort_unstable();
-            let mut chunks = Vec::new();
-            let mut last = 0;
-            for p in points {
-                chunks.push(&body[last..p]);
-                last = p;
-            }
-            chunks.push(&body[last..]);
+            let chunks = cut_at(&body, &cuts);
             let mut stream = ResponseStream::new(Api::ChatCompletions, hide, Encoding::Chars, 1 << 20);
             let (mut client, mut firsts) = (Vec::new(), Vec::new());
             for (n, chunk) in chunks.iter().enumerate() {
@@ -663,15 +669,7 @@ mod tests {
                 (Api::AnthropicMessages, anthropic_stream()),
                 (Api::Responses, responses_stream()),
             ] {
-                let mut points: Vec<usize> = cuts.iter().map(|c| c % (body.len() + 1)).collect();
-                points.sort_unstable();
-                let mut chunks = Vec::new();
-                let mut last = 0;
-                for p in points {
-                    chunks.push(&body[last..p]);
-                    last = p;
-                }
-                chunks.push(&body[last..]);
+                let chunks = cut_at(&body, &cuts);
                 let (usage, client, _) = run(api, true, &chunks);
                 let (expected, expected_client, _) = run(api, true, &[&body]);
                 prop_assert_eq!(usage, expected);

@@ -269,44 +269,38 @@ impl Ranks {
         (((slot >> OFFSET_BITS) & ((1 << RANK_BITS) - 1)) as u32).wrapping_sub(1)
     }
 
-    /// The rank of a token of up to 8 bytes, given as its [`first_word`].
-    fn rank_short(&self, word: u64, len: usize) -> u32 {
-        let (mut i, key) = self.probe_start(hash_short(word, len), len);
+    /// The rank of the token of hash `h` and length `len` whose bytes at a slot's data offset
+    /// `is_token` accepts, [`NONE`] if no slot holds one: linear probing from the hash's slot,
+    /// the data compared only where tag and length agree.
+    #[inline(always)]
+    fn probe(&self, h: u64, len: usize, is_token: impl Fn(usize) -> bool) -> u32 {
+        let (mut i, key) = self.probe_start(h, len);
         let mask = self.slots.len() - 1;
         loop {
             let slot = self.slots.get(i).copied().unwrap_or(0);
             if slot == 0 {
                 return NONE;
             }
-            if slot & KEY_MASK == key {
-                let offset = (slot & OFFSET_MASK) as usize;
-                if first_word(self.data, offset, len) == word {
-                    return Self::slot_rank(slot);
-                }
+            if slot & KEY_MASK == key && is_token((slot & OFFSET_MASK) as usize) {
+                return Self::slot_rank(slot);
             }
             i = (i + 1) & mask;
         }
     }
 
+    /// The rank of a token of up to 8 bytes, given as its [`first_word`].
+    fn rank_short(&self, word: u64, len: usize) -> u32 {
+        self.probe(hash_short(word, len), len, |offset| {
+            first_word(self.data, offset, len) == word
+        })
+    }
+
     /// The rank of a token of 9 to 16 bytes, given as the [`first_word`]s of its halves.
     fn rank_medium(&self, first: u64, second: u64, len: usize) -> u32 {
-        let (mut i, key) = self.probe_start(hash_medium(first, second, len), len);
-        let mask = self.slots.len() - 1;
-        loop {
-            let slot = self.slots.get(i).copied().unwrap_or(0);
-            if slot == 0 {
-                return NONE;
-            }
-            if slot & KEY_MASK == key {
-                let offset = (slot & OFFSET_MASK) as usize;
-                if first_word(self.data, offset, 8) == first
-                    && first_word(self.data, offset + 8, len - 8) == second
-                {
-                    return Self::slot_rank(slot);
-                }
-            }
-            i = (i + 1) & mask;
-        }
+        self.probe(hash_medium(first, second, len), len, |offset| {
+            first_word(self.data, offset, 8) == first
+                && first_word(self.data, offset + 8, len - 8) == second
+        })
     }
 
     /// The rank of a token of more than 16 bytes.
@@ -315,22 +309,10 @@ impl Ranks {
         if len > usize::from(u8::MAX) {
             return NONE;
         }
-        let (mut i, key) = self.probe_start(hash_long(bytes), len);
-        let mask = self.slots.len() - 1;
-        loop {
-            let slot = self.slots.get(i).copied().unwrap_or(0);
-            if slot == 0 {
-                return NONE;
-            }
-            if slot & KEY_MASK == key {
-                let offset = (slot & OFFSET_MASK) as usize;
-                let token = self.data.get(offset..offset + len).unwrap_or_default();
-                if token.len() == len && same_bytes(token, bytes) {
-                    return Self::slot_rank(slot);
-                }
-            }
-            i = (i + 1) & mask;
-        }
+        self.probe(hash_long(bytes), len, |offset| {
+            let token = self.data.get(offset..offset + len).unwrap_or_default();
+            token.len() == len && same_bytes(token, bytes)
+        })
     }
 
     /// Tokens of the piece `text[start..end]` of split text. The lookups read `text` past the
