@@ -26,6 +26,16 @@ pub const DEPLOYMENT: &str = "x-llm-deployment";
 pub const CLUSTER: &str = "x-llm-cluster";
 /// Logical request id that survives fallbacks and retries (reservations are keyed by it).
 pub const REQUEST_ID: &str = "x-llm-request-id";
+/// Present on a pass that re-enters the chain for the same logical request (the
+/// internal-redirect fallback of Higress and Envoy < 1.39): key-auth sets it after verifying
+/// the gateway's ticket, and removes any other copy. Absent on a request's first pass.
+pub const REENTRY: &str = "x-llm-reentry";
+/// The model router's continuation on a re-entered pass (`<attempt>|<group>|<request id>|<plan>`),
+/// copied by the redirect policy from the first pass's filter state `wasm.llm_route_next`.
+pub const ROUTE_NEXT: &str = "x-llm-route-next";
+/// The internal headers a verified re-entry keeps (the redirect policy added them; every other
+/// `x-llm-*` header of the re-entered stream is stale and removed).
+pub const REENTRY_CARRIED: [&str; 1] = [ROUTE_NEXT];
 
 /// Higress's consumer header, read by Higress's own plugins; set by key-auth, and stripped
 /// from clients because Higress's key-auth only adds it.

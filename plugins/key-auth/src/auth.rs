@@ -5,6 +5,7 @@
 //! [`Reject`] or set the identity headers and let the request through.
 
 use crate::config::{KeyAuthConfig, KeyEntry, KeySource};
+use crate::reentry::{self, Secret};
 use llm_gateway_shared::headers;
 use llm_gateway_shared::reject::Reject;
 use sha2::{Digest, Sha256};
@@ -74,7 +75,7 @@ pub enum Outcome {
 }
 
 /// The edits to make, in order: remove `remove`, rewrite `:path` if `path` is set, then act on
-/// `outcome`.
+/// `outcome`; when it allows, also set `restore` and publish `ticket`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Plan {
     /// Header names to remove: every client-supplied internal header, and (when a config
@@ -84,6 +85,20 @@ pub struct Plan {
     pub path: Option<String>,
     /// What happens next.
     pub outcome: Outcome,
+    /// Headers to set after the identity: on a verified re-entry, the first pass's `:method`
+    /// and `:authority` (the redirect changed them) and [`headers::REENTRY`].
+    pub restore: Vec<(&'static str, String)>,
+    /// The re-entry ticket to publish in filter state ([`reentry::PROPERTY`]).
+    pub ticket: Option<String>,
+}
+
+/// What re-entry needs from the host: the VM's secret and Envoy's `x-request-id`.
+#[derive(Debug, Clone, Copy)]
+pub struct Pass<'a> {
+    /// The VM's ticket secret.
+    pub secret: &'a Secret,
+    /// Envoy's `x-request-id` of this stream (the same on a redirected one).
+    pub envoy_request_id: &'a str,
 }
 
 /// Decides on a request. `headers` are the request headers as the host gives them
@@ -92,6 +107,19 @@ pub fn authenticate(
     config: Option<&KeyAuthConfig>,
     headers: &[(String, Vec<u8>)],
     now: i64,
+) -> Plan {
+    authenticate_pass(config, headers, now, None)
+}
+
+/// [`authenticate`] with re-entry tickets (`crate::reentry`): a request carrying a ticket this
+/// VM issued for it is the gateway's own redirect and passes without its key; an allowed
+/// request gets a ticket to publish. A ticket that does not verify is a client's header like
+/// any other `x-llm-*`: removed, and the key is asked for.
+pub fn authenticate_pass(
+    config: Option<&KeyAuthConfig>,
+    headers: &[(String, Vec<u8>)],
+    now: i64,
+    pass: Option<Pass<'_>>,
 ) -> Plan {
     let mut remove: Vec<String> = Vec::new();
     for (name, _) in headers {
@@ -105,8 +133,15 @@ pub fn authenticate(
             remove,
             path: None,
             outcome: Outcome::Skip,
+            restore: Vec::new(),
+            ticket: None,
         };
     };
+    let pass = pass.filter(|_| config.reentry);
+
+    if let Some(plan) = pass.and_then(|p| reenter(config, headers, now, p, &remove)) {
+        return plan;
+    }
 
     let mut path = None;
     let mut presented: Option<Vec<u8>> = None;
@@ -145,34 +180,137 @@ pub fn authenticate(
         }
     }
 
-    let outcome = decide(config, presented.as_deref(), now);
+    let (outcome, digest) = decide(config, presented.as_deref(), now);
+    let ticket = match (&outcome, pass, digest) {
+        (Outcome::Allow { .. }, Some(pass), Some(digest)) => issue(headers, now, pass, &digest),
+        _ => None,
+    };
     Plan {
         remove,
         path,
         outcome,
+        restore: Vec::new(),
+        ticket,
     }
 }
 
-fn decide(config: &KeyAuthConfig, presented: Option<&[u8]>, now: i64) -> Outcome {
+fn header_text<'h>(headers: &'h [(String, Vec<u8>)], name: &str) -> Option<&'h str> {
+    headers
+        .iter()
+        .find(|(n, _)| n == name)
+        .and_then(|(_, v)| std::str::from_utf8(v).ok())
+}
+
+/// A ticket for this request, allowed with the key `digest`.
+fn issue(
+    headers: &[(String, Vec<u8>)],
+    now: i64,
+    pass: Pass<'_>,
+    digest: &[u8; 32],
+) -> Option<String> {
+    pass.secret.issue(
+        digest,
+        now,
+        header_text(headers, ":method")?,
+        header_text(headers, ":authority")?,
+        pass.envoy_request_id,
+    )
+}
+
+/// The plan for a request carrying a valid ticket: the identity of the key the first pass
+/// authenticated (checked again: disabled, expired, allowed), every credential header removed
+/// (the first pass's router put a provider's there), the stale internal headers removed but
+/// those the redirect policy carries, `:method` and `:authority` put back, and a new ticket for
+/// a further redirect. `None` when the request has no ticket that verifies.
+fn reenter(
+    config: &KeyAuthConfig,
+    headers: &[(String, Vec<u8>)],
+    now: i64,
+    pass: Pass<'_>,
+    internal: &[String],
+) -> Option<Plan> {
+    let (_, ticket) = headers.iter().find(|(n, _)| n == reentry::HEADER)?;
+    let claims = pass.secret.verify(ticket, now, pass.envoy_request_id)?;
+    let entry = config.keys.get(&claims.digest)?;
+    let mut remove: Vec<String> = internal
+        .iter()
+        .filter(|name| !headers::REENTRY_CARRIED.contains(&name.as_str()))
+        .cloned()
+        .collect();
+    for source in &config.sources {
+        if let Some(name) = source.header_name() {
+            if headers.iter().any(|(n, _)| n == name) && !remove.iter().any(|r| r == name) {
+                remove.push(name.to_string());
+            }
+        }
+    }
+    let outcome = decide_entry(config, entry, now);
+    let mut restore = Vec::new();
+    if let Outcome::Allow { .. } = outcome {
+        for (name, value) in [
+            (":method", &claims.method),
+            (":authority", &claims.authority),
+        ] {
+            if header_text(headers, name) != Some(value.as_str()) {
+                restore.push((name, value.clone()));
+            }
+        }
+        restore.push((headers::REENTRY, "1".to_string()));
+    }
+    let ticket = match outcome {
+        Outcome::Allow { .. } => pass.secret.issue(
+            &claims.digest,
+            now,
+            &claims.method,
+            &claims.authority,
+            pass.envoy_request_id,
+        ),
+        _ => None,
+    };
+    Some(Plan {
+        remove,
+        path: None,
+        outcome,
+        restore,
+        ticket,
+    })
+}
+
+/// The outcome for a presented key, with the digest of the key it allows.
+fn decide(
+    config: &KeyAuthConfig,
+    presented: Option<&[u8]>,
+    now: i64,
+) -> (Outcome, Option<[u8; 32]>) {
     let Some(key) = presented else {
-        return deny(DenyReason::Missing, config.missing_message.clone(), None);
+        return (
+            deny(DenyReason::Missing, config.missing_message.clone(), None),
+            None,
+        );
     };
     if key.len() > MAX_KEY_LEN {
-        return deny(
+        let outcome = deny(
             DenyReason::Unknown,
             "Incorrect API key provided.".into(),
             None,
         );
+        return (outcome, None);
     }
     let digest: [u8; 32] = Sha256::digest(key).into();
     let Some(entry) = config.keys.get(&digest) else {
         let key_id = digest_prefix(&digest);
-        return deny(
+        let outcome = deny(
             DenyReason::Unknown,
             "Incorrect API key provided.".into(),
             Some(key_id),
         );
+        return (outcome, None);
     };
+    (decide_entry(config, entry, now), Some(digest))
+}
+
+/// The outcome for a known key.
+fn decide_entry(config: &KeyAuthConfig, entry: &KeyEntry, now: i64) -> Outcome {
     let key_id = || Some(entry.key_id.clone());
     if entry.disabled {
         return deny(
@@ -309,6 +447,7 @@ fn percent_decode(text: &str) -> Vec<u8> {
 mod tests {
     use super::*;
     use crate::config::parse_document;
+    use crate::reentry::{self, Secret};
     use llm_gateway_shared::rules::{MatchInput, RuleSet};
 
     const KEY_A: &str = "sk-test-team-a-0123456789";
@@ -613,5 +752,143 @@ mod tests {
                 }
             }
         }
+    }
+
+    // ---- re-entry (the internal-redirect fallback) ----
+
+    fn first_pass(set: &RuleSet<KeyAuthConfig>, secret: &Secret, rid: &str) -> Plan {
+        let bearer = format!("Bearer {KEY_A}");
+        let pairs = req(&[
+            (":method", "POST"),
+            (":authority", "gw.example"),
+            ("authorization", &bearer),
+            ("x-request-id", rid),
+        ]);
+        let pass = Pass {
+            secret,
+            envoy_request_id: rid,
+        };
+        authenticate_pass(set.global(), &pairs, NOW, Some(pass))
+    }
+
+    /// The second pass as the redirect delivers it: the first pass's headers as edited (key
+    /// gone, the provider's credential set by the router), method turned into GET, authority
+    /// replaced, plus what the redirect policy adds.
+    fn second_pass(set: &RuleSet<KeyAuthConfig>, secret: &Secret, rid: &str, ticket: &str) -> Plan {
+        let pairs = req(&[
+            (":method", "GET"),
+            (":authority", "llm-gateway"),
+            ("authorization", "Bearer sk-provider-credential"),
+            ("x-request-id", rid),
+            ("x-llm-deployment", "stale"),
+            (headers::ROUTE_NEXT, "2|fast|id|a,b"),
+            (reentry::HEADER, ticket),
+        ]);
+        let pass = Pass {
+            secret,
+            envoy_request_id: rid,
+        };
+        authenticate_pass(set.global(), &pairs, NOW + 1, Some(pass))
+    }
+
+    #[test]
+    fn a_redirected_request_passes_on_the_ticket_of_its_first_pass() {
+        let set = config("");
+        let secret = Secret::new([9; 32]);
+        let first = first_pass(&set, &secret, "rid-1");
+        assert!(matches!(first.outcome, Outcome::Allow { .. }));
+        let ticket = first.ticket.clone().expect("a ticket is issued");
+
+        let second = second_pass(&set, &secret, "rid-1", &ticket);
+        let Outcome::Allow { identity, .. } = &second.outcome else {
+            panic!("{:?}", second.outcome);
+        };
+        assert!(identity.contains(&(headers::CONSUMER, "team-a".to_string())));
+        // the provider credential, the ticket and the stale header go; the continuation stays
+        for name in ["authorization", reentry::HEADER, "x-llm-deployment"] {
+            assert!(
+                second.remove.iter().any(|r| r == name),
+                "{name}: {:?}",
+                second.remove
+            );
+        }
+        assert!(!second.remove.iter().any(|r| r == headers::ROUTE_NEXT));
+        assert_eq!(
+            second.restore,
+            vec![
+                (":method", "POST".to_string()),
+                (":authority", "gw.example".to_string()),
+                (headers::REENTRY, "1".to_string()),
+            ]
+        );
+        // a further redirect gets a ticket of its own
+        let third = second_pass(&set, &secret, "rid-1", second.ticket.as_deref().unwrap());
+        assert!(matches!(third.outcome, Outcome::Allow { .. }));
+    }
+
+    #[test]
+    fn a_ticket_a_client_sends_is_removed_and_the_key_asked_for() {
+        let set = config("");
+        let secret = Secret::new([9; 32]);
+        let ticket = first_pass(&set, &secret, "rid-1").ticket.unwrap();
+        // another request (Envoy gave it another x-request-id), a forged ticket, another VM
+        for (rid, ticket, secret) in [
+            ("rid-2", ticket.clone(), secret.clone()),
+            ("rid-1", format!("{ticket}0"), secret.clone()),
+            ("rid-1", ticket.clone(), Secret::new([8; 32])),
+        ] {
+            let plan = second_pass(&set, &secret, rid, &ticket);
+            // the provider's credential is no virtual key: refused, no identity, no restore
+            assert_eq!(code(&plan), Some("invalid_api_key"), "{rid} {ticket}");
+            assert!(plan.restore.is_empty());
+            assert!(plan.remove.iter().any(|r| r == reentry::HEADER));
+            assert!(plan.remove.iter().any(|r| r == headers::ROUTE_NEXT));
+        }
+        // a client's copy beside its real key: authenticated as a new request, copy removed
+        let bearer = format!("Bearer {KEY_A}");
+        let pairs = req(&[
+            (":method", "POST"),
+            (":authority", "gw.example"),
+            ("authorization", &bearer),
+            (reentry::HEADER, &ticket),
+            (headers::ROUTE_NEXT, "2|fast|id|a,b"),
+        ]);
+        let pass = Pass {
+            secret: &secret,
+            envoy_request_id: "rid-3",
+        };
+        let plan = authenticate_pass(set.global(), &pairs, NOW, Some(pass));
+        assert!(matches!(plan.outcome, Outcome::Allow { .. }));
+        assert!(plan.restore.is_empty());
+        for name in [reentry::HEADER, headers::ROUTE_NEXT] {
+            assert!(plan.remove.iter().any(|r| r == name), "{name}");
+        }
+    }
+
+    #[test]
+    fn re_entry_checks_the_key_again_and_can_be_turned_off() {
+        let secret = Secret::new([9; 32]);
+        let set = config("");
+        let ticket = first_pass(&set, &secret, "rid").ticket.unwrap();
+        // the key disabled by a new config with the same secret: refused on the second pass
+        let disabled = parse_document(
+            format!(
+                r#"{{"keys":[{{"key_sha256":"{}","consumer":"team-a","groups":["fast"],"disabled":true}}]}}"#,
+                sha(KEY_A)
+            )
+            .as_bytes(),
+        )
+        .unwrap();
+        assert_eq!(
+            code(&second_pass(&disabled, &secret, "rid", &ticket)),
+            Some("disabled_api_key")
+        );
+        // `"reentry": false`: no ticket issued, none accepted
+        let off = config(r#","reentry":false"#);
+        assert_eq!(first_pass(&off, &secret, "rid").ticket, None);
+        assert_eq!(
+            code(&second_pass(&off, &secret, "rid", &ticket)),
+            Some("invalid_api_key")
+        );
     }
 }

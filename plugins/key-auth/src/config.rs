@@ -10,6 +10,7 @@
 //!   "query_param": null,
 //!   "allow": null,
 //!   "global_auth": true,
+//!   "reentry": true,
 //!   "_rules_": [{"_match_route_": ["billing"], "allow": ["team-a"]}]
 //! }
 //! ```
@@ -81,12 +82,15 @@ pub struct KeyAuthConfig {
     pub missing_message: String,
     /// Some key has `expires_at` (computed once here, not per request).
     any_expiry: bool,
+    /// Issue and accept re-entry tickets (`crate::reentry`): the internal-redirect fallback of
+    /// Higress and Envoy < 1.39 sends the request through the chain again without its key.
+    pub reentry: bool,
 }
 
 impl KeyAuthConfig {
     /// True if some key expires, so a decision needs the current time.
     pub fn needs_clock(&self) -> bool {
-        self.any_expiry
+        self.any_expiry || self.reentry
     }
 }
 
@@ -103,6 +107,8 @@ struct RawConfig {
     allow: Option<Vec<String>>,
     #[serde(default = "default_true")]
     global_auth: bool,
+    #[serde(default = "default_true")]
+    reentry: bool,
 }
 
 #[derive(Deserialize)]
@@ -175,6 +181,7 @@ fn parse_scope(
             Scope::Rule(_) => true,
         },
         missing_message,
+        reentry: raw.reentry,
     })
 }
 
@@ -389,7 +396,9 @@ mod tests {
             ]
         );
         assert!(cfg.allow.is_none());
-        assert!(!cfg.needs_clock());
+        // re-entry tickets are on by default, and they expire
+        assert!(cfg.reentry);
+        assert!(cfg.needs_clock());
     }
 
     #[test]

@@ -23,6 +23,7 @@
 
 pub mod auth;
 pub mod config;
+pub mod reentry;
 pub mod rfc3339;
 
 #[cfg(target_arch = "wasm32")]

@@ -1,8 +1,9 @@
 //! The proxy-wasm adapter: copies host data in, calls [`crate::auth::authenticate`], applies
 //! the plan. Every host call goes through `llm_gateway_shared::host`; nothing here decides.
 
-use crate::auth::{authenticate, DenyReason, Outcome, Plan};
+use crate::auth::{authenticate_pass, DenyReason, Outcome, Pass, Plan};
 use crate::config::{parse_document, KeyAuthConfig};
+use crate::reentry::{self, Secret};
 use llm_gateway_shared::host::{self, HeaderMap, LogLevel, Metric};
 use llm_gateway_shared::reject::Reject;
 use llm_gateway_shared::rules::RuleSet;
@@ -65,6 +66,20 @@ struct Root {
 struct State {
     rules: RuleSet<KeyAuthConfig>,
     metrics: Metrics,
+    /// This VM's re-entry ticket secret.
+    secret: Secret,
+}
+
+/// 32 bytes from the host's randomness: std seeds `RandomState` from WASI `random_get`, once
+/// per VM, with 128 random bits that every hasher's keys derive from.
+fn random_secret() -> Secret {
+    use std::hash::BuildHasher;
+    let state = std::collections::hash_map::RandomState::new();
+    let mut bytes = [0u8; 32];
+    for (i, chunk) in bytes.chunks_exact_mut(8).enumerate() {
+        chunk.copy_from_slice(&state.hash_one(i).to_le_bytes());
+    }
+    Secret::new(bytes)
 }
 
 impl Context for Root {}
@@ -82,6 +97,7 @@ impl RootContext for Root {
         self.state = Some(Rc::new(State {
             rules,
             metrics: Metrics::define(),
+            secret: random_secret(),
         }));
         true
     }
@@ -133,7 +149,16 @@ impl HttpContext for Request {
         } else {
             0 // no key expires: the time is not looked at
         };
-        let plan = authenticate(config, &headers, now);
+        let envoy_request_id = headers
+            .iter()
+            .find(|(name, _)| name == "x-request-id")
+            .and_then(|(_, value)| std::str::from_utf8(value).ok())
+            .unwrap_or_default();
+        let pass = Pass {
+            secret: &state.secret,
+            envoy_request_id,
+        };
+        let plan = authenticate_pass(config, &headers, now, Some(pass));
         state.metrics.count(&plan.outcome);
         apply(plan)
     }
@@ -172,6 +197,27 @@ fn apply(plan: Plan) -> Action {
                         &format!("key-auth: cannot set {name}: {err}"),
                     );
                     return refuse(&Reject::internal("cannot set the consumer identity"));
+                }
+            }
+            for (name, value) in &plan.restore {
+                if let Err(err) =
+                    host::set_header(HeaderMap::RequestHeaders, name, value.as_bytes())
+                {
+                    host::log(
+                        LogLevel::Error,
+                        &format!("key-auth: cannot restore {name} of a re-entered request: {err}"),
+                    );
+                    return refuse(&Reject::internal("cannot resume the request"));
+                }
+            }
+            if let Some(ticket) = &plan.ticket {
+                // Without it a redirected request would be refused (no key): worth a log line,
+                // not worth failing this request, which may never be redirected.
+                if let Err(err) = host::set_property(&[reentry::PROPERTY], ticket.as_bytes()) {
+                    host::log(
+                        LogLevel::Warn,
+                        &format!("key-auth: cannot publish the re-entry ticket: {err}"),
+                    );
                 }
             }
             Action::Continue
