@@ -111,5 +111,5 @@ async fn the_printed_walkthrough_works() {
 /// configured; a broken plugin config is refused, naming the field.
 #[test]
 fn gateway_config_validates() {
-    Envoy::validate(demo::CONFIG, &demo::vars(0, 9, 9, 9)).unwrap();
+    Envoy::validate(demo::config(), &demo::vars(0, 9, 9, 9)).unwrap();
 }

@@ -19,6 +19,19 @@ pub const DEMO_KEY: &str = "sk-llmgw-demo-key-not-a-secret";
 pub const FAST_ONLY_KEY: &str = "sk-llmgw-demo-fast-only-not-a-secret";
 /// The Envoy bootstrap the demo runs (in `envoy-config/`).
 pub const CONFIG: &str = "gateway.yaml";
+/// The bootstrap for Envoy 1.36–1.38 (and the shape Higress 2.2.4 needs): the fallback is the
+/// internal redirect.
+pub const CONFIG_136: &str = "gateway-1.36.yaml";
+
+/// The bootstrap the fixtures' Envoy takes: [`CONFIG_136`] under `LLM_GATEWAY_ENVOY=1.36`,
+/// else [`CONFIG`].
+pub fn config() -> &'static str {
+    if crate::workspace::envoy_136() {
+        CONFIG_136
+    } else {
+        CONFIG
+    }
+}
 
 /// The fake provider credentials of `gateway.yaml`'s router config: what each mock provider
 /// must receive, and what no client may ever see.
@@ -77,7 +90,7 @@ async fn mock() -> Result<MockUpstream> {
 impl Demo {
     /// Starts everything; the gateway listens on `127.0.0.1:port` (0: any free port).
     pub async fn start(port: u16) -> Result<Demo> {
-        Demo::start_with(port, CONFIG).await
+        Demo::start_with(port, config()).await
     }
 
     /// [`Demo::start`] with another bootstrap: a name in `envoy-config/` or an absolute path
@@ -111,11 +124,12 @@ impl Demo {
     /// replacement whose `from` must occur exactly once: a setting shortened or shrunk so a
     /// test sees its effect quickly. Panics (a test fixture) when a `from` does not occur once.
     pub async fn start_variant(changes: &[(&str, &str)]) -> Result<Demo> {
-        let shipped = std::fs::read_to_string(crate::workspace::envoy_config(CONFIG))
-            .map_err(|e| format!("{CONFIG}: {e}"))?;
+        let name = config();
+        let shipped = std::fs::read_to_string(crate::workspace::envoy_config(name))
+            .map_err(|e| format!("{name}: {e}"))?;
         let mut text = shipped.clone();
         for (from, to) in changes {
-            assert_eq!(shipped.matches(from).count(), 1, "{from} in {CONFIG}");
+            assert_eq!(shipped.matches(from).count(), 1, "{from} in {name}");
             text = text.replace(from, to);
         }
         let path = std::env::temp_dir().join(format!(
@@ -232,18 +246,20 @@ impl Demo {
     pub fn banner(&self) -> String {
         let mut out = format!(
             "llm-gateway demo is up\n\
-             \x20 gateway    {} (Envoy 1.40; chain: key-auth -> model-router -> pii-redaction -> usage-accounting -> token-ratelimit)\n\
+             \x20 gateway    {} (Envoy {}; chain: key-auth -> model-router -> pii-redaction -> usage-accounting -> token-ratelimit)\n\
              \x20 providers  openai http://{}  azure http://{}  anthropic http://{} (mock LLM upstreams)\n\
              \x20 admin      http://{}\n\
-             \x20 config     envoy-config/{CONFIG} (rendered: {})\n\
+             \x20 config     envoy-config/{} (rendered: {})\n\
              \x20 logs       {}\n\
              \x20 keys       {DEMO_KEY} (groups fast, smart, claude)\n\
              \x20            {FAST_ONLY_KEY} (group fast)\n",
             self.url(),
+            if crate::workspace::envoy_136() { "1.36" } else { "1.40" },
             self.openai.addr(),
             self.azure.addr(),
             self.anthropic.addr(),
             self.envoy.admin(),
+            config(),
             self.envoy.dir().join("envoy.yaml").display(),
             self.envoy.dir().display(),
         );

@@ -40,12 +40,29 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
         .collect()
 }
 
-/// The Envoy binary: `ENVOY_BIN`, else the one `scripts/setup` installed into `.venv`.
+/// True when the fixtures run Envoy 1.36.4 (`LLM_GATEWAY_ENVOY=1.36`: Higress 2.2.4's base,
+/// installed by `scripts/setup` into `.venv-envoy-1.36`) instead of 1.40.
+pub fn envoy_136() -> bool {
+    std::env::var("LLM_GATEWAY_ENVOY").is_ok_and(|v| v == "1.36")
+}
+
+/// Makes this test process run Envoy 1.36.4 (a suite that exists for that version).
+pub fn use_envoy_136() {
+    std::env::set_var("LLM_GATEWAY_ENVOY", "1.36");
+}
+
+/// The Envoy binary: `ENVOY_BIN`, else the one `scripts/setup` installed into `.venv` (1.40)
+/// or, with [`envoy_136`], into `.venv-envoy-1.36`.
 pub fn envoy_bin() -> crate::Result<PathBuf> {
     if let Some(path) = std::env::var_os("ENVOY_BIN") {
         return Ok(PathBuf::from(path));
     }
-    let lib = root().join(".venv/lib");
+    let venv = if envoy_136() {
+        ".venv-envoy-1.36"
+    } else {
+        ".venv"
+    };
+    let lib = root().join(venv).join("lib");
     let entries = std::fs::read_dir(&lib)
         .map_err(|e| format!("{}: {e} (run scripts/setup)", lib.display()))?;
     for entry in entries.flatten() {

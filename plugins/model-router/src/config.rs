@@ -4,6 +4,7 @@
 //! then [`RouterConfig::try_from_raw`] validates names, references and numbers and builds the
 //! lookup tables. Errors name the field; a credential is never echoed.
 
+use crate::redirect::Fallback;
 use llm_gateway_shared::config::{self, validate_name, ConfigError};
 use llm_gateway_shared::route_info::{Price, TRY_SLOTS};
 use llm_gateway_shared::rules::{RuleSet, Scope};
@@ -112,6 +113,8 @@ struct RawConfig {
     groups: Vec<RawGroup>,
     #[serde(default)]
     breaker: RawBreaker,
+    #[serde(default)]
+    fallback: Fallback,
 }
 
 fn default_max_attempts() -> usize {
@@ -211,6 +214,8 @@ pub struct RouterConfig {
     pub groups: Vec<Group>,
     /// Breaker thresholds.
     pub breaker: BreakerConfig,
+    /// How a request moves to the next deployment (`crate::redirect`).
+    pub fallback: Fallback,
     group_index: HashMap<String, usize>,
     deployment_index: HashMap<String, usize>,
 }
@@ -393,7 +398,13 @@ impl RouterConfig {
             return Err(ConfigError::new("breaker.cooldown_ms", "must be positive"));
         }
 
+        crate::redirect::validate(
+            raw.fallback,
+            groups.iter().any(|g| g.budget_fallback.is_some()),
+        )?;
+
         Ok(RouterConfig {
+            fallback: raw.fallback,
             role: raw.role,
             version,
             max_attempts: raw.max_attempts,

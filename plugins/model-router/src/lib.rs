@@ -30,6 +30,7 @@ pub mod budget_fallback;
 pub mod config;
 pub mod ids;
 pub mod plan;
+pub mod redirect;
 pub mod stream;
 
 #[cfg(target_arch = "wasm32")]

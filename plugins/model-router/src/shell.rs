@@ -25,6 +25,7 @@ use crate::budget_fallback::{alternative, plan_alternative, switched_plan};
 use crate::config::{parse_document, Deployment, Provider, Role, RouterConfig};
 use crate::ids::IdSource;
 use crate::plan::{plan, route_info, Admission, Request as PlanRequest};
+use crate::redirect::{Continuation, Fallback};
 use crate::stream::{interrupted_event, StreamWatcher};
 use llm_gateway_shared::headers;
 use llm_gateway_shared::host::{self, Buffer, HeaderMap, HostError, LogLevel, Metric};
@@ -359,6 +360,16 @@ struct Routed {
     /// The client speaks Anthropic Messages (`/v1/messages`): its error event is Anthropic's.
     anthropic_api: bool,
     config: Rc<RuleSet<RouterConfig>>,
+    /// `"fallback": "redirect"`: the attempt this pass makes (1 on the first pass); the
+    /// attempt number does not come from Envoy's retries then.
+    pass: Option<Pass>,
+}
+
+/// A pass of the redirect fallback.
+struct Pass {
+    attempt: u32,
+    /// The response status this pass saw, for the breaker at `on_log`.
+    status: Option<u16>,
 }
 
 struct Downstream {
@@ -378,6 +389,18 @@ impl Downstream {
         host::select_config(rules, None)
     }
 
+    /// Guards a 200 event stream: it gets an error event if it ends without its terminator.
+    fn watch_stream(&mut self, status: Option<u16>) -> Action {
+        let event_stream = header_string(HeaderMap::ResponseHeaders, "content-type")
+            .is_some_and(|ct| ct.to_ascii_lowercase().starts_with("text/event-stream"));
+        if event_stream && status == Some(200) {
+            // the body will change length if it needs the error event
+            let _ = host::remove_header(HeaderMap::ResponseHeaders, "content-length");
+            self.watcher = Some(StreamWatcher::default());
+        }
+        Action::Continue
+    }
+
     fn route(&mut self, size: usize) -> Result<(), Reject> {
         let Some(rules) = self.rules.clone() else {
             return Err(Reject::internal("model-router is not configured"));
@@ -388,6 +411,16 @@ impl Downstream {
         let bytes = host::buffer(Buffer::RequestBody, 0, size)
             .map_err(|_| Reject::internal("cannot read the request body"))?;
         let body = Body::parse(&bytes)?;
+        let redirect = config.fallback == Fallback::Redirect;
+        if redirect && header_string(HeaderMap::RequestHeaders, headers::REENTRY).is_some() {
+            if let Some(continuation) = host::header(HeaderMap::RequestHeaders, headers::ROUTE_NEXT)
+                .ok()
+                .flatten()
+                .and_then(|v| Continuation::parse(&v))
+            {
+                return self.reroute(&rules, config, size, &body, continuation);
+            }
+        }
         let allowed = header_string(HeaderMap::RequestHeaders, headers::GROUPS);
         let subject = header_string(HeaderMap::RequestHeaders, "x-user-id")
             .filter(|s| !s.is_empty())
@@ -415,7 +448,7 @@ impl Downstream {
 
         let internal = |_| Reject::internal("cannot route the request");
         replace_request_body(size, &body.with_model(&first.model)).map_err(internal)?;
-        if plan.deployments.len() == 1 {
+        if plan.deployments.len() == 1 || redirect {
             set_credential(first).map_err(internal)?;
         } else {
             // Several deployments: each attempt's credential is the upstream role's job. Were
@@ -438,24 +471,28 @@ impl Downstream {
         set(headers::DEPLOYMENT, &first.name)?;
         set(headers::CLUSTER, &first.cluster)?;
         set(headers::REQUEST_ID, &request_id)?;
-        set(ATTEMPT_COUNT, "0")?;
-        set(
-            MAX_RETRIES,
-            &(plan.deployments.len().saturating_sub(1)).to_string(),
-        )?;
         let names: Vec<&str> = plan
             .deployments
             .iter()
             .filter_map(|i| config.deployments.get(*i))
             .map(|d| d.name.as_str())
             .collect();
-        for (slot, index) in plan.deployments.iter().enumerate() {
-            if let Some(deployment) = config.deployments.get(*index) {
-                host::set_property(&[&try_property(slot)], deployment.cluster.as_bytes())
-                    .map_err(internal)?;
+        if redirect {
+            publish_continuation(1, &plan.group, &request_id, &names).map_err(internal)?;
+        } else {
+            set(ATTEMPT_COUNT, "0")?;
+            set(
+                MAX_RETRIES,
+                &(plan.deployments.len().saturating_sub(1)).to_string(),
+            )?;
+            for (slot, index) in plan.deployments.iter().enumerate() {
+                if let Some(deployment) = config.deployments.get(*index) {
+                    host::set_property(&[&try_property(slot)], deployment.cluster.as_bytes())
+                        .map_err(internal)?;
+                }
             }
+            host::set_property(&[PLAN_PROPERTY], names.join(",").as_bytes()).map_err(internal)?;
         }
-        host::set_property(&[PLAN_PROPERTY], names.join(",").as_bytes()).map_err(internal)?;
         let info = route_info(
             config,
             &plan.group,
@@ -486,8 +523,124 @@ impl Downstream {
                 .as_deref()
                 .is_some_and(|p| p.starts_with("/v1/messages")),
             config: Rc::clone(&rules),
+            pass: redirect.then_some(Pass {
+                attempt: 1,
+                status: None,
+            }),
         });
         Ok(())
+    }
+
+    /// A pass that re-enters the chain (redirect fallback): attempt `continuation.attempt` of
+    /// the plan the first pass made, with that deployment's model and credential, the same
+    /// logical request id, and the continuation for the pass after it.
+    fn reroute(
+        &mut self,
+        rules: &Rc<RuleSet<RouterConfig>>,
+        config: &RouterConfig,
+        size: usize,
+        body: &Body,
+        continuation: Continuation,
+    ) -> Result<(), Reject> {
+        let lost = || {
+            Reject::new(
+                503,
+                llm_gateway_shared::reject::ErrorType::Api,
+                "fallback_unavailable",
+                "the deployments planned for this request are no longer configured",
+            )
+        };
+        let deployments: Vec<usize> = continuation
+            .plan
+            .iter()
+            .map(|name| config.deployment(name).map(|(index, _)| index))
+            .collect::<Option<_>>()
+            .ok_or_else(lost)?;
+        let chosen = continuation
+            .deployment()
+            .and_then(|name| config.deployment(name))
+            .map(|(_, d)| d)
+            .ok_or_else(lost)?;
+        let attempt = continuation.attempt;
+        let internal = |_| Reject::internal("cannot route the request");
+        replace_request_body(size, &body.with_model(&chosen.model)).map_err(internal)?;
+        set_credential(chosen).map_err(internal)?;
+        host::remove_header(HeaderMap::RequestHeaders, headers::ROUTE_NEXT).map_err(internal)?;
+        let set = |name: &str, value: &str| {
+            host::set_header(HeaderMap::RequestHeaders, name, value.as_bytes()).map_err(internal)
+        };
+        set(headers::MODEL_GROUP, &continuation.group)?;
+        set(headers::DEPLOYMENT, &chosen.name)?;
+        set(headers::CLUSTER, &chosen.cluster)?;
+        set(headers::REQUEST_ID, &continuation.request_id)?;
+        let names: Vec<&str> = continuation.plan.iter().map(String::as_str).collect();
+        publish_continuation(
+            attempt,
+            &continuation.group,
+            &continuation.request_id,
+            &names,
+        )
+        .map_err(internal)?;
+        let tried = names
+            .iter()
+            .take(usize::try_from(attempt).unwrap_or(usize::MAX))
+            .map(|n| n.to_string())
+            .collect();
+        let info = route_info(
+            config,
+            &continuation.group,
+            &deployments,
+            chosen,
+            &continuation.request_id,
+            attempt,
+            tried,
+        );
+        host::set_property(&[ROUTE_PROPERTY], &info.to_json()).map_err(internal)?;
+        host::clear_route_cache().map_err(internal)?;
+        count("fallbacks");
+        log(
+            LogLevel::Info,
+            &format!(
+                "fallback: attempt {attempt} of group {} to deployment {}",
+                continuation.group, chosen.name
+            ),
+        );
+        self.routed = Some(Routed {
+            config_index: rules
+                .configs()
+                .position(|c| std::ptr::eq(c, config))
+                .unwrap_or(0),
+            group: continuation.group,
+            deployments,
+            alternative_published: false,
+            switched_to: None,
+            request_id: continuation.request_id,
+            anthropic_api: self
+                .path
+                .as_deref()
+                .is_some_and(|p| p.starts_with("/v1/messages")),
+            config: Rc::clone(rules),
+            pass: Some(Pass {
+                attempt,
+                status: None,
+            }),
+        });
+        Ok(())
+    }
+}
+
+/// Writes the continuation of the pass after attempt `attempt` (`wasm.llm_route_next`), when
+/// the plan has a later deployment. Without it the redirect policy does not fire, and the
+/// error of the last deployment goes to the client.
+fn publish_continuation(
+    attempt: u32,
+    group: &str,
+    request_id: &str,
+    names: &[&str],
+) -> Result<(), HostError> {
+    match Continuation::after(attempt, group, request_id, names) {
+        Some(next) => host::set_property(&[crate::redirect::PROPERTY], next.encode().as_bytes()),
+        None => Ok(()),
     }
 }
 
@@ -600,7 +753,10 @@ impl HttpContext for Downstream {
                 count("budget_fallbacks");
             }
         }
-        let attempts = attempt_number();
+        let attempts = routed
+            .pass
+            .as_ref()
+            .map_or_else(attempt_number, |p| p.attempt);
         let index = usize::try_from(attempts - 1).unwrap_or(0);
         let served = routed
             .deployments
@@ -646,6 +802,15 @@ impl HttpContext for Downstream {
         // local reply of a later filter (token-ratelimit's 429 or 503, ...) reached no
         // deployment and says nothing about one: counted, one client at its own rate limit
         // opened the breakers of the whole group for everyone.
+        if let Some(pass) = routed.pass.as_mut() {
+            // redirect fallback: the breaker learns this pass's outcome at on_log, where a
+            // superseded pass is told from the one that answers
+            pass.status = status;
+            if attempts > 1 {
+                count("fallbacks.answered");
+            }
+            return self.watch_stream(status);
+        }
         let now = now_ms();
         let answered_by_router = answered_by_router();
         for (n, index) in routed.deployments.iter().enumerate() {
@@ -664,14 +829,45 @@ impl HttpContext for Downstream {
         if attempts > 1 {
             count("fallbacks");
         }
-        let event_stream = header_string(HeaderMap::ResponseHeaders, "content-type")
-            .is_some_and(|ct| ct.to_ascii_lowercase().starts_with("text/event-stream"));
-        if event_stream && status == Some(200) {
-            // the body will change length if it needs the error event
-            let _ = host::remove_header(HeaderMap::ResponseHeaders, "content-length");
-            self.watcher = Some(StreamWatcher::default());
+        self.watch_stream(status)
+    }
+
+    fn on_log(&mut self) {
+        let Some(routed) = self.routed.as_ref() else {
+            return;
+        };
+        let (Some(pass), Some(config)) = (
+            routed.pass.as_ref(),
+            routed.config.configs().nth(routed.config_index),
+        ) else {
+            return;
+        };
+        let index = usize::try_from(pass.attempt.saturating_sub(1)).unwrap_or(usize::MAX);
+        let Some(deployment) = routed
+            .deployments
+            .get(index)
+            .and_then(|i| config.deployments.get(*i))
+        else {
+            return;
+        };
+        let details = host::property_string(&["response", "code_details"])
+            .ok()
+            .flatten()
+            .unwrap_or_default();
+        let now = now_ms();
+        if crate::redirect::is_superseded(&details) {
+            // the redirect policy fires only on a failure (429, 5xx, a connect failure)
+            record(config, &deployment.name, true, now);
+        } else if answered_by_router() {
+            let status = pass.status.or_else(|| {
+                host::property(&["response", "code"])
+                    .ok()
+                    .flatten()
+                    .and_then(|b| <[u8; 8]>::try_from(b.as_slice()).ok())
+                    .and_then(|b| u16::try_from(u64::from_le_bytes(b)).ok())
+            });
+            record(config, &deployment.name, is_failure(status), now);
         }
-        Action::Continue
     }
 
     fn on_http_response_body(&mut self, size: usize, end_of_stream: bool) -> Action {

@@ -105,6 +105,11 @@ pub fn gateway() -> crate::Result<Value> {
     read_yaml("gateway.yaml")
 }
 
+/// A config template of `envoy-config/` as JSON (see [`read_yaml`]).
+pub fn template(name: &str) -> crate::Result<Value> {
+    read_yaml(name)
+}
+
 /// Reads a config template: its port placeholders (`${..._PORT}`, not valid YAML in a flow
 /// mapping) become 0 before parsing (the bench sets every port itself); `${WASM_DIR}` and
 /// `${LOG_DIR}` stay; any other placeholder is an error.

