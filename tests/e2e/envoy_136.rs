@@ -187,3 +187,63 @@ async fn a_client_copy_of_the_reentry_marker_is_refused_or_removed() {
     assert!(demo.azure.requests().is_empty());
     let _: Value = response.json().unwrap();
 }
+
+/// The Higress form of the same fallback (`higress/route-envoyfilter.yaml`) carries the policy
+/// proven here: the same matcher, the same headers handed to the next pass, the same internal
+/// headers kept from providers, the same route settings. Only Higress's own fields differ.
+#[test]
+fn the_higress_envoyfilter_carries_the_same_fallback() {
+    let gateway = template(demo::CONFIG_136).unwrap();
+    let hcm = &gateway["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+        ["typed_config"];
+    let filter = hcm["http_filters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["name"] == "envoy.filters.http.custom_response")
+        .expect("gateway-1.36.yaml has the custom_response filter");
+    let plain = &filter["typed_config"];
+    let route = hcm["route_config"]["virtual_hosts"][0]["routes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == "llm-api")
+        .unwrap();
+
+    let path = workspace::root().join("higress/route-envoyfilter.yaml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let envoyfilter = llm_gateway_tests::bench::config::yaml_to_json(&text).unwrap();
+    let patch = &envoyfilter["spec"]["configPatches"][0]["patch"]["value"];
+    let higress = &patch["typed_per_filter_config"]["envoy.filters.http.custom_response"]["value"];
+
+    let matcher = |config: &Value| {
+        let mut m = config["custom_response_matcher"].clone();
+        let action = &mut m["matcher_list"]["matchers"][0]["on_match"]["action"]["typed_config"];
+        let policy = action.as_object_mut().unwrap();
+        // what differs by design: how the URI is kept and Higress's own fields
+        for field in [
+            "redirect_action",
+            "response_headers_to_add",
+            "use_original_request_uri",
+            "use_original_request_body",
+            "max_internal_redirects",
+            "keep_original_response_code",
+        ] {
+            policy.remove(field);
+        }
+        m
+    };
+    assert_eq!(matcher(higress), matcher(plain));
+    assert_eq!(
+        patch["request_headers_to_remove"],
+        route["request_headers_to_remove"]
+    );
+    for field in ["cluster_header", "retry_policy", "timeout", "idle_timeout"] {
+        assert_eq!(patch["route"][field], route["route"][field], "{field}");
+    }
+    // the Higress-only fields are there
+    let policy = &higress["custom_response_matcher"]["matcher_list"]["matchers"][0]["on_match"]
+        ["action"]["typed_config"];
+    assert_eq!(policy["use_original_request_uri"], true);
+    assert_eq!(policy["keep_original_response_code"], false);
+}
