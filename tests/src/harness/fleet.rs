@@ -6,6 +6,7 @@
 
 use super::chain::{Downstream, StreamCore, Upstream};
 use super::cost::CallCost;
+use super::host::{Abi, Host};
 use super::redis::{RedisBridge, FAILURE_STATUS};
 use super::services::{lock, Clock, InstanceServices};
 use super::state::{Effect, HttpCallOutcome, HttpCallRequest, LogLine, VmLocation};
@@ -33,9 +34,17 @@ pub struct FleetBuilder {
     log_level: u32,
     redis: Vec<(String, SocketAddr)>,
     clusters: Vec<(String, Handler)>,
+    host: Host,
 }
 
 impl FleetBuilder {
+    /// The gateway modelled ([`Host::Envoy`] by default): which ABI exports a module may
+    /// have, what `Pause` from a headers callback means, which filters can be configured.
+    pub fn host(mut self, host: Host) -> Self {
+        self.host = host;
+        self
+    }
+
     /// Appends a filter to the chain.
     pub fn filter(mut self, spec: FilterSpec) -> Self {
         self.filters.push(spec);
@@ -83,8 +92,11 @@ impl FleetBuilder {
     }
 
     /// Starts every VM (instances × workers × filters); a VM that refuses its configuration
-    /// is an error with its log.
+    /// is an error with its log, and so is a filter or module the host refuses.
     pub fn build(self) -> crate::Result<Fleet> {
+        for spec in &self.filters {
+            self.host.check(spec)?;
+        }
         let clock = Clock::default();
         let redis = Arc::new(RedisBridge::default());
         for (service, addr) in &self.redis {
@@ -105,6 +117,7 @@ impl FleetBuilder {
                 redis: redis.clone(),
                 http_clusters: http_clusters.clone(),
                 log_level: self.log_level,
+                host: self.host,
             };
             let mut workers = Vec::new();
             for w in 0..self.workers {
@@ -124,7 +137,21 @@ impl FleetBuilder {
                 workers,
             });
         }
+        // what a headers Pause means, per filter (the same module in every VM of a filter)
+        let headers_stop_iteration = match instances.first().and_then(|i| i.workers.first()) {
+            Some(vms) => vms
+                .iter()
+                .zip(&specs)
+                .map(|(vm, spec)| {
+                    self.host
+                        .headers_pause_is_stop_iteration(spec, vm.borrow().abi())
+                })
+                .collect(),
+            None => Vec::new(),
+        };
         Ok(Fleet(Rc::new(FleetInner {
+            host: self.host,
+            headers_stop_iteration,
             specs,
             instances,
             clock,
@@ -160,6 +187,9 @@ struct Work {
 
 /// The fleet's state, shared by its [`Stream`]s.
 pub struct FleetInner {
+    host: Host,
+    /// Per filter: `Pause` from a headers callback is `StopIteration` (else StopAll).
+    headers_stop_iteration: Vec<bool>,
     specs: Vec<Arc<FilterSpec>>,
     instances: Vec<InstanceRt>,
     clock: Clock,
@@ -377,7 +407,19 @@ impl Fleet {
             log_level: 2,
             redis: Vec::new(),
             clusters: Vec::new(),
+            host: Host::Envoy,
         }
+    }
+
+    /// The gateway modelled.
+    pub fn host(&self) -> Host {
+        self.0.host
+    }
+
+    /// The ABI the host read from filter `filter`'s module (`None`: no such filter).
+    pub fn abi(&self, filter: usize) -> Option<Abi> {
+        let vms = self.0.instances.first()?.workers.first()?;
+        Some(vms.get(filter)?.borrow().abi())
     }
 
     /// A fleet of one instance, one worker, one filter.
@@ -540,11 +582,7 @@ impl Fleet {
             instance,
             worker,
             Arc::new(Mutex::new(data)),
-            self.0
-                .specs
-                .iter()
-                .map(|s| s.allow_on_headers_stop_iteration)
-                .collect(),
+            self.0.headers_stop_iteration.clone(),
             self.0.buffer_limit,
         );
         let core = Rc::new(RefCell::new(core));
