@@ -17,7 +17,9 @@ mod common;
 
 use common::*;
 use llm_gateway_tests::demo::DEMO_KEY;
-use llm_gateway_tests::harness::{Direction, FilterSpec, Fleet, Host, Property, Request, Response};
+use llm_gateway_tests::harness::{
+    Direction, FilterSpec, Fleet, Host, InternalRedirect, Property, Request, Response,
+};
 use llm_gateway_tests::redis::Redis;
 use llm_gateway_tests::workspace::sha256_hex;
 use serde_json::{json, Value};
@@ -249,4 +251,83 @@ fn on_higress_only_the_0_2_100_router_gets_the_body_it_paused_for() {
         .unwrap();
     assert_eq!(ex.status(), 200, "{}", higress.log_text());
     assert_eq!(ex.header("x-llm-deployment"), Some("openai-mini"));
+}
+
+/// Higress's AI-route fallback (`custom_response` redirect, a new stream through the whole
+/// chain; `harness::redirect`) on the CRDs' chain: the provider answers 503, and the request
+/// re-enters every plugin with the headers as the first pass left them, the original body and
+/// `x-higress-fallback-from`. What that does to this chain today: key-auth refuses the second
+/// pass (401), because the Authorization it sees is the provider credential model-router
+/// wrote in the first — the reason model-router.yaml says Higress's fallback is not supported.
+#[test]
+fn a_fallback_redirect_re_enters_the_chain_as_a_new_stream() {
+    let placed = placed();
+    let redis = Redis::start().unwrap();
+    let mut services = Vec::new();
+    let mut builder = Fleet::builder().host(Host::Higress);
+    for (_, _, image, document) in &placed {
+        redis_services(document, &mut services);
+        builder = builder.filter(FilterSpec::higress(image, document).unwrap());
+    }
+    let fleet = builder.redis(&services[0], redis.addr()).build().unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    fleet.clock().set_nanos(now.as_nanos() as u64);
+
+    let policy = InternalRedirect::higress_fallback("ai-route-llm.internal")
+        .header_from_filter_state("x-test-first-route", "wasm.llm_route");
+    let request = demo_request();
+    let mut answered = 0;
+    let passes = fleet
+        .exchange_with_redirect(0, 0, &request, &policy, |_| {
+            answered += 1;
+            Response::status(503).body(b"overloaded")
+        })
+        .unwrap();
+    assert_eq!(
+        passes.len(),
+        2,
+        "one redirect: the second pass never reached a provider"
+    );
+    assert_eq!(answered, 1);
+    let (first, second) = (&passes[0], &passes[1]);
+
+    // the first pass reached the provider; its 503 went to the redirect, not to the client
+    assert_eq!(first.status(), 503);
+    assert!(first.downstream.body.is_empty() && !first.downstream.end);
+    let route = first.filter_state.get("wasm.llm_route").unwrap();
+
+    // the second pass: the headers as the first pass's filters left them, no
+    // content-length, the policy's headers; the original body; a new stream whose filter
+    // state starts empty
+    let header = |name: &str| {
+        second
+            .request_headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.clone())
+    };
+    assert_eq!(
+        header("x-higress-fallback-from").as_deref(),
+        Some(b"ai-route-llm.internal".as_slice())
+    );
+    assert_eq!(header("x-test-first-route").as_ref(), Some(route));
+    assert_eq!(
+        header("x-llm-deployment").as_deref(),
+        Some(b"openai-mini".as_slice())
+    );
+    assert_eq!(header("content-length"), None);
+    assert_eq!(second.request_body, request.chunks.concat());
+    assert!(!second.filter_state.contains_key("wasm.llm_route"));
+
+    // ... where key-auth finds the provider credential instead of the virtual key
+    assert_eq!(
+        header("authorization").as_deref(),
+        Some(b"Bearer sk-replace-me".as_slice())
+    );
+    assert_eq!(second.status(), 401);
+    let reply = second.local_reply.as_ref().unwrap();
+    assert_eq!(reply.details, "key_auth.invalid_api_key");
+    assert!(second.upstream.is_none());
 }

@@ -7,6 +7,7 @@
 use super::chain::{Downstream, StreamCore, Upstream};
 use super::cost::CallCost;
 use super::host::{Abi, Host};
+use super::redirect::InternalRedirect;
 use super::redis::{RedisBridge, FAILURE_STATUS};
 use super::services::{lock, Clock, InstanceServices};
 use super::state::{Effect, HttpCallOutcome, HttpCallRequest, LogLine, VmLocation};
@@ -662,6 +663,61 @@ impl Fleet {
         request: &Request,
         upstream: impl FnOnce(&Upstream) -> Response,
     ) -> crate::Result<Exchange> {
+        let mut once = Some(upstream);
+        let mut answer = |seen: &Upstream| match once.take() {
+            Some(f) => f(seen),
+            None => Response::status(500),
+        };
+        let (exchange, _) = self.pass(instance, worker, request, &mut answer, None)?;
+        Ok(exchange)
+    }
+
+    /// Like [`Fleet::exchange`], with a route's `custom_response` redirect policy as Higress
+    /// uses it for its AI-route fallback ([`InternalRedirect`]): when the upstream's status
+    /// matches, the first stream ends and the whole chain runs again as a new stream on the
+    /// headers as the filters left them, the original body and the policy's headers; up to
+    /// `max_internal_redirects` times. `upstream` answers every pass; one [`Exchange`] per
+    /// pass, the last one the client's.
+    pub fn exchange_with_redirect(
+        &self,
+        instance: usize,
+        worker: usize,
+        request: &Request,
+        policy: &InternalRedirect,
+        mut upstream: impl FnMut(&Upstream) -> Response,
+    ) -> crate::Result<Vec<Exchange>> {
+        let mut passes = Vec::new();
+        let mut request = request.clone();
+        let original_properties = request.properties.clone();
+        loop {
+            let redirect =
+                (passes.len() < policy.max_internal_redirects as usize).then_some(policy);
+            let (exchange, next) =
+                self.pass(instance, worker, &request, &mut upstream, redirect)?;
+            passes.push(exchange);
+            let Some(headers) = next else {
+                return Ok(passes);
+            };
+            let mut properties = original_properties.clone();
+            properties.extend(policy.properties.iter().cloned());
+            request = Request {
+                headers,
+                chunks: request.chunks.clone(),
+                properties,
+            };
+        }
+    }
+
+    /// One stream; with `redirect`, the next pass's request headers when the policy
+    /// redirected it (the stream then ends at the response headers).
+    fn pass(
+        &self,
+        instance: usize,
+        worker: usize,
+        request: &Request,
+        upstream: &mut dyn FnMut(&Upstream) -> Response,
+        redirect: Option<&InternalRedirect>,
+    ) -> crate::Result<(Exchange, Option<Headers>)> {
         let stream = self.stream(instance, worker)?;
         for (path, value) in &request.properties {
             stream.set_property(path, value.clone());
@@ -675,6 +731,7 @@ impl Fleet {
             self.pump()?;
         }
         let seen = stream.upstream();
+        let mut next = None;
         if stream.local_reply().is_none() && !stream.downstream().reset {
             if !seen.end {
                 return Err(format!(
@@ -687,14 +744,31 @@ impl Fleet {
             let no_body = response.chunks.is_empty();
             stream.send_response_headers_raw(response.headers.clone(), no_body)?;
             self.pump()?;
-            let last = response.chunks.len().saturating_sub(1);
-            for (i, chunk) in response.chunks.iter().enumerate() {
-                stream.send_response_body(chunk, i == last)?;
-                self.pump()?;
+            // custom_response sits first in the chain: it sees the response headers once
+            // every wasm filter let them through
+            let status = stream
+                .downstream()
+                .headers
+                .as_ref()
+                .and_then(|h| super::stream::header_value(h, ":status"))
+                .and_then(|s| s.parse::<u16>().ok());
+            if let (Some(policy), Some(status)) = (redirect, status) {
+                if policy.matches(status) {
+                    let state = stream.filter_state_all();
+                    let headers = stream.request_headers().unwrap_or_default();
+                    next = Some(policy.next_headers(&headers, |key| state.get(key).cloned()));
+                }
+            }
+            if next.is_none() {
+                let last = response.chunks.len().saturating_sub(1);
+                for (i, chunk) in response.chunks.iter().enumerate() {
+                    stream.send_response_body(chunk, i == last)?;
+                    self.pump()?;
+                }
             }
         }
         let down = stream.downstream();
-        if !down.end && !down.reset {
+        if next.is_none() && !down.end && !down.reset {
             return Err(format!(
                 "the response never reached the client completely; paused at {:?}\n{}",
                 stream.paused(),
@@ -706,7 +780,9 @@ impl Fleet {
         let route_cache_cleared = lock(&stream.data()).route_cache_cleared.clone();
         stream.finish()?;
         let cost = stream.costs();
-        Ok(Exchange {
+        let exchange = Exchange {
+            request_headers: request.headers.clone(),
+            request_body: request.chunks.concat(),
             upstream: if seen.headers.is_some() {
                 Some(seen)
             } else {
@@ -717,7 +793,8 @@ impl Fleet {
             filter_state,
             route_cache_cleared,
             cost,
-        })
+        };
+        Ok((exchange, next))
     }
 }
 
@@ -1073,6 +1150,10 @@ impl Response {
 /// The outcome of [`Fleet::exchange`].
 #[derive(Debug, Clone)]
 pub struct Exchange {
+    /// The request headers the stream began with (the client's, or a redirect's).
+    pub request_headers: Headers,
+    /// The request body the stream began with.
+    pub request_body: Vec<u8>,
     /// What reached the upstream (`None`: nothing did).
     pub upstream: Option<Upstream>,
     /// What reached the client.

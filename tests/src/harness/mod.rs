@@ -8,7 +8,7 @@
 //! Higress: the ABI a module may declare and what a headers `Pause` means), [`abi`] (host
 //! functions), [`state`] (a VM's store data), [`vm`] (one VM), [`stream`] (a stream's data),
 //! [`chain`] (Envoy's filter iteration), [`services`] (shared data, queues, metrics, clock),
-//! [`redis`] (Redis bridge and fault proxy), [`http_call`] (answers to `dispatch_http_call`),
+//! [`redis`] (Redis bridge and fault proxy), [`redirect`] (Higress's fallback redirect), [`http_call`] (answers to `dispatch_http_call`),
 //! [`fleet`] (instances, workers, streams, pumping), [`cost`] (accounting); [`traffic`] drives
 //! mixed traffic through the whole chain and reads the books it leaves in Redis.
 
@@ -19,6 +19,7 @@ pub mod engine;
 pub mod fleet;
 pub mod host;
 pub mod http_call;
+pub mod redirect;
 pub mod redis;
 pub mod services;
 pub mod state;
@@ -30,6 +31,7 @@ pub use chain::{Downstream, Upstream};
 pub use cost::{CallCost, Totals};
 pub use fleet::{Exchange, Fleet, FleetBuilder, Request, Response, Stream};
 pub use host::{Abi, Host};
+pub use redirect::{InternalRedirect, RedirectValue};
 pub use redis::{Fault, FaultProxy};
 pub use services::Clock;
 pub use state::{HttpCallOutcome, HttpCallRequest};
