@@ -356,7 +356,7 @@ def higress_configs():
                 rules.append(entry)
             if rules:
                 top["_rules_"] = rules
-            plugin = re.search(r"/([a-z-]+?)(-higress)?:", spec["url"]).group(1)
+            plugin = re.search(r"/([a-z-]+):", spec["url"]).group(1)
             yield plugin, path.stem, j(top)
 
 

@@ -1,8 +1,10 @@
 //! token-ratelimit in the wasmtime harness, chained after usage-accounting (whose record it
 //! settles from): the plain build (buckets and budgets per instance in shared data) and the
-//! Higress build (leases and budgets in a real `redis-server`).
+//! Higress build (leases and budgets in a real `redis-server`; `dist/higress/`, in the
+//! harness's Higress mode, where the ABI 0_2_100 build holds the request headers without
+//! `allow_on_headers_stop_iteration`).
 
-use llm_gateway_tests::harness::{FilterSpec, Fleet, Request, Response};
+use llm_gateway_tests::harness::{FilterSpec, Fleet, FleetBuilder, Host, Request, Response};
 use llm_gateway_tests::redis::Redis;
 use serde_json::{json, Value};
 
@@ -12,25 +14,31 @@ fn usage() -> FilterSpec {
     FilterSpec::plugin("usage-accounting", &json!({})).unwrap()
 }
 
-fn limiter(plugin: &str, config: &Value) -> FilterSpec {
-    FilterSpec::plugin(plugin, config)
+fn limiter(config: &Value) -> FilterSpec {
+    FilterSpec::plugin("token-ratelimit", config)
         .unwrap()
         .allow_on_headers_stop_iteration(true)
+}
+
+/// usage-accounting → token-ratelimit, their Higress builds, in Higress mode.
+fn higress_chain(config: &Value) -> FleetBuilder {
+    Fleet::builder()
+        .host(Host::Higress)
+        .filter(FilterSpec::higress("usage-accounting", &json!({})).unwrap())
+        .filter(FilterSpec::higress("token-ratelimit", config).unwrap())
 }
 
 fn plain_fleet(config: &Value, workers: usize) -> Fleet {
     Fleet::builder()
         .filter(usage())
-        .filter(limiter("token-ratelimit", config))
+        .filter(limiter(config))
         .workers(workers)
         .build()
         .unwrap()
 }
 
 fn redis_fleet(config: &Value, redis: &Redis, instances: usize, workers: usize) -> Fleet {
-    let fleet = Fleet::builder()
-        .filter(usage())
-        .filter(limiter("token-ratelimit-higress", config))
+    let fleet = higress_chain(config)
         .redis(SERVICE, redis.addr())
         .instances(instances)
         .workers(workers)
@@ -245,9 +253,7 @@ fn redis_int(redis: &Redis, key: &str) -> i64 {
 }
 
 fn proxied_fleet(config: &Value, proxy: &FaultProxy) -> Fleet {
-    let fleet = Fleet::builder()
-        .filter(usage())
-        .filter(limiter("token-ratelimit-higress", config))
+    let fleet = higress_chain(config)
         .redis(SERVICE, proxy.addr())
         .workers(2)
         .build()
@@ -537,7 +543,7 @@ fn a_budget_that_cannot_pay_for_the_group_switches_to_its_budget_fallback() {
     let fleet = Fleet::builder()
         .filter(router())
         .filter(usage())
-        .filter(limiter("token-ratelimit", &config))
+        .filter(limiter(&config))
         .build()
         .unwrap();
     let ex = fleet
@@ -771,7 +777,7 @@ fn local_refusals_do_not_open_the_routers_breakers() {
                 .allow_on_headers_stop_iteration(true),
         )
         .filter(usage())
-        .filter(limiter("token-ratelimit", &config))
+        .filter(limiter(&config))
         .build()
         .unwrap();
     let send = |id: &str, user: &str| {

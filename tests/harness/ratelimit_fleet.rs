@@ -1,6 +1,7 @@
 //! token-ratelimit measured on a fleet: 2 gateway instances × 4 workers of the Higress build
-//! (chained after usage-accounting), a real `redis-server`, many interleaved streams, the
-//! harness's simulated clock (`clock: "gateway"`).
+//! (`dist/higress/`, chained after usage-accounting's, in the harness's Higress mode), a real
+//! `redis-server`, many interleaved streams, the harness's simulated clock
+//! (`clock: "gateway"`).
 //!
 //! * **Hard budget overshoot = 0** and **reconcile drift = 0**, four ways: plain streaming
 //!   traffic, random client aborts, upstream fallbacks to a dearer deployment (money budget),
@@ -13,7 +14,7 @@
 
 use llm_gateway_shared::route_info::{Price, RouteInfo, PROPERTY as ROUTE_PROPERTY};
 use llm_gateway_shared::usage_record::Record;
-use llm_gateway_tests::harness::{Fault, FaultProxy, FilterSpec, Fleet, Stream};
+use llm_gateway_tests::harness::{Fault, FaultProxy, FilterSpec, Fleet, Host, Stream};
 use llm_gateway_tests::redis::Redis;
 use serde_json::{json, Value};
 use std::collections::{HashMap, VecDeque};
@@ -22,7 +23,7 @@ use token_ratelimit::budget::{nano, Journal};
 use token_ratelimit::config::parse_money;
 
 const SERVICE: &str = "outbound|6379||redis.static";
-const VM_ID: &str = "token-ratelimit-higress";
+const VM_ID: &str = "token-ratelimit";
 const INSTANCES: usize = 2;
 const WORKERS: usize = 4;
 /// 2026-11-30T...: budget keys carry the day.
@@ -69,12 +70,9 @@ impl Rng {
 
 fn fleet(config: &Value, redis_addr: std::net::SocketAddr) -> Fleet {
     let fleet = Fleet::builder()
-        .filter(FilterSpec::plugin("usage-accounting", &json!({})).unwrap())
-        .filter(
-            FilterSpec::plugin("token-ratelimit-higress", config)
-                .unwrap()
-                .allow_on_headers_stop_iteration(true),
-        )
+        .host(Host::Higress)
+        .filter(FilterSpec::higress("usage-accounting", &json!({})).unwrap())
+        .filter(FilterSpec::higress("token-ratelimit", config).unwrap())
         .redis(SERVICE, redis_addr)
         .instances(INSTANCES)
         .workers(WORKERS)

@@ -1,7 +1,7 @@
 //! Redis faults during concurrent streaming traffic through the whole chain with the Higress
-//! builds (`harness::traffic`: key-auth, model-router, pii-redaction, usage-accounting-higress
-//! with the Redis stream ledger, token-ratelimit-higress with leased buckets and Redis
-//! budgets), 2 instances × 2 workers, a real `redis-server` behind a fault proxy:
+//! builds in the harness's Higress mode (`harness::traffic`: key-auth, model-router,
+//! pii-redaction, usage-accounting with the Redis stream ledger, token-ratelimit with leased
+//! buckets and Redis budgets, all from `dist/higress/`), 2 instances × 2 workers, a real `redis-server` behind a fault proxy:
 //!
 //! * Redis **stopped**, the traffic going on without it, then **restarted with its data**
 //!   (an RDB snapshot taken at the stop: a Redis with persistence);

@@ -243,7 +243,8 @@ fn the_upstream_role_follows_the_switched_plan() {
         FilterSpec::plugin("model-router", &config)
             .unwrap()
             .root_id("model-router-upstream")
-            .allow_on_headers_stop_iteration(true),
+            .allow_on_headers_stop_iteration(true)
+            .upstream_filter(true),
     )
     .unwrap();
     let downstream = downstream();

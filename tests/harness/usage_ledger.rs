@@ -1,9 +1,9 @@
-//! usage-accounting in the wasmtime harness: the Higress build (`dist/usage-accounting-higress.wasm`)
-//! appends each record to a real Redis stream through Higress's Redis ABI, and
+//! usage-accounting in the wasmtime harness: the Higress build
+//! (`dist/higress/usage-accounting.wasm`, in the harness's Higress mode) appends each record to a real Redis stream through Higress's Redis ABI, and
 //! `scripts/usage-report --redis` reads it back; the plain build's cost per SSE event in wasm
 //! fuel.
 
-use llm_gateway_tests::harness::{FilterSpec, Fleet, Request, Response};
+use llm_gateway_tests::harness::{FilterSpec, Fleet, Host, Request, Response};
 use llm_gateway_tests::redis::Redis;
 use serde_json::{json, Value};
 
@@ -47,7 +47,8 @@ fn answer() -> Response {
 fn every_record_is_appended_to_the_redis_stream() {
     let redis = Redis::start().unwrap();
     let fleet = Fleet::builder()
-        .filter(FilterSpec::plugin("usage-accounting-higress", &config(true)).unwrap())
+        .host(Host::Higress)
+        .filter(FilterSpec::higress("usage-accounting", &config(true)).unwrap())
         .redis(SERVICE, redis.addr())
         .workers(2)
         .build()
@@ -104,7 +105,8 @@ fn every_record_is_appended_to_the_redis_stream() {
 fn a_failing_redis_is_counted_and_never_fails_the_request() {
     let redis = Redis::start().unwrap();
     let fleet = Fleet::builder()
-        .filter(FilterSpec::plugin("usage-accounting-higress", &config(true)).unwrap())
+        .host(Host::Higress)
+        .filter(FilterSpec::higress("usage-accounting", &config(true)).unwrap())
         .redis(SERVICE, redis.addr())
         .build()
         .unwrap();

@@ -1,20 +1,25 @@
 //! The chain exactly as `higress/*.yaml` configures it: the modules the WasmPlugins' `url`s
-//! name (`dist/<image>.wasm`, the `-higress` builds included), in the order their phases and
-//! priorities give, each with the document Higress would hand it (`defaultConfig` +
-//! `_rules_`), Redis at the CRDs' service name — on the wasmtime harness, with Higress's Redis
-//! calls against a real `redis-server`. Every VM must accept its configuration, and the demo
-//! key's request must go through all five.
+//! name (`dist/higress/<image>.wasm`, the images `scripts/package-oci` makes), in the order
+//! their phases and priorities give, each with the document Higress would hand it
+//! (`defaultConfig` + `_rules_`), Redis at the CRDs' service name — on the wasmtime harness in
+//! its Higress mode, with Higress's Redis calls against a real `redis-server`. Every VM must
+//! accept its configuration, and the demo key's request must go through all five.
 //!
-//! Not Higress itself: the harness models Envoy. It delivers the request body to a filter
-//! that holds the request headers only with `allow_on_headers_stop_iteration`, which a
-//! WasmPlugin cannot set; the filters get it here (see the CRDs' comments on how Higress's own
-//! body-reading plugins hold headers — not verified on a running Higress).
+//! Higress mode as a WasmPlugin gets it: no `allow_on_headers_stop_iteration` (a WasmPlugin
+//! has no field for it, and the harness refuses it in this mode); the filters that hold the
+//! request headers until they read the body get it because their modules export
+//! `proxy_abi_version_0_2_100`, for which Higress's host passes `Pause` through as a
+//! `StopIteration` (docs/host-notes.md, "Higress mode"). The second test shows that this is
+//! what makes the chain work: the plain `_0_2_1` router in the same mode never gets its body.
+//! Still the harness, not a running Higress (none on the test machine).
 
 mod common;
 
 use common::*;
 use llm_gateway_tests::demo::DEMO_KEY;
-use llm_gateway_tests::harness::{FilterSpec, Fleet, Property, Request, Response};
+use llm_gateway_tests::harness::{
+    Direction, FilterSpec, Fleet, Host, InternalRedirect, Property, Request, Response,
+};
 use llm_gateway_tests::redis::Redis;
 use llm_gateway_tests::workspace::sha256_hex;
 use serde_json::{json, Value};
@@ -30,8 +35,9 @@ fn redis_services(document: &Value, out: &mut Vec<String>) {
     }
 }
 
-#[test]
-fn the_crds_configure_the_compiled_chain_and_a_request_goes_through() {
+/// The WasmPlugins in chain order (phase, then priority, higher first) as
+/// (rank, priority, image, the document Higress hands the plugin).
+fn placed() -> Vec<(usize, i64, String, Value)> {
     let mut placed: Vec<(usize, i64, String, Value)> = wasm_plugins()
         .iter()
         .map(|doc| {
@@ -43,17 +49,37 @@ fn the_crds_configure_the_compiled_chain_and_a_request_goes_through() {
         })
         .collect();
     placed.sort_by_key(|(rank, priority, _, _)| (*rank, -priority));
+    placed
+}
+
+/// The demo key's chat request on the CRDs' route (Higress's property `route_name`).
+fn demo_request() -> Request {
+    let mut request = Request::post("/v1/chat/completions")
+        .header("authorization", &format!("Bearer {DEMO_KEY}"))
+        .json(&json!({
+            "model": "fast",
+            "messages": [{"role": "user", "content": "Write to alice@example.com about lunch"}]
+        }));
+    request.properties = vec![
+        ("route_name".to_string(), Property::from("default/llm-api")),
+        (
+            "source.address".to_string(),
+            Property::from("10.1.2.3:50000"),
+        ),
+    ];
+    request
+}
+
+#[test]
+fn the_crds_configure_the_compiled_chain_and_a_request_goes_through() {
+    let placed = placed();
 
     let redis = Redis::start().unwrap();
     let mut services = Vec::new();
-    let mut builder = Fleet::builder();
+    let mut builder = Fleet::builder().host(Host::Higress);
     for (_, _, image, document) in &placed {
         redis_services(document, &mut services);
-        builder = builder.filter(
-            FilterSpec::plugin(image, document)
-                .unwrap()
-                .allow_on_headers_stop_iteration(true),
-        );
+        builder = builder.filter(FilterSpec::higress(image, document).unwrap());
     }
     assert_eq!(services.len(), 1, "one Redis for the chain: {services:?}");
     builder = builder.redis(&services[0], redis.addr());
@@ -72,20 +98,7 @@ fn the_crds_configure_the_compiled_chain_and_a_request_goes_through() {
         sha256_hex(DEMO_KEY.as_bytes())
     );
 
-    let mut request = Request::post("/v1/chat/completions")
-        .header("authorization", &format!("Bearer {DEMO_KEY}"))
-        .json(&json!({
-            "model": "fast",
-            "messages": [{"role": "user", "content": "Write to alice@example.com about lunch"}]
-        }));
-    // the Ingress key-auth's matchRules name (Higress's property `route_name`)
-    request.properties = vec![
-        ("route_name".to_string(), Property::from("default/llm-api")),
-        (
-            "source.address".to_string(),
-            Property::from("10.1.2.3:50000"),
-        ),
-    ];
+    let request = demo_request();
 
     let mut upstream_body = String::new();
     let mut upstream_auth = None;
@@ -162,4 +175,159 @@ fn the_crds_configure_the_compiled_chain_and_a_request_goes_through() {
         .unwrap();
     assert_eq!(ex.status(), 401);
     assert!(ex.upstream.is_none());
+}
+
+/// Why the Higress builds exist: in Higress mode (no `allow_on_headers_stop_iteration`) the
+/// router of `model-router.yaml`, which holds the request headers until it has read `model`
+/// from the body, never gets the body as the plain `_0_2_1` build — its `Pause` is
+/// `StopAllIterationAndWatermark`, the request hangs — and gets it as the `_0_2_100` build.
+#[test]
+fn on_higress_only_the_0_2_100_router_gets_the_body_it_paused_for() {
+    let placed = placed();
+    let document = |image: &str| {
+        placed
+            .iter()
+            .find(|(_, _, i, _)| i == image)
+            .map(|(_, _, _, d)| d.clone())
+            .unwrap()
+    };
+    let (key_auth, router) = (document("key-auth"), document("model-router"));
+    let chain = |router: FilterSpec| {
+        Fleet::builder()
+            .host(Host::Higress)
+            .filter(FilterSpec::higress("key-auth", &key_auth).unwrap())
+            .filter(router)
+            .build()
+            .unwrap()
+    };
+
+    // the plain build: headers paused at the router, the body never delivered to it
+    let plain = chain(FilterSpec::plugin("model-router", &router).unwrap());
+    let request = demo_request();
+    let stream = plain.stream(0, 0).unwrap();
+    for (path, value) in &request.properties {
+        stream.set_property(path, value.clone());
+    }
+    stream
+        .send_request_headers_raw(request.headers.clone(), false)
+        .unwrap();
+    stream.send_request_body(&request.chunks[0], true).unwrap();
+    plain.pump().unwrap();
+    let callbacks: Vec<&str> = stream
+        .costs()
+        .iter()
+        .filter(|c| c.filter == 1)
+        .map(|c| c.callback)
+        .collect();
+    assert!(
+        callbacks.contains(&"proxy_on_request_headers")
+            && !callbacks.contains(&"proxy_on_request_body"),
+        "{callbacks:?}"
+    );
+    assert_eq!(stream.paused(), [(1, Direction::Request)]);
+    assert_eq!(
+        stream.upstream().headers,
+        None,
+        "nothing reached the upstream"
+    );
+    // exchange() reports it as a hang
+    let err = plain
+        .exchange(0, 0, &demo_request(), |_| Response::status(200))
+        .unwrap_err();
+    assert!(
+        err.contains("never reached the upstream completely"),
+        "{err}"
+    );
+
+    // the Higress build: the body arrives, the router picks the deployment
+    let spec = FilterSpec::higress("model-router", &router).unwrap();
+    let higress = chain(spec);
+    let ex = higress
+        .exchange(0, 0, &demo_request(), |up| {
+            let sent: Value = serde_json::from_slice(&up.body).unwrap();
+            assert_eq!(sent["model"], "gpt-4o-mini");
+            Response::json(&json!({"object": "chat.completion", "choices": []}))
+        })
+        .unwrap();
+    assert_eq!(ex.status(), 200, "{}", higress.log_text());
+    assert_eq!(ex.header("x-llm-deployment"), Some("openai-mini"));
+}
+
+/// Higress's AI-route fallback (`custom_response` redirect, a new stream through the whole
+/// chain; `harness::redirect`) on the CRDs' chain: the provider answers 503, and the request
+/// re-enters every plugin with the headers as the first pass left them, the original body and
+/// `x-higress-fallback-from`. What that does to this chain today: key-auth refuses the second
+/// pass (401), because the Authorization it sees is the provider credential model-router
+/// wrote in the first — the reason model-router.yaml says Higress's fallback is not supported.
+#[test]
+fn a_fallback_redirect_re_enters_the_chain_as_a_new_stream() {
+    let placed = placed();
+    let redis = Redis::start().unwrap();
+    let mut services = Vec::new();
+    let mut builder = Fleet::builder().host(Host::Higress);
+    for (_, _, image, document) in &placed {
+        redis_services(document, &mut services);
+        builder = builder.filter(FilterSpec::higress(image, document).unwrap());
+    }
+    let fleet = builder.redis(&services[0], redis.addr()).build().unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    fleet.clock().set_nanos(now.as_nanos() as u64);
+
+    let policy = InternalRedirect::higress_fallback("ai-route-llm.internal")
+        .header_from_filter_state("x-test-first-route", "wasm.llm_route");
+    let request = demo_request();
+    let mut answered = 0;
+    let passes = fleet
+        .exchange_with_redirect(0, 0, &request, &policy, |_| {
+            answered += 1;
+            Response::status(503).body(b"overloaded")
+        })
+        .unwrap();
+    assert_eq!(
+        passes.len(),
+        2,
+        "one redirect: the second pass never reached a provider"
+    );
+    assert_eq!(answered, 1);
+    let (first, second) = (&passes[0], &passes[1]);
+
+    // the first pass reached the provider; its 503 went to the redirect, not to the client
+    assert_eq!(first.status(), 503);
+    assert!(first.downstream.body.is_empty() && !first.downstream.end);
+    let route = first.filter_state.get("wasm.llm_route").unwrap();
+
+    // the second pass: the headers as the first pass's filters left them, no
+    // content-length, the policy's headers; the original body; a new stream whose filter
+    // state starts empty
+    let header = |name: &str| {
+        second
+            .request_headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.clone())
+    };
+    assert_eq!(
+        header("x-higress-fallback-from").as_deref(),
+        Some(b"ai-route-llm.internal".as_slice())
+    );
+    assert_eq!(header("x-test-first-route").as_ref(), Some(route));
+    assert_eq!(
+        header("x-llm-deployment").as_deref(),
+        Some(b"openai-mini".as_slice())
+    );
+    assert_eq!(header("content-length"), None);
+    assert_eq!(second.request_body, request.chunks.concat());
+    assert!(!second.filter_state.contains_key("wasm.llm_route"));
+
+    // ... where key-auth finds the provider credential instead of the virtual key
+    assert_eq!(
+        header("authorization").as_deref(),
+        Some(b"Bearer sk-replace-me".as_slice())
+    );
+    assert_eq!(second.status(), 401);
+    let reply = second.local_reply.as_ref().unwrap();
+    assert_eq!(reply.details, "key_auth.invalid_api_key");
+    assert!(second.upstream.is_none());
 }

@@ -1,7 +1,8 @@
-//! `scripts/package-oci` over the real `dist/*.wasm` (built by `scripts/build`): the OCI image
-//! layouts istio's (Higress's) Wasm fetcher pulls — "oci" variant, two layers, the raw module
-//! in the `application/vnd.module.wasm.content.layer.v1+wasm` one — the same in the tar, the
-//! same digests on every run, and the image each WasmPlugin's `url` names.
+//! `scripts/package-oci` over the real Higress builds `dist/higress/*.wasm` (built by
+//! `scripts/build`): the OCI image layouts istio's (Higress's) Wasm fetcher pulls — "oci"
+//! variant, two layers, the raw module in the `application/vnd.module.wasm.content.layer.v1+wasm`
+//! one, `abiVersions` `proxy_abi_version_0_2_100` — the same in the tar, the same digests on
+//! every run, the image each WasmPlugin's `url` names; and a plain (`_0_2_1`) build refused.
 
 mod common;
 
@@ -16,22 +17,15 @@ const INDEX: &str = "application/vnd.oci.image.index.v1+json";
 const CONFIG: &str = "application/vnd.module.wasm.config.v1+json";
 const CONTENT: &str = "application/vnd.module.wasm.content.layer.v1+wasm";
 
-/// The modules package-oci must package: each plugin's .wasm and its -higress variant, where
-/// `scripts/build` made them.
+/// The modules package-oci must package: each plugin's Higress build, under the plugin's name.
 fn expected_modules() -> Vec<(String, PathBuf)> {
-    let mut out = Vec::new();
-    for plugin in CHAIN {
-        for name in [plugin.to_string(), format!("{plugin}-higress")] {
-            if let Ok(path) = workspace::plugin_wasm(&name) {
-                out.push((name, path));
-            }
-        }
-    }
-    assert!(
-        out.len() >= CHAIN.len() + 2,
-        "dist/ lacks plugins: run scripts/build ({out:?})"
-    );
-    out
+    CHAIN
+        .iter()
+        .map(|plugin| {
+            let path = workspace::higress_wasm(plugin).unwrap_or_else(|e| panic!("{e}"));
+            (plugin.to_string(), path)
+        })
+        .collect()
 }
 
 fn read_json(path: &Path) -> Value {
@@ -146,12 +140,10 @@ fn package_oci_writes_layouts_the_wasm_fetcher_pulls() {
         let config_bytes = blob(&layout, &manifest["config"]);
         let config: Value = serde_json::from_slice(&config_bytes).unwrap();
         assert_eq!(config["type"], "envoy_proxy");
-        let abi = config["abiVersions"].as_array().unwrap();
-        assert!(
-            !abi.is_empty()
-                && abi
-                    .iter()
-                    .all(|v| v.as_str().unwrap().starts_with("proxy_abi_version_")),
+        // the ABI Higress's host delivers the body to after a headers Pause
+        assert_eq!(
+            config["abiVersions"],
+            serde_json::json!(["proxy_abi_version_0_2_100"]),
             "{name}: {config}"
         );
 
@@ -230,17 +222,36 @@ fn package_oci_is_deterministic() {
 fn package_oci_refuses_what_is_not_a_plugin_module() {
     let tmp = TempDir::new("package-oci-bad").unwrap();
     let dist = tmp.path().join("dist");
-    std::fs::create_dir_all(&dist).unwrap();
-    std::fs::write(dist.join("key-auth.wasm"), b"not wasm at all").unwrap();
-    let status = std::process::Command::new(package_oci_script())
-        .arg("--dist")
-        .arg(&dist)
-        .output()
-        .unwrap();
+    let higress = dist.join("higress");
+    std::fs::create_dir_all(&higress).unwrap();
+    let run = || {
+        std::process::Command::new(package_oci_script())
+            .arg("--dist")
+            .arg(&dist)
+            .output()
+            .unwrap()
+    };
+    std::fs::write(higress.join("key-auth.wasm"), b"not wasm at all").unwrap();
+    let status = run();
     assert!(!status.status.success());
     assert!(String::from_utf8_lossy(&status.stderr).contains("not a WebAssembly module"));
+    // the plain build (ABI 0_2_1) where the Higress build belongs: its body-reading plugins
+    // would hang on Higress, so it is refused
+    let plain = workspace::plugin_wasm("key-auth").unwrap();
+    std::fs::copy(&plain, higress.join("key-auth.wasm")).unwrap();
+    let status = run();
+    let stderr = String::from_utf8_lossy(&status.stderr);
+    assert!(!status.status.success(), "{stderr}");
+    assert!(stderr.contains("not a Higress build"), "{stderr}");
+    // the Higress build itself is packaged (the refusal above was the ABI)
+    std::fs::copy(
+        workspace::higress_wasm("key-auth").unwrap(),
+        higress.join("key-auth.wasm"),
+    )
+    .unwrap();
+    assert!(run().status.success());
     // an empty dist: nothing to package is an error, not an empty success
-    std::fs::remove_file(dist.join("key-auth.wasm")).unwrap();
+    std::fs::remove_file(higress.join("key-auth.wasm")).unwrap();
     let status = std::process::Command::new(package_oci_script())
         .arg("--dist")
         .arg(&dist)

@@ -106,7 +106,8 @@ pub fn router_upstream() -> crate::Result<FilterSpec> {
     config["role"] = json!("upstream");
     Ok(FilterSpec::plugin("model-router", &config)?
         .root_id("model-router-upstream")
-        .allow_on_headers_stop_iteration(true))
+        .allow_on_headers_stop_iteration(true)
+        .upstream_filter(true))
 }
 
 /// A chat request with the virtual key of `team-a`, for key-auth → model-router.
@@ -262,20 +263,19 @@ pub fn usage_stream(events: usize, usage: bool, chunk: usize) -> Response {
 
 /// token-ratelimit's cost workload: a per-key token limit and a tenant budget, both far
 /// from their amounts (the hot path: every request admitted, settled from the record).
-/// `redis`: the Higress build against service [`RATELIMIT_REDIS`], with `clock: gateway`.
+/// `redis`: the Higress build (`dist/higress/`, for a fleet in Higress mode) against service
+/// [`RATELIMIT_REDIS`], with `clock: gateway`.
 pub fn ratelimit(redis: bool) -> crate::Result<FilterSpec> {
     let mut config = json!({
         "limits": [{"name": "key-tpm", "by": "key", "tokens": 1_000_000_000u64, "per": "minute"}],
         "budgets": [{"name": "tenant-day", "by": "tenant", "period": "day", "tokens": 1_000_000_000_000u64}]
     });
-    let plugin = if redis {
+    if redis {
         config["redis"] = json!({"service": RATELIMIT_REDIS, "timeout_ms": 500});
         config["clock"] = json!("gateway");
-        "token-ratelimit-higress"
-    } else {
-        "token-ratelimit"
-    };
-    Ok(FilterSpec::plugin(plugin, &config)?
+        return Ok(FilterSpec::higress("token-ratelimit", &config)?.root_id("token-ratelimit"));
+    }
+    Ok(FilterSpec::plugin("token-ratelimit", &config)?
         .root_id("token-ratelimit")
         .allow_on_headers_stop_iteration(true))
 }

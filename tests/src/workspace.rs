@@ -30,6 +30,12 @@ pub fn plugin_wasm(name: &str) -> crate::Result<PathBuf> {
     }
 }
 
+/// A plugin's Higress build (`dist/higress/<name>.wasm`, ABI `0_2_100`); an error telling to
+/// run `scripts/build` when it is missing.
+pub fn higress_wasm(name: &str) -> crate::Result<PathBuf> {
+    plugin_wasm(&format!("higress/{name}"))
+}
+
 /// The SHA-256 of `bytes` as lowercase hex: the `key_sha256` of a virtual key in key-auth's
 /// config, and the name of the harness's compiled-code cache files.
 pub fn sha256_hex(bytes: &[u8]) -> String {

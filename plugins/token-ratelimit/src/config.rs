@@ -555,7 +555,7 @@ fn parse_scope(fields: &Map<String, Value>) -> Result<Config, ConfigError> {
         Some(_) if !REDIS_TRANSPORT => {
             return Err(ConfigError::new(
                 "redis",
-                "this build has no Redis transport (plain Envoy): use token-ratelimit-higress.wasm in Higress, or remove `redis` to keep limits and budgets per instance",
+                "this build has no Redis transport (plain Envoy): use the Higress build (dist/higress/token-ratelimit.wasm), or remove `redis` to keep limits and budgets per instance",
             ))
         }
         Some(r) => {

@@ -7,7 +7,7 @@ use serde_json::{Map, Value};
 use std::path::{Path, PathBuf};
 use yaml_rust2::{Yaml, YamlLoader};
 
-/// The chain order of docs/architecture.md, by module (without the `-higress` suffix).
+/// The chain order of docs/architecture.md, by module.
 pub const CHAIN: [&str; 5] = [
     "key-auth",
     "model-router",
@@ -149,10 +149,10 @@ pub fn plugin_image(doc: &Doc) -> (String, String) {
     (name.to_string(), tag.to_string())
 }
 
-/// The module a WasmPlugin runs (its image name without `-higress`).
+/// The module a WasmPlugin runs: its image name, the plugin whose Higress build
+/// (`dist/higress/<name>.wasm`) scripts/package-oci packages under that name.
 pub fn plugin_module(doc: &Doc) -> String {
-    let (name, _) = plugin_image(doc);
-    name.strip_suffix("-higress").unwrap_or(&name).to_string()
+    plugin_image(doc).0
 }
 
 /// The JSON document Higress hands the plugin for a WasmPlugin spec: `defaultConfig`'s fields

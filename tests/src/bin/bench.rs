@@ -724,8 +724,7 @@ fn modules() -> Result<Vec<Module>, String> {
             continue;
         }
         let tokenizer = stem == config::BUNDLE_FILE.trim_end_matches(".wasm") || {
-            let krate = stem.trim_end_matches("-higress");
-            std::fs::read_to_string(root.join("plugins").join(krate).join("Cargo.toml")).is_ok_and(
+            std::fs::read_to_string(root.join("plugins").join(stem).join("Cargo.toml")).is_ok_and(
                 |toml| {
                     toml.lines()
                         .any(|l| l.starts_with("default") && l.contains("\"tokenizer\""))

@@ -11,7 +11,9 @@
 //!
 //! Workloads: `llm_gateway_tests::workloads` (each plugin's e2e configuration).
 
-use llm_gateway_tests::harness::{cost, engine, CallCost, FilterSpec, Fleet, Request, Response};
+use llm_gateway_tests::harness::{
+    cost, engine, CallCost, FilterSpec, Fleet, Host, Request, Response,
+};
 use llm_gateway_tests::workloads as w;
 use std::time::{Duration, Instant};
 
@@ -515,12 +517,15 @@ fn token_ratelimit(opts: &Options) -> Result<(), String> {
         (true, 256 * 1024, "gpt-4o-mini"),
     ];
     for (redis_build, size, model) in cases {
-        let mut builder = Fleet::builder()
-            .filter(w::usage()?)
-            .filter(w::ratelimit(redis_build)?);
-        if redis_build {
-            builder = builder.redis(w::RATELIMIT_REDIS, redis.addr());
-        }
+        let builder = if redis_build {
+            Fleet::builder()
+                .host(Host::Higress)
+                .filter(w::usage()?.into_higress()?)
+                .redis(w::RATELIMIT_REDIS, redis.addr())
+        } else {
+            Fleet::builder().filter(w::usage()?)
+        };
+        let builder = builder.filter(w::ratelimit(redis_build)?);
         let fleet = builder.build()?;
         fleet.clock().set_nanos(1_796_000_000_000_000_000);
         let request = w::ratelimit_request("cost-1", size, model);
@@ -552,7 +557,10 @@ fn token_ratelimit(opts: &Options) -> Result<(), String> {
     }
     println!("## token-ratelimit per request (admitted, settled; wasm time: all of its callbacks; gpt-4o-mini is counted with o200k_base, claude-sonnet with chars/4)\n");
     println!("{}", summary("token-ratelimit", &plain, |_| true));
-    println!("{}", summary("token-ratelimit-higress", &higress, |_| true));
+    println!(
+        "{}",
+        summary("token-ratelimit (Higress build)", &higress, |_| true)
+    );
     for s in plain.iter().chain(&higress) {
         let costs: Vec<CallCost> = s.exchanges.iter().flatten().cloned().collect();
         println!(

@@ -1,11 +1,12 @@
 //! One stream through a chain of filters, with Envoy's filter-manager semantics:
 //!
 //! - request callbacks in chain order, response callbacks in reverse;
-//! - `Pause` from a headers callback holds the headers; without
-//!   `allow_on_headers_stop_iteration` it is `StopAllIterationAndWatermark` (no body
-//!   callbacks until the filter resumes; then it gets the whole buffered body), with it a
-//!   plain `StopIteration` (body callbacks still arrive; `Continue` from one releases the
-//!   headers and the buffered body);
+//! - `Pause` from a headers callback holds the headers; it is `StopAllIterationAndWatermark`
+//!   (no body callbacks until the filter resumes; then it gets the whole buffered body) or,
+//!   where the host says so ([`super::host::Host::headers_pause_is_stop_iteration`]: Envoy
+//!   with `allow_on_headers_stop_iteration`, Higress for ABI `0_2_100` modules), a plain
+//!   `StopIteration` (body callbacks still arrive; `Continue` from one releases the headers
+//!   and the buffered body);
 //! - `Pause` from a body callback buffers (`StopIterationAndBuffer`): the next callback sees
 //!   the cumulative body; over the buffer limit the request gets 413 and the response 500 (or
 //!   a reset once its headers went downstream). Body held behind paused headers
@@ -89,6 +90,7 @@ pub struct StreamCore {
     pub(crate) worker: usize,
     pub(crate) data: Arc<Mutex<StreamData>>,
     pub(crate) contexts: Vec<Option<u32>>,
+    /// Per filter: `Pause` from a headers callback is `StopIteration` (else StopAll).
     allow_stop: Vec<bool>,
     req: Dir,
     resp: Dir,

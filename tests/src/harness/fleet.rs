@@ -6,6 +6,8 @@
 
 use super::chain::{Downstream, StreamCore, Upstream};
 use super::cost::CallCost;
+use super::host::{Abi, Host};
+use super::redirect::InternalRedirect;
 use super::redis::{RedisBridge, FAILURE_STATUS};
 use super::services::{lock, Clock, InstanceServices};
 use super::state::{Effect, HttpCallOutcome, HttpCallRequest, LogLine, VmLocation};
@@ -33,9 +35,17 @@ pub struct FleetBuilder {
     log_level: u32,
     redis: Vec<(String, SocketAddr)>,
     clusters: Vec<(String, Handler)>,
+    host: Host,
 }
 
 impl FleetBuilder {
+    /// The gateway modelled ([`Host::Envoy`] by default): which ABI exports a module may
+    /// have, what `Pause` from a headers callback means, which filters can be configured.
+    pub fn host(mut self, host: Host) -> Self {
+        self.host = host;
+        self
+    }
+
     /// Appends a filter to the chain.
     pub fn filter(mut self, spec: FilterSpec) -> Self {
         self.filters.push(spec);
@@ -83,8 +93,11 @@ impl FleetBuilder {
     }
 
     /// Starts every VM (instances × workers × filters); a VM that refuses its configuration
-    /// is an error with its log.
+    /// is an error with its log, and so is a filter or module the host refuses.
     pub fn build(self) -> crate::Result<Fleet> {
+        for spec in &self.filters {
+            self.host.check(spec)?;
+        }
         let clock = Clock::default();
         let redis = Arc::new(RedisBridge::default());
         for (service, addr) in &self.redis {
@@ -105,6 +118,7 @@ impl FleetBuilder {
                 redis: redis.clone(),
                 http_clusters: http_clusters.clone(),
                 log_level: self.log_level,
+                host: self.host,
             };
             let mut workers = Vec::new();
             for w in 0..self.workers {
@@ -124,7 +138,21 @@ impl FleetBuilder {
                 workers,
             });
         }
+        // what a headers Pause means, per filter (the same module in every VM of a filter)
+        let headers_stop_iteration = match instances.first().and_then(|i| i.workers.first()) {
+            Some(vms) => vms
+                .iter()
+                .zip(&specs)
+                .map(|(vm, spec)| {
+                    self.host
+                        .headers_pause_is_stop_iteration(spec, vm.borrow().abi())
+                })
+                .collect(),
+            None => Vec::new(),
+        };
         Ok(Fleet(Rc::new(FleetInner {
+            host: self.host,
+            headers_stop_iteration,
             specs,
             instances,
             clock,
@@ -160,6 +188,9 @@ struct Work {
 
 /// The fleet's state, shared by its [`Stream`]s.
 pub struct FleetInner {
+    host: Host,
+    /// Per filter: `Pause` from a headers callback is `StopIteration` (else StopAll).
+    headers_stop_iteration: Vec<bool>,
     specs: Vec<Arc<FilterSpec>>,
     instances: Vec<InstanceRt>,
     clock: Clock,
@@ -377,7 +408,19 @@ impl Fleet {
             log_level: 2,
             redis: Vec::new(),
             clusters: Vec::new(),
+            host: Host::Envoy,
         }
+    }
+
+    /// The gateway modelled.
+    pub fn host(&self) -> Host {
+        self.0.host
+    }
+
+    /// The ABI the host read from filter `filter`'s module (`None`: no such filter).
+    pub fn abi(&self, filter: usize) -> Option<Abi> {
+        let vms = self.0.instances.first()?.workers.first()?;
+        Some(vms.get(filter)?.borrow().abi())
     }
 
     /// A fleet of one instance, one worker, one filter.
@@ -540,11 +583,7 @@ impl Fleet {
             instance,
             worker,
             Arc::new(Mutex::new(data)),
-            self.0
-                .specs
-                .iter()
-                .map(|s| s.allow_on_headers_stop_iteration)
-                .collect(),
+            self.0.headers_stop_iteration.clone(),
             self.0.buffer_limit,
         );
         let core = Rc::new(RefCell::new(core));
@@ -624,6 +663,61 @@ impl Fleet {
         request: &Request,
         upstream: impl FnOnce(&Upstream) -> Response,
     ) -> crate::Result<Exchange> {
+        let mut once = Some(upstream);
+        let mut answer = |seen: &Upstream| match once.take() {
+            Some(f) => f(seen),
+            None => Response::status(500),
+        };
+        let (exchange, _) = self.pass(instance, worker, request, &mut answer, None)?;
+        Ok(exchange)
+    }
+
+    /// Like [`Fleet::exchange`], with a route's `custom_response` redirect policy as Higress
+    /// uses it for its AI-route fallback ([`InternalRedirect`]): when the upstream's status
+    /// matches, the first stream ends and the whole chain runs again as a new stream on the
+    /// headers as the filters left them, the original body and the policy's headers; up to
+    /// `max_internal_redirects` times. `upstream` answers every pass; one [`Exchange`] per
+    /// pass, the last one the client's.
+    pub fn exchange_with_redirect(
+        &self,
+        instance: usize,
+        worker: usize,
+        request: &Request,
+        policy: &InternalRedirect,
+        mut upstream: impl FnMut(&Upstream) -> Response,
+    ) -> crate::Result<Vec<Exchange>> {
+        let mut passes = Vec::new();
+        let mut request = request.clone();
+        let original_properties = request.properties.clone();
+        loop {
+            let redirect =
+                (passes.len() < policy.max_internal_redirects as usize).then_some(policy);
+            let (exchange, next) =
+                self.pass(instance, worker, &request, &mut upstream, redirect)?;
+            passes.push(exchange);
+            let Some(headers) = next else {
+                return Ok(passes);
+            };
+            let mut properties = original_properties.clone();
+            properties.extend(policy.properties.iter().cloned());
+            request = Request {
+                headers,
+                chunks: request.chunks.clone(),
+                properties,
+            };
+        }
+    }
+
+    /// One stream; with `redirect`, the next pass's request headers when the policy
+    /// redirected it (the stream then ends at the response headers).
+    fn pass(
+        &self,
+        instance: usize,
+        worker: usize,
+        request: &Request,
+        upstream: &mut dyn FnMut(&Upstream) -> Response,
+        redirect: Option<&InternalRedirect>,
+    ) -> crate::Result<(Exchange, Option<Headers>)> {
         let stream = self.stream(instance, worker)?;
         for (path, value) in &request.properties {
             stream.set_property(path, value.clone());
@@ -637,6 +731,7 @@ impl Fleet {
             self.pump()?;
         }
         let seen = stream.upstream();
+        let mut next = None;
         if stream.local_reply().is_none() && !stream.downstream().reset {
             if !seen.end {
                 return Err(format!(
@@ -649,14 +744,31 @@ impl Fleet {
             let no_body = response.chunks.is_empty();
             stream.send_response_headers_raw(response.headers.clone(), no_body)?;
             self.pump()?;
-            let last = response.chunks.len().saturating_sub(1);
-            for (i, chunk) in response.chunks.iter().enumerate() {
-                stream.send_response_body(chunk, i == last)?;
-                self.pump()?;
+            // custom_response sits first in the chain: it sees the response headers once
+            // every wasm filter let them through
+            let status = stream
+                .downstream()
+                .headers
+                .as_ref()
+                .and_then(|h| super::stream::header_value(h, ":status"))
+                .and_then(|s| s.parse::<u16>().ok());
+            if let (Some(policy), Some(status)) = (redirect, status) {
+                if policy.matches(status) {
+                    let state = stream.filter_state_all();
+                    let headers = stream.request_headers().unwrap_or_default();
+                    next = Some(policy.next_headers(&headers, |key| state.get(key).cloned()));
+                }
+            }
+            if next.is_none() {
+                let last = response.chunks.len().saturating_sub(1);
+                for (i, chunk) in response.chunks.iter().enumerate() {
+                    stream.send_response_body(chunk, i == last)?;
+                    self.pump()?;
+                }
             }
         }
         let down = stream.downstream();
-        if !down.end && !down.reset {
+        if next.is_none() && !down.end && !down.reset {
             return Err(format!(
                 "the response never reached the client completely; paused at {:?}\n{}",
                 stream.paused(),
@@ -668,7 +780,9 @@ impl Fleet {
         let route_cache_cleared = lock(&stream.data()).route_cache_cleared.clone();
         stream.finish()?;
         let cost = stream.costs();
-        Ok(Exchange {
+        let exchange = Exchange {
+            request_headers: request.headers.clone(),
+            request_body: request.chunks.concat(),
             upstream: if seen.headers.is_some() {
                 Some(seen)
             } else {
@@ -679,7 +793,8 @@ impl Fleet {
             filter_state,
             route_cache_cleared,
             cost,
-        })
+        };
+        Ok((exchange, next))
     }
 }
 
@@ -1035,6 +1150,10 @@ impl Response {
 /// The outcome of [`Fleet::exchange`].
 #[derive(Debug, Clone)]
 pub struct Exchange {
+    /// The request headers the stream began with (the client's, or a redirect's).
+    pub request_headers: Headers,
+    /// The request body the stream began with.
+    pub request_body: Vec<u8>,
     /// What reached the upstream (`None`: nothing did).
     pub upstream: Option<Upstream>,
     /// What reached the client.

@@ -1,13 +1,14 @@
 //! A proxy-wasm host on wasmtime for tests: it loads the *compiled* plugins (`dist/*.wasm`),
-//! implements the proxy-wasm ABI 0.2.1 with Envoy's semantics and Higress's Redis calls
+//! implements the proxy-wasm ABI 0.2.1 with Envoy's semantics (or Higress's: [`Host`]) and Higress's Redis calls
 //! against a real `redis-server`, runs chains of filters, many worker VMs per gateway
 //! instance and many instances, and meters every callback. `tests/README.md` says what it
 //! guarantees and what it does not.
 //!
-//! Layers, one file each: [`engine`] (engine and compiled-module cache), [`abi`] (host
+//! Layers, one file each: [`engine`] (engine and compiled-module cache), [`host`] (Envoy or
+//! Higress: the ABI a module may declare and what a headers `Pause` means), [`abi`] (host
 //! functions), [`state`] (a VM's store data), [`vm`] (one VM), [`stream`] (a stream's data),
 //! [`chain`] (Envoy's filter iteration), [`services`] (shared data, queues, metrics, clock),
-//! [`redis`] (Redis bridge and fault proxy), [`http_call`] (answers to `dispatch_http_call`),
+//! [`redis`] (Redis bridge and fault proxy), [`redirect`] (Higress's fallback redirect), [`http_call`] (answers to `dispatch_http_call`),
 //! [`fleet`] (instances, workers, streams, pumping), [`cost`] (accounting); [`traffic`] drives
 //! mixed traffic through the whole chain and reads the books it leaves in Redis.
 
@@ -16,7 +17,9 @@ pub mod chain;
 pub mod cost;
 pub mod engine;
 pub mod fleet;
+pub mod host;
 pub mod http_call;
+pub mod redirect;
 pub mod redis;
 pub mod services;
 pub mod state;
@@ -27,6 +30,8 @@ pub mod vm;
 pub use chain::{Downstream, Upstream};
 pub use cost::{CallCost, Totals};
 pub use fleet::{Exchange, Fleet, FleetBuilder, Request, Response, Stream};
+pub use host::{Abi, Host};
+pub use redirect::{InternalRedirect, RedirectValue};
 pub use redis::{Fault, FaultProxy};
 pub use services::Clock;
 pub use state::{HttpCallOutcome, HttpCallRequest};

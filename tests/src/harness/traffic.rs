@@ -3,9 +3,10 @@
 //! (`src/bin/soak.rs`) drive the same code.
 //!
 //! The chain is `gateway.yaml`'s order with the Redis-backed builds: key-auth, model-router
-//! (downstream role), pii-redaction, `usage-accounting-higress` (every record appended to the
-//! Redis stream ledger) and `token-ratelimit-higress` (buckets leased from Redis, budgets
-//! reserved and reconciled there). The test plays Envoy's router and the provider: once a
+//! (downstream role), pii-redaction, usage-accounting (every record appended to the Redis
+//! stream ledger) and token-ratelimit (buckets leased from Redis, budgets reserved and
+//! reconciled there), all five their Higress builds (`dist/higress/`) in the harness's
+//! Higress mode. The test plays Envoy's router and the provider: once a
 //! request reached the upstream whole, it answers with a JSON completion or an SSE stream of
 //! several events (usage in the provider's own usage chunk); some clients go away mid-stream.
 //! Many streams are open at once on every worker of every instance, interleaved at random
@@ -15,7 +16,7 @@
 //! usage-accounting's record (what the access log prints); [`Books`] reads the budget
 //! counters, reservations, replay markers and the ledger stream back from Redis.
 
-use super::{FilterSpec, Fleet, Stream};
+use super::{FilterSpec, Fleet, Host, Stream};
 use llm_gateway_shared::resp::{self, Limits, Reply, RespError};
 use serde_json::{json, Value};
 use std::collections::HashMap;
@@ -28,7 +29,7 @@ pub const SERVICE: &str = "outbound|6379||redis.static";
 /// The ledger's stream key.
 pub const LEDGER: &str = "llm:usage";
 /// token-ratelimit's `vm_id` (its shared data: buckets, journal).
-pub const RATELIMIT_VM: &str = "token-ratelimit-higress";
+pub const RATELIMIT_VM: &str = "token-ratelimit";
 /// Virtual keys of `envoy-config/e2e-key-auth.json`: consumers `team-a` and `team-b`, both of
 /// tenant `acme`.
 pub const KEYS: [(&str, &str); 2] = [
@@ -85,19 +86,12 @@ pub fn fleet(
     usage: &Value,
 ) -> crate::Result<Fleet> {
     let fleet = Fleet::builder()
-        .filter(crate::workloads::key_auth()?)
-        .filter(crate::workloads::router_downstream()?)
-        .filter(crate::workloads::pii()?)
-        .filter(
-            FilterSpec::plugin("usage-accounting-higress", usage)?
-                .root_id("usage-accounting")
-                .allow_on_headers_stop_iteration(true),
-        )
-        .filter(
-            FilterSpec::plugin("token-ratelimit-higress", ratelimit)?
-                .root_id("token-ratelimit")
-                .allow_on_headers_stop_iteration(true),
-        )
+        .host(Host::Higress)
+        .filter(crate::workloads::key_auth()?.into_higress()?)
+        .filter(crate::workloads::router_downstream()?.into_higress()?)
+        .filter(crate::workloads::pii()?.into_higress()?)
+        .filter(FilterSpec::higress("usage-accounting", usage)?.root_id("usage-accounting"))
+        .filter(FilterSpec::higress("token-ratelimit", ratelimit)?.root_id("token-ratelimit"))
         .redis(SERVICE, redis)
         .instances(instances)
         .workers(workers)

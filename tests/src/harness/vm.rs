@@ -5,6 +5,7 @@
 
 use super::abi;
 use super::cost::{CallCost, Counters};
+use super::host::{Abi, Host};
 use super::redis::RedisBridge;
 use super::services::{Clock, InstanceServices};
 use super::state::{ContextKind, Effect, HostState, LogLine, VmLocation};
@@ -36,21 +37,60 @@ pub struct FilterSpec {
     pub vm_id: String,
     /// Envoy 1.35+ `allow_on_headers_stop_iteration`: `Pause` from a headers callback is a
     /// plain `StopIteration` (body still delivered) instead of `StopAllIterationAndWatermark`.
+    /// Envoy mode only: Higress mode refuses it ([`Host::check`]).
     pub allow_on_headers_stop_iteration: bool,
+    /// The filter stands for an upstream (cluster) HTTP filter placed after the listener
+    /// filters (the harness has no router: the test places it last). Envoy mode only.
+    pub upstream_filter: bool,
 }
 
 impl FilterSpec {
     /// The built plugin `dist/<name>.wasm` with a JSON configuration.
     pub fn plugin(name: &str, config: &serde_json::Value) -> crate::Result<FilterSpec> {
         Ok(FilterSpec {
-            name: name.to_string(),
             path: crate::workspace::plugin_wasm(name)?,
+            ..FilterSpec::plugin_at(name, config)
+        })
+    }
+
+    /// The plugin's Higress build `dist/higress/<name>.wasm` (ABI `0_2_100`; the Redis
+    /// builds of token-ratelimit and usage-accounting) with a JSON configuration; for a fleet
+    /// in [`Host::Higress`] mode.
+    pub fn higress(name: &str, config: &serde_json::Value) -> crate::Result<FilterSpec> {
+        Ok(FilterSpec {
+            path: crate::workspace::higress_wasm(name)?,
+            ..FilterSpec::plugin_at(name, config)
+        })
+    }
+
+    fn plugin_at(name: &str, config: &serde_json::Value) -> FilterSpec {
+        FilterSpec {
+            name: name.to_string(),
+            path: PathBuf::new(),
             config: config.to_string().into_bytes(),
             vm_config: Vec::new(),
             root_id: String::new(),
             vm_id: name.to_string(),
             allow_on_headers_stop_iteration: false,
+            upstream_filter: false,
+        }
+    }
+
+    /// The same filter with the plugin's Higress build (`dist/higress/<name>.wasm`) and
+    /// without `allow_on_headers_stop_iteration`, which a WasmPlugin cannot set: what a
+    /// [`FilterSpec::plugin`] becomes on a fleet in [`Host::Higress`] mode.
+    pub fn into_higress(self) -> crate::Result<FilterSpec> {
+        Ok(FilterSpec {
+            path: crate::workspace::higress_wasm(&self.name)?,
+            allow_on_headers_stop_iteration: false,
+            ..self
         })
+    }
+
+    /// Marks the filter as an upstream (cluster) filter (refused in Higress mode).
+    pub fn upstream_filter(mut self, upstream: bool) -> Self {
+        self.upstream_filter = upstream;
+        self
     }
 
     /// Sets `allow_on_headers_stop_iteration`.
@@ -91,6 +131,8 @@ pub struct VmEnv {
     pub http_clusters: Arc<Mutex<HashSet<String>>>,
     /// Level reported by `proxy_get_log_level`.
     pub log_level: u32,
+    /// The gateway modelled.
+    pub host: Host,
 }
 
 /// A running plugin VM.
@@ -101,6 +143,7 @@ pub struct Vm {
     stderr: MemoryOutputPipe,
     next_context: u32,
     failed: Option<String>,
+    abi: Abi,
     /// Cost of every callback, in order.
     pub costs: Vec<CallCost>,
 }
@@ -119,16 +162,7 @@ impl Vm {
     /// `proxy_on_configure`. A `false` from either is an error carrying the plugin's logs.
     pub fn start(spec: Arc<FilterSpec>, location: VmLocation, env: &VmEnv) -> crate::Result<Vm> {
         let module = super::engine::module(&spec.path)?;
-        let exports = super::engine::exports(&module);
-        if !exports
-            .iter()
-            .any(|e| e == "proxy_abi_version_0_2_1" || e == "proxy_abi_version_0_2_0")
-        {
-            return Err(format!(
-                "{}: not a proxy-wasm 0.2.x module (no proxy_abi_version_0_2_1 export)",
-                spec.name
-            ));
-        }
+        let abi = env.host.abi(&spec.name, &super::engine::exports(&module))?;
         let stderr = MemoryOutputPipe::new(64 * 1024);
         let wasi = WasiCtxBuilder::new()
             .stdout(stderr.clone())
@@ -177,6 +211,7 @@ impl Vm {
             stderr,
             next_context: 2,
             failed: None,
+            abi,
             costs: Vec::new(),
         };
         if vm.has_export("_initialize") {
@@ -199,6 +234,11 @@ impl Vm {
     /// The filter this VM runs.
     pub fn spec(&self) -> &FilterSpec {
         &self.spec
+    }
+
+    /// The module's ABI, as the host read it.
+    pub fn abi(&self) -> Abi {
+        self.abi
     }
 
     /// True if the module exports `name`.
