@@ -256,9 +256,10 @@ fn on_higress_only_the_0_2_100_router_gets_the_body_it_paused_for() {
 /// Higress's AI-route fallback (`custom_response` redirect, a new stream through the whole
 /// chain; `harness::redirect`) on the CRDs' chain: the provider answers 503, and the request
 /// re-enters every plugin with the headers as the first pass left them, the original body and
-/// `x-higress-fallback-from`. What that does to this chain today: key-auth refuses the second
-/// pass (401), because the Authorization it sees is the provider credential model-router
-/// wrote in the first — the reason model-router.yaml says Higress's fallback is not supported.
+/// `x-higress-fallback-from`. Higress's console policy alone does not carry key-auth's ticket:
+/// key-auth refuses the second pass (401), because the Authorization it sees is the provider
+/// credential model-router wrote in the first. `higress/route-envoyfilter.yaml`'s policy does
+/// (the next test).
 #[test]
 fn a_fallback_redirect_re_enters_the_chain_as_a_new_stream() {
     let placed = placed();
@@ -330,4 +331,101 @@ fn a_fallback_redirect_re_enters_the_chain_as_a_new_stream() {
     let reply = second.local_reply.as_ref().unwrap();
     assert_eq!(reply.details, "key_auth.invalid_api_key");
     assert!(second.upstream.is_none());
+}
+
+/// The fallback as `higress/route-envoyfilter.yaml` configures it, on the CRDs' chain in
+/// Higress mode: the first deployment answers 429, custom_response re-runs the chain with
+/// key-auth's ticket and the router's continuation, and the second pass reaches the second
+/// deployment of the plan with its model and credential; the client gets that answer with its
+/// address restored. The replaced pass finalises nothing: one usage record in the Redis
+/// ledger, for the deployment that answered, with both attempts.
+#[test]
+fn the_fallback_redirect_reaches_the_next_deployment() {
+    let placed = placed();
+    let redis = Redis::start().unwrap();
+    let mut services = Vec::new();
+    let mut builder = Fleet::builder().host(Host::Higress);
+    for (_, _, image, document) in &placed {
+        redis_services(document, &mut services);
+        builder = builder.filter(FilterSpec::higress(image, document).unwrap());
+    }
+    let fleet = builder.redis(&services[0], redis.addr()).build().unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    fleet.clock().set_nanos(now.as_nanos() as u64);
+
+    let policy = InternalRedirect::llm_gateway(2);
+    let mut seen: Vec<(Value, Option<String>)> = Vec::new();
+    let passes = fleet
+        .exchange_with_redirect(0, 0, &demo_request(), &policy, |up| {
+            let body: Value = serde_json::from_slice(&up.body).unwrap();
+            let auth = up.headers.as_ref().and_then(|h| {
+                h.iter()
+                    .find(|(n, _)| n == "authorization")
+                    .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+            });
+            seen.push((body, auth));
+            if seen.len() == 1 {
+                Response::status(429).body(b"slow down")
+            } else {
+                Response::json(&json!({
+                    "object": "chat.completion",
+                    "model": "gpt-4o-mini",
+                    "choices": [{"index": 0, "message": {"role": "assistant",
+                                 "content": "I wrote to [EMAIL_1]."}}],
+                    "usage": {"prompt_tokens": 40, "completion_tokens": 8}
+                }))
+            }
+        })
+        .unwrap();
+    let log = fleet.log_text();
+    assert_eq!(passes.len(), 2, "{log}");
+    let answer = &passes[1];
+    assert_eq!(answer.status(), 200, "{}\n{log}", answer.text());
+    assert_eq!(answer.header("x-llm-deployment"), Some("azure-mini"));
+    assert_eq!(answer.header("x-llm-attempts"), Some("2"));
+    assert!(
+        answer.text().contains("I wrote to alice@example.com."),
+        "{}",
+        answer.text()
+    );
+
+    // each deployment: its own credential, the real model, a placeholder for the address
+    assert_eq!(seen.len(), 2);
+    assert_eq!(seen[0].1.as_deref(), Some("Bearer sk-replace-me"));
+    assert_eq!(seen[1].1.as_deref(), Some("Bearer azure-replace-me"));
+    for (body, _) in &seen {
+        assert_eq!(body["model"], "gpt-4o-mini", "{body}");
+        let text = body.to_string();
+        assert!(
+            !text.contains("alice@example.com") && text.contains("[EMAIL_1]"),
+            "{text}"
+        );
+    }
+
+    // no second pass past the plan: the ticket and the continuation went with the first
+    let first = &passes[0];
+    assert!(first.filter_state.contains_key("wasm.llm_route_next"));
+    assert!(!answer.filter_state.contains_key("wasm.llm_route_next"));
+
+    // one record, for the deployment that answered, in the ledger once
+    let record: Value =
+        serde_json::from_slice(answer.filter_state.get("wasm.llm_usage").unwrap()).unwrap();
+    assert_eq!(record["deployment"], "azure-mini", "{record}");
+    assert_eq!(
+        record["attempts"].as_array().map(Vec::len),
+        Some(2),
+        "{record}"
+    );
+    assert!(
+        !first.filter_state.contains_key("wasm.llm_usage"),
+        "the replaced pass recorded"
+    );
+    fleet.pump().unwrap();
+    let stream = placed
+        .iter()
+        .find_map(|(_, _, _, d)| d["ledger"]["stream"].as_str())
+        .unwrap();
+    assert_eq!(redis.command(&["XLEN", stream]).unwrap(), ":1\r\n", "{log}");
 }

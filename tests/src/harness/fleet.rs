@@ -753,10 +753,12 @@ impl Fleet {
                 .and_then(|h| super::stream::header_value(h, ":status"))
                 .and_then(|s| s.parse::<u16>().ok());
             if let (Some(policy), Some(status)) = (redirect, status) {
-                if policy.matches(status) {
-                    let state = stream.filter_state_all();
+                let state = stream.filter_state_all();
+                if policy.fires(status, |key| state.get(key).cloned()) {
                     let headers = stream.request_headers().unwrap_or_default();
                     next = Some(policy.next_headers(&headers, |key| state.get(key).cloned()));
+                    // what the replaced stream's filters read at on_log
+                    lock(&stream.data()).response_code_details = Some("internal_redirect".into());
                 }
             }
             if next.is_none() {

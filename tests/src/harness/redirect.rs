@@ -13,7 +13,8 @@
 //! - new context ids and empty filter state: what `set_property` wrote in the first pass is
 //!   gone (a policy header may copy one value over, as `%FILTER_STATE(key:PLAIN)%` does);
 //! - the first stream ends (`proxy_on_log`, `proxy_on_done`, `proxy_on_delete`) before the
-//!   new one starts; its response body never reaches the client.
+//!   new one starts, with `response.code_details` = `internal_redirect` (as on Envoy 1.36.4);
+//!   its response body never reaches the client.
 //!
 //! Not modelled: `use_original_request_uri` (host and path from `x-envoy-original-*`, which
 //! these plugins do not write), a redirect of a local reply (`only_redirect_upstream_code:
@@ -44,6 +45,10 @@ pub struct InternalRedirect {
     pub properties: Vec<(String, Property)>,
     /// How many times a request may be redirected (Higress's console writes 10).
     pub max_internal_redirects: u32,
+    /// A first-pass filter state key that must be set (non-empty) for the redirect to fire:
+    /// the matcher's `FilterStateInput` predicate ANDed with the status (the model router's
+    /// `wasm.llm_route_next`, set only while a later deployment exists).
+    pub when_filter_state: Option<String>,
 }
 
 impl InternalRedirect {
@@ -54,7 +59,22 @@ impl InternalRedirect {
             headers: Vec::new(),
             properties: Vec::new(),
             max_internal_redirects: 10,
+            when_filter_state: None,
         }
+    }
+
+    /// The llm-gateway's policy (`envoy-config/gateway-1.36.yaml`, `higress/route-envoyfilter.yaml`):
+    /// 429 and 5xx, only while the router's continuation is set, handing key-auth's ticket and
+    /// the router's continuation to the next pass.
+    pub fn llm_gateway(max_internal_redirects: u32) -> InternalRedirect {
+        let mut statuses: Vec<u16> = (500..600).collect();
+        statuses.push(429);
+        let mut policy = InternalRedirect::on_statuses(&statuses)
+            .header_from_filter_state("x-llm-reentry", "wasm.llm_reentry")
+            .header_from_filter_state("x-llm-route-next", "wasm.llm_route_next");
+        policy.max_internal_redirects = max_internal_redirects;
+        policy.when_filter_state = Some("wasm.llm_route_next".into());
+        policy
     }
 
     /// Higress's console policy for a route: 4xx and 5xx, adding
@@ -92,6 +112,16 @@ impl InternalRedirect {
     /// True when a response with this status is redirected.
     pub fn matches(&self, status: u16) -> bool {
         self.statuses.contains(&status)
+    }
+
+    /// True when a response with this status, after a first pass with this filter state, is
+    /// redirected.
+    pub fn fires(&self, status: u16, filter_state: impl Fn(&str) -> Option<Vec<u8>>) -> bool {
+        self.matches(status)
+            && self
+                .when_filter_state
+                .as_deref()
+                .is_none_or(|key| filter_state(key).is_some_and(|v| !v.is_empty()))
     }
 
     /// The new stream's request headers: `headers` as the first pass left them, without
