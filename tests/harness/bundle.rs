@@ -202,7 +202,8 @@ fn summary(ex: &Exchange) -> Value {
 }
 
 /// The journey, one exchange after the other on one worker; each exchange's summary with the
-/// router's request id (random per VM) replaced by `<request-id>`.
+/// router's request id (random per VM) replaced by `<request-id>`, and key-auth's re-entry
+/// ticket (a MAC under a per-VM secret) by `<reentry-ticket>`.
 fn journey(fleet: &Fleet) -> Vec<Value> {
     let key = format!("Bearer {DEMO_KEY}");
     let intern = format!("Bearer {FAST_ONLY_KEY}");
@@ -250,6 +251,12 @@ fn journey(fleet: &Fleet) -> Vec<Value> {
             if let Some(id) = ex.upstream_header("x-llm-request-id") {
                 assert!(!id.is_empty());
                 text = text.replace(id, "<request-id>");
+            }
+            // key-auth's re-entry ticket: a MAC under a per-VM random secret
+            if let Some(ticket) = ex.filter_state.get("wasm.llm_reentry") {
+                let ticket = String::from_utf8_lossy(ticket).into_owned();
+                assert!(ticket.starts_with("v1|"), "{ticket}");
+                text = text.replace(&ticket, "<reentry-ticket>");
             }
             serde_json::from_str(&text).unwrap()
         })

@@ -17,6 +17,7 @@ mod common;
 
 use common::*;
 use llm_gateway_tests::demo::DEMO_KEY;
+use llm_gateway_tests::harness::traffic::Books;
 use llm_gateway_tests::harness::{
     Direction, FilterSpec, Fleet, Host, InternalRedirect, Property, Request, Response,
 };
@@ -428,4 +429,29 @@ fn the_fallback_redirect_reaches_the_next_deployment() {
         .find_map(|(_, _, _, d)| d["ledger"]["stream"].as_str())
         .unwrap();
     assert_eq!(redis.command(&["XLEN", stream]).unwrap(), ":1\r\n", "{log}");
+
+    // one settlement from that record: every budget charged exactly its usage (drift 0),
+    // nothing left reserved by the replaced pass
+    let books = Books::read(redis.addr()).unwrap();
+    assert_eq!(
+        books.reservations, 0,
+        "reservations left behind: {:?}",
+        books.budgets
+    );
+    let spent = |budget: &str| -> i64 {
+        books
+            .budgets
+            .iter()
+            .filter(|(key, _)| key.contains(&format!(":bud:{budget}:")))
+            .map(|(_, spent)| *spent)
+            .sum()
+    };
+    let tokens = record["usage"]["total_tokens"].as_i64().unwrap();
+    assert_eq!(spent("consumer-day"), tokens, "{:?}", books.budgets);
+    assert_eq!(
+        spent("tenant-month"),
+        record["cost_nano"].as_i64().unwrap(),
+        "{:?}",
+        books.budgets
+    );
 }
