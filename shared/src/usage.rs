@@ -520,6 +520,9 @@ mod tests {
         assert_eq!(Api::from_path("/v1/messages"), Some(Api::AnthropicMessages));
         assert_eq!(Api::from_path("/v1/embeddings/"), Some(Api::Embeddings));
         assert_eq!(Api::from_path("/v1/models"), None);
+        // token counting generates nothing: no API whose usage is read, charged or recorded
+        // (usage-accounting leaves it alone, token-ratelimit counts it as a request only)
+        assert_eq!(Api::from_path("/v1/messages/count_tokens?beta=true"), None);
     }
 
     #[test]

@@ -7,7 +7,9 @@
 //! credential, never the virtual key; the client gets its address back in the stream and the
 //! `x-llm-*` headers; the usage is in the access log and in the ledger read from it; the budget
 //! was reserved and then reconciled to the real usage. Then the refusals (401, 403, 404, 429,
-//! 402), fallback on a provider's 429, and Anthropic's `/v1/messages` through the same chain.
+//! 402), fallback on a provider's 429, and Anthropic's `/v1/messages` through the same chain;
+//! the model list the gateway answers itself, and Claude Code's token counting, which reaches
+//! the Anthropic deployment and is counted as a request but charged nothing.
 
 use llm_gateway_tests::demo::{
     Demo, ANTHROPIC_CREDENTIAL, AZURE_CREDENTIAL, DEMO_KEY, FAST_ONLY_KEY, OPENAI_CREDENTIAL,
@@ -336,13 +338,13 @@ async fn refusals_name_their_reason_and_reach_no_provider() {
     assert!(demo.openai.requests().is_empty() && demo.azure.requests().is_empty());
 
     // 404: what no provider serves, after authentication; a query string does not matter
-    let models = http::get(format!("{}/v1/models", demo.url()))
+    let files = http::get(format!("{}/v1/files", demo.url()))
         .header("authorization", &key)
         .send()
         .await
         .unwrap();
-    http::assert_openai_error(&models, 404, "unknown_url");
-    assert_eq!(models.header("content-type"), Some("application/json"));
+    http::assert_openai_error(&files, 404, "unknown_url");
+    assert_eq!(files.header("content-type"), Some("application/json"));
     let legacy = json!({"model": "fast", "prompt": "Hello"});
     let completions = post(
         &demo,
@@ -352,6 +354,12 @@ async fn refusals_name_their_reason_and_reach_no_provider() {
     )
     .await;
     http::assert_openai_error(&completions, 404, "unknown_url");
+    // the router answers only GET on /v1/models
+    http::assert_openai_error(
+        &post(&demo, "/v1/models", &[("authorization", &key)], &legacy).await,
+        404,
+        "unknown_url",
+    );
     http::assert_openai_error(
         &post(&demo, "/v1/models", &[], &legacy).await,
         401,
@@ -571,6 +579,239 @@ async fn anthropic_messages_through_the_same_chain() {
         record["cost_nano"],
         prompt * CLAUDE_NANO.0 + completion * CLAUDE_NANO.1
     );
+}
+
+async fn get(demo: &Demo, path: &str, key: &str, user: &str) -> Response {
+    http::get(format!("{}{path}", demo.url()))
+        .header("authorization", &bearer(key))
+        .header("x-user-id", user)
+        .send()
+        .await
+        .unwrap()
+}
+
+fn model_ids(response: &Response) -> Vec<String> {
+    assert_eq!(response.status, 200, "{}", response.text());
+    assert_eq!(response.header("content-type"), Some("application/json"));
+    let list = response.json().unwrap();
+    assert_eq!(list["object"], "list", "{list}");
+    let data = list["data"].as_array().unwrap();
+    for model in data {
+        assert_eq!(model["object"], "model", "{model}");
+        assert_eq!(model["owned_by"], "llm-gateway", "{model}");
+        assert!(
+            model["created"].as_u64().unwrap() > 1_700_000_000,
+            "{model}"
+        );
+    }
+    data.iter()
+        .map(|m| m["id"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// `x-ratelimit-remaining-requests` of a response (the tightest request limit).
+fn remaining_requests(response: &Response) -> u64 {
+    response
+        .header("x-ratelimit-remaining-requests")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no remaining requests: {:?}", response.headers))
+}
+
+/// `GET /v1/models` is the gateway's own answer: the groups of the key, never a provider, no
+/// rate-limit unit, no usage record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_model_list_is_the_keys_groups_answered_by_the_gateway() {
+    let demo = Demo::start(0).await.unwrap();
+    let user = "lister";
+    let hello = |step: &str| json!({"model": "fast", "max_tokens": 4, "messages": [{"role": "user", "content": step}]});
+    let chat = |step: &'static str| {
+        let body = hello(step);
+        let demo = &demo;
+        async move {
+            let auth = bearer(FAST_ONLY_KEY);
+            post(
+                demo,
+                "/v1/chat/completions",
+                &[("authorization", &auth), ("x-user-id", user)],
+                &body,
+            )
+            .await
+        }
+    };
+    let first = chat("before").await;
+    assert_eq!(first.status, 200, "{}", first.text());
+    let before = remaining_requests(&first);
+
+    assert_eq!(
+        model_ids(&get(&demo, "/v1/models", DEMO_KEY, user).await),
+        ["fast", "smart", "claude"]
+    );
+    let intern = get(&demo, "/v1/models?limit=10", FAST_ONLY_KEY, user).await;
+    assert_eq!(model_ids(&intern), ["fast"]);
+    let all = everything(&intern);
+    assert!(!all.contains("smart") && !all.contains("claude"), "{all}");
+
+    let fast = get(&demo, "/v1/models/fast", FAST_ONLY_KEY, user).await;
+    assert_eq!(fast.status, 200, "{}", fast.text());
+    let model = fast.json().unwrap();
+    assert_eq!(
+        (model["id"].as_str(), model["object"].as_str()),
+        (Some("fast"), Some("model"))
+    );
+    // a group the key may not use and one that does not exist: the same 404
+    for id in ["smart", "gpt-5"] {
+        let missing = get(&demo, &format!("/v1/models/{id}"), FAST_ONLY_KEY, user).await;
+        http::assert_openai_error(&missing, 404, "model_not_found");
+    }
+    let smart = get(&demo, "/v1/models/smart", DEMO_KEY, user).await;
+    assert_eq!(smart.json().unwrap()["id"], "smart", "{}", smart.text());
+    // authentication still comes first
+    let anonymous = http::get(format!("{}/v1/models", demo.url()))
+        .send()
+        .await
+        .unwrap();
+    http::assert_openai_error(&anonymous, 401, "missing_api_key");
+
+    // no provider saw any of it, and it took no request unit: the next model call of the same
+    // key and user finds the limit one request lower than the first left it
+    assert_eq!(demo.openai.requests().len(), 1);
+    assert!(demo.azure.requests().is_empty() && demo.anthropic.requests().is_empty());
+    let second = chat("after").await;
+    assert_eq!(second.status, 200, "{}", second.text());
+    assert_eq!(remaining_requests(&second), before - 1);
+    assert!(fast.header("x-ratelimit-remaining-requests").is_none());
+    // and no usage record: the access-log line of the list has none
+    let id = fast.header("x-request-id").unwrap().to_string();
+    let usage = demo
+        .envoy
+        .access_log_line("access.log", "the model list", |line| {
+            (line["request_id"] == id.as_str()).then(|| line["usage"].clone())
+        })
+        .await;
+    assert!(
+        !usage.as_str().unwrap_or("-").contains("prompt_tokens"),
+        "{usage}"
+    );
+}
+
+/// Claude Code's `POST /v1/messages/count_tokens`: routed to the group's Anthropic deployment
+/// with its model and credential, the count answered; a request for the rate limits, but no
+/// tokens, no budget, no usage record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_codes_token_count_reaches_anthropic_and_is_not_charged() {
+    let demo = Demo::start(0).await.unwrap();
+    let user = "counter";
+    // Claude Code's shape: x-api-key, anthropic-version and -beta, a system prompt in blocks,
+    // tools, no max_tokens
+    let count = json!({
+        "model": "claude",
+        "system": [{"type": "text", "text": "You are Claude Code."}],
+        "messages": [{"role": "user", "content": format!("Mail {EMAIL} the diff")}],
+        "tools": [{"name": "Bash", "description": "run", "input_schema": {"type": "object"}}]
+    });
+    let headers = [
+        ("x-api-key", DEMO_KEY),
+        ("anthropic-version", "2023-06-01"),
+        ("anthropic-beta", "token-counting-2024-11-01"),
+        ("x-user-id", user),
+    ];
+    // the day's budget left for this user, from a refusal (which charges nothing)
+    let over = json!({"model": "claude", "max_tokens": USER_DAY_TOKENS + 1,
+                      "messages": [{"role": "user", "content": "hi"}]});
+    let left = |response: Response| {
+        let error = http::assert_openai_error(&response, 402, "budget_exceeded");
+        http::tokens_left_in(error["error"]["message"].as_str().unwrap())
+    };
+
+    let counted = post(
+        &demo,
+        "/v1/messages/count_tokens?beta=true",
+        &headers,
+        &count,
+    )
+    .await;
+    assert_eq!(counted.status, 200, "{}", counted.text());
+    // the mock's formula over what it received: the system prompt (20 chars: 5 + 4) and the
+    // masked message ("Mail [EMAIL_1] the diff", 23 chars: 6 + 4)
+    assert_eq!(counted.json().unwrap(), json!({"input_tokens": 19}));
+    assert_eq!(counted.header("x-llm-deployment"), Some("claude"));
+    let all = everything(&counted);
+    assert!(
+        !all.contains(ANTHROPIC_CREDENTIAL) && !all.contains(DEMO_KEY),
+        "{all}"
+    );
+
+    let seen = demo.anthropic.requests();
+    assert_eq!(seen.len(), 1);
+    // the path and query as Claude Code sent them
+    assert_eq!(
+        seen[0].path, "/v1/messages/count_tokens?beta=true",
+        "{:?}",
+        seen[0]
+    );
+    let sent = assert_provider_view(
+        &seen[0],
+        "claude-sonnet-4-5",
+        ("x-api-key", ANTHROPIC_CREDENTIAL),
+    );
+    assert_eq!(seen[0].header("authorization"), None);
+    assert_eq!(
+        seen[0].header("anthropic-beta"),
+        Some("token-counting-2024-11-01")
+    );
+    assert_eq!(
+        sent["max_tokens"],
+        Value::Null,
+        "no output cap injected: {sent}"
+    );
+    assert!(
+        sent["messages"][0]["content"]
+            .as_str()
+            .unwrap()
+            .contains("[EMAIL_1]"),
+        "{sent}"
+    );
+    assert!(demo.openai.requests().is_empty() && demo.azure.requests().is_empty());
+
+    // counted as one request of the user's 10 a minute ...
+    assert_eq!(remaining_requests(&counted), (USER_RPM - 1) as u64);
+    let again = post(&demo, "/v1/messages/count_tokens", &headers, &count).await;
+    assert_eq!(again.status, 200, "{}", again.text());
+    assert_eq!(remaining_requests(&again), (USER_RPM - 2) as u64);
+    // ... but no budget: the user's day still has all its tokens
+    assert_eq!(
+        left(post(&demo, "/v1/messages", &headers, &over).await),
+        USER_DAY_TOKENS
+    );
+    // and no usage record, nor a settlement that missed one
+    let id = counted.header("x-request-id").unwrap().to_string();
+    let usage = demo
+        .envoy
+        .access_log_line("access.log", "the token count", |line| {
+            (line["request_id"] == id.as_str()).then(|| line["usage"].clone())
+        })
+        .await;
+    assert!(
+        !usage.as_str().unwrap_or("-").contains("prompt_tokens"),
+        "{usage}"
+    );
+    assert_eq!(
+        demo.envoy
+            .stat("wasmcustom.llm_gateway.ratelimit.settled_without_usage")
+            .unwrap()
+            .unwrap_or(0),
+        0
+    );
+
+    // a group without an Anthropic deployment cannot count: refused, no provider
+    let fast = json!({"model": "fast", "messages": [{"role": "user", "content": "hi"}]});
+    http::assert_openai_error(
+        &post(&demo, "/v1/messages/count_tokens", &headers, &fast).await,
+        400,
+        "unsupported_endpoint",
+    );
+    assert_eq!(demo.anthropic.requests().len(), 2);
+    assert!(demo.openai.requests().is_empty());
 }
 
 /// The route's timeouts bound silence, not length: `gateway.yaml` with its per-attempt timeout

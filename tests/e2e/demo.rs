@@ -28,7 +28,7 @@ async fn the_printed_walkthrough_works() {
     let demo = Demo::start(0).await.unwrap();
     let banner = demo.banner();
     let steps = demo.walkthrough();
-    assert_eq!(steps.len(), 6);
+    assert_eq!(steps.len(), 7);
     for step in &steps {
         assert!(banner.contains(&step.command), "{banner}");
     }
@@ -74,18 +74,35 @@ async fn the_printed_walkthrough_works() {
     );
     assert!(demo.drain_provider_lines().is_empty());
 
-    // 5. metrics
+    // 5. the model list of the fast-only key, answered by the gateway
     let out = run(&steps[4].command).await;
+    let list: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(list["object"], "list", "{out}");
+    let ids: Vec<_> = list["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| &m["id"])
+        .collect();
+    assert_eq!(ids, ["fast"], "{out}");
+    assert!(demo.drain_provider_lines().is_empty());
+
+    // 6. metrics: four keys allowed, two model calls admitted (the list is none)
+    let out = run(&steps[5].command).await;
     assert!(
-        out.contains("wasmcustom.llm_gateway.key_auth.allowed: 3"),
+        out.contains("wasmcustom.llm_gateway.key_auth.allowed: 4"),
         "{out}"
     );
     assert!(
         out.contains("wasmcustom.llm_gateway.ratelimit.admitted: 2"),
         "{out}"
     );
+    assert!(
+        out.contains("wasmcustom.llm_gateway.model_router.models_answered: 1"),
+        "{out}"
+    );
 
-    // 6. the usage report over the access log, once both answered requests are logged
+    // 7. the usage report over the access log, once both answered requests are logged
     // (scripts/usage-report only builds and runs this binary)
     for (what, stream) in [("the stream", true), ("the PII request", false)] {
         demo.envoy
@@ -96,12 +113,12 @@ async fn the_printed_walkthrough_works() {
             })
             .await;
     }
-    let command = steps[5].command.replacen(
+    let command = steps[6].command.replacen(
         "scripts/usage-report",
         env!("CARGO_BIN_EXE_usage-report"),
         1,
     );
-    assert_ne!(command, steps[5].command);
+    assert_ne!(command, steps[6].command);
     let out = run(&command).await;
     assert!(out.contains("demo"), "{out}");
     assert!(out.contains("fast"), "{out}");

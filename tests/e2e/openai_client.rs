@@ -1,8 +1,8 @@
 //! The gateway driven by a real client: the official `openai` Python SDK (the version
 //! `scripts/setup` pins into `.venv`) runs `tests/openai/journey.py` against the whole chain in
 //! Envoy 1.40 (`envoy-config/gateway.yaml`, the demo gateway with its mock providers):
-//! `chat.completions.create` with and without streaming, and the SDK's typed errors for 401,
-//! 403, 429 and 402. The script checks what the SDK sees; this test checks the script passed,
+//! `chat.completions.create` with and without streaming, `models.list` and `models.retrieve`
+//! (each key's groups), and the SDK's typed errors for 401, 403, 404, 429 and 402. The script checks what the SDK sees; this test checks the script passed,
 //! then holds its observations against what the providers received and the access log.
 
 use llm_gateway_tests::demo::{
@@ -10,7 +10,7 @@ use llm_gateway_tests::demo::{
 };
 use llm_gateway_tests::workspace;
 use mock_upstream::RecordedRequest;
-use serde_json::Value;
+use serde_json::{json, Value};
 use std::collections::BTreeSet;
 
 const EMAIL: &str = "jane.doe@example.com";
@@ -117,6 +117,11 @@ async fn the_openai_sdk_drives_the_whole_chain() {
         let id = run_id(exchange["request_headers"].as_array().unwrap()).unwrap();
         let status = exchange["status"].as_u64().unwrap();
         statuses.push((id.clone(), status));
+        if id.starts_with("models-") {
+            // the gateway's own answer: GET, never a provider (checked below)
+            assert_eq!(exchange["method"], "GET", "{shown}");
+            continue;
+        }
         if status == 200 {
             assert!(admitted.insert(id), "{shown}");
         }
@@ -125,6 +130,7 @@ async fn the_openai_sdk_drives_the_whole_chain() {
     assert_eq!(
         refused,
         [
+            &("models-retrieve-smart".to_string(), 404),
             &("wrong-key".to_string(), 401),
             &("not-allowed".to_string(), 403),
             &("rpm-11".to_string(), 429),
@@ -205,6 +211,26 @@ async fn the_openai_sdk_drives_the_whole_chain() {
         .as_str()
         .unwrap();
     assert!(header_cost.ends_with(" USD"), "{header_cost}");
+
+    // The model list: each key's groups, answered by the gateway (no provider saw a
+    // `models-` request: every provider request was checked above to be a chat completion of
+    // an admitted step).
+    let models = &obs["models"];
+    assert_eq!(
+        models["list"],
+        json!(["fast", "smart", "claude"]),
+        "{models}"
+    );
+    assert_eq!(models["list_fast_only"], json!(["fast"]), "{models}");
+    assert_eq!(models["retrieved"]["id"], "fast", "{models}");
+    assert_eq!(models["retrieved"]["owned_by"], "llm-gateway", "{models}");
+    assert_eq!(models["hidden"]["class"], "NotFoundError", "{models}");
+    assert_eq!(models["hidden"]["code"], "model_not_found", "{models}");
+    let listed = statuses
+        .iter()
+        .filter(|(id, _)| id.starts_with("models-"))
+        .count();
+    assert_eq!(listed, 4, "{statuses:?}");
 
     // The typed errors, as the SDK classified them.
     let errors = &obs["errors"];

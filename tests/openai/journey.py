@@ -14,6 +14,8 @@ against what the providers received and the access log:
   `x-ratelimit-*` response headers (through `with_raw_response`);
 - streaming, without and with `stream_options.include_usage`: the content reassembled, no usage
   chunk the client did not ask for, the usage chunk last when it did;
+- `models.list()` and `models.retrieve()`: the model groups of each key (the fast-only key sees
+  `fast` alone, and a 404 `NotFoundError` for `smart`), answered by the gateway itself;
 - the SDK's typed errors: 401 `AuthenticationError`, 403 `PermissionDeniedError`, 429
   `RateLimitError` with `retry-after`, and 402, which the SDK has no class of its own for
   (`APIStatusError`).
@@ -326,6 +328,39 @@ def errors(args, transport, api):
     return out
 
 
+def models(args, transport, api):
+    # GET /v1/models: the gateway's own answer (no provider), the groups the key may use
+    page = api.models.list(extra_headers=headers("journey", "models-list"))
+    listed = list(page)
+    for m in listed:
+        check(isinstance(m, openai.types.Model), "models.list() yields Model", type(m))
+        check(m.object == "model", "model object", m.object)
+        check(m.owned_by == "llm-gateway", "owned_by", m.owned_by)
+        check(isinstance(m.created, int) and m.created > 0, "created", m.created)
+    ids = [m.id for m in listed]
+    check(ids == ["fast", "smart", "claude"], "the demo key lists its three groups", ids)
+
+    fast_only = client(args, transport, args.fast_only_key)
+    fast_only_ids = [m.id for m in fast_only.models.list(extra_headers=headers("journey", "models-list-fast-only"))]
+    check(fast_only_ids == ["fast"], "the fast-only key lists only fast", fast_only_ids)
+    fast = fast_only.models.retrieve("fast", extra_headers=headers("journey", "models-retrieve-fast"))
+    check(isinstance(fast, openai.types.Model), "models.retrieve() returns a Model", type(fast))
+    check(fast.id == "fast" and fast.owned_by == "llm-gateway", "retrieve fast", fast)
+    hidden = expect_error(
+        "fast-only key retrieving smart",
+        lambda: fast_only.models.retrieve("smart", extra_headers=headers("journey", "models-retrieve-smart")),
+        openai.NotFoundError,
+        404,
+        "model_not_found",
+    )
+    return {
+        "list": ids,
+        "list_fast_only": fast_only_ids,
+        "retrieved": fast.model_dump(),
+        "hidden": hidden,
+    }
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--gateway", required=True, help="http://HOST:PORT of the gateway")
@@ -344,6 +379,8 @@ def main():
         observations["stream"] = streaming(api, include_usage=False)
         step = "streaming with include_usage"
         observations["stream_usage"] = streaming(api, include_usage=True)
+        step = "models"
+        observations["models"] = models(args, transport, api)
         step = "typed errors"
         observations["errors"] = errors(args, transport, api)
     except (Failure, openai.OpenAIError) as e:

@@ -230,6 +230,13 @@ impl Demo {
                 look_for: "403, \"code\":\"model_not_allowed\"",
             },
             Step {
+                title: "The models that key may use (the gateway's own answer, as `client.models.list()` reads it)",
+                command: format!(
+                    "curl -s {url}/v1/models -H 'Authorization: Bearer {FAST_ONLY_KEY}'"
+                ),
+                look_for: "{\"object\":\"list\",\"data\":[{\"id\":\"fast\",...}]}: `fast` alone",
+            },
+            Step {
                 title: "Metrics (Envoy stats; Prometheus format at /stats/prometheus)",
                 command: format!("curl -s 'http://{}/stats?filter=llm_gateway'", self.envoy.admin()),
                 look_for: "wasmcustom.llm_gateway.* counters: keys allowed, routes, tokens, cost, limits",

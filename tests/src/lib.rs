@@ -17,17 +17,24 @@
 //! - [`demo::Demo`] is the demo gateway `scripts/run` starts (Envoy + the chain + Redis + the
 //!   mock upstream), also driven by an end-to-end test.
 //!
+//! The `harness` feature (on by default) brings `harness`, `workloads` and `bench`, and with
+//! them wasmtime; the demo launcher (`demo-gateway`, built by `scripts/run` with
+//! `--no-default-features`) does without.
+//!
 //! Nothing here is mocked except the LLM upstream (the `mock-upstream` crate) and, in the
 //! harness, Envoy itself: a model of its semantics, checked against the real one by the
 //! end-to-end suites where the two meet.
 
+#[cfg(feature = "harness")]
 pub mod bench;
 pub mod bundle;
 pub mod demo;
 pub mod envoy;
+#[cfg(feature = "harness")]
 pub mod harness;
 pub mod http;
 pub mod redis;
+#[cfg(feature = "harness")]
 pub mod workloads;
 pub mod workspace;
 

@@ -9,17 +9,31 @@ use llm_gateway_shared::reject::Reject;
 use std::ops::Range;
 
 /// The endpoints the router handles (path without the query).
-pub const ENDPOINTS: [&str; 4] = [
+pub const ENDPOINTS: [&str; 5] = [
     "/v1/chat/completions",
     "/v1/responses",
     "/v1/messages",
+    COUNT_TOKENS,
     "/v1/embeddings",
 ];
 
+/// Anthropic's token counting (Claude Code calls it): routed to the group's Anthropic
+/// deployment only (`plan::Request::anthropic_only`); it generates nothing, so later filters
+/// count it as a request and charge it no tokens (it is no API of `shared::usage::Api`).
+pub const COUNT_TOKENS: &str = "/v1/messages/count_tokens";
+
+fn without_query(path: &str) -> &str {
+    path.split(['?', '#']).next().unwrap_or_default()
+}
+
 /// True if `path` (with or without a query) is one of [`ENDPOINTS`].
 pub fn is_routed_path(path: &str) -> bool {
-    let path = path.split(['?', '#']).next().unwrap_or_default();
-    ENDPOINTS.contains(&path)
+    ENDPOINTS.contains(&without_query(path))
+}
+
+/// True if `path` (with or without a query) is [`COUNT_TOKENS`].
+pub fn is_count_tokens(path: &str) -> bool {
+    without_query(path) == COUNT_TOKENS
 }
 
 /// A parsed request body.
@@ -351,6 +365,10 @@ mod tests {
     fn routed_paths() {
         assert!(is_routed_path("/v1/chat/completions"));
         assert!(is_routed_path("/v1/messages?beta=true"));
+        assert!(is_routed_path("/v1/messages/count_tokens?beta=true"));
+        assert!(is_count_tokens("/v1/messages/count_tokens?beta=true"));
+        assert!(!is_count_tokens("/v1/messages"));
+        assert!(!is_routed_path("/v1/messages/batches"));
         assert!(!is_routed_path("/v1/models"));
         assert!(!is_routed_path("/v1/chat/completions/x"));
     }

@@ -11,7 +11,12 @@
 //! byte a failure cannot be retried: a streamed response that ends without its terminator gets
 //! an in-band SSE error event instead of `[DONE]`.
 //!
-//! Decisions live in [`config`], [`plan`], [`breaker`], [`body`] and [`stream`] (pure, tested
+//! It answers `GET /v1/models` and `GET /v1/models/{id}` itself: the groups the key may use,
+//! in OpenAI's list shape ([`models`]), never sent to a provider. `POST
+//! /v1/messages/count_tokens` is routed like a model call, to the group's Anthropic
+//! deployments only.
+//!
+//! Decisions live in [`config`], [`plan`], [`models`], [`breaker`], [`body`] and [`stream`] (pure, tested
 //! natively); the proxy-wasm shell is compiled only for `wasm32`. It never logs a credential,
 //! a key or a prompt.
 #![cfg_attr(
@@ -29,6 +34,7 @@ pub mod breaker;
 pub mod budget_fallback;
 pub mod config;
 pub mod ids;
+pub mod models;
 pub mod plan;
 pub mod redirect;
 pub mod stream;

@@ -3,7 +3,7 @@
 //!
 //! Pure: the breaker's verdicts and the prompt-size estimate come in as arguments.
 
-use crate::config::{Deployment, Group, RouterConfig};
+use crate::config::{Deployment, Group, Provider, RouterConfig};
 use llm_gateway_shared::reject::Reject;
 use llm_gateway_shared::route_info::{Price, RouteInfo};
 
@@ -18,6 +18,9 @@ pub struct Request<'a> {
     pub subject: Option<&'a str>,
     /// Estimated prompt tokens plus the output cap (0: unknown).
     pub estimated_tokens: u64,
+    /// Only an Anthropic deployment can serve the request (`/v1/messages/count_tokens`, an
+    /// endpoint of Anthropic's API alone): the group's other deployments are left out.
+    pub anthropic_only: bool,
 }
 
 /// The deployments to try, by index into [`RouterConfig::deployments`], first choice first.
@@ -66,6 +69,7 @@ pub fn plan(
     let mut deployments = Vec::with_capacity(order.len().min(config.max_attempts));
     let mut too_small = false;
     let mut retry_after_ms: Option<u64> = None;
+    let mut serves_endpoint = false;
     for index in order {
         if deployments.len() >= config.max_attempts {
             break;
@@ -73,6 +77,10 @@ pub fn plan(
         let Some(deployment) = config.deployments.get(index) else {
             continue;
         };
+        if request.anthropic_only && deployment.provider != Provider::Anthropic {
+            continue;
+        }
+        serves_endpoint = true;
         if let Some(window) = deployment.context_window {
             if request.estimated_tokens > window {
                 too_small = true;
@@ -85,6 +93,12 @@ pub fn plan(
                 retry_after_ms = Some(retry_after_ms.map_or(ms, |m| m.min(ms)));
             }
         }
+    }
+    if request.anthropic_only && !serves_endpoint {
+        return Err(Reject::bad_request(
+            "unsupported_endpoint",
+            "this model group has no Anthropic deployment: /v1/messages/count_tokens needs one",
+        ));
     }
     if deployments.is_empty() {
         if let Some(ms) = retry_after_ms {
@@ -245,7 +259,45 @@ mod tests {
             allowed_groups: Some(groups),
             subject: Some("team-a"),
             estimated_tokens: 0,
+            anthropic_only: false,
         }
+    }
+
+    #[test]
+    fn counting_tokens_plans_only_anthropic_deployments() {
+        let config = example();
+        let count = |model| Request {
+            anthropic_only: true,
+            ..request(model, "*")
+        };
+        // smart: claude (anthropic) and openai-mini; whichever the canary puts first
+        for subject in ["team-a", "team-b", "u1", "u2", "u3"] {
+            let r = Request {
+                subject: Some(subject),
+                ..count("smart")
+            };
+            let p = plan(&config, &r, |_| Admission::Admit).unwrap();
+            assert_eq!(names(&config, &p), ["claude"], "{subject}");
+        }
+        // fast has none: refused, not sent to a provider that has no such endpoint
+        let err = plan(&config, &count("fast"), |_| Admission::Admit).unwrap_err();
+        assert_eq!(
+            (err.status, err.code.as_ref()),
+            (400, "unsupported_endpoint")
+        );
+        // the ACL and the breaker still apply
+        let err = plan(
+            &config,
+            &Request {
+                allowed_groups: Some("fast"),
+                ..count("smart")
+            },
+            |_| Admission::Admit,
+        )
+        .unwrap_err();
+        assert_eq!(err.status, 403);
+        let err = plan(&config, &count("smart"), |_| Admission::Skip(1000)).unwrap_err();
+        assert_eq!(err.status, 503);
     }
 
     #[test]

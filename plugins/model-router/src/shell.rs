@@ -19,11 +19,12 @@
 //! (Envoy 1.40 calls no upstream-filter callback for an attempt whose connection failed, so the
 //! upstream role could not see those.)
 
-use crate::body::{is_context_length_error, is_routed_path, rewrite_model, Body};
+use crate::body::{is_context_length_error, is_count_tokens, is_routed_path, rewrite_model, Body};
 use crate::breaker::{is_failure, State, Transition, Verdict};
 use crate::budget_fallback::{alternative, plan_alternative, switched_plan};
 use crate::config::{parse_document, Deployment, Provider, Role, RouterConfig};
 use crate::ids::IdSource;
+use crate::models::{self, Listing};
 use crate::plan::{plan, route_info, Admission, Request as PlanRequest};
 use crate::redirect::{Continuation, Fallback};
 use crate::stream::{interrupted_event, StreamWatcher};
@@ -85,6 +86,8 @@ fn now_ms() -> u64 {
 struct Root {
     rules: Option<Rc<RuleSet<RouterConfig>>>,
     ids: Rc<RefCell<IdSource>>,
+    /// When the configuration was loaded (Unix seconds): `created` of the model objects.
+    configured_at: u64,
 }
 
 impl Default for Root {
@@ -94,6 +97,7 @@ impl Default for Root {
         Root {
             rules: None,
             ids: Rc::new(RefCell::new(IdSource::new(seed))),
+            configured_at: 0,
         }
     }
 }
@@ -119,6 +123,7 @@ impl RootContext for Root {
         }
         seed_breakers(&rules);
         self.rules = Some(Rc::new(rules));
+        self.configured_at = host::now_nanos().map_or(0, |n| n / 1_000_000_000);
         true
     }
 
@@ -132,6 +137,7 @@ impl RootContext for Root {
             Role::Downstream => Some(Box::new(Downstream {
                 rules,
                 ids: Rc::clone(&self.ids),
+                configured_at: self.configured_at,
                 path: None,
                 routed: None,
                 watcher: None,
@@ -375,6 +381,8 @@ struct Pass {
 struct Downstream {
     rules: Option<Rc<RuleSet<RouterConfig>>>,
     ids: Rc<RefCell<IdSource>>,
+    /// `created` of the model objects ([`models::answer`]).
+    configured_at: u64,
     /// `:path`, kept from the headers when it is one the router handles.
     path: Option<String>,
     routed: Option<Routed>,
@@ -399,6 +407,34 @@ impl Downstream {
             self.watcher = Some(StreamWatcher::default());
         }
         Action::Continue
+    }
+
+    /// Answers `GET /v1/models[/{id}]` itself ([`models::answer`]): no provider, no later
+    /// filter sees it.
+    fn answer_models(&self, listing: &Listing) -> Action {
+        let Some(config) = self.config() else {
+            return Action::Continue;
+        };
+        let allowed = header_string(HeaderMap::RequestHeaders, headers::GROUPS);
+        match models::answer(config, listing, allowed.as_deref(), self.configured_at) {
+            Ok(body) => {
+                count("models_answered");
+                let sent = host::send_local_response(
+                    200,
+                    "model_router.models",
+                    &[("content-type", "application/json")],
+                    &body,
+                );
+                if let Err(err) = sent {
+                    log(
+                        LogLevel::Error,
+                        &format!("cannot send the model list: {err}"),
+                    );
+                }
+                Action::Pause
+            }
+            Err(reject) => refuse(&reject),
+        }
     }
 
     fn route(&mut self, size: usize) -> Result<(), Reject> {
@@ -430,6 +466,7 @@ impl Downstream {
             allowed_groups: allowed.as_deref(),
             subject: subject.as_deref(),
             estimated_tokens: body.estimated_tokens(),
+            anthropic_only: self.path.as_deref().is_some_and(is_count_tokens),
         };
         // one clock read for the breakers (ms) and the request id (ns)
         let now_nanos = host::now_nanos().unwrap_or_default();
@@ -703,6 +740,10 @@ fn read_switch(config: &RouterConfig) -> Option<(String, crate::plan::Plan)> {
 impl HttpContext for Downstream {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
         let path = header_string(HeaderMap::RequestHeaders, ":path").unwrap_or_default();
+        let method = header_string(HeaderMap::RequestHeaders, ":method").unwrap_or_default();
+        if let Some(listing) = models::listing(&method, &path) {
+            return self.answer_models(&listing);
+        }
         if !is_routed_path(&path) || self.config().is_none() {
             return Action::Continue;
         }

@@ -4,8 +4,8 @@
 //! Completions, `max_output_tokens` for the Responses API, `max_tokens` for Anthropic
 //! Messages). A client that sent none gets the configured default written into the body, so
 //! the provider enforces the cap the reservation assumed; a completion can then never cost
-//! more than was reserved. Embeddings have no output. Other paths cost one request and no
-//! tokens.
+//! more than was reserved. Embeddings have no output. Other paths (`/v1/messages/count_tokens`,
+//! which generates nothing) are no model call: they cost one request, no tokens and no budget.
 //!
 //! Prompt tokens are counted with [`llm_gateway_shared::tokens`]: tiktoken for OpenAI model
 //! families (feature `tokenizer`), `ceil(chars / 4)` for the others, plus 4 per message. The
@@ -42,6 +42,12 @@ impl Cost {
     /// Prompt plus cap: what a reservation takes.
     pub fn tokens(&self) -> u64 {
         self.prompt.saturating_add(self.output_cap)
+    }
+
+    /// True for a call of an LLM API (one `Api::from_path` knows): only those take tokens,
+    /// reserve budgets and expect a usage record. Anything else counts as a request only.
+    pub fn is_model_call(&self) -> bool {
+        self.api.is_some()
     }
 }
 
@@ -159,6 +165,21 @@ mod tests {
         let body: serde_json::Value = serde_json::from_slice(c.body.as_ref().unwrap()).unwrap();
         assert_eq!(body["max_completion_tokens"], 100);
         assert_eq!(c.tokens(), 114);
+    }
+
+    #[test]
+    fn token_counting_is_no_model_call() {
+        let body = br#"{"model":"claude","messages":[{"role":"user","content":"abcdefgh"}]}"#;
+        let c = inspect("/v1/messages/count_tokens", body, 100, 0, 1 << 20).unwrap();
+        assert!(!c.is_model_call());
+        assert_eq!(
+            (c.tokens(), c.body),
+            (0, None),
+            "no cap injected, nothing reserved"
+        );
+        let m = inspect("/v1/messages", body, 100, 0, 1 << 20).unwrap();
+        assert!(m.is_model_call());
+        assert!(m.tokens() > 100);
     }
 
     #[test]

@@ -5,6 +5,8 @@
 //!   waited) used nothing: every unit comes back, requests included.
 //! * A forwarded request keeps its request units; its token units come back minus the real
 //!   total (negative: over-use, paid as debt).
+//! * A request that is no model call (`/v1/messages/count_tokens`) keeps its request units and
+//!   used no tokens; it reserved no budget.
 //! * Without a usage record (usage-accounting missing from the chain, or placed after this
 //!   filter) nothing is known: the reservation stands (tokens kept, budgets charged it) — the
 //!   safe direction, counted as `settled_without_usage`.
@@ -36,10 +38,11 @@ impl Actual {
     }
 }
 
-/// What a request used: nothing if it was never forwarded, else its record's usage (`None`:
+/// What a request used: nothing if it was never forwarded or is no model call (token
+/// counting: it generates nothing and has no usage record), else its record's usage (`None`:
 /// unknown).
-pub fn actual(forwarded: bool, record: Option<&Record>) -> Option<Actual> {
-    if forwarded {
+pub fn actual(forwarded: bool, model_call: bool, record: Option<&Record>) -> Option<Actual> {
+    if forwarded && model_call {
         record.map(Actual::from_record)
     } else {
         Some(Actual::zero())
@@ -117,12 +120,20 @@ mod tests {
         // unknown usage: the reservation stands
         assert_eq!(bucket_refund(Unit::Tokens, 300, true, None), 0);
         // never forwarded: everything comes back
-        let nothing = actual(false, None);
+        let nothing = actual(false, true, None);
         assert_eq!(bucket_refund(Unit::Requests, 1, false, nothing.as_ref()), 1);
         assert_eq!(
             bucket_refund(Unit::Tokens, 300, false, nothing.as_ref()),
             300
         );
+        // forwarded, but no model call (token counting): the request stays counted, no
+        // tokens were used, and no record is waited for (a stray one is not read)
+        let counted = actual(true, false, None);
+        assert_eq!(counted.as_ref().map(|a| a.tokens), Some(0));
+        assert_eq!(bucket_refund(Unit::Requests, 1, true, counted.as_ref()), 0);
+        assert_eq!(bucket_refund(Unit::Tokens, 0, true, counted.as_ref()), 0);
+        // a model call without a record: unknown
+        assert!(actual(true, true, None).is_none());
     }
 
     #[test]

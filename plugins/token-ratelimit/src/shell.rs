@@ -483,8 +483,9 @@ impl State {
             }
         }
 
-        // Hard budgets.
-        if matches!(flow.reservation, Reservation::None) && !flow.admitted {
+        // Hard budgets: model calls only (a request that generates nothing costs nothing).
+        let model_call = flow.cost.as_ref().is_some_and(Cost::is_model_call);
+        if model_call && matches!(flow.reservation, Reservation::None) && !flow.admitted {
             let levels = budget::levels(&config.budgets, &flow.identity, now);
             if !levels.is_empty() {
                 let route = route_info();
@@ -1034,7 +1035,8 @@ impl State {
             return;
         };
         let waiting = flow.waiting || matches!(flow.reservation, Reservation::Pending);
-        let record = if flow.admitted {
+        let model_call = flow.cost.as_ref().is_some_and(Cost::is_model_call);
+        let record = if flow.admitted && model_call {
             host::property(&[config.usage_filter_state.as_str()])
                 .ok()
                 .flatten()
@@ -1042,10 +1044,10 @@ impl State {
         } else {
             None
         };
-        if flow.admitted && record.is_none() {
+        if flow.admitted && model_call && record.is_none() {
             self.count("settled_without_usage", 1);
         }
-        let actual = settle::actual(flow.admitted, record.as_ref());
+        let actual = settle::actual(flow.admitted, model_call, record.as_ref());
 
         // soft limits
         let mode = self.mode(config, now);

@@ -3,7 +3,7 @@
 mod anthropic;
 mod openai;
 
-pub(crate) use anthropic::messages;
+pub(crate) use anthropic::{count_tokens, messages};
 pub(crate) use openai::{chat, embeddings, responses};
 
 use hyper::StatusCode;

@@ -14,6 +14,7 @@
 //! | `GET /health` | `200 ok` (text/plain) |
 //! | `POST /v1/chat/completions` | OpenAI Chat Completions, JSON or SSE (`stream: true`, `stream_options.include_usage`) |
 //! | `POST /v1/messages` | Anthropic Messages, JSON or SSE (`message_start` … `message_stop`) |
+//! | `POST /v1/messages/count_tokens` | Anthropic token counting: `{"input_tokens": N}`, N by the prompt-token formula |
 //! | `POST /v1/responses` | OpenAI Responses, JSON or SSE (`response.created`, `response.output_text.delta`…, `response.completed`) |
 //! | `POST /v1/embeddings` | OpenAI embeddings, 8 small deterministic floats per input |
 //! | anything else | `404` with `{"error":{"message":..,"type":"invalid_request_error","code":"not_found"}}` |

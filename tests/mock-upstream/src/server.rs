@@ -255,6 +255,7 @@ async fn handle_inner(
         }
         (&Method::POST, "/v1/chat/completions") => Route::Chat,
         (&Method::POST, "/v1/messages") => Route::Messages,
+        (&Method::POST, "/v1/messages/count_tokens") => Route::CountTokens,
         (&Method::POST, "/v1/responses") => Route::Responses,
         (&Method::POST, "/v1/embeddings") => Route::Embeddings,
         (method, path) => {
@@ -326,6 +327,7 @@ async fn handle_inner(
     let reply = match route {
         Route::Chat => handlers::chat(&request, &ctx),
         Route::Messages => handlers::messages(&request, &ctx),
+        Route::CountTokens => handlers::count_tokens(&request, &ctx),
         Route::Responses => handlers::responses(&request, &ctx),
         Route::Embeddings => handlers::embeddings(&request, &ctx),
     };
@@ -338,6 +340,7 @@ async fn handle_inner(
 enum Route {
     Chat,
     Messages,
+    CountTokens,
     Responses,
     Embeddings,
 }

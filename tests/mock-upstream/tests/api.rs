@@ -450,6 +450,29 @@ async fn anthropic_messages() {
 }
 
 #[tokio::test]
+async fn anthropic_count_tokens() {
+    let mock = start().await;
+    // the same conversation as anthropic_messages: 19, without generating anything
+    let request = json!({
+        "model": "claude-mock",
+        "system": [{"type": "text", "text": "be helpful"}],
+        "messages": [
+            {"role": "user", "content": "hello"},
+            {"role": "user", "content": [{"type": "text", "text": "abcdefgh"}]}
+        ]
+    });
+    let path = "/v1/messages/count_tokens";
+    let (status, headers, body) = post(&mock, path, &[], &request).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(content_type(&headers), "application/json");
+    assert_eq!(json_of(&body), json!({"input_tokens": 19}));
+    let (_, _, body) = post(&mock, path, &[("x-mock-prompt-tokens", "7")], &request).await;
+    assert_eq!(json_of(&body), json!({"input_tokens": 7}));
+    let (status, _, _) = post(&mock, path, &[], &json!({"model": "m"})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+}
+
+#[tokio::test]
 async fn anthropic_stream() {
     let mock = start().await;
     let request = json!({

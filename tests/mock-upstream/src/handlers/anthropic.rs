@@ -11,20 +11,38 @@ use crate::json::{str_lit, w, Completion, Sse};
 
 const TEXT: &[&str] = &["text"];
 
+/// `POST /v1/messages/count_tokens`: `{"input_tokens": N}`, N the prompt-token formula of
+/// `POST /v1/messages` over the same `messages` and `system` (or the `x-mock-prompt-tokens`
+/// knob).
+pub(crate) fn count_tokens(req: &Value, ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
+    model(req)?;
+    let messages = array(req, "messages")?;
+    let system = system_tokens(req)?;
+    let input = ctx.knobs.prompt_tokens.unwrap_or_else(|| {
+        conversation_tokens(messages.iter().map(|m| m.get("content")), TEXT).saturating_add(system)
+    });
+    Ok(Reply::Json(format!(r#"{{"input_tokens":{input}}}"#)))
+}
+
+/// The tokens of `system` (a string or text blocks), counted as one more message; 0 without.
+fn system_tokens(req: &Value) -> Result<u64, ApiError> {
+    match req.get("system") {
+        None | Some(Value::Null) => Ok(0),
+        Some(system @ (Value::String(_) | Value::Array(_))) => {
+            Ok(message_tokens(Some(system), TEXT))
+        }
+        Some(_) => Err(ApiError::invalid(
+            "'system' must be a string or an array of blocks",
+            Some("system"),
+        )),
+    }
+}
+
 /// `POST /v1/messages`
 pub(crate) fn messages(req: &Value, ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
     let model = str_lit(model(req)?);
     let messages = array(req, "messages")?;
-    let system = match req.get("system") {
-        None | Some(Value::Null) => 0,
-        Some(system @ (Value::String(_) | Value::Array(_))) => message_tokens(Some(system), TEXT),
-        Some(_) => {
-            return Err(ApiError::invalid(
-                "'system' must be a string or an array of blocks",
-                Some("system"),
-            ))
-        }
-    };
+    let system = system_tokens(req)?;
     let stream = opt_bool(req, "stream", "stream")?;
     let cap = opt_u64(req, "max_tokens")?;
 
