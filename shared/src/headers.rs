@@ -26,6 +26,10 @@ pub const DEPLOYMENT: &str = "x-llm-deployment";
 pub const CLUSTER: &str = "x-llm-cluster";
 /// Logical request id that survives fallbacks and retries (reservations are keyed by it).
 pub const REQUEST_ID: &str = "x-llm-request-id";
+/// Present on a pass that re-enters the chain for the same logical request after an internal
+/// redirect (set by key-auth only on a verified re-entry; absent on the first pass). See
+/// [`crate::reentry`].
+pub const REENTRY: &str = "x-llm-reentry";
 
 /// Higress's consumer header, read by Higress's own plugins; set by key-auth, and stripped
 /// from clients because Higress's key-auth only adds it.
