@@ -44,8 +44,10 @@ pub enum Pass<T> {
 }
 
 /// Values left by superseded passes, keyed by the logical request id: bounded in count
-/// (the oldest is evicted) and in age (expired entries are dropped whenever the stash is
-/// used). Never panics.
+/// (the oldest is evicted) and in age (an expired entry is never taken; it leaves at the next
+/// [`put`](Stash::put) or [`expire`](Stash::expire)). Every value put leaves exactly once:
+/// taken, or handed back by `put`/`expire`, so a plugin can finalise what nobody took.
+/// Never panics.
 #[derive(Debug, Clone)]
 pub struct Stash<T> {
     /// (request id, stashed at ms, value), oldest first.
@@ -82,23 +84,33 @@ impl<T> Stash<T> {
     }
 
     /// Stashes `value` for request `id` at `now_ms`, replacing what that id had; evicts the
-    /// oldest entry when full. An empty id is not stashed (nothing could take it).
-    pub fn put(&mut self, id: &str, value: T, now_ms: u64) {
-        self.expire(now_ms);
+    /// oldest entry when full. Returns what left the stash (expired, evicted or replaced
+    /// entries), for a plugin that must finalise them. An empty id is not stashed (nothing
+    /// could take it): the value comes back too.
+    pub fn put(&mut self, id: &str, value: T, now_ms: u64) -> Vec<T> {
+        let mut dropped = self.expire(now_ms);
         if id.is_empty() {
-            return;
+            dropped.push(value);
+            return dropped;
         }
-        self.entries.retain(|(key, _, _)| key != id);
+        if let Some(at) = self.entries.iter().position(|(key, _, _)| key == id) {
+            dropped.extend(self.entries.remove(at).map(|(_, _, v)| v));
+        }
         while self.entries.len() >= self.capacity {
-            self.entries.pop_front();
+            dropped.extend(self.entries.pop_front().map(|(_, _, v)| v));
         }
         self.entries.push_back((id.to_owned(), now_ms, value));
+        dropped
     }
 
-    /// Takes the value stashed for `id`, once; `None` if there is none or it expired.
+    /// Takes the value stashed for `id`, once; `None` if there is none or it expired (an
+    /// expired entry stays for [`expire`](Self::expire) to hand out).
     pub fn take(&mut self, id: &str, now_ms: u64) -> Option<T> {
-        self.expire(now_ms);
-        let at = self.entries.iter().position(|(key, _, _)| key == id)?;
+        let ttl = self.ttl_ms;
+        let at = self
+            .entries
+            .iter()
+            .position(|(key, at, _)| key == id && now_ms.saturating_sub(*at) <= ttl)?;
         self.entries.remove(at).map(|(_, _, value)| value)
     }
 
@@ -114,11 +126,21 @@ impl<T> Stash<T> {
         }
     }
 
-    /// Drops entries older than the TTL (a clock that went back keeps them).
-    fn expire(&mut self, now_ms: u64) {
+    /// Removes and returns the entries older than the TTL (a clock that went back keeps
+    /// them).
+    pub fn expire(&mut self, now_ms: u64) -> Vec<T> {
         let ttl = self.ttl_ms;
-        self.entries
-            .retain(|(_, at, _)| now_ms.saturating_sub(*at) <= ttl);
+        let mut expired = Vec::new();
+        let mut kept = VecDeque::with_capacity(self.entries.len());
+        for (key, at, value) in self.entries.drain(..) {
+            if now_ms.saturating_sub(at) <= ttl {
+                kept.push_back((key, at, value));
+            } else {
+                expired.push(value);
+            }
+        }
+        self.entries = kept;
+        expired
     }
 }
 
@@ -155,8 +177,12 @@ mod tests {
     #[test]
     fn a_second_put_replaces() {
         let mut stash = Stash::new(4, 1_000);
-        stash.put("r1", 1, 0);
-        stash.put("r1", 2, 5);
+        assert!(stash.put("r1", 1, 0).is_empty());
+        assert_eq!(
+            stash.put("r1", 2, 5),
+            vec![1],
+            "the replaced value comes back"
+        );
         assert_eq!(stash.len(), 1);
         assert_eq!(stash.take("r1", 6), Some(2));
     }
@@ -167,14 +193,22 @@ mod tests {
         stash.put("old", 1, 0);
         stash.put("new", 2, 50);
         assert_eq!(stash.take("old", 101), None);
-        assert_eq!(stash.len(), 1, "the expired entry went on access");
+        assert_eq!(
+            stash.expire(101),
+            vec![1],
+            "expired entries are handed out once"
+        );
+        assert_eq!(stash.len(), 1);
         assert_eq!(
             stash.take("new", 150),
             Some(2),
             "exactly the TTL still counts"
         );
+        // a put hands out what expired meanwhile
+        stash.put("a", 4, 200);
+        assert_eq!(stash.put("b", 5, 301), vec![4]);
         // a clock that went back expires nothing
-        stash.put("r", 3, 1_000);
+        assert!(stash.put("r", 3, 1_000).contains(&5));
         assert_eq!(stash.take("r", 500), Some(3));
     }
 
@@ -183,7 +217,11 @@ mod tests {
         let mut stash = Stash::new(2, 1_000);
         stash.put("a", 1, 0);
         stash.put("b", 2, 1);
-        stash.put("c", 3, 2);
+        assert_eq!(
+            stash.put("c", 3, 2),
+            vec![1],
+            "the evicted value comes back"
+        );
         assert_eq!(stash.len(), 2);
         assert_eq!(stash.take("a", 3), None);
         assert_eq!(stash.take("b", 3), Some(2));
@@ -193,7 +231,7 @@ mod tests {
     #[test]
     fn empty_ids_and_zero_capacity() {
         let mut stash = Stash::new(0, 1_000);
-        stash.put("", 1, 0);
+        assert_eq!(stash.put("", 1, 0), vec![1]);
         assert!(stash.is_empty());
         stash.put("a", 1, 0);
         stash.put("b", 2, 0);
@@ -247,17 +285,21 @@ mod tests {
                     std::collections::HashMap::new();
                 let mut now = 0u64;
                 let mut puts = 0usize;
+                // values handed back by put / take / expire: each value leaves exactly once
+                let mut out = 0usize;
                 for op in ops {
                     match op {
                         Op::Put(k, v) => {
                             let id = format!("r{k}");
-                            stash.put(&id, v, now);
+                            let dropped = stash.put(&id, v, now);
+                            out += dropped.len();
                             latest.insert(id, (v, now, puts));
                             puts += 1;
                         }
                         Op::Take(k) => {
                             let id = format!("r{k}");
                             let got = stash.take(&id, now);
+                            out += usize::from(got.is_some());
                             let expected = latest.remove(&id);
                             if let Some(value) = got {
                                 let (v, at, _) = expected.unwrap();
@@ -273,6 +315,9 @@ mod tests {
                     }
                     prop_assert!(stash.len() <= capacity);
                 }
+                out += stash.expire(u64::MAX).len();
+                prop_assert!(stash.is_empty());
+                prop_assert_eq!(out, puts, "every value put leaves the stash once");
             }
 
             /// With room for every id and no time passing, every put is taken back.

@@ -10,11 +10,14 @@
 //!    the plain-Envoy build); refused: the group's budget fallback if the router published one,
 //!    else 402.
 //!
-//! `on_log` settles, exactly once per request: unused tokens go back to the buckets, the
+//! `on_log` settles, exactly once per logical request: unused tokens go back to the buckets, the
 //! reservation is reconciled (`RECONCILE`) with the usage record usage-accounting published
 //! (it runs before this filter's `on_log`, being earlier in the chain). A reconcile that
 //! cannot reach Redis is journaled in shared data and replayed by the instance's sync worker,
 //! elected with a lease in shared data, which also tops up leased buckets on its tick.
+//!
+//! After an internal redirect ([`crate::reentry`]): a superseded pass stashes its [`Flow`]
+//! in the VM's stash instead of settling; the re-entering pass adopts it and settles it.
 
 // The plain-Envoy build has no Redis transport: the call machinery is compiled but unused.
 #![cfg_attr(not(feature = "higress"), allow(dead_code))]
@@ -24,11 +27,13 @@ use crate::budget::{self, BucketKeys, Identity, Journal, JournalEntry, Level};
 use crate::config::{parse_document, Clock, Config, OnRedisFailure, RedisConfig, Unit};
 use crate::cost::{self, Cost};
 use crate::decide;
+use crate::reentry::{self, AtLog};
 use crate::scripts::{self, Script, ScriptError};
 use crate::settle;
 use llm_gateway_shared::headers;
 use llm_gateway_shared::host::{self, Buffer, HeaderMap, HostError, LogLevel, Metric};
 use llm_gateway_shared::pending::Pending;
+use llm_gateway_shared::reentry::{is_superseded, Pass, Stash};
 use llm_gateway_shared::reject::Reject;
 use llm_gateway_shared::route_info::{
     Alternative, RouteInfo, BUDGET_FALLBACK_PROPERTY, PROPERTY as ROUTE_PROPERTY,
@@ -135,6 +140,10 @@ struct Flow {
     alternative_tried: bool,
     /// The group the budget fallback switched to.
     switched_to: Option<String>,
+    /// The budget fallback applied (a re-entering pass writes it again).
+    switched: Option<Box<Alternative>>,
+    /// Adopted from a superseded pass: admitted there, its body only gets the same edits.
+    reentered: bool,
     warnings: Vec<String>,
     /// The request went on upstream.
     admitted: bool,
@@ -196,6 +205,8 @@ struct State {
     loaded: RefCell<HashSet<&'static str>>,
     replaying: RefCell<HashSet<u64>>,
     metrics: RefCell<HashMap<String, Option<Metric>>>,
+    /// Admissions of superseded passes, waiting for their re-entering pass.
+    stash: RefCell<Stash<Flow>>,
 }
 
 impl State {
@@ -699,25 +710,10 @@ impl State {
 
     /// Applies the router's published alternative: the request now goes to the cheaper group.
     fn switch(&self, flow: &mut Flow, alt: &Alternative) {
-        let writes = alt.switch_writes();
-        for (name, value) in &writes.properties {
-            let _ = host::set_property(&[name], value);
-        }
-        for (name, value) in &writes.set_headers {
-            let _ = host::set_header(HeaderMap::RequestHeaders, name, value.as_bytes());
-        }
-        for name in &writes.remove_headers {
-            let _ = host::remove_header(HeaderMap::RequestHeaders, name);
-        }
-        if let Err(err) = rewrite_model(&writes.model) {
-            log(
-                LogLevel::Warn,
-                &format!("budget fallback: cannot rewrite the model: {err}"),
-            );
-        }
-        let _ = host::clear_route_cache();
+        write_switch(alt);
         self.count("budget_fallback", 1);
         flow.switched_to = Some(alt.route.model_group.clone());
+        flow.switched = Some(Box::new(alt.clone()));
     }
 
     /// Gives every taken unit back (the request was refused or never forwarded).
@@ -1507,6 +1503,28 @@ fn rewrite_model(model: &str) -> Result<(), HostError> {
         )?;
     }
     Ok(())
+}
+
+/// Writes an alternative's switch: filter state, headers, the held body's `model`, and clears
+/// the route cache.
+fn write_switch(alt: &Alternative) {
+    let writes = alt.switch_writes();
+    for (name, value) in &writes.properties {
+        let _ = host::set_property(&[name], value);
+    }
+    for (name, value) in &writes.set_headers {
+        let _ = host::set_header(HeaderMap::RequestHeaders, name, value.as_bytes());
+    }
+    for name in &writes.remove_headers {
+        let _ = host::remove_header(HeaderMap::RequestHeaders, name);
+    }
+    if let Err(err) = rewrite_model(&writes.model) {
+        log(
+            LogLevel::Warn,
+            &format!("budget fallback: cannot rewrite the model: {err}"),
+        );
+    }
+    let _ = host::clear_route_cache();
 }
 
 fn route_info() -> Option<RouteInfo> {
