@@ -142,8 +142,11 @@ struct Flow {
     switched_to: Option<String>,
     /// The budget fallback applied (a re-entering pass writes it again).
     switched: Option<Box<Alternative>>,
-    /// Adopted from a superseded pass: admitted there, its body only gets the same edits.
+    /// Adopted from a superseded pass: admitted there, its body still awaits the same edits.
     reentered: bool,
+    /// `request_id` is the logical id (`x-llm-request-id`), so a re-entering pass can find
+    /// this admission in the stash.
+    logical: bool,
     warnings: Vec<String>,
     /// The request went on upstream.
     admitted: bool,
@@ -716,6 +719,27 @@ impl State {
         flow.switched = Some(Box::new(alt.clone()));
     }
 
+    /// The body of a re-entering pass got the same cap edit as its first pass: write the
+    /// first pass's budget fallback again unless the router already routes there, and go on
+    /// (admitted in the first pass).
+    fn reenter_body(&self, id: u32) -> Action {
+        let switched = match self.flows.borrow_mut().get_mut(&id) {
+            Some(flow) => {
+                flow.reentered = false;
+                flow.switched.clone()
+            }
+            None => None,
+        };
+        if let Some(alt) = switched {
+            let routed = route_info().map(|r| r.model_group);
+            if reentry::reapply_switch(alt.group(), routed.as_deref()) {
+                write_switch(&alt);
+                self.count("reentry_switch_rewritten", 1);
+            }
+        }
+        Action::Continue
+    }
+
     /// Gives every taken unit back (the request was refused or never forwarded).
     fn give_back_all(&self, flow: &mut Flow, config: &Config, now: u64) {
         for taken in flow.taken.drain(..) {
@@ -1019,6 +1043,41 @@ impl State {
     // -----------------------------------------------------------------------------------
     // Settling
 
+    /// `on_log` of a request: settles it, or — superseded by an internal redirect — stashes
+    /// its admission for the pass that re-enters ([`crate::reentry`]).
+    fn log(&self, id: u32, superseded: bool) {
+        let now = now_ms();
+        let choice = self.flows.borrow().get(&id).map(|flow| {
+            let in_flight = flow.waiting || matches!(flow.reservation, Reservation::Pending);
+            reentry::at_log(superseded && flow.logical, flow.admitted, in_flight)
+        });
+        if choice != Some(AtLog::Carry) {
+            self.settle(id);
+            return;
+        }
+        let Some(flow) = self.flows.borrow_mut().remove(&id) else {
+            return;
+        };
+        let request_id = flow.request_id.clone();
+        let dropped = self.stash.borrow_mut().put(&request_id, flow, now);
+        self.count("reentry_carried", 1);
+        self.settle_dropped(dropped, now);
+    }
+
+    /// Settles admissions that left the stash untaken (expired, evicted): their usage is
+    /// unknown, so the reservation stands — the safe direction, never a leak.
+    fn settle_dropped(&self, dropped: Vec<Flow>, now: u64) {
+        for mut flow in dropped {
+            self.count("reentry_expired", 1);
+            let Some(config) = self.config(flow.config) else {
+                continue;
+            };
+            if let Some(entry) = self.settle_flow(&mut flow, config, None, now) {
+                self.settle_entry(entry, now);
+            }
+        }
+    }
+
     fn settle(&self, id: u32) {
         let now = now_ms();
         let mut flows = self.flows.borrow_mut();
@@ -1038,10 +1097,31 @@ impl State {
         } else {
             None
         };
+        let entry = self.settle_flow(flow, config, record.as_ref(), now);
+        if waiting {
+            flow.abandoned = true;
+        } else {
+            flows.remove(&id);
+        }
+        drop(flows);
+        if let Some(entry) = entry {
+            self.settle_entry(entry, now);
+        }
+    }
+
+    /// Gives back the buckets' unused units and settles a local reservation; returns the
+    /// Redis settlement to send, if any.
+    fn settle_flow(
+        &self,
+        flow: &mut Flow,
+        config: &Config,
+        record: Option<&Record>,
+        now: u64,
+    ) -> Option<JournalEntry> {
         if flow.admitted && record.is_none() {
             self.count("settled_without_usage", 1);
         }
-        let actual = settle::actual(flow.admitted, record.as_ref());
+        let actual = settle::actual(flow.admitted, record);
 
         // soft limits
         let mode = self.mode(config, now);
@@ -1105,15 +1185,7 @@ impl State {
                 None
             }
         };
-        if waiting {
-            flow.abandoned = true;
-        } else {
-            flows.remove(&id);
-        }
-        drop(flows);
-        if let Some(entry) = entry {
-            self.settle_entry(entry, now);
-        }
+        entry
     }
 
     /// Sends a reconcile or charge now, or journals it while Redis is unreachable.
@@ -1596,6 +1668,7 @@ impl RootContext for Root {
             loaded: RefCell::default(),
             replaying: RefCell::default(),
             metrics: RefCell::default(),
+            stash: RefCell::default(),
         });
         if let Some(redis) = state.redis().cloned() {
             if !init_redis(&state, &redis) {
@@ -1730,21 +1803,49 @@ impl HttpContext for Limiter {
             ip,
             user: header_text("x-user-id"),
         };
-        let request_id = header_text(headers::REQUEST_ID)
+        let logical_id = header_text(headers::REQUEST_ID);
+        let logical = logical_id.is_some();
+        let request_id = logical_id
             .or_else(|| host::property_string(&["request", "id"]).ok().flatten())
             .unwrap_or_else(|| format!("ctx-{}-{}", state.nonce, self.id));
         let path = header_text(":path").unwrap_or_default();
-        state.flows.borrow_mut().insert(
-            self.id,
-            Flow {
-                config: index,
-                identity,
-                request_id,
-                path,
-                ..Flow::default()
-            },
-        );
+        let now = now_ms();
+        let reentry = header_text(headers::REENTRY).is_some();
+        let expired = state.stash.borrow_mut().expire(now);
+        state.settle_dropped(expired, now);
+        let adopted = state.stash.borrow_mut().adopt(reentry, &request_id, now);
+        let flow = match adopted {
+            Pass::Reentry(carried) => {
+                state.count("reentry_adopted", 1);
+                Flow {
+                    reentered: true,
+                    ..carried
+                }
+            }
+            Pass::First | Pass::Lost => {
+                if matches!(adopted, Pass::Lost) {
+                    state.count("reentry_lost", 1);
+                    log(
+                        LogLevel::Warn,
+                        "re-entered request without a stashed admission: admitted afresh",
+                    );
+                }
+                Flow {
+                    config: index,
+                    identity,
+                    request_id,
+                    logical,
+                    path,
+                    ..Flow::default()
+                }
+            }
+        };
+        let reentered = flow.reentered;
+        state.flows.borrow_mut().insert(self.id, flow);
         if end_of_stream {
+            if reentered {
+                return Action::Continue;
+            }
             return self.step_action(state.advance(self.id));
         }
         Action::Pause // headers held until the body is read
@@ -1754,8 +1855,11 @@ impl HttpContext for Limiter {
         let Some(state) = self.state.clone() else {
             return Action::Continue;
         };
-        let (config_index, path) = match state.flows.borrow().get(&self.id) {
-            Some(flow) if flow.cost.is_none() && !flow.admitted => (flow.config, flow.path.clone()),
+        let (config_index, path, reentered) = match state.flows.borrow().get(&self.id) {
+            Some(flow) if flow.reentered => (flow.config, flow.path.clone(), true),
+            Some(flow) if flow.cost.is_none() && !flow.admitted => {
+                (flow.config, flow.path.clone(), false)
+            }
             _ => return Action::Continue,
         };
         let Some(config) = state.config(config_index) else {
@@ -1784,12 +1888,19 @@ impl HttpContext for Limiter {
             }
         };
         let margin = config.prompt_margin_percent;
+        // A re-entering pass keeps its first pass's estimate: its body only needs the same
+        // edits, so the tokenizer does not run (sample of 0 bytes).
+        let sample_bytes = if reentered {
+            0
+        } else {
+            config.tokenizer_sample_bytes
+        };
         let cost = match cost::inspect(
             &path,
             &body,
             config.default_max_tokens,
             margin,
-            config.tokenizer_sample_bytes,
+            sample_bytes,
         ) {
             Ok(cost) => cost,
             Err(reject) => {
@@ -1809,6 +1920,9 @@ impl HttpContext for Limiter {
                     edited.len().to_string().as_bytes(),
                 );
             }
+        }
+        if reentered {
+            return state.reenter_body(self.id);
         }
         if let Some(flow) = state.flows.borrow_mut().get_mut(&self.id) {
             flow.cost = Some(cost);
@@ -1839,7 +1953,10 @@ impl HttpContext for Limiter {
 
     fn on_log(&mut self) {
         if let Some(state) = &self.state {
-            state.settle(self.id);
+            let details = host::property_string(&["response", "code_details"])
+                .ok()
+                .flatten();
+            state.log(self.id, is_superseded(details.as_deref()));
         }
     }
 }
