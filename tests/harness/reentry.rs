@@ -307,3 +307,93 @@ fn redis_budgets_reserve_and_reconcile_once_across_the_redirect() {
     assert_eq!(redis.command(&["KEYS", "llm:*:res:*"]).unwrap(), "*0\r\n");
     assert_eq!(records(&fleet).len(), 1);
 }
+
+/// A budget fallback taken in the superseded pass is kept: the re-entering pass writes the
+/// switch again (the reservation was priced for the cheaper group) and the budget is charged
+/// once, at the cheap price. The router's state is given as properties of the first pass (the
+/// router of this branch draws a new `x-llm-request-id` on every pass; keeping it on a verified
+/// re-entry is its part of the contract); the re-entering pass gets no route from it.
+#[test]
+fn a_budget_fallback_of_the_superseded_pass_is_kept() {
+    let route = |group: &str, deployment: &str, model: &str, input: u64, output: u64| {
+        json!({"request_id": "BF1", "model_group": group, "deployment": deployment,
+               "model": model, "provider": "openai", "route_version": "bf", "attempts": 1,
+               "price": {"input": input, "output": output},
+               "price_ceiling": {"input": input, "output": output}})
+    };
+    let smart = route("smart", "big", "big-model", 5_000_000, 15_000_000);
+    let alternative = json!({
+        "route": route("cheap", "mini", "mini-model", 150_000, 600_000),
+        "deployments": ["mini"],
+        "clusters": ["c-mini"]
+    });
+    // smart reserves ≈ $0.0206, cheap ≈ $0.0008; the budget is one cent
+    let config = json!({
+        "budgets": [{"name": "tenant-day", "by": "tenant", "period": "day", "money": "0.01"}]
+    });
+    let fleet = Fleet::builder()
+        .filter(FilterSpec::plugin("usage-accounting", &json!({"log_records": true})).unwrap())
+        .filter(
+            FilterSpec::plugin("token-ratelimit", &config)
+                .unwrap()
+                .allow_on_headers_stop_iteration(true),
+        )
+        .build()
+        .unwrap();
+    let request = |reentry: bool| {
+        let r = Request::post("/v1/chat/completions")
+            .header("x-llm-request-id", "BF1")
+            .header("x-llm-tenant", "acme")
+            .header("x-llm-model-group", "smart")
+            .header(if reentry { "x-llm-reentry" } else { "x-first" }, "1");
+        let r = if reentry {
+            r
+        } else {
+            r.property("response.code_details", "internal_redirect")
+                .property("llm_route", smart.to_string())
+                .property("llm_route_budget_fallback", alternative.to_string())
+        };
+        r.json(&json!({"model": "big-model", "max_tokens": 1000,
+                       "messages": [{"role": "user", "content": "a".repeat(4000)}]}))
+    };
+    let model_sent = |up: &Upstream| {
+        let body: Value = serde_json::from_slice(&up.body).unwrap();
+        body["model"].as_str().unwrap().to_string()
+    };
+    let ex = fleet
+        .exchange(0, 0, &request(false), |up| {
+            assert_eq!(model_sent(up), "mini-model");
+            Response::status(503)
+        })
+        .unwrap();
+    assert_eq!(ex.status(), 503, "{}", fleet.log_text());
+    let ex = fleet
+        .exchange(0, 0, &request(true), |up| {
+            assert_eq!(model_sent(up), "mini-model", "switched again");
+            let headers = up.headers.as_ref().unwrap();
+            assert_eq!(
+                llm_gateway_tests::harness::stream::header_value(headers, "x-llm-model-group"),
+                Some("cheap")
+            );
+            Response::json(&json!({
+                "object": "chat.completion", "model": "mini-model",
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 1004, "completion_tokens": 200, "total_tokens": 1204}
+            }))
+        })
+        .unwrap();
+    assert_eq!(ex.status(), 200, "{}", fleet.log_text());
+    assert_eq!(
+        ex.filter_state
+            .get("wasm.llm_budget_fallback")
+            .map(Vec::as_slice),
+        Some(&b"cheap"[..])
+    );
+    let metric = |name: &str| fleet.metric_sum(&format!("llm_gateway.ratelimit.{name}"));
+    assert_eq!(metric("budget_fallback"), 1);
+    assert_eq!(metric("reentry_switch_rewritten"), 1);
+    assert_eq!(metric("admitted"), 1);
+    // charged once, at the cheap price: 1004 × 0.15 + 200 × 0.60 (µ$/token ×1000 = nano)
+    assert_eq!(budget_spent(&fleet), 1004 * 150 + 200 * 600);
+    assert_eq!(records(&fleet).len(), 1);
+}
