@@ -28,7 +28,8 @@ pub const CLUSTER: &str = "x-llm-cluster";
 pub const REQUEST_ID: &str = "x-llm-request-id";
 /// Present on a pass that re-enters the chain for the same logical request (the
 /// internal-redirect fallback of Higress and Envoy < 1.39): key-auth sets it after verifying
-/// the gateway's ticket, and removes any other copy. Absent on a request's first pass.
+/// the gateway's ticket, and removes any other copy. Absent on a request's first pass. See
+/// [`crate::reentry`].
 pub const REENTRY: &str = "x-llm-reentry";
 /// The model router's continuation on a re-entered pass (`<attempt>|<group>|<request id>|<plan>`),
 /// copied by the redirect policy from the first pass's filter state `wasm.llm_route_next`.

@@ -4,7 +4,9 @@
 //! global config + `_rules_`) with one rule matcher ([`rules`]), validation errors that name the
 //! field ([`config`]), OpenAI-shaped error responses ([`reject`]), the internal header names of
 //! the filter contract ([`headers`]), reading and editing the top level of JSON bodies without a
-//! full parse ([`json`]), server-sent events framed across chunk splits ([`sse`]), and —
+//! full parse ([`json`]), the hand-over between the passes of a request re-entering the
+//! chain after an internal redirect ([`reentry`]), server-sent events framed across chunk
+//! splits ([`sse`]), and —
 //! compiled only for `wasm32` — a safe layer over the proxy-wasm host calls ([`host`]) that
 //! turns every non-OK host status into an error value.
 //!
@@ -25,6 +27,7 @@ pub mod config;
 pub mod headers;
 pub mod json;
 pub mod pending;
+pub mod reentry;
 pub mod reject;
 pub mod resp;
 pub mod route_info;

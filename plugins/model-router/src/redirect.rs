@@ -108,12 +108,6 @@ impl Continuation {
     }
 }
 
-/// True when Envoy ended a pass because the redirect replaced it (`response.code_details` at
-/// `on_log`, verified on Envoy 1.36.4): that pass's deployment failed.
-pub fn is_superseded(code_details: &str) -> bool {
-    code_details == "internal_redirect"
-}
-
 /// Config check: the budget fallback switches plans in token-ratelimit, after the router, in a
 /// way that relies on the upstream role; it is not available with the redirect yet.
 pub fn validate(fallback: Fallback, has_budget_fallback: bool) -> Result<(), ConfigError> {

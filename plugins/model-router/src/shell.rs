@@ -893,10 +893,9 @@ impl HttpContext for Downstream {
         };
         let details = host::property_string(&["response", "code_details"])
             .ok()
-            .flatten()
-            .unwrap_or_default();
+            .flatten();
         let now = now_ms();
-        if crate::redirect::is_superseded(&details) {
+        if llm_gateway_shared::reentry::is_superseded(details.as_deref()) {
             // the redirect policy fires only on a failure (429, 5xx, a connect failure)
             record(config, &deployment.name, true, now);
         } else if answered_by_router() {

@@ -10,7 +10,7 @@
 
 use crate::detect::{Builtin, Detector, Sweep};
 use sha2::{Digest, Sha256};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
 use std::ops::Range;
 
@@ -77,9 +77,37 @@ pub struct PlaceholderMap {
     restore_names: Vec<String>,
     /// Matches per rule name, for metrics.
     counts: HashMap<String, u64>,
+    /// Carried over from a pass superseded by an internal redirect ([`Self::carried_over`]).
+    reentered: bool,
+    /// The placeholders that pass issued: text equal to one is that pass's own edit, left
+    /// as it is (not masked again as a literal).
+    carried: HashSet<String>,
 }
 
 impl PlaceholderMap {
+    /// This map, as the pass that re-enters the chain for the same request after an internal
+    /// redirect starts from it: the same values get the same placeholders, and a body the
+    /// superseded pass already masked (upstream Envoy re-sends the edited body) keeps the
+    /// placeholders it carries instead of having them masked again as literal text.
+    ///
+    /// One case cannot be told apart: a client text that spells a placeholder issued in
+    /// the same request is then read as that placeholder (it is restored to a value the
+    /// client sent in this very request; nothing of another request can appear).
+    pub fn carried_over(mut self) -> PlaceholderMap {
+        self.carried = self
+            .issued
+            .values()
+            .flat_map(|by_value| by_value.values().cloned())
+            .collect();
+        self.reentered = true;
+        self
+    }
+
+    /// True for a map taken over from a superseded pass ([`Self::carried_over`]).
+    pub fn is_reentered(&self) -> bool {
+        self.reentered
+    }
+
     /// True if some placeholder can be restored (else responses pass untouched).
     pub fn has_restorable(&self) -> bool {
         !self.originals.is_empty()
@@ -303,7 +331,23 @@ impl Redactor {
             });
         }
         if literals {
+            let before = found.len();
             self.literal_placeholders(text, &mut found);
+            if map.reentered {
+                // the superseded pass's own placeholders stay as they are
+                let mut at = before;
+                while at < found.len() {
+                    let own = found
+                        .get(at)
+                        .and_then(|(span, _)| text.get(span.clone()))
+                        .is_some_and(|p| map.carried.contains(p));
+                    if own {
+                        found.swap_remove(at);
+                    } else {
+                        at += 1;
+                    }
+                }
+            }
         }
         if found.is_empty() {
             return Ok(None);
@@ -589,6 +633,49 @@ pub(crate) mod tests {
         assert_eq!(map.restore(&out), text);
     }
 
+    /// The pass that re-enters after an internal redirect starts from the superseded pass's
+    /// map: the already-masked body (upstream Envoy) finds nothing new, the client's original
+    /// body (Higress) masks to the same text, and both restore alike.
+    #[test]
+    fn a_carried_map_keeps_its_placeholders() {
+        let r = redactor();
+        for text in [
+            "mail a@x.com or b@y.org, call 13800138000",
+            "[EMAIL_1] is not a@x.com; [EMAIL_7] neither; [FOO_1] stays",
+        ] {
+            let mut first = PlaceholderMap::default();
+            let edited = r.redact(text, &mut first).unwrap().unwrap();
+            let carried = first.clone().carried_over();
+            assert!(carried.is_reentered() && !first.is_reentered());
+
+            let mut again = carried.clone();
+            assert_eq!(r.redact(&edited, &mut again), Ok(None), "{text}");
+            assert_eq!(again.restore(&edited), text);
+
+            let mut again = carried.clone();
+            assert_eq!(
+                r.redact(text, &mut again).unwrap().as_deref(),
+                Some(edited.as_str())
+            );
+            assert_eq!(again.restore(&edited), text);
+
+            // a fresh map would mask the edited body's placeholders again
+            let mut fresh = PlaceholderMap::default();
+            assert!(r.redact(&edited, &mut fresh).unwrap().is_some());
+        }
+        // a new value in the re-entering pass gets the next number
+        let mut first = PlaceholderMap::default();
+        r.redact("a@x.com", &mut first).unwrap();
+        let mut again = first.carried_over();
+        assert_eq!(
+            r.redact("[EMAIL_1] and c@z.net", &mut again)
+                .unwrap()
+                .as_deref(),
+            Some("[EMAIL_1] and [EMAIL_2]")
+        );
+        assert_eq!(again.restore("[EMAIL_1] [EMAIL_2]"), "a@x.com c@z.net");
+    }
+
     #[test]
     fn hold_back_is_the_shortest_possible_prefix() {
         let r = redactor();
@@ -688,6 +775,38 @@ pub(crate) mod tests {
     }
 
     proptest! {
+        /// Re-entry: a carried map leaves the masked text alone and masks the original to
+        /// the same text (so whichever body the host re-sends, the provider sees one text and
+        /// the response restores the same values).
+        #[test]
+        fn carried_maps_reproduce_the_first_pass(
+            parts in proptest::collection::vec(
+                prop_oneof![
+                    Just("a@x.com"), Just("b@y.org"), Just("[EMAIL_1]"), Just("[EMAIL_2]"),
+                    Just("[PHONE_1]"), Just("13800138000"), Just(" "), Just("text"), Just("[X_1]"),
+                ],
+                0..12,
+            )
+        ) {
+            let r = redactor();
+            let text = parts.concat();
+            let mut first = PlaceholderMap::default();
+            let edited = r.redact(&text, &mut first).unwrap().unwrap_or_else(|| text.clone());
+            let carried = first.clone().carried_over();
+            let mut again = carried.clone();
+            prop_assert_eq!(r.redact(&edited, &mut again).unwrap(), None);
+            // a literal that spells a placeholder of this request is read as that
+            // placeholder (the documented ambiguity of raw text; message bodies are told
+            // apart by their fingerprint, see request.rs)
+            let ambiguous = parts.iter().any(|p| first.restore(p) != *p);
+            let mut again = carried;
+            let re = r.redact(&text, &mut again).unwrap().unwrap_or_else(|| text.clone());
+            if !ambiguous {
+                prop_assert_eq!(&re, &edited);
+            }
+            prop_assert_eq!(again.restore(&edited), text);
+        }
+
         #[test]
         fn output_hold_loses_nothing(
             text in "[a-z0-9 @.\n-]{0,60}",

@@ -9,10 +9,19 @@
 //! function call arguments and outputs) and Anthropic Messages (`system`, text blocks,
 //! `tool_use.input`, `tool_result`). Only the changed strings are re-encoded, so the JSON stays
 //! valid and everything else keeps its bytes.
+//!
+//! After an internal redirect the request re-enters the chain ([`redact_pass`]): it starts
+//! from the superseded pass's [`Carried`] map, so the same values get the same placeholders.
+//! The host re-sends either the body that pass forwarded (upstream Envoy: already masked,
+//! preamble included) or the client's original (Higress). In `messages` scope the two are
+//! told apart by a fingerprint of the message texts: the forwarded body passes unchanged,
+//! the original is masked exactly as the first time (preamble included, once).
 
 use crate::config::{BodyScope, PiiConfig};
 use crate::mask::{Blocked, PlaceholderMap};
 use llm_gateway_shared::json::{self, Scalar, Seg};
+use std::collections::hash_map::DefaultHasher;
+use std::hash::Hasher;
 use std::ops::Range;
 
 const TOP: &[&str] = &["messages", "system", "input", "instructions", "prompt"];
@@ -131,17 +140,106 @@ pub fn redact_body(
     body: &[u8],
     map: &mut PlaceholderMap,
 ) -> Redaction {
+    redact_pass(config, api, body, map, None).0
+}
+
+/// What a pass superseded by an internal redirect leaves for the pass that re-enters.
+#[derive(Debug, Clone, Default)]
+pub struct Carried {
+    /// Its placeholders and their originals.
+    pub map: PlaceholderMap,
+    /// [`fingerprint`] of the message texts it forwarded (`messages` scope).
+    pub forwarded: Option<u64>,
+}
+
+/// Redacts one pass's request body. `carried`: the fingerprint the superseded pass forwarded,
+/// when this pass re-enters (`map` then holds that pass's map). Returns the redaction and the
+/// fingerprint of what this pass forwards (`None` outside `messages` scope or when nothing
+/// is forwarded).
+///
+/// A re-entering body whose message texts are exactly what the superseded pass forwarded
+/// is that pass's own output: it passes unchanged and `map` stays as carried. Any other body
+/// is redacted with the carried map, which gives the first pass's text for the client's
+/// original body. In `raw_body` scope no fingerprint is kept: the carried map
+/// ([`PlaceholderMap::carried_over`]) leaves its own placeholders alone instead.
+pub fn redact_pass(
+    config: &PiiConfig,
+    api: Api,
+    body: &[u8],
+    map: &mut PlaceholderMap,
+    carried: Option<u64>,
+) -> (Redaction, Option<u64>) {
     if body.is_empty() {
-        return Redaction::Unchanged;
+        return (Redaction::Unchanged, None);
     }
-    let result = match config.scope {
-        BodyScope::RawBody => redact_raw(config, body, map),
-        BodyScope::Messages => redact_messages(config, api, body, map),
+    let (result, forwarded) = match config.scope {
+        BodyScope::RawBody => (redact_raw(config, body, map), None),
+        BodyScope::Messages => {
+            let before = carried.map(|_| map.clone());
+            let (result, incoming) = redact_messages(config, api, body, map);
+            if let (Some(carried), Some(incoming), Some(before)) = (carried, incoming, before) {
+                if carried == incoming {
+                    *map = before;
+                    return (Redaction::Unchanged, Some(incoming));
+                }
+            }
+            let forwarded = match &result {
+                Ok(Some(new)) => fingerprint(new),
+                Ok(None) => incoming,
+                Err(_) => None,
+            };
+            (result, forwarded)
+        }
     };
-    match result {
+    let redaction = match result {
         Ok(Some(new)) => Redaction::Rewritten(new),
         Ok(None) => Redaction::Unchanged,
         Err(outcome) => outcome,
+    };
+    (redaction, forwarded)
+}
+
+/// A fingerprint of a body's message texts (see [`is_message_text`]), whatever their order
+/// (a host may re-serialise the body); `None` if the body is not JSON. Edits of other members
+/// (the model, `max_tokens`, `stream_options`, made by other filters) leave it alone.
+pub fn fingerprint(body: &[u8]) -> Option<u64> {
+    let mut sum = Fingerprint::default();
+    json::walk(body, &json::Limits::default(), &mut |path, kind, span| {
+        if kind == Scalar::String && is_message_text(path) {
+            let text = body.get(span).and_then(json::decode_lossy);
+            sum.add(text.as_deref());
+        }
+    })
+    .ok()?;
+    Some(sum.finish())
+}
+
+/// The multiset of a body's message texts, hashed: each text's SipHash (fixed keys), summed.
+#[derive(Debug, Default)]
+struct Fingerprint {
+    sum: u64,
+    count: u64,
+}
+
+impl Fingerprint {
+    fn add(&mut self, text: Option<&str>) {
+        let mut hasher = DefaultHasher::new();
+        match text {
+            Some(text) => {
+                hasher.write_u8(1);
+                hasher.write(text.as_bytes());
+            }
+            None => hasher.write_u8(0),
+        }
+        self.sum = self.sum.wrapping_add(hasher.finish());
+        self.count = self.count.wrapping_add(1);
+    }
+
+    fn finish(&self) -> u64 {
+        let mut hasher = DefaultHasher::new();
+        hasher.write_u64(self.sum);
+        hasher.write_u64(self.count);
+        hasher.finish()
     }
 }
 
@@ -160,11 +258,28 @@ fn redact_raw(
     }
 }
 
+/// The redaction of a JSON body, and the [`fingerprint`] of its incoming message texts.
 fn redact_messages(
     config: &PiiConfig,
     api: Api,
     body: &[u8],
     map: &mut PlaceholderMap,
+) -> (Result<Option<Vec<u8>>, Redaction>, Option<u64>) {
+    let mut incoming = Fingerprint::default();
+    let result = redact_messages_into(config, api, body, map, &mut incoming);
+    let incoming = match &result {
+        Err(Redaction::Invalid(_)) => None,
+        _ => Some(incoming.finish()),
+    };
+    (result, incoming)
+}
+
+fn redact_messages_into(
+    config: &PiiConfig,
+    api: Api,
+    body: &[u8],
+    map: &mut PlaceholderMap,
+    incoming: &mut Fingerprint,
 ) -> Result<Option<Vec<u8>>, Redaction> {
     let mut edits: Vec<(Range<usize>, Vec<u8>)> = Vec::new();
     let mut blocked: Option<Blocked> = None;
@@ -173,10 +288,15 @@ fn redact_messages(
     let mut undecodable: Option<usize> = None;
     json::walk(body, &json::Limits::default(), &mut |path, kind, span| {
         anchors.note(path, kind, &span, body);
-        if kind != Scalar::String || blocked.is_some() || !is_message_text(path) {
+        if kind != Scalar::String || !is_message_text(path) {
             return;
         }
-        let Some(text) = body.get(span.clone()).and_then(json::decode_lossy) else {
+        let text = body.get(span.clone()).and_then(json::decode_lossy);
+        incoming.add(text.as_deref());
+        if blocked.is_some() {
+            return;
+        }
+        let Some(text) = text else {
             undecodable = Some(span.start);
             return;
         };
@@ -200,9 +320,19 @@ fn redact_messages(
         return Ok(None);
     }
     if let Some(preamble) = &config.preamble {
-        if let Some(edit) = anchors.preamble_edit(api, body, preamble) {
-            edits.push(edit);
-            edits.sort_by_key(|(span, _)| span.start);
+        if let Some((span, new)) = anchors.preamble_edit(api, body, preamble) {
+            // A string the preamble goes in front of may itself be masked: one edit of both
+            // (two edits of one span would drop the second, the preamble).
+            match edits.iter_mut().find(|(s, _)| *s == span) {
+                Some((_, masked)) => {
+                    let text = json::decode_lossy(masked).unwrap_or_default();
+                    *masked = json::quote(&format!("{preamble}\n\n{text}")).into_bytes();
+                }
+                None => {
+                    edits.push((span, new));
+                    edits.sort_by_key(|(span, _)| span.start);
+                }
+            }
         }
     }
     Ok(Some(json::splice(body, &edits)))
@@ -481,6 +611,105 @@ mod tests {
         assert_eq!(run(doc, Api::Chat, &plain).0, Redaction::Unchanged);
     }
 
+    /// The first pass of a request, then the pass that re-enters after an internal redirect
+    /// with `resent` (what the host re-sends, given the first pass's output).
+    fn two_passes(
+        doc: &str,
+        api: Api,
+        original: &Value,
+        resent: impl Fn(&[u8]) -> Vec<u8>,
+    ) -> (Vec<u8>, Redaction, PlaceholderMap, PlaceholderMap) {
+        let config = config(doc);
+        let bytes = serde_json::to_vec(original).unwrap();
+        let mut first = PlaceholderMap::default();
+        let (r, forwarded) = redact_pass(&config, api, &bytes, &mut first, None);
+        let out = match r {
+            Redaction::Rewritten(b) => b,
+            Redaction::Unchanged => bytes.clone(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(forwarded, fingerprint(&out));
+        let mut again = first.clone();
+        let (r, _) = redact_pass(&config, api, &resent(&out), &mut again, forwarded);
+        (out, r, first, again)
+    }
+
+    /// Upstream Envoy re-sends the forwarded body, edited further by later filters (model,
+    /// `max_tokens`): nothing is masked again, the preamble is not added twice, and the map
+    /// restores the same values. Higress re-sends the original: it is masked to the same
+    /// text, with one preamble.
+    #[test]
+    fn a_reentering_pass_masks_once_and_adds_the_preamble_once() {
+        let doc = r#"{"preamble":"Keep tokens like [EMAIL_1] exactly as written."}"#;
+        let later_filters = |out: &[u8]| {
+            let mut v: Value = serde_json::from_slice(out).unwrap();
+            v["model"] = json!("gpt-4o-mini");
+            v["max_completion_tokens"] = json!(100);
+            serde_json::to_vec(&v).unwrap()
+        };
+        let bodies = [
+            (
+                Api::Chat,
+                json!({"model": "fast", "messages": [
+                {"role": "user", "content": "mail a@x.com, call 13800138000"},
+                {"role": "user", "content": "what is [EMAIL_1]?"}]}),
+            ),
+            (
+                Api::Anthropic,
+                json!({"system": "Be brief with a@x.com.", "messages": [
+                {"role": "user", "content": "b@y.org"}]}),
+            ),
+            (Api::Responses, json!({"input": "a@x.com"})),
+        ];
+        for (api, original) in bodies {
+            let (out, r, first, again) = two_passes(doc, api, &original, later_filters);
+            assert_eq!(r, Redaction::Unchanged, "{api:?}");
+            let text = String::from_utf8(out.clone()).unwrap();
+            assert_eq!(
+                text.matches("Keep tokens like").count(),
+                1,
+                "{api:?} {text}"
+            );
+            assert_eq!(again.restore(&text), first.restore(&text));
+            assert!(again.has_restorable());
+
+            let (out, r, _, again) = two_passes(doc, api, &original, |_| {
+                serde_json::to_vec(&original).unwrap()
+            });
+            assert_eq!(rewritten(r), serde_json::from_slice::<Value>(&out).unwrap());
+            assert_eq!(
+                again.total(),
+                2 * first.total(),
+                "counted again, same placeholders"
+            );
+
+            // a pass that started afresh would mask the placeholders again, preamble twice
+            let config = config(doc);
+            let mut fresh = PlaceholderMap::default();
+            let resent = later_filters(&out);
+            let fresh_out = rewritten(redact_body(&config, api, &resent, &mut fresh));
+            assert_ne!(fresh_out, serde_json::from_slice::<Value>(&resent).unwrap());
+        }
+    }
+
+    /// Something else than either body (a host that re-sends another text) is masked with
+    /// the carried map: known values keep their placeholders, new ones get the next.
+    #[test]
+    fn a_reentering_pass_with_another_body_continues_the_numbering() {
+        let original = json!({"messages": [{"role": "user", "content": "a@x.com"}]});
+        let (_, r, _, again) = two_passes("{}", Api::Chat, &original, |_| {
+            serde_json::to_vec(
+                &json!({"messages": [{"role": "user", "content": "a@x.com c@z.net"}]}),
+            )
+            .unwrap()
+        });
+        assert_eq!(
+            rewritten(r)["messages"][0]["content"],
+            "[EMAIL_1] [EMAIL_2]"
+        );
+        assert_eq!(again.restore("[EMAIL_2] [EMAIL_1]"), "c@z.net a@x.com");
+    }
+
     /// Found by the `pii_request` fuzz target: a `messages`, `system` or `instructions` of
     /// another type than the API's got the preamble spliced into it as if it were a list (or
     /// a duplicate member beside it), and a body that was JSON went upstream as broken JSON.
@@ -533,6 +762,41 @@ mod tests {
     }
 
     proptest::proptest! {
+        /// Re-entry, whichever body the host re-sends: the forwarded one passes unchanged, the
+        /// original is masked to the same bytes; the map restores the same text.
+        #[test]
+        fn reentry_reproduces_the_first_pass(
+            parts in proptest::collection::vec(
+                proptest::prop_oneof![
+                    proptest::strategy::Just("a@x.com"), proptest::strategy::Just("b@y.org"),
+                    proptest::strategy::Just("[EMAIL_1]"), proptest::strategy::Just("[EMAIL_2]"),
+                    proptest::strategy::Just("[PHONE_1]"), proptest::strategy::Just("13800138000"),
+                    proptest::strategy::Just(" "), proptest::strategy::Just("x"),
+                ],
+                0..8,
+            ),
+            split in 0usize..8,
+            preamble in proptest::bool::ANY,
+        ) {
+            let doc = if preamble { r#"{"preamble":"Keep [EMAIL_1] as is."}"# } else { "{}" };
+            let cut = split.min(parts.len());
+            let original = json!({"messages": [
+                {"role": "user", "content": parts[..cut].concat()},
+                {"role": "user", "content": parts[cut..].concat()}]});
+            let (out, r, first, again) = two_passes(doc, Api::Chat, &original, |out| out.to_vec());
+            proptest::prop_assert_eq!(r, Redaction::Unchanged);
+            let text = String::from_utf8(out).unwrap();
+            proptest::prop_assert_eq!(again.restore(&text), first.restore(&text));
+            let (out, r, _, _) = two_passes(doc, Api::Chat, &original, |_| {
+                serde_json::to_vec(&original).unwrap()
+            });
+            let expected = if out == serde_json::to_vec(&original).unwrap() {
+                Redaction::Unchanged
+            } else {
+                Redaction::Rewritten(out)
+            };
+            proptest::prop_assert_eq!(r, expected);
+        }
         // never a panic on any body; a rewritten JSON body is still JSON
         #[test]
         fn any_body_is_handled(

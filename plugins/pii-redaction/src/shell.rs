@@ -2,18 +2,24 @@
 //! ([`crate::request::redact_body`], [`crate::response`]), writes the results back. Every host
 //! call goes through `llm_gateway_shared::host`; nothing here decides what is personal data.
 //!
-//! The placeholder map lives in the HTTP context and goes away with it. Logs and metrics
-//! carry rule names and counts, never a value.
+//! The placeholder map lives in the HTTP context and goes away with it — except when an
+//! internal redirect supersedes the pass (`llm_gateway_shared::reentry`): `on_log` then
+//! stashes it in the VM under `x-llm-request-id`, and the pass that re-enters with
+//! `x-llm-reentry` takes it back ([`crate::request::redact_pass`]). Logs and metrics carry
+//! rule names and counts, never a value.
 
 use crate::config::{parse_document, BodyScope, Oversize, PiiConfig};
 use crate::mask::{Action, PlaceholderMap};
-use crate::request::{redact_body, Api, Redaction};
+use crate::request::{redact_pass, Api, Carried, Redaction};
 use crate::response::{redact_output_body, restore_body, SseRestorer};
+use llm_gateway_shared::headers;
 use llm_gateway_shared::host::{self, Buffer, HeaderMap, LogLevel, Metric};
+use llm_gateway_shared::reentry::{is_superseded, Pass, Stash};
 use llm_gateway_shared::reject::{ErrorType, Reject};
 use llm_gateway_shared::rules::RuleSet;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action as Next, ContextType};
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
 
@@ -110,6 +116,8 @@ struct Root {
 struct State {
     rules: RuleSet<Rc<PiiConfig>>,
     metrics: Metrics,
+    /// Maps of superseded passes, waiting for their re-entering pass (never logged).
+    stash: RefCell<Stash<Carried>>,
 }
 
 impl Context for Root {}
@@ -125,7 +133,11 @@ impl RootContext for Root {
             &format!("pii-redaction: configured with {count} rules"),
         );
         let metrics = Metrics::define(&rules);
-        self.state = Some(Rc::new(State { rules, metrics }));
+        self.state = Some(Rc::new(State {
+            rules,
+            metrics,
+            stash: RefCell::default(),
+        }));
         true
     }
 
@@ -138,6 +150,9 @@ impl RootContext for Root {
             map: PlaceholderMap::default(),
             counted: HashMap::new(),
             response: Response::Pass,
+            logical_id: None,
+            carried: None,
+            forwarded: None,
         }))
     }
 
@@ -165,6 +180,12 @@ struct Request {
     /// Matches per rule name counted on the request side (the rest are output matches).
     counted: HashMap<String, u64>,
     response: Response,
+    /// `x-llm-request-id`: where `on_log` stashes the map if the pass is superseded.
+    logical_id: Option<String>,
+    /// The fingerprint the superseded pass forwarded (this pass re-entered).
+    carried: Option<u64>,
+    /// The fingerprint of what this pass forwards.
+    forwarded: Option<u64>,
 }
 
 impl Context for Request {}
@@ -178,15 +199,21 @@ impl HttpContext for Request {
             return Next::Continue;
         };
         self.config = Some(Rc::clone(&config));
-        if end_of_stream {
-            return Next::Continue; // no body
-        }
         let header = |name: &str| {
             host::header(HeaderMap::RequestHeaders, name)
                 .ok()
                 .flatten()
                 .and_then(|v| String::from_utf8(v).ok())
         };
+        self.adopt(
+            &state,
+            &config,
+            header(headers::REQUEST_ID),
+            header(headers::REENTRY).is_some(),
+        );
+        if end_of_stream {
+            return Next::Continue; // no body
+        }
         self.api = Api::from_path(&header(":path").unwrap_or_default());
         if config.scope == BodyScope::Messages {
             // multipart uploads and other non-JSON bodies carry no chat messages
@@ -257,9 +284,18 @@ impl HttpContext for Request {
                 return refuse(&Reject::internal("cannot read the request"));
             }
         };
-        let outcome = redact_body(&config, self.api, &body, &mut self.map);
+        // a re-entering pass's map already counted the first pass's matches
+        let before: HashMap<String, u64> = self
+            .map
+            .counts()
+            .map(|(name, count)| (name.to_owned(), count))
+            .collect();
+        let (outcome, forwarded) =
+            redact_pass(&config, self.api, &body, &mut self.map, self.carried);
+        self.forwarded = forwarded;
         for (name, count) in self.map.counts() {
-            bump(state.metrics.matches.get(name), count);
+            let new = count.saturating_sub(before.get(name).copied().unwrap_or(0));
+            bump(state.metrics.matches.get(name), new);
             self.counted.insert(name.to_owned(), count);
         }
         match outcome {
@@ -413,9 +449,56 @@ impl HttpContext for Request {
             }
         }
     }
+
+    fn on_log(&mut self) {
+        let details = host::property_string(&["response", "code_details"])
+            .ok()
+            .flatten();
+        if !is_superseded(details.as_deref()) {
+            return;
+        }
+        let (Some(state), Some(id)) = (&self.state, self.logical_id.as_deref()) else {
+            return;
+        };
+        let carried = Carried {
+            map: std::mem::take(&mut self.map),
+            forwarded: self.forwarded,
+        };
+        let _ = state.stash.borrow_mut().put(id, carried, now_ms());
+    }
+}
+
+fn now_ms() -> u64 {
+    host::now_nanos().map_or(0, |n| n / 1_000_000)
 }
 
 impl Request {
+    /// Where this pass starts: afresh, or — re-entering after an internal redirect — from
+    /// the map the superseded pass stashed.
+    fn adopt(&mut self, state: &State, config: &PiiConfig, id: Option<String>, reentry: bool) {
+        let id = id.filter(|id| !id.is_empty());
+        let adopted =
+            state
+                .stash
+                .borrow_mut()
+                .adopt(reentry, id.as_deref().unwrap_or_default(), now_ms());
+        self.logical_id = id;
+        match adopted {
+            Pass::Reentry(carried) => {
+                self.map = match config.scope {
+                    BodyScope::RawBody => carried.map.carried_over(),
+                    BodyScope::Messages => carried.map,
+                };
+                self.carried = carried.forwarded;
+            }
+            Pass::Lost => host::log(
+                LogLevel::Warn,
+                "pii-redaction: re-entered request without a stashed map: masked afresh",
+            ),
+            Pass::First => {}
+        }
+    }
+
     /// Counts the matches of output rules (those not counted on the request side).
     fn count_output(&self) {
         let Some(state) = &self.state else { return };

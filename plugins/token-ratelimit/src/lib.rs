@@ -29,6 +29,7 @@ pub mod budget;
 pub mod config;
 pub mod cost;
 pub mod decide;
+pub mod reentry;
 pub mod scripts;
 pub mod settle;
 

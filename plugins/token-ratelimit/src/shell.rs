@@ -10,11 +10,14 @@
 //!    the plain-Envoy build); refused: the group's budget fallback if the router published one,
 //!    else 402.
 //!
-//! `on_log` settles, exactly once per request: unused tokens go back to the buckets, the
+//! `on_log` settles, exactly once per logical request: unused tokens go back to the buckets, the
 //! reservation is reconciled (`RECONCILE`) with the usage record usage-accounting published
 //! (it runs before this filter's `on_log`, being earlier in the chain). A reconcile that
 //! cannot reach Redis is journaled in shared data and replayed by the instance's sync worker,
 //! elected with a lease in shared data, which also tops up leased buckets on its tick.
+//!
+//! After an internal redirect ([`crate::reentry`]): a superseded pass stashes its [`Flow`]
+//! in the VM's stash instead of settling; the re-entering pass adopts it and settles it.
 
 // The plain-Envoy build has no Redis transport: the call machinery is compiled but unused.
 #![cfg_attr(not(feature = "higress"), allow(dead_code))]
@@ -24,11 +27,13 @@ use crate::budget::{self, BucketKeys, Identity, Journal, JournalEntry, Level};
 use crate::config::{parse_document, Clock, Config, OnRedisFailure, RedisConfig, Unit};
 use crate::cost::{self, Cost};
 use crate::decide;
+use crate::reentry::{self, AtLog};
 use crate::scripts::{self, Script, ScriptError};
 use crate::settle;
 use llm_gateway_shared::headers;
 use llm_gateway_shared::host::{self, Buffer, HeaderMap, HostError, LogLevel, Metric};
 use llm_gateway_shared::pending::Pending;
+use llm_gateway_shared::reentry::{is_superseded, Pass, Stash};
 use llm_gateway_shared::reject::Reject;
 use llm_gateway_shared::route_info::{
     Alternative, RouteInfo, BUDGET_FALLBACK_PROPERTY, PROPERTY as ROUTE_PROPERTY,
@@ -135,6 +140,13 @@ struct Flow {
     alternative_tried: bool,
     /// The group the budget fallback switched to.
     switched_to: Option<String>,
+    /// The budget fallback applied (a re-entering pass writes it again).
+    switched: Option<Box<Alternative>>,
+    /// Adopted from a superseded pass: admitted there, its body still awaits the same edits.
+    reentered: bool,
+    /// `request_id` is the logical id (`x-llm-request-id`), so a re-entering pass can find
+    /// this admission in the stash.
+    logical: bool,
     warnings: Vec<String>,
     /// The request went on upstream.
     admitted: bool,
@@ -196,6 +208,8 @@ struct State {
     loaded: RefCell<HashSet<&'static str>>,
     replaying: RefCell<HashSet<u64>>,
     metrics: RefCell<HashMap<String, Option<Metric>>>,
+    /// Admissions of superseded passes, waiting for their re-entering pass.
+    stash: RefCell<Stash<Flow>>,
 }
 
 impl State {
@@ -700,25 +714,31 @@ impl State {
 
     /// Applies the router's published alternative: the request now goes to the cheaper group.
     fn switch(&self, flow: &mut Flow, alt: &Alternative) {
-        let writes = alt.switch_writes();
-        for (name, value) in &writes.properties {
-            let _ = host::set_property(&[name], value);
-        }
-        for (name, value) in &writes.set_headers {
-            let _ = host::set_header(HeaderMap::RequestHeaders, name, value.as_bytes());
-        }
-        for name in &writes.remove_headers {
-            let _ = host::remove_header(HeaderMap::RequestHeaders, name);
-        }
-        if let Err(err) = rewrite_model(&writes.model) {
-            log(
-                LogLevel::Warn,
-                &format!("budget fallback: cannot rewrite the model: {err}"),
-            );
-        }
-        let _ = host::clear_route_cache();
+        write_switch(alt);
         self.count("budget_fallback", 1);
         flow.switched_to = Some(alt.route.model_group.clone());
+        flow.switched = Some(Box::new(alt.clone()));
+    }
+
+    /// The body of a re-entering pass got the same cap edit as its first pass: write the
+    /// first pass's budget fallback again unless the router already routes there, and go on
+    /// (admitted in the first pass).
+    fn reenter_body(&self, id: u32) -> Action {
+        let switched = match self.flows.borrow_mut().get_mut(&id) {
+            Some(flow) => {
+                flow.reentered = false;
+                flow.switched.clone()
+            }
+            None => None,
+        };
+        if let Some(alt) = switched {
+            let routed = route_info().map(|r| r.model_group);
+            if reentry::reapply_switch(alt.group(), routed.as_deref()) {
+                write_switch(&alt);
+                self.count("reentry_switch_rewritten", 1);
+            }
+        }
+        Action::Continue
     }
 
     /// Gives every taken unit back (the request was refused or never forwarded).
@@ -1024,6 +1044,41 @@ impl State {
     // -----------------------------------------------------------------------------------
     // Settling
 
+    /// `on_log` of a request: settles it, or — superseded by an internal redirect — stashes
+    /// its admission for the pass that re-enters ([`crate::reentry`]).
+    fn log(&self, id: u32, superseded: bool) {
+        let now = now_ms();
+        let choice = self.flows.borrow().get(&id).map(|flow| {
+            let in_flight = flow.waiting || matches!(flow.reservation, Reservation::Pending);
+            reentry::at_log(superseded && flow.logical, flow.admitted, in_flight)
+        });
+        if choice != Some(AtLog::Carry) {
+            self.settle(id);
+            return;
+        }
+        let Some(flow) = self.flows.borrow_mut().remove(&id) else {
+            return;
+        };
+        let request_id = flow.request_id.clone();
+        let dropped = self.stash.borrow_mut().put(&request_id, flow, now);
+        self.count("reentry_carried", 1);
+        self.settle_dropped(dropped, now);
+    }
+
+    /// Settles admissions that left the stash untaken (expired, evicted): their usage is
+    /// unknown, so the reservation stands — the safe direction, never a leak.
+    fn settle_dropped(&self, dropped: Vec<Flow>, now: u64) {
+        for mut flow in dropped {
+            self.count("reentry_expired", 1);
+            let Some(config) = self.config(flow.config) else {
+                continue;
+            };
+            if let Some(entry) = self.settle_flow(&mut flow, config, None, now) {
+                self.settle_entry(entry, now);
+            }
+        }
+    }
+
     fn settle(&self, id: u32) {
         let now = now_ms();
         let mut flows = self.flows.borrow_mut();
@@ -1044,10 +1099,32 @@ impl State {
         } else {
             None
         };
+        let entry = self.settle_flow(flow, config, record.as_ref(), now);
+        if waiting {
+            flow.abandoned = true;
+        } else {
+            flows.remove(&id);
+        }
+        drop(flows);
+        if let Some(entry) = entry {
+            self.settle_entry(entry, now);
+        }
+    }
+
+    /// Gives back the buckets' unused units and settles a local reservation; returns the
+    /// Redis settlement to send, if any.
+    fn settle_flow(
+        &self,
+        flow: &mut Flow,
+        config: &Config,
+        record: Option<&Record>,
+        now: u64,
+    ) -> Option<JournalEntry> {
+        let model_call = flow.cost.as_ref().is_some_and(Cost::is_model_call);
         if flow.admitted && model_call && record.is_none() {
             self.count("settled_without_usage", 1);
         }
-        let actual = settle::actual(flow.admitted, model_call, record.as_ref());
+        let actual = settle::actual(flow.admitted, model_call, record);
 
         // soft limits
         let mode = self.mode(config, now);
@@ -1111,15 +1188,7 @@ impl State {
                 None
             }
         };
-        if waiting {
-            flow.abandoned = true;
-        } else {
-            flows.remove(&id);
-        }
-        drop(flows);
-        if let Some(entry) = entry {
-            self.settle_entry(entry, now);
-        }
+        entry
     }
 
     /// Sends a reconcile or charge now, or journals it while Redis is unreachable.
@@ -1511,6 +1580,28 @@ fn rewrite_model(model: &str) -> Result<(), HostError> {
     Ok(())
 }
 
+/// Writes an alternative's switch: filter state, headers, the held body's `model`, and clears
+/// the route cache.
+fn write_switch(alt: &Alternative) {
+    let writes = alt.switch_writes();
+    for (name, value) in &writes.properties {
+        let _ = host::set_property(&[name], value);
+    }
+    for (name, value) in &writes.set_headers {
+        let _ = host::set_header(HeaderMap::RequestHeaders, name, value.as_bytes());
+    }
+    for name in &writes.remove_headers {
+        let _ = host::remove_header(HeaderMap::RequestHeaders, name);
+    }
+    if let Err(err) = rewrite_model(&writes.model) {
+        log(
+            LogLevel::Warn,
+            &format!("budget fallback: cannot rewrite the model: {err}"),
+        );
+    }
+    let _ = host::clear_route_cache();
+}
+
 fn route_info() -> Option<RouteInfo> {
     host::property(&[ROUTE_PROPERTY])
         .ok()
@@ -1580,6 +1671,7 @@ impl RootContext for Root {
             loaded: RefCell::default(),
             replaying: RefCell::default(),
             metrics: RefCell::default(),
+            stash: RefCell::default(),
         });
         if let Some(redis) = state.redis().cloned() {
             if !init_redis(&state, &redis) {
@@ -1714,21 +1806,49 @@ impl HttpContext for Limiter {
             ip,
             user: header_text("x-user-id"),
         };
-        let request_id = header_text(headers::REQUEST_ID)
+        let logical_id = header_text(headers::REQUEST_ID);
+        let logical = logical_id.is_some();
+        let request_id = logical_id
             .or_else(|| host::property_string(&["request", "id"]).ok().flatten())
             .unwrap_or_else(|| format!("ctx-{}-{}", state.nonce, self.id));
         let path = header_text(":path").unwrap_or_default();
-        state.flows.borrow_mut().insert(
-            self.id,
-            Flow {
-                config: index,
-                identity,
-                request_id,
-                path,
-                ..Flow::default()
-            },
-        );
+        let now = now_ms();
+        let reentry = header_text(headers::REENTRY).is_some();
+        let expired = state.stash.borrow_mut().expire(now);
+        state.settle_dropped(expired, now);
+        let adopted = state.stash.borrow_mut().adopt(reentry, &request_id, now);
+        let flow = match adopted {
+            Pass::Reentry(carried) => {
+                state.count("reentry_adopted", 1);
+                Flow {
+                    reentered: true,
+                    ..carried
+                }
+            }
+            Pass::First | Pass::Lost => {
+                if matches!(adopted, Pass::Lost) {
+                    state.count("reentry_lost", 1);
+                    log(
+                        LogLevel::Warn,
+                        "re-entered request without a stashed admission: admitted afresh",
+                    );
+                }
+                Flow {
+                    config: index,
+                    identity,
+                    request_id,
+                    logical,
+                    path,
+                    ..Flow::default()
+                }
+            }
+        };
+        let reentered = flow.reentered;
+        state.flows.borrow_mut().insert(self.id, flow);
         if end_of_stream {
+            if reentered {
+                return Action::Continue;
+            }
             return self.step_action(state.advance(self.id));
         }
         Action::Pause // headers held until the body is read
@@ -1738,8 +1858,11 @@ impl HttpContext for Limiter {
         let Some(state) = self.state.clone() else {
             return Action::Continue;
         };
-        let (config_index, path) = match state.flows.borrow().get(&self.id) {
-            Some(flow) if flow.cost.is_none() && !flow.admitted => (flow.config, flow.path.clone()),
+        let (config_index, path, reentered) = match state.flows.borrow().get(&self.id) {
+            Some(flow) if flow.reentered => (flow.config, flow.path.clone(), true),
+            Some(flow) if flow.cost.is_none() && !flow.admitted => {
+                (flow.config, flow.path.clone(), false)
+            }
             _ => return Action::Continue,
         };
         let Some(config) = state.config(config_index) else {
@@ -1768,12 +1891,19 @@ impl HttpContext for Limiter {
             }
         };
         let margin = config.prompt_margin_percent;
+        // A re-entering pass keeps its first pass's estimate: its body only needs the same
+        // edits, so the tokenizer does not run (sample of 0 bytes).
+        let sample_bytes = if reentered {
+            0
+        } else {
+            config.tokenizer_sample_bytes
+        };
         let cost = match cost::inspect(
             &path,
             &body,
             config.default_max_tokens,
             margin,
-            config.tokenizer_sample_bytes,
+            sample_bytes,
         ) {
             Ok(cost) => cost,
             Err(reject) => {
@@ -1793,6 +1923,9 @@ impl HttpContext for Limiter {
                     edited.len().to_string().as_bytes(),
                 );
             }
+        }
+        if reentered {
+            return state.reenter_body(self.id);
         }
         if let Some(flow) = state.flows.borrow_mut().get_mut(&self.id) {
             flow.cost = Some(cost);
@@ -1823,7 +1956,10 @@ impl HttpContext for Limiter {
 
     fn on_log(&mut self) {
         if let Some(state) = &self.state {
-            state.settle(self.id);
+            let details = host::property_string(&["response", "code_details"])
+                .ok()
+                .flatten();
+            state.log(self.id, is_superseded(details.as_deref()));
         }
     }
 }

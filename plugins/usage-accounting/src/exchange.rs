@@ -128,6 +128,26 @@ impl RouteInfo {
     }
 }
 
+/// What a pass superseded by an internal redirect hands to the pass that re-enters the chain
+/// for the same logical request (`llm_gateway_shared::reentry`). The re-entering pass may
+/// get the first pass's edited body (upstream Envoy re-sends it), which already carries the
+/// injected `stream_options.include_usage`: only this says the client did not ask for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Carried {
+    /// When the logical request started (the record's `ts_ms`; its duration counts from it).
+    pub started_ms: u64,
+    /// The gateway, not the client, asked for usage in the stream: the usage-only chunk
+    /// stays hidden from the client.
+    pub injected_include_usage: bool,
+}
+
+/// True for a status after which Envoy's `custom_response` may redirect the request to its
+/// next deployment (a provider's 429 or 5xx, Envoy's own 503): the pass may yet turn out
+/// superseded, which only its `on_log` says, so its record waits for `on_log`.
+pub fn may_be_superseded(status: u16) -> bool {
+    status == 429 || (500..=599).contains(&status)
+}
+
 /// How the shell handles the response.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ResponseMode {
@@ -210,6 +230,8 @@ pub struct Exchange {
     response: Response,
     first_output_ms: Option<u64>,
     finished: bool,
+    /// Left by a superseded pass of the same request.
+    carried: Option<Carried>,
 }
 
 impl Exchange {
@@ -231,7 +253,32 @@ impl Exchange {
             response: Response::None,
             first_output_ms: None,
             finished: false,
+            carried: None,
         })
+    }
+
+    /// What a superseded pass hands to the next one.
+    pub fn carried(&self) -> Carried {
+        Carried {
+            started_ms: self.started_ms,
+            injected_include_usage: self.request.injected_include_usage,
+        }
+    }
+
+    /// This pass re-enters the chain: it continues what `carried` started (call before the
+    /// request body).
+    pub fn adopt(&mut self, carried: Carried) {
+        self.started_ms = carried.started_ms;
+        self.carried = Some(carried);
+    }
+
+    /// After the request was read: a re-entering pass whose body already carries the
+    /// `include_usage` the gateway injected in the first pass treats it as injected.
+    fn apply_carried(&mut self) {
+        if self.carried.is_some_and(|c| c.injected_include_usage) {
+            self.request.injected_include_usage = true;
+            self.request.client_include_usage = false;
+        }
     }
 
     /// The API of the request.
@@ -275,6 +322,7 @@ impl Exchange {
             }
             let (info, _) = request::inspect(self.api, body, false);
             self.request = info;
+            self.apply_carried();
         }
     }
 
@@ -291,6 +339,7 @@ impl Exchange {
         }
         let (info, new_body) = request::inspect(self.api, body, config.inject_include_usage);
         self.request = info;
+        self.apply_carried();
         new_body
     }
 
@@ -759,6 +808,105 @@ mod tests {
         assert!(!record.complete && record.stream);
         // 7 × 0.30 + 2 × 1.20 per million = 4.5 micro-units
         assert_eq!(record.cost_nano, Some(4_500));
+    }
+
+    /// The usage chunk of a stream: empty choices, only `usage`.
+    const USAGE_CHUNK: &[u8] = b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":2,\"total_tokens\":7}}\n\n";
+
+    /// Streams `chunk` then `[DONE]` through a fresh response of `ex`; returns what the
+    /// client gets.
+    fn stream_to_client(ex: &mut Exchange, config: &UsageConfig) -> Vec<u8> {
+        assert_eq!(
+            ex.on_response_headers(config, 200, "text/event-stream", None),
+            ResponseMode::Stream
+        );
+        let mut out = Vec::new();
+        let content = b"data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\n";
+        for (chunk, end) in [
+            (&content[..], false),
+            (USAGE_CHUNK, false),
+            (b"data: [DONE]\n\n", true),
+        ] {
+            match ex.on_response_chunk(chunk, end, 10) {
+                Forward::Unchanged => out.extend_from_slice(chunk),
+                Forward::Replace(bytes) => out.extend_from_slice(&bytes),
+            }
+        }
+        out
+    }
+
+    /// Upstream Envoy re-sends the first pass's edited body: it carries the injected
+    /// `include_usage`, but the client never asked for usage, so the usage chunk stays hidden;
+    /// the record starts at the first pass.
+    #[test]
+    fn a_reentering_pass_keeps_the_usage_chunk_hidden_from_a_client_that_did_not_ask() {
+        let config = config(json!({}));
+        let route = RouteInfo::default();
+        let client = br#"{"model":"m","stream":true,"messages":[]}"#;
+        let mut first = Exchange::start("/v1/chat/completions", attribution(), 1_000).unwrap();
+        let edited = first.on_request_body(&config, client).unwrap();
+        assert!(first.injected_include_usage());
+        let carried = first.carried();
+        assert_eq!(
+            carried,
+            Carried {
+                started_ms: 1_000,
+                injected_include_usage: true
+            }
+        );
+
+        for body in [edited.as_slice(), client.as_slice()] {
+            let mut again = Exchange::start("/v1/chat/completions", attribution(), 5_000).unwrap();
+            again.adopt(carried);
+            let _ = again.on_request_body(&config, body);
+            assert!(again.injected_include_usage());
+            assert!(!again.request().client_include_usage);
+            let out = stream_to_client(&mut again, &config);
+            assert!(
+                !String::from_utf8_lossy(&out).contains("usage"),
+                "{}",
+                String::from_utf8_lossy(&out)
+            );
+            let record = again.finish(&config, &route, true, 6_000).unwrap();
+            assert_eq!(record.usage.total_tokens, 7);
+            assert_eq!(record.ts_ms, 1_000, "the logical request's start");
+            assert_eq!(record.duration_ms, 5_000);
+        }
+
+        // without the carried state the same edited body looks like the client's own ask
+        let mut fresh = Exchange::start("/v1/chat/completions", attribution(), 5_000).unwrap();
+        let _ = fresh.on_request_body(&config, &edited);
+        assert!(!fresh.injected_include_usage());
+        let out = stream_to_client(&mut fresh, &config);
+        assert!(String::from_utf8_lossy(&out).contains("usage"));
+    }
+
+    /// A client that asked for usage itself keeps seeing it on the re-entering pass.
+    #[test]
+    fn a_reentering_pass_shows_usage_to_a_client_that_asked() {
+        let config = config(json!({}));
+        let client =
+            br#"{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[]}"#;
+        let mut first = Exchange::start("/v1/chat/completions", attribution(), 0).unwrap();
+        assert!(first.on_request_body(&config, client).is_none());
+        let carried = first.carried();
+        assert!(!carried.injected_include_usage);
+        let mut again = Exchange::start("/v1/chat/completions", attribution(), 0).unwrap();
+        again.adopt(carried);
+        let _ = again.on_request_body(&config, client);
+        assert!(again.request().client_include_usage);
+        let out = stream_to_client(&mut again, &config);
+        assert!(String::from_utf8_lossy(&out).contains("usage"));
+    }
+
+    #[test]
+    fn only_retryable_failures_may_be_superseded() {
+        for status in [429, 500, 502, 503, 504, 599] {
+            assert!(may_be_superseded(status), "{status}");
+        }
+        for status in [0, 200, 204, 400, 401, 403, 404, 413, 600] {
+            assert!(!may_be_superseded(status), "{status}");
+        }
     }
 
     #[test]

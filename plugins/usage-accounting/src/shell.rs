@@ -1,13 +1,21 @@
 //! The proxy-wasm adapter: copies host data in, feeds [`crate::exchange::Exchange`], applies
 //! what it returns, publishes the record. Every host call goes through
 //! `llm_gateway_shared::host`; nothing here decides.
+//!
+//! After an internal redirect (`llm_gateway_shared::reentry`) the superseded pass publishes
+//! nothing: its record of a 429/5xx waits for `on_log`, which stashes what the re-entering
+//! pass needs ([`Carried`]) instead; that pass publishes the one record of the request.
 
 use crate::config::{parse_document, UsageConfig};
-use crate::exchange::{Attribution, Exchange, ResponseMode, RouteInfo, ROUTER_PROPERTY};
+use crate::exchange::{
+    may_be_superseded, Attribution, Carried, Exchange, ResponseMode, RouteInfo, ROUTER_PROPERTY,
+};
 use crate::metrics::{label_suffix, values, Kind, MAX_LABEL_SETS, SERIES};
 use crate::record::Record;
 use crate::stream::Forward;
+use llm_gateway_shared::headers;
 use llm_gateway_shared::host::{self, Buffer, HeaderMap, LogLevel, Metric};
+use llm_gateway_shared::reentry::{is_superseded, Pass, Stash};
 use llm_gateway_shared::rules::RuleSet;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType};
@@ -40,6 +48,8 @@ struct State {
     /// `llm_gateway.usage.ledger_errors`: ledger appends that failed (Higress build).
     #[cfg_attr(not(feature = "higress"), allow(dead_code))]
     ledger_errors: Option<Metric>,
+    /// What superseded passes left for their re-entering pass, by logical request id.
+    stash: RefCell<Stash<Carried>>,
 }
 
 impl State {
@@ -92,6 +102,7 @@ impl RootContext for Root {
             rules,
             series: RefCell::new(HashMap::new()),
             ledger_errors,
+            stash: RefCell::default(),
         }));
         true
     }
@@ -100,6 +111,7 @@ impl RootContext for Root {
         Some(Box::new(Request {
             state: self.state.clone(),
             active: None,
+            ended: false,
         }))
     }
 
@@ -115,6 +127,8 @@ struct Active {
     /// The router's state, read once the response is known (the router writes it again at
     /// response headers).
     route: Option<RouteInfo>,
+    /// `x-llm-request-id`: the key of this request's stash entry after a redirect.
+    logical_id: Option<String>,
 }
 
 impl Active {
@@ -127,6 +141,9 @@ impl Active {
 struct Request {
     state: Option<Rc<State>>,
     active: Option<Active>,
+    /// The response reached its end, but its record waits for `on_log` (a 429/5xx: the
+    /// pass may be superseded).
+    ended: bool,
 }
 
 fn now_ms() -> u64 {
@@ -174,9 +191,25 @@ impl HttpContext for Request {
         let attribution = Attribution::from_headers(&pairs, || {
             host::property_string(&["request", "id"]).ok().flatten()
         });
-        let Some(mut exchange) = Exchange::start(&path, attribution, now_ms()) else {
+        let now = now_ms();
+        let Some(mut exchange) = Exchange::start(&path, attribution, now) else {
             return Action::Continue;
         };
+        let logical_id = Some(header_text(&pairs, headers::REQUEST_ID)).filter(|v| !v.is_empty());
+        let reentry = pairs.iter().any(|(n, _)| n == headers::REENTRY);
+        let adopted =
+            state
+                .stash
+                .borrow_mut()
+                .adopt(reentry, logical_id.as_deref().unwrap_or_default(), now);
+        match adopted {
+            Pass::Reentry(carried) => exchange.adopt(carried),
+            Pass::Lost => host::log(
+                LogLevel::Warn,
+                "usage-accounting: re-entered request without stashed state: accounted as a new one",
+            ),
+            Pass::First => {}
+        }
         exchange.set_request_length(header_text(&pairs, "content-length").trim().parse().ok());
         // The usage is read from the response: ask the provider for it uncompressed (Envoy's
         // compressor filter may compress it again for the client).
@@ -191,6 +224,7 @@ impl HttpContext for Request {
             config: config.clone(),
             mode: ResponseMode::PassThrough,
             route: None,
+            logical_id,
         });
         Action::Continue
     }
@@ -275,7 +309,7 @@ impl HttpContext for Request {
         match active.mode {
             ResponseMode::PassThrough => {
                 if end_of_stream {
-                    self.publish(true);
+                    self.response_ended();
                 }
                 Action::Continue
             }
@@ -301,7 +335,7 @@ impl HttpContext for Request {
                     }
                 }
                 if end_of_stream {
-                    self.publish(true);
+                    self.response_ended();
                 }
                 Action::Continue
             }
@@ -317,7 +351,7 @@ impl HttpContext for Request {
                 for (name, value) in &added {
                     let _ = host::set_header(HeaderMap::ResponseHeaders, name, value.as_bytes());
                 }
-                self.publish(true);
+                self.response_ended();
                 Action::Continue
             }
             ResponseMode::Buffer {
@@ -332,7 +366,7 @@ impl HttpContext for Request {
                     active
                         .exchange
                         .on_response_end(&active.config, &route, true);
-                    self.publish(true);
+                    self.response_ended();
                 }
                 Action::Continue
             }
@@ -369,17 +403,53 @@ impl HttpContext for Request {
             }
             _ => {}
         }
-        self.publish(true);
+        self.response_ended();
         Action::Continue
     }
 
     fn on_log(&mut self) {
-        // A response that never reached its end (cut stream, client gone): record it now.
-        self.publish(false);
+        let details = host::property_string(&["response", "code_details"])
+            .ok()
+            .flatten();
+        if is_superseded(details.as_deref()) {
+            self.hand_over();
+            return;
+        }
+        // A response that never reached its end (cut stream, client gone) is recorded now,
+        // and so is a failure that waited to see whether it was superseded.
+        self.publish(self.ended);
     }
 }
 
 impl Request {
+    /// The response reached its end: publish, unless its status may yet be superseded by an
+    /// internal redirect (then `on_log` decides).
+    fn response_ended(&mut self) {
+        let wait = self
+            .active
+            .as_ref()
+            .is_some_and(|a| may_be_superseded(a.exchange.status()));
+        if wait {
+            self.ended = true;
+        } else {
+            self.publish(true);
+        }
+    }
+
+    /// A superseded pass: no record, no metrics; the next pass gets what it needs.
+    fn hand_over(&mut self) {
+        let (Some(state), Some(active)) = (self.state.as_ref(), self.active.as_ref()) else {
+            return;
+        };
+        let Some(id) = active.logical_id.as_deref() else {
+            return; // no logical id: nothing could find it
+        };
+        let _ = state
+            .stash
+            .borrow_mut()
+            .put(id, active.exchange.carried(), now_ms());
+    }
+
     /// Builds the record once and publishes it: filter state, log line, metrics.
     fn publish(&mut self, complete: bool) {
         let (Some(state), Some(active)) = (self.state.clone(), self.active.as_mut()) else {
