@@ -64,6 +64,8 @@ struct RawDeployment {
     price: Option<Price>,
     #[serde(default)]
     price_version: Option<String>,
+    #[serde(default)]
+    forward_envoy_headers: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -141,6 +143,10 @@ pub struct Deployment {
     pub price: Option<Price>,
     /// Version of that price.
     pub price_version: Option<String>,
+    /// The provider gets Envoy's `x-envoy-*` request headers (attempt count, timeouts...);
+    /// `false` (the default): the upstream role removes them, a provider learns nothing of
+    /// the gateway's internals.
+    pub forward_envoy_headers: bool,
 }
 
 /// One member of a group: a deployment and its share of first choices.
@@ -289,6 +295,7 @@ impl RouterConfig {
                 context_window: d.context_window,
                 price: d.price,
                 price_version: d.price_version,
+                forward_envoy_headers: d.forward_envoy_headers,
             });
         }
 
@@ -560,6 +567,16 @@ pub(crate) mod tests {
             {"name":"b","cluster":"c","model":"n","provider":"openai"}],
             "groups":[{"name":"g","deployments":[{"deployment":"a"},{"deployment":"b"}]}]}"#;
         assert_eq!(error(doc).field(), "groups[0].deployments[1].deployment");
+    }
+
+    #[test]
+    fn envoy_headers_reach_a_provider_only_when_its_deployment_says_so() {
+        let config = example();
+        assert!(config.deployments.iter().all(|d| !d.forward_envoy_headers));
+        let doc = r#"{"deployments":[{"name":"a","cluster":"c","model":"m","provider":"openai",
+            "forward_envoy_headers":true}]}"#;
+        let set = parse_document(doc.as_bytes()).unwrap();
+        assert!(set.global().unwrap().deployments[0].forward_envoy_headers);
     }
 
     #[test]
