@@ -43,6 +43,13 @@ pub const PLAN_PROPERTY: &str = "llm_route_plan";
 /// Prefix of the per-attempt cluster slots: `llm_try_<k>` = the cluster of attempt k+1, read
 /// by the route's matcher cluster specifier (`docs/router-fallback.md`).
 pub const TRY_PROPERTY_PREFIX: &str = "llm_try_";
+/// Filter state with Envoy's number of the attempt under way (`0` before the first: the router
+/// writes it when it plans; each attempt's upstream role writes its own). The route's matcher
+/// cluster specifier reads `wasm.llm_attempt` to pick the slot: at retry k it still holds k,
+/// so slot k (`llm_try_<k>`) serves attempt k+1. Filter state, not Envoy's
+/// `x-envoy-attempt-count` header, because the upstream role removes that header before the
+/// provider and an upstream filter's header changes persist into the next attempt.
+pub const ATTEMPT_PROPERTY: &str = "llm_attempt";
 /// How many `llm_try_<k>` slots there are at most (the router's largest `max_attempts`).
 pub const TRY_SLOTS: usize = 8;
 /// Envoy's request header bounding the retries of a request (plan length − 1).

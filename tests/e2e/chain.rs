@@ -80,7 +80,38 @@ fn assert_provider_view(seen: &RecordedRequest, model: &str, credential: (&str, 
         !text.contains(EMAIL),
         "the provider saw the address: {text}"
     );
+    assert_private_and_framed(seen);
     body
+}
+
+/// Issue 18: a provider gets neither the client's address nor Envoy's internals (no
+/// `x-forwarded-*`, `forwarded`, `x-envoy-*`), and the body the chain buffered whole arrives
+/// with a `content-length` equal to its size, never chunked. Envoy's `x-request-id` (a random
+/// id, no personal data) is kept: the one id an operator and a provider's support can share.
+fn assert_private_and_framed(seen: &RecordedRequest) {
+    for (name, _) in &seen.headers {
+        assert!(
+            !name.starts_with("x-envoy-")
+                && !name.starts_with("x-forwarded-")
+                && name != "forwarded"
+                && name != "x-real-ip",
+            "{name} reached the provider: {:?}",
+            seen.headers
+        );
+    }
+    assert_eq!(
+        seen.header("transfer-encoding"),
+        None,
+        "chunked: {:?}",
+        seen.headers
+    );
+    assert_eq!(
+        seen.header("content-length"),
+        Some(seen.body.len().to_string().as_str()),
+        "{:?}",
+        seen.headers
+    );
+    assert!(seen.header("x-request-id").is_some(), "{:?}", seen.headers);
 }
 
 /// The usage record of `response` (by its `x-request-id`).
@@ -509,6 +540,97 @@ async fn a_provider_429_falls_back_to_the_next_deployment() {
             prompt * AZURE_MINI_NANO.0 + completion * AZURE_MINI_NANO.1
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_attempt_reaches_its_provider_private_and_with_a_true_content_length() {
+    let key = bearer(DEMO_KEY);
+    let headers = [
+        ("authorization", key.as_str()),
+        // a client-supplied address must not travel either
+        ("x-forwarded-for", "203.0.113.7"),
+        ("x-mock-echo", "1"),
+    ];
+    let mut demo = None;
+    for status in ["429", "503"] {
+        // a fresh gateway per status: four failures each stay under openai-mini's breaker
+        let demo = demo.insert(Demo::start(0).await.unwrap());
+        demo.openai.set_default_knobs(&[("x-mock-status", status)]);
+        for stream in [false, true] {
+            for content in ["Say hello".to_string(), format!("Forward this to {EMAIL}")] {
+                let case = format!("{status} stream={stream} {content:?}");
+                let response = post(
+                    demo,
+                    "/v1/chat/completions",
+                    &headers,
+                    &chat(&content, stream),
+                )
+                .await;
+                assert_eq!(response.status, 200, "{case}: {}", response.text());
+                assert_eq!(response.header("x-llm-attempts"), Some("2"), "{case}");
+                let first = demo.openai.requests();
+                let second = demo.azure.requests();
+                demo.openai.clear_requests();
+                demo.azure.clear_requests();
+                assert_eq!((first.len(), second.len()), (1, 1), "{case}");
+                for seen in [&first[0], &second[0]] {
+                    assert_private_and_framed(seen);
+                    let body = seen.json().unwrap();
+                    assert_eq!(body["model"], "gpt-4o-mini", "{case}");
+                    // the PII edit and usage-accounting's stream_options grew the body
+                    assert_eq!(body["stream"], stream, "{case}");
+                    assert!(
+                        !String::from_utf8_lossy(&seen.body).contains(EMAIL),
+                        "{case}"
+                    );
+                }
+                // the attempts got the same bytes (only model and credential may differ; the
+                // model is the same here)
+                assert_eq!(first[0].body, second[0].body, "{case}");
+            }
+        }
+    }
+    // one attempt, Anthropic's API: the same
+    let demo = demo.unwrap();
+    let body = json!({"model": "claude", "max_tokens": 50,
+        "messages": [{"role": "user", "content": format!("Mail {EMAIL}")}]});
+    let response = post(
+        &demo,
+        "/v1/messages",
+        &[("x-api-key", DEMO_KEY), ("x-forwarded-for", "203.0.113.7")],
+        &body,
+    )
+    .await;
+    assert_eq!(response.status, 200, "{}", response.text());
+    let seen = demo.anthropic.requests();
+    assert_eq!(seen.len(), 1);
+    assert_private_and_framed(&seen[0]);
+    // the operator keeps the client's address: the peer Envoy saw, in the access log
+    let id = response.header("x-request-id").unwrap();
+    let (_, line) = demo.usage_record(id).await;
+    assert_eq!(line["client"], "127.0.0.1", "{line}");
+
+    // a client that sends its body chunked: the chain buffered it whole, so the provider
+    // still gets a content-length
+    demo.openai.set_default_knobs(&[]);
+    demo.openai.clear_requests();
+    let body = chat(&format!("Mail {EMAIL}"), true).to_string();
+    let raw = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: gateway\r\nauthorization: {key}\r\n\
+         content-type: application/json\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n\
+         {:x}\r\n{body}\r\n0\r\n\r\n",
+        body.len()
+    );
+    let address = demo.url().trim_start_matches("http://").to_string();
+    let mut socket = tokio::net::TcpStream::connect(address).await.unwrap();
+    socket.write_all(raw.as_bytes()).await.unwrap();
+    let mut received = Vec::new();
+    socket.read_to_end(&mut received).await.unwrap();
+    let answer = String::from_utf8_lossy(&received);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let seen = demo.openai.requests();
+    assert_eq!(seen.len(), 1);
+    assert_private_and_framed(&seen[0]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1232,31 +1232,15 @@ async fn hostile_headers_never_change_identity_route_or_reach_a_provider() {
             !value.contains("spoofed") && !value.contains("other-tenant"),
             "{name}: {value}"
         );
-        if let Some(envoy) = name.strip_prefix("x-envoy-") {
-            assert!(
-                [
-                    "attempt-count",
-                    "expected-rq-timeout-ms",
-                    "external-address"
-                ]
-                .contains(&envoy),
-                "{name}: {value} reached the provider"
-            );
-        }
+        // neither Envoy's internals nor the client's address (issue 18): no x-envoy-*, no
+        // x-forwarded-for / -proto (the access log keeps the peer address)
+        assert!(
+            !name.starts_with("x-envoy-")
+                && name != "x-forwarded-for"
+                && name != "x-forwarded-proto",
+            "{name}: {value} reached the provider"
+        );
     }
-    assert_eq!(provider.header("x-envoy-attempt-count"), Some("1"));
-    assert_eq!(
-        provider.header("x-envoy-expected-rq-timeout-ms"),
-        Some("60000")
-    );
-    // x-forwarded-for: the client's value is kept and Envoy appends the address it saw (its
-    // own, for a loopback peer); nothing in the chain reads it
-    let xff = provider.header("x-forwarded-for").unwrap_or_default();
-    assert!(
-        xff.starts_with("203.0.113.7,") && !xff.ends_with("203.0.113.7"),
-        "{xff}"
-    );
-    assert_eq!(provider.header("x-forwarded-proto"), Some("http"));
     // ordinary client headers go on as sent (docs/security.md § 5)
     assert_eq!(provider.header("x-forwarded-host"), Some("evil.example"));
     assert_eq!(provider.header("x-project"), Some("spoof"));

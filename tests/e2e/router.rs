@@ -34,13 +34,27 @@ struct Gateway {
 
 fn key_auth_config() -> Value {
     json!({"keys": [
-        {"key_sha256": sha256_hex(KEY_ALL.as_bytes()), "consumer": "team-all", "groups": ["fast", "smart", "canary", "long"]},
+        {"key_sha256": sha256_hex(KEY_ALL.as_bytes()), "consumer": "team-all", "groups": ["fast", "smart", "canary", "long", "pair"]},
         {"key_sha256": sha256_hex(KEY_FAST.as_bytes()), "consumer": "team-fast", "groups": ["fast"]},
     ]})
 }
 
+/// The workloads' router config plus group `pair`: two deployments of one provider, on one
+/// cluster (dep-a), a larger model falling back to a smaller one.
 fn router_config() -> Value {
-    workloads::router_config_with_cooldown(COOLDOWN_MS)
+    let mut config = workloads::router_config_with_cooldown(COOLDOWN_MS);
+    if let Some(deployments) = config["deployments"].as_array_mut() {
+        deployments.push(
+            json!({"name": "big", "cluster": "dep-a", "model": "model-big",
+            "provider": "openai", "credential": "cred-big"}),
+        );
+    }
+    if let Some(groups) = config["groups"].as_array_mut() {
+        groups.push(
+            json!({"name": "pair", "deployments": [{"deployment": "big"}, {"deployment": "a"}]}),
+        );
+    }
+    config
 }
 
 /// A port nothing listens on (bound, then released).
@@ -150,6 +164,11 @@ fn assert_provider_request(request: &RecordedRequest, model: &str, credential: (
             !name.starts_with("x-llm-"),
             "internal header {name} reached the provider"
         );
+        // Envoy's internals and the client's address (issue 18)
+        assert!(
+            !name.starts_with("x-envoy-") && !name.starts_with("x-forwarded-"),
+            "{name} reached the provider"
+        );
         assert!(
             !value.contains("sk-e2e-router"),
             "the client's key reached the provider"
@@ -229,8 +248,9 @@ async fn falls_back_on_429_and_503_with_the_next_model_and_credential() {
         let id = first[0].header("x-request-id").unwrap();
         assert_eq!(second[0].header("x-request-id"), Some(id));
         last_id = id.to_string();
-        assert_eq!(first[0].header("x-envoy-attempt-count"), Some("1"));
-        assert_eq!(second[0].header("x-envoy-attempt-count"), Some("2"));
+        // Envoy's attempt count picked the deployments and stayed in the gateway
+        assert_eq!(first[0].header("x-envoy-attempt-count"), None);
+        assert_eq!(second[0].header("x-envoy-attempt-count"), None);
     }
     assert_eq!(gw.stat("fallbacks"), 2);
 
@@ -310,6 +330,39 @@ async fn falls_back_on_429_and_503_with_the_next_model_and_credential() {
         assert_eq!(info["price"], price);
         assert_eq!(info["price_version"], version);
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_deployments_on_one_cluster_fall_back_by_attempt() {
+    let gw = Gateway::start().await;
+    // the provider behind dep-a refuses model-big only
+    gw.a.set_default_knobs(&[
+        ("x-mock-status", "429"),
+        ("x-mock-status-model", "model-big"),
+    ]);
+    for round in 0..2 {
+        let response = gw.ask("pair", &[]).await;
+        assert_eq!(response.status, 200, "{round}: {}", response.text());
+        assert_eq!(response.header("x-llm-deployment"), Some("a"), "{round}");
+        assert_eq!(response.header("x-llm-attempts"), Some("2"), "{round}");
+        // both attempts at the one cluster, each with its deployment's model and credential
+        let seen = Gateway::take(&gw.a);
+        assert_eq!(seen.len(), 2, "{round}");
+        assert_provider_request(&seen[0], "model-big", ("authorization", "Bearer cred-big"));
+        assert_provider_request(&seen[1], "model-a", ("authorization", "Bearer cred-a"));
+    }
+    assert!(Gateway::take(&gw.b).is_empty() && Gateway::take(&gw.c).is_empty());
+    // The breaker counted by attempt, not by cluster: big failed twice (consecutive_failures
+    // 2: open), a, on the same cluster, answered and stays closed, so it serves first now.
+    assert_eq!(gw.stat("breaker.opened.big"), 1);
+    assert_eq!(gw.stat("breaker.opened.a"), 0);
+    let response = gw.ask("pair", &[]).await;
+    assert_eq!(response.status, 200, "{}", response.text());
+    assert_eq!(response.header("x-llm-deployment"), Some("a"));
+    assert_eq!(response.header("x-llm-attempts"), Some("1"));
+    let seen = Gateway::take(&gw.a);
+    assert_eq!(seen.len(), 1);
+    assert_provider_request(&seen[0], "model-a", ("authorization", "Bearer cred-a"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

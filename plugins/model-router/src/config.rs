@@ -65,6 +65,8 @@ struct RawDeployment {
     price: Option<Price>,
     #[serde(default)]
     price_version: Option<String>,
+    #[serde(default)]
+    forward_envoy_headers: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -144,6 +146,10 @@ pub struct Deployment {
     pub price: Option<Price>,
     /// Version of that price.
     pub price_version: Option<String>,
+    /// The provider gets Envoy's `x-envoy-*` request headers (attempt count, timeouts...);
+    /// `false` (the default): the upstream role removes them, a provider learns nothing of
+    /// the gateway's internals.
+    pub forward_envoy_headers: bool,
 }
 
 /// One member of a group: a deployment and its share of first choices.
@@ -294,6 +300,7 @@ impl RouterConfig {
                 context_window: d.context_window,
                 price: d.price,
                 price_version: d.price_version,
+                forward_envoy_headers: d.forward_envoy_headers,
             });
         }
 
@@ -309,8 +316,9 @@ impl RouterConfig {
             if g.deployments.is_empty() {
                 return Err(ConfigError::new(at("deployments"), "must not be empty"));
             }
+            // Two deployments may share a cluster (`gpt-4o` -> `gpt-4o-mini` at one provider):
+            // the attempt number, not the cluster, says which deployment an attempt is.
             let mut targets = Vec::with_capacity(g.deployments.len());
-            let mut clusters: Vec<&str> = Vec::new();
             for (j, t) in g.deployments.iter().enumerate() {
                 let field = format!("deployments[{j}].deployment");
                 let Some(&index) = deployment_index.get(&t.deployment) else {
@@ -322,18 +330,6 @@ impl RouterConfig {
                 if targets.iter().any(|x: &Target| x.deployment == index) {
                     return Err(ConfigError::new(at(&field), "deployment listed twice"));
                 }
-                let cluster = deployments
-                    .get(index)
-                    .map(|d| d.cluster.as_str())
-                    .unwrap_or_default();
-                if clusters.contains(&cluster) {
-                    // the upstream filter identifies an attempt's deployment by group + cluster
-                    return Err(ConfigError::new(
-                        at(&field),
-                        "two deployments of one group must use different clusters",
-                    ));
-                }
-                clusters.push(cluster);
                 targets.push(Target {
                     deployment: index,
                     weight: t.weight.unwrap_or(0),
@@ -565,12 +561,35 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn two_deployments_of_a_group_need_two_clusters() {
+    fn two_deployments_of_a_group_may_share_a_cluster() {
+        // the most common fallback: a larger model to a smaller one at the same provider
         let doc = r#"{"deployments":[
-            {"name":"a","cluster":"c","model":"m","provider":"openai"},
-            {"name":"b","cluster":"c","model":"n","provider":"openai"}],
-            "groups":[{"name":"g","deployments":[{"deployment":"a"},{"deployment":"b"}]}]}"#;
-        assert_eq!(error(doc).field(), "groups[0].deployments[1].deployment");
+            {"name":"4o","cluster":"openai","model":"gpt-4o","provider":"openai"},
+            {"name":"mini","cluster":"openai","model":"gpt-4o-mini","provider":"openai"}],
+            "groups":[{"name":"g","deployments":[{"deployment":"4o"},{"deployment":"mini"}]}]}"#;
+        let set = parse_document(doc.as_bytes()).unwrap();
+        let config = set.global().unwrap();
+        let targets: Vec<usize> = config
+            .group("g")
+            .unwrap()
+            .targets
+            .iter()
+            .map(|t| t.deployment)
+            .collect();
+        assert_eq!(targets, [0, 1]);
+        // one deployment listed twice is still refused
+        let twice = doc.replace(r#"{"deployment":"mini"}"#, r#"{"deployment":"4o"}"#);
+        assert_eq!(error(&twice).field(), "groups[0].deployments[1].deployment");
+    }
+
+    #[test]
+    fn envoy_headers_reach_a_provider_only_when_its_deployment_says_so() {
+        let config = example();
+        assert!(config.deployments.iter().all(|d| !d.forward_envoy_headers));
+        let doc = r#"{"deployments":[{"name":"a","cluster":"c","model":"m","provider":"openai",
+            "forward_envoy_headers":true}]}"#;
+        let set = parse_document(doc.as_bytes()).unwrap();
+        assert!(set.global().unwrap().deployments[0].forward_envoy_headers);
     }
 
     #[test]

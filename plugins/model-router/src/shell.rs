@@ -32,8 +32,9 @@ use llm_gateway_shared::headers;
 use llm_gateway_shared::host::{self, Buffer, HeaderMap, HostError, LogLevel, Metric};
 use llm_gateway_shared::reject::Reject;
 use llm_gateway_shared::route_info::{
-    try_property, BUDGET_FALLBACK_HEADER, BUDGET_FALLBACK_PROPERTY, BUDGET_FALLBACK_TAKEN,
-    MAX_RETRIES_HEADER as MAX_RETRIES, PLAN_PROPERTY, PROPERTY as ROUTE_PROPERTY,
+    try_property, ATTEMPT_PROPERTY, BUDGET_FALLBACK_HEADER, BUDGET_FALLBACK_PROPERTY,
+    BUDGET_FALLBACK_TAKEN, MAX_RETRIES_HEADER as MAX_RETRIES, PLAN_PROPERTY,
+    PROPERTY as ROUTE_PROPERTY,
 };
 use llm_gateway_shared::rules::RuleSet;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
@@ -306,19 +307,6 @@ fn set_credential(deployment: &Deployment) -> Result<(), HostError> {
     }
 }
 
-/// Replaces the whole request body and fixes `content-length` (headers are still held).
-fn replace_request_body(size: usize, body: &[u8]) -> Result<(), HostError> {
-    host::set_buffer(Buffer::RequestBody, 0, size, body)?;
-    if host::header(HeaderMap::RequestHeaders, "content-length")?.is_some() {
-        host::set_header(
-            HeaderMap::RequestHeaders,
-            "content-length",
-            body.len().to_string().as_bytes(),
-        )?;
-    }
-    Ok(())
-}
-
 fn refuse(reject: &Reject) -> Action {
     count(&format!("rejected.{}", reject.code));
     if let Err(err) = host::send_reject(PLUGIN, reject) {
@@ -341,11 +329,37 @@ fn answered_by_router() -> bool {
     }
 }
 
+/// Envoy's number of the current attempt (1 for the first try): its `x-envoy-attempt-count`
+/// while the request still has it, else the number the upstream role mirrored into filter
+/// state (`llm_attempt`) before removing the header for the provider.
 fn attempt_number() -> u32 {
     header_string(HeaderMap::RequestHeaders, ATTEMPT_COUNT)
+        .or_else(|| host::property_string(&[ATTEMPT_PROPERTY]).ok().flatten())
         .and_then(|v| v.trim().parse::<u32>().ok())
         .unwrap_or(1)
         .max(1)
+}
+
+/// Removes every `x-envoy-*` request header (Envoy's internals: attempt count, timeouts, a
+/// client's external address...): a provider gets none of them unless its deployment says
+/// `forward_envoy_headers`. Header changes of an upstream filter persist into the next
+/// attempt; Envoy stamps the attempt count again for each one.
+fn remove_envoy_headers() -> Result<(), HostError> {
+    for (name, _) in host::headers(HeaderMap::RequestHeaders)? {
+        if name.starts_with("x-envoy-") {
+            host::remove_header(HeaderMap::RequestHeaders, &name)?;
+        }
+    }
+    Ok(())
+}
+
+fn strip_envoy_headers() {
+    if let Err(err) = remove_envoy_headers() {
+        log(
+            LogLevel::Error,
+            &format!("cannot remove the x-envoy-* headers: {err}"),
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -484,7 +498,13 @@ impl Downstream {
             .ok_or_else(|| Reject::internal("empty plan"))?;
 
         let internal = |_| Reject::internal("cannot route the request");
-        replace_request_body(size, &body.with_model(&first.model)).map_err(internal)?;
+        let rewritten = body.with_model(&first.model);
+        host::replace_request_body(size, &rewritten).map_err(internal)?;
+        if redirect {
+            // no upstream role frames the body on this host: the provider gets the length of
+            // what it receives, whatever the client sent (the later filters keep it true)
+            host::set_request_length(rewritten.len()).map_err(internal)?;
+        }
         if plan.deployments.len() == 1 || redirect {
             set_credential(first).map_err(internal)?;
         } else {
@@ -517,7 +537,9 @@ impl Downstream {
         if redirect {
             publish_continuation(1, &plan.group, &request_id, &names).map_err(internal)?;
         } else {
-            set(ATTEMPT_COUNT, "0")?;
+            // the slot of the first resolution; each attempt's upstream role writes its own
+            // number
+            host::set_property(&[ATTEMPT_PROPERTY], b"0").map_err(internal)?;
             set(
                 MAX_RETRIES,
                 &(plan.deployments.len().saturating_sub(1)).to_string(),
@@ -600,7 +622,10 @@ impl Downstream {
             .ok_or_else(lost)?;
         let attempt = continuation.attempt;
         let internal = |_| Reject::internal("cannot route the request");
-        replace_request_body(size, &body.with_model(&chosen.model)).map_err(internal)?;
+        let rewritten = body.with_model(&chosen.model);
+        host::replace_request_body(size, &rewritten).map_err(internal)?;
+        // upstream Envoy's redirect removed content-length; no upstream role frames the body
+        host::set_request_length(rewritten.len()).map_err(internal)?;
         set_credential(chosen).map_err(internal)?;
         host::remove_header(HeaderMap::RequestHeaders, headers::ROUTE_NEXT).map_err(internal)?;
         let set = |name: &str, value: &str| {
@@ -1010,9 +1035,20 @@ impl HttpContext for Upstream {
             return Action::Continue;
         };
         let Ok(Some(plan)) = host::property_string(&[PLAN_PROPERTY]) else {
-            return Action::Continue; // not a routed request
+            strip_envoy_headers(); // not a routed request: no deployment to opt in
+            return Action::Continue;
         };
         let attempt = attempt_number();
+        // The route's matcher picks the next attempt's slot from this number (a retry re-runs
+        // it before Envoy stamps the next count): filter state, because the header is removed.
+        if let Err(err) = host::set_property(&[ATTEMPT_PROPERTY], attempt.to_string().as_bytes()) {
+            log(
+                LogLevel::Error,
+                &format!("cannot publish the attempt number: {err}"),
+            );
+        }
+        // The attempt number, not the cluster, says which deployment this is: two
+        // deployments of a group may share a cluster (one provider, two models).
         let name = plan
             .split(',')
             .nth(usize::try_from(attempt - 1).unwrap_or(usize::MAX))
@@ -1022,8 +1058,12 @@ impl HttpContext for Upstream {
                 LogLevel::Warn,
                 &format!("attempt {attempt}: no deployment in the plan; request unchanged"),
             );
+            strip_envoy_headers();
             return Action::Continue;
         };
+        if !deployment.forward_envoy_headers {
+            strip_envoy_headers();
+        }
         if let Err(err) = set_credential(deployment) {
             log(
                 LogLevel::Error,
@@ -1054,12 +1094,22 @@ impl HttpContext for Upstream {
             return Action::Pause;
         }
         let model = deployment.model.clone();
+        // The whole body is here and the headers are held: the provider gets the length of
+        // what it receives (rewritten or not), never a chunked body.
+        let mut length = size;
         if let Ok(bytes) = host::buffer(Buffer::RequestBody, 0, size) {
             if let Some(rewritten) = rewrite_model(&bytes, &model) {
-                if let Err(err) = replace_request_body(size, &rewritten) {
-                    log(LogLevel::Error, &format!("cannot rewrite the model: {err}"));
+                match host::set_buffer(Buffer::RequestBody, 0, size, &rewritten) {
+                    Ok(()) => length = rewritten.len(),
+                    Err(err) => log(LogLevel::Error, &format!("cannot rewrite the model: {err}")),
                 }
             }
+        }
+        if let Err(err) = host::set_request_length(length) {
+            log(
+                LogLevel::Error,
+                &format!("cannot set the content-length: {err}"),
+            );
         }
         Action::Continue
     }

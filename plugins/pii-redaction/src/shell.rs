@@ -302,27 +302,13 @@ impl HttpContext for Request {
             Redaction::Unchanged => Next::Continue,
             Redaction::Rewritten(new_body) => {
                 bump(state.metrics.redacted.as_ref(), 1);
-                if config.hold_headers {
-                    let length = new_body.len().to_string();
-                    let fixed = host::header(HeaderMap::RequestHeaders, "content-length")
-                        .ok()
-                        .flatten()
-                        .is_none()
-                        || host::set_header(
-                            HeaderMap::RequestHeaders,
-                            "content-length",
-                            length.as_bytes(),
-                        )
-                        .is_ok();
-                    if !fixed {
-                        host::log(
-                            LogLevel::Error,
-                            "pii-redaction: cannot set content-length of the redacted body",
-                        );
-                        return refuse(&Reject::internal("cannot redact the request"));
-                    }
-                }
-                match host::set_buffer(Buffer::RequestBody, 0, body_size, &new_body) {
+                // held headers get the new length; otherwise `content-length` is gone already
+                let replaced = if config.hold_headers {
+                    host::replace_request_body(body_size, &new_body)
+                } else {
+                    host::set_buffer(Buffer::RequestBody, 0, body_size, &new_body)
+                };
+                match replaced {
                     Ok(()) => Next::Continue,
                     Err(err) => {
                         // never forward what could not be redacted

@@ -1569,15 +1569,7 @@ fn rewrite_model(model: &str) -> Result<(), HostError> {
     let mut edits = Edits::new(&body, &object);
     edits.set("model", json::quote(model).into_bytes());
     let rewritten = edits.finish();
-    host::set_buffer(Buffer::RequestBody, 0, body.len(), &rewritten)?;
-    if host::header(HeaderMap::RequestHeaders, "content-length")?.is_some() {
-        host::set_header(
-            HeaderMap::RequestHeaders,
-            "content-length",
-            rewritten.len().to_string().as_bytes(),
-        )?;
-    }
-    Ok(())
+    host::replace_request_body(body.len(), &rewritten)
 }
 
 /// Writes an alternative's switch: filter state, headers, the held body's `model`, and clears
@@ -1912,16 +1904,10 @@ impl HttpContext for Limiter {
             }
         };
         if let Some(edited) = &cost.body {
-            if host::set_buffer(Buffer::RequestBody, 0, size, edited).is_err() {
+            // the headers are held (Pause in on_http_request_headers)
+            if host::replace_request_body(size, edited).is_err() {
                 refuse(&Reject::internal("cannot write the request body"));
                 return Action::Pause;
-            }
-            if let Ok(Some(_)) = host::header(HeaderMap::RequestHeaders, "content-length") {
-                let _ = host::set_header(
-                    HeaderMap::RequestHeaders,
-                    "content-length",
-                    edited.len().to_string().as_bytes(),
-                );
             }
         }
         if reentered {

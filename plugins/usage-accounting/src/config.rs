@@ -11,6 +11,7 @@
 //!   "default_price": null,
 //!   "inject_include_usage": true,
 //!   "cost_headers": false,
+//!   "hold_headers": false,
 //!   "log_records": true,
 //!   "consumer_label": false,
 //!   "filter_state": "llm_usage",
@@ -41,6 +42,11 @@ pub struct UsageConfig {
     /// headers until the body is read: the Envoy filter needs
     /// `allow_on_headers_stop_iteration: true`, or the body never reaches the plugin.
     pub cost_headers: bool,
+    /// Hold the request headers of a request whose body may be rewritten (`include_usage`)
+    /// until the body is read, so that `content-length` can follow the new body. `false`: the
+    /// headers go on and `content-length` is removed (Envoy frames the body chunked). Needs
+    /// `allow_on_headers_stop_iteration: true` on the Envoy filter, as `cost_headers` does.
+    pub hold_headers: bool,
     /// Write one JSON log line per record.
     pub log_records: bool,
     /// Label metrics with the consumer too (cardinality: one series per consumer).
@@ -85,6 +91,8 @@ struct RawConfig {
     inject_include_usage: bool,
     #[serde(default)]
     cost_headers: bool,
+    #[serde(default)]
+    hold_headers: bool,
     #[serde(default = "default_true")]
     log_records: bool,
     #[serde(default)]
@@ -171,6 +179,7 @@ fn parse_scope(fields: &Map<String, Value>) -> Result<UsageConfig, ConfigError> 
         default_price,
         inject_include_usage: raw.inject_include_usage,
         cost_headers: raw.cost_headers,
+        hold_headers: raw.hold_headers,
         log_records: raw.log_records,
         consumer_label: raw.consumer_label,
         filter_state: raw.filter_state,
@@ -270,7 +279,8 @@ mod tests {
     fn defaults() {
         let c = parse(json!({})).unwrap();
         assert!(c.inject_include_usage && c.log_records);
-        assert!(!c.consumer_label && !c.cost_headers);
+        assert!(!c.consumer_label && !c.cost_headers && !c.hold_headers);
+        assert!(parse(json!({"hold_headers": true})).unwrap().hold_headers);
         assert_eq!(c.filter_state, "llm_usage");
         assert!(c.price_for(Some("x"), None, None).is_none());
     }

@@ -214,10 +214,20 @@ impl HttpContext for Request {
         // The usage is read from the response: ask the provider for it uncompressed (Envoy's
         // compressor filter may compress it again for the client).
         let _ = host::remove_header(HeaderMap::RequestHeaders, "accept-encoding");
+        let mut hold = false;
         if exchange.may_rewrite_body(config) && !end_of_stream {
-            // The body may grow by `stream_options`; the length is fixed when it is known
-            // only if the headers are held, so drop it and let Envoy frame the body.
-            let _ = host::remove_header(HeaderMap::RequestHeaders, "content-length");
+            // The body may grow by `stream_options`: held headers get its new length when it
+            // is known; headers that go on now must not announce the old one.
+            if config.hold_headers {
+                hold = true;
+            } else if let Err(err) =
+                host::remove_header(HeaderMap::RequestHeaders, "content-length")
+            {
+                host::log(
+                    LogLevel::Warn,
+                    &format!("usage-accounting: cannot remove content-length: {err}"),
+                );
+            }
         }
         self.active = Some(Active {
             exchange,
@@ -226,7 +236,11 @@ impl HttpContext for Request {
             route: None,
             logical_id,
         });
-        Action::Continue
+        if hold {
+            Action::Pause
+        } else {
+            Action::Continue
+        }
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
@@ -250,7 +264,8 @@ impl HttpContext for Request {
             return Action::Continue;
         };
         if let Some(new_body) = active.exchange.on_request_body(&active.config, &body) {
-            if let Err(err) = host::set_buffer(Buffer::RequestBody, 0, body_size, &new_body) {
+            // held headers get the new length (without `hold_headers` there is none to fix)
+            if let Err(err) = host::replace_request_body(body_size, &new_body) {
                 host::log(
                     LogLevel::Warn,
                     &format!("usage-accounting: cannot inject include_usage: {err}"),

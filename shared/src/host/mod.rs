@@ -223,6 +223,35 @@ pub fn set_buffer(buffer: Buffer, start: usize, size: usize, data: &[u8]) -> Hos
     })
 }
 
+/// The request header that frames a body whose size is known.
+const CONTENT_LENGTH: &str = "content-length";
+
+/// Replaces the whole request body (`size` bytes, the size the body callback reported) with
+/// `body` and keeps the request's `content-length` true: when the request has one it becomes
+/// `body.len()`. The one body replace of every plugin. Call it only while this filter still
+/// holds the request headers (it paused them): headers already forwarded keep the length they
+/// had, and a plugin that cannot hold them removes `content-length` before letting them go.
+pub fn replace_request_body(size: usize, body: &[u8]) -> HostResult<()> {
+    set_buffer(Buffer::RequestBody, 0, size, body)?;
+    if header(HeaderMap::RequestHeaders, CONTENT_LENGTH)?.is_some() {
+        set_request_length(body.len())?;
+    }
+    Ok(())
+}
+
+/// Frames the request body as `length` bytes: sets `content-length` (adding it when absent)
+/// and removes `transfer-encoding`. For a filter that holds the request headers and has the
+/// whole body (the router's upstream role: a provider gets the length of what it receives,
+/// not a chunked body, whatever the client sent).
+pub fn set_request_length(length: usize) -> HostResult<()> {
+    set_header(
+        HeaderMap::RequestHeaders,
+        CONTENT_LENGTH,
+        length.to_string().as_bytes(),
+    )?;
+    remove_header(HeaderMap::RequestHeaders, "transfer-encoding")
+}
+
 // ---------------------------------------------------------------------------------------
 // Properties (Envoy attributes and filter state)
 

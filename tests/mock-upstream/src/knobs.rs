@@ -12,6 +12,7 @@ pub(crate) const CHUNKS: &str = "x-mock-chunks";
 pub(crate) const CUT_AFTER: &str = "x-mock-cut-after";
 pub(crate) const END_AFTER: &str = "x-mock-end-after";
 pub(crate) const ERROR_CODE: &str = "x-mock-error-code";
+pub(crate) const STATUS_MODEL: &str = "x-mock-status-model";
 pub(crate) const NO_USAGE: &str = "x-mock-no-usage";
 pub(crate) const USAGE_IN_FINAL_CHUNK: &str = "x-mock-usage-in-final-chunk";
 pub(crate) const PROMPT_TOKENS: &str = "x-mock-prompt-tokens";
@@ -50,6 +51,7 @@ pub(crate) struct Knobs {
     pub(crate) cut_after: Option<u64>,
     pub(crate) end_after: Option<u64>,
     pub(crate) error_code: Option<String>,
+    pub(crate) status_model: Option<String>,
     pub(crate) no_usage: bool,
     pub(crate) usage_in_final_chunk: bool,
     pub(crate) prompt_tokens: Option<u64>,
@@ -104,6 +106,9 @@ impl Knobs {
             end_after: int(headers, END_AFTER, 0, u64::MAX, "a non-negative integer")?,
             error_code: text(headers, ERROR_CODE, "a visible ASCII error code")?
                 .filter(|code| !code.is_empty())
+                .map(str::to_owned),
+            status_model: text(headers, STATUS_MODEL, "a visible ASCII model name")?
+                .filter(|model| !model.is_empty())
                 .map(str::to_owned),
             no_usage: flag(headers, NO_USAGE)?,
             usage_in_final_chunk: flag(headers, USAGE_IN_FINAL_CHUNK)?,

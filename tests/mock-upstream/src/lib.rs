@@ -66,6 +66,8 @@
 //!   carries `retry-after: 1`. Applied after `x-mock-delay-ms`, before the body is validated.
 //! * `x-mock-error-code: CODE` — with `x-mock-status`: `CODE` instead of `mock_NNN` in
 //!   `error.code` (e.g. `context_length_exceeded`).
+//! * `x-mock-status-model: MODEL` — with `x-mock-status`: the status only for a request whose
+//!   `model` is `MODEL`; other models are answered as usual (one provider, one model failing).
 //! * `x-mock-delay-ms: N` — wait N ms (at most 3 600 000) before sending the response head.
 //! * `x-mock-chunk-delay-ms: N` — streaming: wait N ms between SSE events; each event is then
 //!   its own body frame (network write).

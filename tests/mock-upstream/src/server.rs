@@ -282,7 +282,15 @@ async fn handle_inner(
         tokio::time::sleep(delay).await;
     }
 
-    if let Some(status) = knobs.status {
+    // `x-mock-status-model`: the status only for a request naming that model
+    let status = knobs.status.filter(|_| {
+        knobs.status_model.as_deref().is_none_or(|model| {
+            serde_json::from_slice::<serde_json::Value>(&body)
+                .ok()
+                .is_some_and(|v| v["model"] == model)
+        })
+    });
+    if let Some(status) = status {
         let code = status.as_u16();
         let mut resp = error_response(&ApiError {
             status,

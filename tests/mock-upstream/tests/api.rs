@@ -1278,6 +1278,20 @@ async fn error_code_knob_names_the_error() {
 }
 
 #[tokio::test]
+async fn status_model_knob_fails_one_model_only() {
+    let mock = start().await;
+    let knobs = [("x-mock-status", "429"), ("x-mock-status-model", "gpt-4o")];
+    let mut failing = chat_body(json!({}));
+    failing["model"] = json!("gpt-4o");
+    let (status, _, _) = post(&mock, "/v1/chat/completions", &knobs, &failing).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    let mut other = chat_body(json!({}));
+    other["model"] = json!("gpt-4o-mini");
+    let (status, _, _) = post(&mock, "/v1/chat/completions", &knobs, &other).await;
+    assert_eq!(status, StatusCode::OK);
+}
+
+#[tokio::test]
 async fn garbage_knob_puts_broken_events_after_the_first() {
     let mock = start().await;
     let body =
