@@ -85,6 +85,14 @@ fn both_configs_set_the_plugins_alike_but_for_the_fallback() {
         }
         assert_eq!(got, expected, "{name}");
     }
+    // the same routes: what is served, what is answered 404
+    let routes = |name: &str| {
+        let config = template(name).unwrap();
+        let routes = &config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+            ["typed_config"]["route_config"]["virtual_hosts"][0]["routes"];
+        (routes[0]["match"].clone(), routes[1].clone())
+    };
+    assert_eq!(routes(demo::CONFIG_136), routes(demo::CONFIG));
     // and no upstream filter: each pass's router sets model and credential itself
     let upstream = wasm_filters(&template(demo::CONFIG_136).unwrap()).unwrap();
     assert!(upstream.iter().all(|f| !f.upstream));
@@ -234,6 +242,8 @@ fn the_higress_envoyfilter_carries_the_same_fallback() {
         m
     };
     assert_eq!(matcher(higress), matcher(plain));
+    // the same internal headers and client address kept from providers (x-forwarded-proto
+    // stays in both: the redirected stream needs it to find its route)
     assert_eq!(
         patch["request_headers_to_remove"],
         route["request_headers_to_remove"]
