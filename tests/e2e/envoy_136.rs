@@ -242,8 +242,7 @@ fn the_higress_envoyfilter_carries_the_same_fallback() {
         m
     };
     assert_eq!(matcher(higress), matcher(plain));
-    // the same internal headers and client address kept from providers (x-forwarded-proto
-    // stays in both: the redirected stream needs it to find its route)
+    // the same internal headers and client address kept from providers
     assert_eq!(
         patch["request_headers_to_remove"],
         route["request_headers_to_remove"]
@@ -256,4 +255,26 @@ fn the_higress_envoyfilter_carries_the_same_fallback() {
         ["action"]["typed_config"];
     assert_eq!(policy["use_original_request_uri"], true);
     assert_eq!(policy["keep_original_response_code"], false);
+}
+
+/// `gateway-1.36.yaml` is `gateway.yaml` with the fallback of Envoy 1.36–1.38, nothing else:
+/// the shipped file is exactly what `scripts/derive-gateway-1.36` writes from `gateway.yaml`,
+/// so a change to `gateway.yaml` cannot leave the 1.36 gateway behind.
+#[test]
+fn gateway_136_is_derived_from_gateway_yaml() {
+    let out = std::env::temp_dir().join(format!("gateway-1.36-{}.yaml", std::process::id()));
+    let status = std::process::Command::new("python3")
+        .arg(workspace::root().join("scripts/derive-gateway-1.36"))
+        .arg(workspace::envoy_config(demo::CONFIG))
+        .arg(&out)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let derived = std::fs::read_to_string(&out).unwrap();
+    let _ = std::fs::remove_file(&out);
+    let shipped = std::fs::read_to_string(workspace::envoy_config(demo::CONFIG_136)).unwrap();
+    assert!(
+        derived == shipped,
+        "envoy-config/gateway-1.36.yaml is not what scripts/derive-gateway-1.36 writes: run it"
+    );
 }
