@@ -641,3 +641,30 @@ fn envoy_validates_the_router_config() {
     bad_vars[5] = ("ROUTER_CONFIG", bad.to_string());
     assert!(Envoy::validate("e2e-router.yaml", &bad_vars).is_err());
 }
+
+/// Issue 18: the deployments are configured once, in the listener's model-router; the upstream
+/// role of `gateway.yaml` reads them from the VM the two share. One that cannot (here: given a
+/// VM of its own) refuses the attempt with a 500 that names the deployment — the request never
+/// reaches a provider with the group's name as model and no credential.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_role_that_cannot_resolve_its_deployment_refuses_it() {
+    let shared = "root_id: model-router-upstream\n              fail_open: false\n              allow_on_headers_stop_iteration: true\n              vm_config:\n                vm_id: model-router\n";
+    let alone = shared.replace("vm_id: model-router\n", "vm_id: model-router-alone\n");
+    let demo = llm_gateway_tests::demo::Demo::start_variant(&[(shared, alone.as_str())])
+        .await
+        .unwrap();
+    let body = json!({"model": "fast", "messages": [{"role": "user", "content": "Hello!"}]});
+    let response = http::post(format!("{}/v1/chat/completions", demo.url()))
+        .header(
+            "authorization",
+            &format!("Bearer {}", llm_gateway_tests::demo::DEMO_KEY),
+        )
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let error = http::assert_openai_error(&response, 500, "gateway_internal_error");
+    let message = error["error"]["message"].as_str().unwrap();
+    assert!(message.contains("`openai-mini`"), "{message}");
+    assert!(demo.openai.requests().is_empty() && demo.azure.requests().is_empty());
+}

@@ -617,4 +617,14 @@ pub(crate) mod tests {
         assert!(err.reason().contains("credentail"), "{err}");
         assert!(error(r#"{"provider":"x"}"#).reason().contains("provider"));
     }
+
+    #[test]
+    fn the_upstream_role_needs_no_deployments_of_its_own() {
+        // one source of truth: the listener's document has them (same VM), the upstream
+        // role's may be just its role
+        let rules = parse_document(br#"{"role": "upstream"}"#).unwrap();
+        let config = rules.global().unwrap();
+        assert_eq!(config.role, Role::Upstream);
+        assert!(config.deployments.is_empty() && config.groups.is_empty());
+    }
 }

@@ -84,6 +84,26 @@ fn now_ms() -> u64 {
     host::now_nanos().map_or(0, |n| n / 1_000_000)
 }
 
+thread_local! {
+    /// The listener role's configuration, for the upstream role of the same VM: the provider
+    /// clusters' upstream filter and the listener's filter share `vm_id` and code, so Envoy runs
+    /// them in one VM per worker, and the deployments are configured once, in the listener's
+    /// document (the upstream role's own document needs only `"role": "upstream"`).
+    static LISTENER_RULES: RefCell<Option<Rc<RuleSet<RouterConfig>>>> = const { RefCell::new(None) };
+}
+
+/// The deployment `name` as the upstream role resolves it: its own document first (the older
+/// form repeats the deployments there), else the listener role's of this VM.
+fn resolve_deployment(own: Option<&RuleSet<RouterConfig>>, name: &str) -> Option<Deployment> {
+    let find = |rules: &RuleSet<RouterConfig>| {
+        rules
+            .configs()
+            .find_map(|c| c.deployment(name).map(|(_, d)| d.clone()))
+    };
+    own.and_then(find)
+        .or_else(|| LISTENER_RULES.with(|cell| cell.try_borrow().ok()?.as_deref().and_then(find)))
+}
+
 struct Root {
     rules: Option<Rc<RuleSet<RouterConfig>>>,
     ids: Rc<RefCell<IdSource>>,
@@ -123,7 +143,15 @@ impl RootContext for Root {
             );
         }
         seed_breakers(&rules);
-        self.rules = Some(Rc::new(rules));
+        let rules = Rc::new(rules);
+        if rules.configs().any(|c| c.role == Role::Downstream) {
+            LISTENER_RULES.with(|cell| {
+                if let Ok(mut slot) = cell.try_borrow_mut() {
+                    *slot = Some(Rc::clone(&rules));
+                }
+            });
+        }
+        self.rules = Some(rules);
         self.configured_at = host::now_nanos().map_or(0, |n| n / 1_000_000_000);
         true
     }
@@ -973,8 +1001,8 @@ impl HttpContext for Downstream {
 // Upstream role
 
 struct Attempt {
-    deployment: usize,
-    config_version: String,
+    /// The attempt's deployment (resolved once: [`resolve_deployment`]).
+    deployment: Deployment,
     /// Envoy's attempt number (1 for the first try) and the plan's deployment names.
     number: u32,
     plan: String,
@@ -992,18 +1020,8 @@ struct Upstream {
 impl Context for Upstream {}
 
 impl Upstream {
-    fn config(&self) -> Option<&RouterConfig> {
-        let rules = self.rules.as_ref()?;
-        let version = self.attempt.as_ref().map(|a| a.config_version.as_str());
-        match version {
-            Some(v) => rules.configs().find(|c| c.version == v),
-            None => rules.global().or_else(|| rules.configs().next()),
-        }
-    }
-
     fn deployment(&self) -> Option<&Deployment> {
-        let attempt = self.attempt.as_ref()?;
-        self.config()?.deployments.get(attempt.deployment)
+        self.attempt.as_ref().map(|a| &a.deployment)
     }
 
     /// Publishes this attempt as the one that answered (`plan::answered_by`); a later attempt
@@ -1031,9 +1049,9 @@ impl Upstream {
 
 impl HttpContext for Upstream {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
-        let Some(config) = self.config() else {
+        if self.rules.is_none() {
             return Action::Continue;
-        };
+        }
         let Ok(Some(plan)) = host::property_string(&[PLAN_PROPERTY]) else {
             strip_envoy_headers(); // not a routed request: no deployment to opt in
             return Action::Continue;
@@ -1053,18 +1071,21 @@ impl HttpContext for Upstream {
             .split(',')
             .nth(usize::try_from(attempt - 1).unwrap_or(usize::MAX))
             .unwrap_or_default();
-        let Some((index, deployment)) = config.deployment(name) else {
+        let Some(deployment) = resolve_deployment(self.rules.as_deref(), name) else {
+            // Never forward it unchanged (the group's name as model, no credential): the
+            // listener planned a deployment this role cannot resolve.
             log(
-                LogLevel::Warn,
-                &format!("attempt {attempt}: no deployment in the plan; request unchanged"),
+                LogLevel::Error,
+                &format!("attempt {attempt}: deployment `{name}` is not configured here; refused"),
             );
-            strip_envoy_headers();
-            return Action::Continue;
+            return refuse(&Reject::internal(format!(
+                "the gateway's model router cannot resolve deployment `{name}` for attempt {attempt}"
+            )));
         };
         if !deployment.forward_envoy_headers {
             strip_envoy_headers();
         }
-        if let Err(err) = set_credential(deployment) {
+        if let Err(err) = set_credential(&deployment) {
             log(
                 LogLevel::Error,
                 &format!("cannot set the credential: {err}"),
@@ -1072,8 +1093,7 @@ impl HttpContext for Upstream {
         }
         let has_next = plan.split(',').count() > usize::try_from(attempt).unwrap_or(usize::MAX);
         self.attempt = Some(Attempt {
-            deployment: index,
-            config_version: config.version.clone(),
+            deployment,
             number: attempt,
             plan: plan.clone(),
             has_next,
