@@ -80,6 +80,24 @@ fn gateway_filters() -> Vec<GatewayFilter> {
             .iter()
             .filter_map(wasm_filter),
     );
+    // Envoy runs the clusters' upstream filter in the listener router's VM (same vm_id and
+    // module), where the upstream role finds the deployments of the listener's document; the
+    // harness runs each filter in a VM of its own, so it hands the upstream role that document
+    let router = filters
+        .iter()
+        .find(|f| f.root_id == "model-router")
+        .map(|f| f.config.clone())
+        .unwrap();
+    for filter in filters
+        .iter_mut()
+        .filter(|f| f.root_id == "model-router-upstream")
+    {
+        if filter.config.get("deployments").is_none() {
+            let mut document = router.clone();
+            document["role"] = json!("upstream");
+            filter.config = document;
+        }
+    }
     let roots: Vec<&str> = filters.iter().map(|f| f.root_id.as_str()).collect();
     assert_eq!(
         roots,
@@ -247,6 +265,8 @@ fn journey(fleet: &Fleet) -> Vec<Value> {
             let ex = fleet
                 .exchange(0, 0, request, |up| provider(up, *usage))
                 .unwrap_or_else(|e| panic!("step {i}: {e}"));
+            // the first three steps are model calls of valid keys: they reach the provider
+            assert_eq!(ex.upstream.is_some(), i < 3, "step {i}: {}", ex.text());
             let mut text = summary(&ex).to_string();
             if let Some(id) = ex.upstream_header("x-llm-request-id") {
                 assert!(!id.is_empty());

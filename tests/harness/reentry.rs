@@ -10,7 +10,7 @@
 //! Higress (custom_response outermost: the plugins see the failed 429 first, and the re-sent
 //! body is the client's original).
 
-use llm_gateway_tests::harness::{Exchange, FilterSpec, Fleet, Request, Response, Upstream};
+use llm_gateway_tests::harness::{Exchange, FilterSpec, Fleet, Host, Request, Response, Upstream};
 use llm_gateway_tests::redis::Redis;
 use serde_json::{json, Value};
 
@@ -19,29 +19,27 @@ const PREAMBLE: &str = "Keep tokens like [EMAIL_1] exactly as written.";
 /// What the mock provider reports: prompt and completion tokens.
 const USED: (u64, u64) = (40, 6);
 
-fn fleet(ratelimit: &str, limiter: &Value, redis: Option<&Redis>) -> Fleet {
+/// pii-redaction, usage-accounting and token-ratelimit: the plain builds in Envoy mode, or
+/// (with `redis`) the Higress builds in Higress mode with their Redis.
+fn fleet(limiter: &Value, redis: Option<&Redis>) -> Fleet {
     let pii = json!({"rules": [{"detector": "email"}], "preamble": PREAMBLE});
-    let mut builder = Fleet::builder()
-        .filter(FilterSpec::plugin("pii-redaction", &pii).unwrap())
-        .filter(
-            FilterSpec::plugin(
-                if redis.is_some() {
-                    "usage-accounting-higress"
-                } else {
-                    "usage-accounting"
-                },
-                &json!({"log_records": true}),
-            )
-            .unwrap(),
-        )
-        .filter(
-            FilterSpec::plugin(ratelimit, limiter)
-                .unwrap()
-                .allow_on_headers_stop_iteration(true),
-        );
-    if let Some(redis) = redis {
-        builder = builder.redis(SERVICE, redis.addr());
-    }
+    let usage = json!({"log_records": true});
+    let builder = match redis {
+        None => Fleet::builder()
+            .filter(FilterSpec::plugin("pii-redaction", &pii).unwrap())
+            .filter(FilterSpec::plugin("usage-accounting", &usage).unwrap())
+            .filter(
+                FilterSpec::plugin("token-ratelimit", limiter)
+                    .unwrap()
+                    .allow_on_headers_stop_iteration(true),
+            ),
+        Some(redis) => Fleet::builder()
+            .host(Host::Higress)
+            .filter(FilterSpec::higress("pii-redaction", &pii).unwrap())
+            .filter(FilterSpec::higress("usage-accounting", &usage).unwrap())
+            .filter(FilterSpec::higress("token-ratelimit", limiter).unwrap())
+            .redis(SERVICE, redis.addr()),
+    };
     let fleet = builder.build().unwrap();
     fleet.clock().set_nanos(1_796_000_000_000_000_000);
     fleet
@@ -185,7 +183,7 @@ fn remaining(ex: &Exchange, header: &str) -> u64 {
 
 #[test]
 fn upstream_envoy_one_admission_one_record_one_settlement_same_placeholders() {
-    let fleet = fleet("token-ratelimit", &plain_limits(), None);
+    let fleet = fleet(&plain_limits(), None);
     let first = superseded_on_upstream_envoy(&fleet, "L1");
     assert_first_pass_edits(&first);
     assert!(
@@ -233,7 +231,7 @@ fn upstream_envoy_one_admission_one_record_one_settlement_same_placeholders() {
 
 #[test]
 fn higress_sees_the_failure_and_resends_the_original_body() {
-    let fleet = fleet("token-ratelimit", &plain_limits(), None);
+    let fleet = fleet(&plain_limits(), None);
     let first = superseded_on_higress(&fleet, "H1");
     assert_first_pass_edits(&first);
     assert!(
@@ -255,7 +253,7 @@ fn higress_sees_the_failure_and_resends_the_original_body() {
 
 #[test]
 fn a_reentry_without_a_stash_is_a_fresh_request_with_one_warning() {
-    let fleet = fleet("token-ratelimit", &plain_limits(), None);
+    let fleet = fleet(&plain_limits(), None);
     let original = serde_json::to_vec(&client_body()).unwrap();
     let ex = fleet
         .exchange(0, 0, &pass("unknown", true, &original), stream_answer)
@@ -284,7 +282,7 @@ fn redis_budgets_reserve_and_reconcile_once_across_the_redirect() {
         "default_max_tokens": 100,
         "budgets": [{"name": "tenant-day", "by": "tenant", "period": "day", "tokens": 1000000}]
     });
-    let fleet = fleet("token-ratelimit-higress", &config, Some(&redis));
+    let fleet = fleet(&config, Some(&redis));
     let calls = fleet.redis().calls();
     let first = superseded_on_upstream_envoy(&fleet, "R1");
     assert_first_pass_edits(&first);

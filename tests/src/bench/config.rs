@@ -232,7 +232,29 @@ pub fn wasm_filters(config: &Value) -> crate::Result<Vec<WasmFilter>> {
         }
         Ok(())
     })?;
+    share_router_document(&mut out);
     Ok(out)
+}
+
+/// Envoy runs a filter with the listener router's `vm_id` and module in the listener router's
+/// VM, where the model router's upstream role finds the deployments of the listener's
+/// document (its own is just `{"role": "upstream"}`). The harness runs each filter in a VM of
+/// its own: such an upstream role gets the listener's document with its role instead.
+fn share_router_document(filters: &mut [WasmFilter]) {
+    let listener = filters
+        .iter()
+        .find(|f| !f.upstream && f.config.get("deployments").is_some())
+        .map(|f| (f.vm_id.clone(), f.config.clone()));
+    let Some((vm_id, document)) = listener else {
+        return;
+    };
+    for filter in filters.iter_mut() {
+        if filter.upstream && filter.vm_id == vm_id && filter.config.get("deployments").is_none() {
+            let mut shared = document.clone();
+            shared["role"] = filter.config["role"].clone();
+            filter.config = shared;
+        }
+    }
 }
 
 /// The plugin configuration of a `envoy.extensions.wasm.v3.PluginConfig` (a JSON string).
