@@ -55,10 +55,15 @@ fn placed() -> Vec<(usize, i64, String, Value)> {
 
 /// The demo key's chat request on the CRDs' route (Higress's property `route_name`).
 fn demo_request() -> Request {
+    demo_chat(false)
+}
+
+fn demo_chat(stream: bool) -> Request {
     let mut request = Request::post("/v1/chat/completions")
         .header("authorization", &format!("Bearer {DEMO_KEY}"))
         .json(&json!({
             "model": "fast",
+            "stream": stream,
             "messages": [{"role": "user", "content": "Write to alice@example.com about lunch"}]
         }));
     request.properties = vec![
@@ -342,6 +347,17 @@ fn a_fallback_redirect_re_enters_the_chain_as_a_new_stream() {
 /// ledger, for the deployment that answered, with both attempts.
 #[test]
 fn the_fallback_redirect_reaches_the_next_deployment() {
+    fallback_through_the_redirect(false);
+}
+
+/// The same with a stream: the second deployment's answer streams back, the address restored
+/// across the events, the usage taken from the stream's usage chunk.
+#[test]
+fn a_streamed_fallback_redirect_reaches_the_next_deployment() {
+    fallback_through_the_redirect(true);
+}
+
+fn fallback_through_the_redirect(stream: bool) {
     let placed = placed();
     let redis = Redis::start().unwrap();
     let mut services = Vec::new();
@@ -359,7 +375,7 @@ fn the_fallback_redirect_reaches_the_next_deployment() {
     let policy = InternalRedirect::llm_gateway(2);
     let mut seen: Vec<(Value, Option<String>)> = Vec::new();
     let passes = fleet
-        .exchange_with_redirect(0, 0, &demo_request(), &policy, |up| {
+        .exchange_with_redirect(0, 0, &demo_chat(stream), &policy, |up| {
             let body: Value = serde_json::from_slice(&up.body).unwrap();
             let auth = up.headers.as_ref().and_then(|h| {
                 h.iter()
@@ -369,6 +385,30 @@ fn the_fallback_redirect_reaches_the_next_deployment() {
             seen.push((body, auth));
             if seen.len() == 1 {
                 Response::status(429).body(b"slow down")
+            } else if stream {
+                let chunk = |delta: Value| {
+                    format!(
+                        "data: {}\n\n",
+                        json!({"object": "chat.completion.chunk", "model": "gpt-4o-mini",
+                               "choices": [{"index": 0, "delta": delta, "finish_reason": null}]})
+                    )
+                };
+                let sse = [
+                    chunk(json!({"role": "assistant", "content": "I wrote to [EMA"})),
+                    chunk(json!({"content": "IL_1]."})),
+                    format!(
+                        "data: {}\n\ndata: [DONE]\n\n",
+                        json!({"object": "chat.completion.chunk", "model": "gpt-4o-mini",
+                               "choices": [],
+                               "usage": {"prompt_tokens": 40, "completion_tokens": 8}})
+                    ),
+                ]
+                .concat();
+                let ends: Vec<usize> = (9..sse.len()).step_by(9).collect();
+                Response::status(200)
+                    .header("content-type", "text/event-stream")
+                    .body(sse.as_bytes())
+                    .split_at(&ends)
             } else {
                 Response::json(&json!({
                     "object": "chat.completion",
@@ -386,11 +426,23 @@ fn the_fallback_redirect_reaches_the_next_deployment() {
     assert_eq!(answer.status(), 200, "{}\n{log}", answer.text());
     assert_eq!(answer.header("x-llm-deployment"), Some("azure-mini"));
     assert_eq!(answer.header("x-llm-attempts"), Some("2"));
-    assert!(
-        answer.text().contains("I wrote to alice@example.com."),
-        "{}",
+    let text = if stream {
+        // the deltas, joined: the address spans two events upstream
+        answer
+            .text()
+            .lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+            .filter_map(|e| {
+                e["choices"][0]["delta"]["content"]
+                    .as_str()
+                    .map(str::to_owned)
+            })
+            .collect::<String>()
+    } else {
         answer.text()
-    );
+    };
+    assert!(text.contains("I wrote to alice@example.com."), "{text}");
 
     // each deployment: its own credential, the real model, a placeholder for the address
     assert_eq!(seen.len(), 2);
