@@ -507,3 +507,40 @@ fn fallback_through_the_redirect(stream: bool) {
         books.budgets
     );
 }
+
+/// Higress keeps one Redis client per worker per cluster, shared by every plugin that names
+/// it: two plugins initialising it with different credentials or databases reset each other's
+/// connection (higress/README.md, "Redis"). The CRDs' Redis plugins name one cluster (its
+/// database in the name, `?db=N`) with the same username and password.
+#[test]
+fn the_redis_plugins_share_one_cluster_with_the_same_credentials() {
+    let placed = placed();
+    let mut clients: Vec<(String, Value, Value)> = Vec::new();
+    for (_, _, image, document) in &placed {
+        for key in ["redis", "ledger"] {
+            let redis = &document[key];
+            if let Some(service) = redis["service"].as_str() {
+                clients.push((
+                    format!("{image}.{key}"),
+                    json!(service),
+                    json!([redis["username"], redis["password"]]),
+                ));
+            }
+        }
+    }
+    assert_eq!(
+        clients.len(),
+        2,
+        "token-ratelimit's redis and usage-accounting's ledger: {clients:?}"
+    );
+    let (first, rest) = clients.split_first().unwrap();
+    for other in rest {
+        assert_eq!(
+            (&other.1, &other.2),
+            (&first.1, &first.2),
+            "{} vs {}",
+            other.0,
+            first.0
+        );
+    }
+}
