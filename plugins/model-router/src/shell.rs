@@ -439,6 +439,28 @@ impl Downstream {
         host::select_config(rules, None)
     }
 
+    /// What every routed request records besides its plan: the config it was routed by, and
+    /// whether the client speaks Anthropic Messages.
+    fn routed_base(&self, rules: &Rc<RuleSet<RouterConfig>>, config: &RouterConfig) -> Routed {
+        Routed {
+            config_index: rules
+                .configs()
+                .position(|c| std::ptr::eq(c, config))
+                .unwrap_or(0),
+            group: String::new(),
+            deployments: Vec::new(),
+            alternative_published: false,
+            switched_to: None,
+            request_id: String::new(),
+            anthropic_api: self
+                .path
+                .as_deref()
+                .is_some_and(|p| p.starts_with("/v1/messages")),
+            config: Rc::clone(rules),
+            pass: None,
+        }
+    }
+
     /// Guards a 200 event stream: it gets an error event if it ends without its terminator.
     fn watch_stream(&mut self, status: Option<u16>) -> Action {
         let event_stream = header_string(HeaderMap::ResponseHeaders, "content-type")
@@ -596,24 +618,16 @@ impl Downstream {
 
         count(&format!("version.{}.requests", config.version));
         self.routed = Some(Routed {
-            config_index: rules
-                .configs()
-                .position(|c| std::ptr::eq(c, config))
-                .unwrap_or(0),
             group: plan.group,
             deployments: plan.deployments,
             alternative_published,
             switched_to: None,
             request_id,
-            anthropic_api: self
-                .path
-                .as_deref()
-                .is_some_and(|p| p.starts_with("/v1/messages")),
-            config: Rc::clone(&rules),
             pass: redirect.then_some(Pass {
                 attempt: 1,
                 status: None,
             }),
+            ..self.routed_base(&rules, config)
         });
         Ok(())
     }
@@ -696,24 +710,14 @@ impl Downstream {
             ),
         );
         self.routed = Some(Routed {
-            config_index: rules
-                .configs()
-                .position(|c| std::ptr::eq(c, config))
-                .unwrap_or(0),
             group: continuation.group,
             deployments,
-            alternative_published: false,
-            switched_to: None,
             request_id: continuation.request_id,
-            anthropic_api: self
-                .path
-                .as_deref()
-                .is_some_and(|p| p.starts_with("/v1/messages")),
-            config: Rc::clone(rules),
             pass: Some(Pass {
                 attempt,
                 status: None,
             }),
+            ..self.routed_base(rules, config)
         });
         Ok(())
     }
