@@ -122,6 +122,21 @@ async fn record_of(demo: &Demo, response: &Response) -> Value {
     demo.usage_record(id).await.0
 }
 
+/// The access-log line of `response` (by its `x-request-id`) carries no usage record.
+async fn assert_no_usage_record(demo: &Demo, response: &Response, what: &str) {
+    let id = response.header("x-request-id").unwrap().to_string();
+    let usage = demo
+        .envoy
+        .access_log_line("access.log", what, |line| {
+            (line["request_id"] == id.as_str()).then(|| line["usage"].clone())
+        })
+        .await;
+    assert!(
+        !usage.as_str().unwrap_or("-").contains("prompt_tokens"),
+        "{what}: {usage}"
+    );
+}
+
 fn tokens(record: &Value) -> (u64, u64) {
     (
         record["usage"]["prompt_tokens"].as_u64().unwrap(),
@@ -803,17 +818,7 @@ async fn the_model_list_is_the_keys_groups_answered_by_the_gateway() {
     assert_eq!(remaining_requests(&second), before - 1);
     assert!(fast.header("x-ratelimit-remaining-requests").is_none());
     // and no usage record: the access-log line of the list has none
-    let id = fast.header("x-request-id").unwrap().to_string();
-    let usage = demo
-        .envoy
-        .access_log_line("access.log", "the model list", |line| {
-            (line["request_id"] == id.as_str()).then(|| line["usage"].clone())
-        })
-        .await;
-    assert!(
-        !usage.as_str().unwrap_or("-").contains("prompt_tokens"),
-        "{usage}"
-    );
+    assert_no_usage_record(&demo, &fast, "the model list").await;
 }
 
 /// Claude Code's `POST /v1/messages/count_tokens`: routed to the group's Anthropic deployment
@@ -906,17 +911,7 @@ async fn claude_codes_token_count_reaches_anthropic_and_is_not_charged() {
         USER_DAY_TOKENS
     );
     // and no usage record, nor a settlement that missed one
-    let id = counted.header("x-request-id").unwrap().to_string();
-    let usage = demo
-        .envoy
-        .access_log_line("access.log", "the token count", |line| {
-            (line["request_id"] == id.as_str()).then(|| line["usage"].clone())
-        })
-        .await;
-    assert!(
-        !usage.as_str().unwrap_or("-").contains("prompt_tokens"),
-        "{usage}"
-    );
+    assert_no_usage_record(&demo, &counted, "the token count").await;
     assert_eq!(
         demo.envoy
             .stat("wasmcustom.llm_gateway.ratelimit.settled_without_usage")

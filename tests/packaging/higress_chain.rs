@@ -25,6 +25,24 @@ use llm_gateway_tests::redis::Redis;
 use llm_gateway_tests::workspace::sha256_hex;
 use serde_json::{json, Value};
 
+/// The CRDs' chain in Higress mode: the Higress builds in CRD order with their documents,
+/// Redis at the CRDs' service, the clock at now.
+fn crd_fleet(placed: &[(usize, i64, String, Value)]) -> (Redis, Fleet) {
+    let redis = Redis::start().unwrap();
+    let mut services = Vec::new();
+    let mut builder = Fleet::builder().host(Host::Higress);
+    for (_, _, image, document) in placed {
+        redis_services(document, &mut services);
+        builder = builder.filter(FilterSpec::higress(image, document).unwrap());
+    }
+    let fleet = builder.redis(&services[0], redis.addr()).build().unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    fleet.clock().set_nanos(now.as_nanos() as u64);
+    (redis, fleet)
+}
+
 /// The Redis service names in the CRDs' configs (`redis.service`, `ledger.service`).
 fn redis_services(document: &Value, out: &mut Vec<String>) {
     for key in ["redis", "ledger"] {
@@ -269,18 +287,7 @@ fn on_higress_only_the_0_2_100_router_gets_the_body_it_paused_for() {
 #[test]
 fn a_fallback_redirect_re_enters_the_chain_as_a_new_stream() {
     let placed = placed();
-    let redis = Redis::start().unwrap();
-    let mut services = Vec::new();
-    let mut builder = Fleet::builder().host(Host::Higress);
-    for (_, _, image, document) in &placed {
-        redis_services(document, &mut services);
-        builder = builder.filter(FilterSpec::higress(image, document).unwrap());
-    }
-    let fleet = builder.redis(&services[0], redis.addr()).build().unwrap();
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap();
-    fleet.clock().set_nanos(now.as_nanos() as u64);
+    let (_redis, fleet) = crd_fleet(&placed);
 
     let policy = InternalRedirect::higress_fallback("ai-route-llm.internal")
         .header_from_filter_state("x-test-first-route", "wasm.llm_route");
@@ -359,18 +366,7 @@ fn a_streamed_fallback_redirect_reaches_the_next_deployment() {
 
 fn fallback_through_the_redirect(stream: bool) {
     let placed = placed();
-    let redis = Redis::start().unwrap();
-    let mut services = Vec::new();
-    let mut builder = Fleet::builder().host(Host::Higress);
-    for (_, _, image, document) in &placed {
-        redis_services(document, &mut services);
-        builder = builder.filter(FilterSpec::higress(image, document).unwrap());
-    }
-    let fleet = builder.redis(&services[0], redis.addr()).build().unwrap();
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap();
-    fleet.clock().set_nanos(now.as_nanos() as u64);
+    let (redis, fleet) = crd_fleet(&placed);
 
     let policy = InternalRedirect::llm_gateway(2);
     let mut seen: Vec<(Value, Option<String>)> = Vec::new();
