@@ -380,6 +380,9 @@ fn harness_only(
     let text = results.render_harness_only();
     println!("{text}");
     let out = args.out.with_file_name("report-harness.md");
+    if let Some(parent) = out.parent() {
+        std::fs::create_dir_all(parent).map_err(|e| e.to_string())?;
+    }
     std::fs::write(&out, &text).map_err(|e| e.to_string())?;
     println!("written to {}", out.display());
     Ok(())
