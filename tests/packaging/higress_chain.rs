@@ -25,6 +25,17 @@ use llm_gateway_tests::redis::Redis;
 use llm_gateway_tests::workspace::sha256_hex;
 use serde_json::{json, Value};
 
+/// The provider's chat completion, echoing the placeholder it was given (40 + 8 tokens).
+fn completion() -> Response {
+    Response::json(&json!({
+        "object": "chat.completion",
+        "model": "gpt-4o-mini",
+        "choices": [{"index": 0, "message": {"role": "assistant",
+                     "content": "I wrote to [EMAIL_1]."}}],
+        "usage": {"prompt_tokens": 40, "completion_tokens": 8}
+    }))
+}
+
 /// The CRDs' chain in Higress mode: the Higress builds in CRD order with their documents,
 /// Redis at the CRDs' service, the clock at now.
 fn crd_fleet(placed: &[(usize, i64, String, Value)]) -> (Redis, Fleet) {
@@ -134,13 +145,7 @@ fn the_crds_configure_the_compiled_chain_and_a_request_goes_through() {
                     .find(|(n, _)| n == "authorization")
                     .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
             });
-            Response::json(&json!({
-                "object": "chat.completion",
-                "model": "gpt-4o-mini",
-                "choices": [{"index": 0, "message": {"role": "assistant",
-                             "content": "I wrote to [EMAIL_1]."}}],
-                "usage": {"prompt_tokens": 40, "completion_tokens": 8}
-            }))
+            completion()
         })
         .unwrap();
     let log = fleet.log_text();
@@ -406,13 +411,7 @@ fn fallback_through_the_redirect(stream: bool) {
                     .body(sse.as_bytes())
                     .split_at(&ends)
             } else {
-                Response::json(&json!({
-                    "object": "chat.completion",
-                    "model": "gpt-4o-mini",
-                    "choices": [{"index": 0, "message": {"role": "assistant",
-                                 "content": "I wrote to [EMAIL_1]."}}],
-                    "usage": {"prompt_tokens": 40, "completion_tokens": 8}
-                }))
+                completion()
             }
         })
         .unwrap();
