@@ -3,12 +3,19 @@
 //! In `messages` scope a JSON body is walked once; a string is scanned when it sits under a
 //! top-level `messages`, `system`, `input`, `instructions` or `prompt`, has a text-bearing
 //! member on its path (`content`, `text`, `arguments`, `input`, `output`, `system`,
-//! `instructions`, `prompt`), is not itself a metadata member (`role`, `type`, `id`, `name`,
-//! …), and is not inside an image, audio or file part. That covers Chat Completions (string
-//! content, text parts, tool call arguments), the Responses API `input` (string or items,
-//! function call arguments and outputs) and Anthropic Messages (`system`, text blocks,
-//! `tool_use.input`, `tool_result`). Only the changed strings are re-encoded, so the JSON stays
-//! valid and everything else keeps its bytes.
+//! `instructions`, `prompt`, `refusal`), is not itself a metadata member (`role`, `type`,
+//! `id`, `name`, …), and is not inside an image, audio or file part or an opaque or signed
+//! blob (`encrypted_content`, a `thinking` block, `redacted_thinking` data). Below a tool's
+//! data (`tool_use.input`, `arguments` sent as an object, a Responses `prompt.variables`)
+//! every string is the tool's or the user's, whatever its member is called (`name`, `id`,
+//! `type`, `source`): only binary parts are left alone there. A chat message's own `name`
+//! (the participant's) is scanned too; a tool's or function's `name` is not. That covers
+//! Chat Completions (string content, text parts, refusals, tool call arguments and results,
+//! the legacy `prompt`), the Responses API `input` (string or items: messages, function and
+//! custom tool calls and their outputs, reasoning summaries) and Anthropic Messages
+//! (`system` string or blocks, text and document blocks, `tool_use.input` at any depth,
+//! `tool_result` content string or blocks). Only the changed strings are re-encoded, so the
+//! JSON stays valid and everything else keeps its bytes.
 //!
 //! After an internal redirect the request re-enters the chain ([`redact_pass`]): it starts
 //! from the superseded pass's [`Carried`] map, so the same values get the same placeholders.
@@ -34,7 +41,11 @@ const TEXT: &[&str] = &[
     "system",
     "instructions",
     "prompt",
+    "refusal",
 ];
+/// Members below which every string is data (a tool's input, a prompt template's variables):
+/// scanned whatever the inner members are called.
+const PAYLOAD: &[&str] = &["input", "arguments", "variables"];
 const META: &[&str] = &[
     "type",
     "role",
@@ -51,17 +62,25 @@ const META: &[&str] = &[
     "url",
     "signature",
 ];
-const SKIP: &[&str] = &[
+/// Binary parts and opaque blobs, never scanned (a mask would corrupt them).
+const BINARY: &[&str] = &[
     "image_url",
-    "image",
     "input_image",
-    "source",
-    "file",
     "file_data",
     "input_audio",
+    "image_file",
+    "encrypted_content",
+];
+/// Message structure that is not text, or text that must come back as it was sent: media
+/// parts, `cache_control`, a signed `thinking` block, `redacted_thinking` data.
+const SKIP: &[&str] = &[
+    "image",
+    "source",
+    "file",
     "audio",
     "cache_control",
-    "image_file",
+    "thinking",
+    "data",
 ];
 
 /// Which API a request path speaks (decides where a preamble goes).
@@ -118,14 +137,26 @@ pub fn is_message_text(path: &[Seg]) -> bool {
     if !TOP.contains(&top) {
         return false;
     }
+    // a chat message's participant name (a tool's or function's `name` sits deeper)
+    if let [Seg::Key(messages), Seg::Index(_), Seg::Key(name)] = path {
+        if messages == "messages" && name == "name" {
+            return true;
+        }
+    }
     let mut text = false;
-    for seg in path {
+    let mut payload = false;
+    for (depth, seg) in path.iter().enumerate() {
         if let Some(key) = seg.key() {
-            if SKIP.contains(&key) {
+            if BINARY.contains(&key) || (!payload && SKIP.contains(&key)) {
                 return false;
             }
             text |= TEXT.contains(&key);
+            // the top-level `input` is the Responses input, not a tool's
+            payload |= depth > 0 && PAYLOAD.contains(&key);
         }
+    }
+    if payload {
+        return true;
     }
     let own = path.iter().rev().find_map(Seg::key).unwrap_or_default();
     // an array element's own key is its array's: `content: ["a", "b"]` is text
@@ -500,7 +531,7 @@ mod tests {
         let out = rewritten(r);
         let m = &out["messages"];
         assert_eq!(m[0]["content"], "support for [EMAIL_1]");
-        assert_eq!(m[1]["name"], "a@x.com");
+        assert_eq!(m[1]["name"], "[EMAIL_1]"); // the participant's name
         assert_eq!(m[1]["content"][0]["text"], "call [PHONE_1], mail [EMAIL_1]");
         assert_eq!(m[1]["content"][1], body["messages"][1]["content"][1]);
         assert_eq!(
@@ -509,7 +540,7 @@ mod tests {
         );
         assert_eq!(m[3]["content"], "sent to [EMAIL_2]");
         assert_eq!(out["user"], "a@x.com"); // not message text
-        assert_eq!(map.total(), 5);
+        assert_eq!(map.total(), 6);
     }
 
     #[test]
@@ -546,6 +577,176 @@ mod tests {
         assert_eq!(c[0], body["messages"][0]["content"][0]);
         assert_eq!(c[1]["input"]["email"], "[EMAIL_1]");
         assert_eq!(c[2]["content"], "[EMAIL_1] ok");
+    }
+
+    /// Every text field a provider reads, per API: `(JSON pointer, masked?)`. Each text holds
+    /// an e-mail; a field that must stay as sent (a tool name, an id, a type, a signed or
+    /// opaque blob) holds one too and must come back byte for byte.
+    fn assert_fields(api: Api, body: &Value, fields: &[(&str, bool)]) {
+        let out = rewritten(run("{}", api, body).0);
+        let mut wrong = Vec::new();
+        for (pointer, masked) in fields {
+            let before = body.pointer(pointer).unwrap_or_else(|| panic!("{pointer}"));
+            let after = out.pointer(pointer).unwrap_or_else(|| panic!("{pointer}"));
+            let text = after
+                .as_str()
+                .unwrap_or_else(|| panic!("{pointer}: {after}"));
+            let ok = if *masked {
+                !text.contains('@') && text.contains("[EMAIL_")
+            } else {
+                before == after
+            };
+            if !ok {
+                wrong.push(format!("{pointer} (masked expected: {masked}): {text}"));
+            }
+        }
+        assert!(wrong.is_empty(), "{api:?}:\n{}", wrong.join("\n"));
+    }
+
+    #[test]
+    fn chat_every_text_field_is_scanned() {
+        let body = json!({"model": "m", "messages": [
+            {"role": "developer", "content": "dev a@x.com"},
+            {"role": "user", "name": "carol@example.net", "content": [
+                {"type": "text", "text": "hi from a@x.com"}]},
+            {"role": "assistant", "refusal": "not for a@x.com", "content": null,
+                "tool_calls": [{"id": "call_a@x.com", "type": "function",
+                    "function": {"name": "send_a@x.com", "arguments": "{\"to\":\"b@y.org\"}"}},
+                    {"id": "c2", "type": "custom", "custom": {"name": "t", "input": "b@y.org"}}],
+                "function_call": {"name": "f", "arguments": "{\"cc\":\"c@z.net\"}"}},
+            {"role": "tool", "tool_call_id": "call_a@x.com", "content": [
+                {"type": "text", "text": "sent to b@y.org"}]},
+            {"role": "function", "name": "lookup", "content": "c@z.net"}]});
+        assert_fields(
+            Api::Chat,
+            &body,
+            &[
+                ("/messages/0/content", true),
+                ("/messages/1/name", true),
+                ("/messages/1/content/0/text", true),
+                ("/messages/2/refusal", true),
+                ("/messages/2/tool_calls/0/id", false),
+                ("/messages/2/tool_calls/0/function/name", false),
+                ("/messages/2/tool_calls/0/function/arguments", true),
+                ("/messages/2/tool_calls/1/custom/input", true),
+                ("/messages/2/function_call/arguments", true),
+                ("/messages/3/tool_call_id", false),
+                ("/messages/3/content/0/text", true),
+                ("/messages/4/content", true),
+                ("/model", false),
+            ],
+        );
+        // the legacy completions `prompt`, a string or a list of them
+        let body = json!({"model": "m", "prompt": ["a@x.com", "b@y.org"]});
+        assert_fields(
+            Api::Other,
+            &body,
+            &[("/prompt/0", true), ("/prompt/1", true)],
+        );
+    }
+
+    #[test]
+    fn responses_every_input_item_is_scanned() {
+        let body = json!({"model": "m", "instructions": "from a@x.com",
+            "prompt": {"id": "pmpt_1", "variables": {"name": "carol@example.net",
+                "city": "a@x.com"}},
+            "input": [
+                {"type": "message", "role": "user", "content": [
+                    {"type": "input_text", "text": "a@x.com"},
+                    {"type": "input_file", "filename": "f", "file_data": "a@x.com"}]},
+                {"type": "message", "role": "assistant", "id": "msg_a@x.com", "content": [
+                    {"type": "output_text", "text": "b@y.org", "annotations": []}]},
+                {"type": "function_call", "call_id": "call_a@x.com", "name": "send_a@x.com",
+                    "arguments": "{\"to\":\"b@y.org\"}"},
+                {"type": "function_call_output", "call_id": "call_a@x.com",
+                    "output": "sent to b@y.org"},
+                {"type": "function_call_output", "call_id": "c2", "output": [
+                    {"type": "input_text", "text": "c@z.net"}]},
+                {"type": "custom_tool_call", "call_id": "c3", "name": "t", "input": "c@z.net"},
+                {"type": "reasoning", "id": "rs_1", "encrypted_content": "gAAAAa@x.com",
+                    "summary": [{"type": "summary_text", "text": "user is a@x.com"}]}]});
+        assert_fields(
+            Api::Responses,
+            &body,
+            &[
+                ("/instructions", true),
+                ("/prompt/id", false),
+                ("/prompt/variables/name", true),
+                ("/prompt/variables/city", true),
+                ("/input/0/content/0/text", true),
+                ("/input/0/content/1/file_data", false),
+                ("/input/1/id", false),
+                ("/input/1/content/0/text", true),
+                ("/input/2/call_id", false),
+                ("/input/2/name", false),
+                ("/input/2/arguments", true),
+                ("/input/3/output", true),
+                ("/input/4/output/0/text", true),
+                ("/input/5/input", true),
+                ("/input/6/encrypted_content", false),
+                ("/input/6/summary/0/text", true),
+            ],
+        );
+    }
+
+    #[test]
+    fn anthropic_every_block_is_scanned() {
+        let body = json!({"model": "m",
+            "system": [{"type": "text", "text": "for a@x.com"}],
+            "messages": [
+                {"role": "user", "content": [
+                    {"type": "text", "text": "a@x.com"},
+                    {"type": "document", "title": "letter to a@x.com", "context": "b@y.org",
+                        "source": {"type": "base64", "media_type": "application/pdf",
+                            "data": "a@x.com"}}]},
+                {"role": "assistant", "content": [
+                    {"type": "thinking", "thinking": "a@x.com", "signature": "sig"},
+                    {"type": "redacted_thinking", "data": "EmwKAa@x.com"},
+                    {"type": "tool_use", "id": "toolu_a@x.com", "name": "send_a@x.com",
+                        "input": {"name": "carol@example.net", "type": "b@y.org",
+                            "id": "c@z.net", "source": "e@v.io",
+                            "to": {"list": [{"email": "d@w.io"}]}}}]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "toolu_a@x.com",
+                        "content": "sent to b@y.org"},
+                    {"type": "tool_result", "tool_use_id": "t2", "content": [
+                        {"type": "text", "text": "c@z.net"},
+                        {"type": "search_result", "source": "https://a@x.com",
+                            "title": "d@w.io", "content": [{"type": "text", "text": "d@w.io"}]}]}]}]});
+        assert_fields(
+            Api::Anthropic,
+            &body,
+            &[
+                ("/system/0/text", true),
+                ("/messages/0/content/0/text", true),
+                ("/messages/0/content/1/title", true),
+                ("/messages/0/content/1/context", true),
+                ("/messages/0/content/1/source/data", false),
+                // a signed thinking block is sent back as it was received
+                ("/messages/1/content/0/thinking", false),
+                ("/messages/1/content/1/data", false),
+                ("/messages/1/content/2/id", false),
+                ("/messages/1/content/2/name", false),
+                ("/messages/1/content/2/input/name", true),
+                ("/messages/1/content/2/input/type", true),
+                ("/messages/1/content/2/input/id", true),
+                ("/messages/1/content/2/input/source", true),
+                ("/messages/1/content/2/input/to/list/0/email", true),
+                ("/messages/2/content/0/tool_use_id", false),
+                ("/messages/2/content/0/content", true),
+                ("/messages/2/content/1/content/0/text", true),
+                ("/messages/2/content/1/content/1/source", false),
+                ("/messages/2/content/1/content/1/title", true),
+                ("/messages/2/content/1/content/1/content/0/text", true),
+            ],
+        );
+        let body =
+            json!({"system": "for a@x.com", "messages": [{"role": "user", "content": "b@y.org"}]});
+        assert_fields(
+            Api::Anthropic,
+            &body,
+            &[("/system", true), ("/messages/0/content", true)],
+        );
     }
 
     #[test]
@@ -651,7 +852,7 @@ mod tests {
             (
                 Api::Chat,
                 json!({"model": "fast", "messages": [
-                {"role": "user", "content": "mail a@x.com, call 13800138000"},
+                {"role": "user", "name": "c@z.net", "content": "mail a@x.com, call 13800138000"},
                 {"role": "user", "content": "what is [EMAIL_1]?"}]}),
             ),
             (
@@ -660,6 +861,11 @@ mod tests {
                 {"role": "user", "content": "b@y.org"}]}),
             ),
             (Api::Responses, json!({"input": "a@x.com"})),
+            (
+                Api::Anthropic,
+                json!({"messages": [{"role": "assistant", "content": [{"type": "tool_use",
+                "id": "t", "name": "send", "input": {"name": "a@x.com"}}]}]}),
+            ),
         ];
         for (api, original) in bodies {
             let (out, r, first, again) = two_passes(doc, api, &original, later_filters);
