@@ -306,6 +306,14 @@ PROSE = [
     "La Direction Générale présentera le Plan Stratégique à {place} en Juin.",
     "年度总结会议将在{place}举行，主题是{product}的推广计划。",
     "来週の全社会議では{product}の販売計画について話し合います。",
+    "Die Geschäftsführung bittet alle Mitarbeiter, die Reisekostenabrechnung bis Montag "
+    "einzureichen.",
+    "Read The Old Man and the Sea before the Book Club meets at {place}.",
+    "Apple Watch Series 9 and Galaxy Buds Live ship with the Spring Update.",
+    "Le Conseil d'Administration se réunira salle Victor Hugo, au 3e étage.",
+    "请到第3号会议室参加{product}评审，会议由市场部主持。",
+    "第2会議室は3階です。{product}の資料を持ってきてください。",
+    "Park in Lot 4 near Gate 12, then take Line 2 to {place}.",
 ]
 CODE = [
     "for (let i = 0; i < items.length; i++) { total += items[i].price * 1.19; }",
