@@ -289,6 +289,11 @@ def pii_seeds():
     # regression: the preamble went into an object as if it were a list
     seed("pii_request", "regression-messages-object", [2, 0], '{"model":"fast","messages":{"content":"ann@example.com"}}')
     seed("pii_request", "regression-system-object", [2, 1], '{"model":"c","system":{"t":1},"messages":[{"content":"a@b.co"}]}')
+    # every text field a provider reads (request.rs): a participant name, a refusal, tool data
+    # under members named like metadata; and the signed or opaque blobs left alone
+    seed("pii_request", "fields-chat", [0, 0], '{"messages":[{"role":"user","name":"ann@example.com","content":"x"},{"role":"assistant","refusal":"a@b.co","tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{\\"to\\":\\"a@b.co\\"}"}}]}]}')
+    seed("pii_request", "fields-anthropic", [2, 1], '{"messages":[{"role":"assistant","content":[{"type":"thinking","thinking":"a@b.co","signature":"s"},{"type":"redacted_thinking","data":"a@b.co"},{"type":"tool_use","id":"t","name":"n","input":{"name":"a@b.co","source":{"id":"E-123456"}}}]}]}')
+    seed("pii_request", "fields-responses", [0, 2], '{"prompt":{"id":"p","variables":{"name":"a@b.co"}},"input":[{"type":"reasoning","encrypted_content":"a@b.co","summary":[{"type":"summary_text","text":"a@b.co"}]},{"type":"custom_tool_call","call_id":"c","name":"n","input":"a@b.co"}]}')
 
     texts = [
         ("mixed", "Mail ann@example.com or bob@example.org, call +86 138 0013 8000 or +1 415 555 2671, "
