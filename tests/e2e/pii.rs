@@ -115,7 +115,7 @@ async fn chat_upstream_sees_placeholders_and_client_gets_originals() {
     let gw = Gateway::start().await;
     let body = json!({"model": "m", "messages": [
         {"role": "system", "content": "You help."},
-        {"role": "user", "content": [{"type": "text", "text": prompt()},
+        {"role": "user", "name": EMAIL, "content": [{"type": "text", "text": prompt()},
             {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]}
     ]});
 
@@ -128,6 +128,8 @@ async fn chat_upstream_sees_placeholders_and_client_gets_originals() {
     assert_placeholders_only(&seen);
     let sent = seen.json().expect("upstream body is JSON");
     assert_eq!(sent["messages"][1]["content"][0]["text"], masked_prompt());
+    // the participant's name is scanned like the text: the same value, the same placeholder
+    assert_eq!(sent["messages"][1]["name"], "[EMAIL_1]");
     assert_eq!(
         sent["messages"][1]["content"][1],
         body["messages"][1]["content"][1]
