@@ -628,8 +628,15 @@ fn ipv4(b: &[u8], i: usize) -> Step {
     if is_word(at(b, p)) || (at(b, p) == b'.' && is_digit(at(b, p + 1))) {
         return Step::No;
     }
+    // `version 1.2.3.4`, `build 10.0.0.1`: a four-part version number, not an address
+    if context_before(b, i, &VERSION_WORDS, 16) {
+        return Step::No;
+    }
     Step::Match(p)
 }
+
+/// Words before a dotted quad that make it a version number (lower case).
+const VERSION_WORDS: [&[u8]; 4] = [b"version", b"release", b"build", b"firmware"];
 
 fn is_ipv6_char(c: u8) -> bool {
     c.is_ascii_hexdigit() || c == b':' || c == b'.'
@@ -924,7 +931,15 @@ mod tests {
             hits(Builtin::Ipv4, "from 10.0.0.1 to 192.168.255.254."),
             ["10.0.0.1", "192.168.255.254"]
         );
-        for no in ["256.1.1.1", "1.2.3", "1.2.3.4.5", "01.2.3.4", "v1.2.3.4"] {
+        for no in [
+            "256.1.1.1",
+            "1.2.3",
+            "1.2.3.4.5",
+            "01.2.3.4",
+            "v1.2.3.4",
+            "version 1.2.3.4",
+            "Build 10.0.0.1",
+        ] {
             assert_eq!(hits(Builtin::Ipv4, no), Vec::<&str>::new(), "{no}");
         }
         assert_eq!(

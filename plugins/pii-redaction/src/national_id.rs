@@ -416,6 +416,23 @@ mod tests {
         }
     }
 
+    /// The default rules (every built-in) mask the new kinds with their placeholder names and
+    /// restore them.
+    #[test]
+    fn default_rules_mask_and_restore_the_new_kinds() {
+        let rules = crate::config::parse_document(b"{}").unwrap();
+        let config = rules.global().unwrap();
+        let text = "Call +44 20 7946 0958, IBAN DE89 3704 0044 0532 0130 00, SSN 123-45-6789, \
+                    NINO AB 12 34 56 C, IdNr 86095742719, card 501800000009.";
+        let mut map = crate::mask::PlaceholderMap::default();
+        let masked = config.redactor.redact(text, &mut map).unwrap().unwrap();
+        assert_eq!(
+            masked,
+            "Call [PHONE_1], IBAN [IBAN_1], SSN [ID_1], NINO [ID_2], IdNr [ID_3], card [CARD_1]."
+        );
+        assert_eq!(map.restore(&masked), text);
+    }
+
     #[test]
     fn ssn_us() {
         assert_eq!(
