@@ -328,30 +328,41 @@ fn is_key_char(c: u8) -> bool {
     c.is_ascii_alphanumeric() || c == b'_' || c == b'-'
 }
 
-/// Whether one of `words` (lower case) is in the `window` bytes before `i`, ASCII letters
-/// compared ignoring case. Reads at most `window` bytes per word.
+/// Whether one of `words` (lower case) starts a word in the `window` bytes before `i`: ASCII
+/// letters compared ignoring case, and no ASCII letter right before it (so `tel` is found
+/// in "Tel." and "telephone", not in "hotel"). Reads at most `window` bytes per word.
 pub(crate) fn context_before(b: &[u8], i: usize, words: &[&[u8]], window: usize) -> bool {
     let from = i.saturating_sub(window);
     let Some(tail) = b.get(from..i) else {
         return false;
     };
     words.iter().any(|w| {
-        tail.windows(w.len()).any(|win| {
-            win.iter()
-                .zip(w.iter())
-                .all(|(a, c)| a.to_ascii_lowercase() == *c)
+        tail.windows(w.len()).enumerate().any(|(k, win)| {
+            !before(b, from + k).is_ascii_alphabetic()
+                && win
+                    .iter()
+                    .zip(w.iter())
+                    .all(|(a, c)| a.to_ascii_lowercase() == *c)
         })
     })
 }
 
 /// Words before a number that say it is a reference, not personal data (lower case).
-pub(crate) const REFERENCE_WORDS: [&[u8]; 9] = [
+pub(crate) const REFERENCE_WORDS: [&[u8]; 17] = [
     b"order",
     b"invoice",
     b"tracking",
     b"ref",
     b"sku",
     b"serial",
+    b"ticket",
+    b"case",
+    b"account",
+    b"acct",
+    b"customer",
+    b"transaction",
+    b"id",
+    b"#",
     "订单".as_bytes(),
     "单号".as_bytes(),
     "注文".as_bytes(),

@@ -21,11 +21,11 @@
 //!   India mobile `98765 43210`.
 //!
 //! * Bare digits with a word for a phone in the 32 bytes before ("phone", "tel", "call",
-//!   "mobile", "电话", "電話"…): North American 10 digits (area and exchange 2–9), or a trunk
+//!   "number", "mobile", "电话", "電話"…): North American 10 digits (area and exchange 2–9), or a trunk
 //!   `0` and 9 to 12 digits.
 //!
 //! What is never a phone here: a bare run of digits after "order", "invoice", "tracking",
-//! "ref", "sku", "serial", "订单", "单号" or "注文" (within 24 bytes); a bare run without a trunk `0`, the Chinese mobile
+//! "ref", "ticket", "account", "id", "#", "订单"… (within 24 bytes); a bare run without a trunk `0`, the Chinese mobile
 //! shape or a word for a phone before it (order numbers, timestamps), digit groups joined to letters or other digits (UUIDs,
 //! hex, versions `1.2.3.4`, prices `1 234,50`), dates (`01.12.2024`), times (`10:30`).
 //! Each try reads at most a few dozen bytes, so the scan stays linear.
@@ -194,10 +194,8 @@ pub(crate) fn phone(b: &[u8], i: usize) -> Step {
     };
     let bare = shape.g == 1;
     let found = plausible(&shape) || (bare && bare_with_context(&shape, b, i));
-    // a bare number after "order" is an order number, unless a word for a phone is nearer
-    let reference =
-        || context_before(b, i, &REFERENCE_WORDS, 24) && !context_before(b, i, &PHONE_WORDS, 24);
-    if found && !(bare && reference()) {
+    // a bare number after "order", "ticket", "id"… is a reference ("order number …")
+    if found && !(bare && context_before(b, i, &REFERENCE_WORDS, 24)) {
         Step::Match(end)
     } else {
         Step::No
@@ -205,22 +203,37 @@ pub(crate) fn phone(b: &[u8], i: usize) -> Step {
 }
 
 /// Words for a phone, lower case (ASCII compared ignoring case).
-const PHONE_WORDS: [&[u8]; 16] = [
+const PHONE_WORDS: [&[u8]; 31] = [
     b"phone",
-    b"tel",
+    b"tel", // tel, telephone, Telefon, teléfono, telefono
     b"call",
     b"mobile",
     b"cell",
     b"fax",
     b"whatsapp",
     b"contact",
+    b"reach",
+    b"dial",
+    b"sms",
+    b"number",
+    b"nummer",
+    "numéro".as_bytes(),
+    "número".as_bytes(),
+    b"numero",
     b"handy",
+    b"ruf", // Rufnummer
+    b"anruf",
     b"portable",
+    b"appel", // appeler, appelez
+    b"llam",  // llamar, llame
+    b"chiam", // chiamare, chiami
     "téléphone".as_bytes(),
     "电话".as_bytes(),
     "手机".as_bytes(),
     "電話".as_bytes(),
     "携帯".as_bytes(),
+    "番号".as_bytes(),
+    "号码".as_bytes(),
     "연락처".as_bytes(),
 ];
 
@@ -626,6 +639,7 @@ mod tests {
             ("Call 2114524493 today", "2114524493"),
             ("Tel. 010889957", "010889957"),
             ("电话：0755123456", "0755123456"),
+            ("My number is 2114524493.", "2114524493"),
         ] {
             assert_eq!(hits(text), [number], "{text}");
         }
@@ -636,6 +650,10 @@ mod tests {
             "phone 1733068800", // area code cannot start with 1
             "call 4151550132",  // nor the exchange
             "ref 010889957",
+            "order number 4155550132",
+            "ticket number: 2114524493",
+            "hotel 2114524493", // `tel` only at the start of a word
+            "x = 2147483647",
         ] {
             assert_eq!(hits(no), Vec::<&str>::new(), "{no}");
         }
