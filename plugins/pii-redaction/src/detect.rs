@@ -332,18 +332,14 @@ fn is_key_char(c: u8) -> bool {
 /// letters compared ignoring case, and no ASCII letter right before it (so `tel` is found
 /// in "Tel." and "telephone", not in "hotel"). Reads at most `window` bytes per word.
 pub(crate) fn context_before(b: &[u8], i: usize, words: &[&[u8]], window: usize) -> bool {
-    let from = i.saturating_sub(window);
-    let Some(tail) = b.get(from..i) else {
-        return false;
-    };
-    words.iter().any(|w| {
-        tail.windows(w.len()).enumerate().any(|(k, win)| {
-            !before(b, from + k).is_ascii_alphabetic()
-                && win
-                    .iter()
-                    .zip(w.iter())
-                    .all(|(a, c)| a.to_ascii_lowercase() == *c)
-        })
+    (i.saturating_sub(window)..i).any(|k| {
+        // most positions are inside a word: one test rules them out
+        !before(b, k).is_ascii_alphabetic()
+            && words.iter().any(|w| {
+                k + w.len() <= i
+                    && b.get(k..k + w.len())
+                        .is_some_and(|win| win.eq_ignore_ascii_case(w))
+            })
     })
 }
 
