@@ -75,13 +75,14 @@ pub(crate) fn ssn_us(b: &[u8], i: usize) -> Step {
     if !ends_clean(b, end) {
         return Step::No;
     }
-    let digits: Vec<u8> = b
-        .get(i..end)
-        .unwrap_or_default()
-        .iter()
-        .copied()
-        .filter(u8::is_ascii_digit)
-        .collect();
+    let mut digits = [0u8; 9];
+    let from_text = b.get(i..end).unwrap_or_default().iter();
+    for (slot, &c) in digits
+        .iter_mut()
+        .zip(from_text.filter(|c| c.is_ascii_digit()))
+    {
+        *slot = c;
+    }
     if valid_ssn(&digits) {
         Step::Match(end)
     } else {
@@ -285,20 +286,16 @@ pub fn valid_tax_id_de(id: &[u8; 11]) -> bool {
             *count += 1;
         }
     }
-    let repeated: Vec<(usize, u8)> = counts
-        .iter()
-        .enumerate()
-        .filter(|(_, &count)| count > 1)
-        .map(|(digit, &count)| (digit, count))
-        .collect();
-    let [(digit, count)] = repeated.as_slice() else {
+    // exactly one digit repeats, twice or three times (three not in a row)
+    let mut repeated = counts.iter().enumerate().filter(|(_, &count)| count > 1);
+    let (Some((digit, &count)), None) = (repeated.next(), repeated.next()) else {
         return false;
     };
-    if *count > 3 {
+    if count > 3 {
         return false;
     }
-    let d = b'0' + *digit as u8;
-    if *count == 3 && body.windows(3).any(|w| w == [d, d, d]) {
+    let d = b'0' + digit as u8;
+    if count == 3 && body.windows(3).any(|w| w == [d, d, d]) {
         return false;
     }
     let mut product = 10u32;
