@@ -299,9 +299,17 @@ def pii_seeds():
         ("mixed", "Mail ann@example.com or bob@example.org, call +86 138 0013 8000 or +1 415 555 2671, "
                   "card 4111-1111-1111-1111, id 11010519491231002X, ip 10.0.0.1 and fe80::1, key sk-proj-0123456789abcdefghijkl, "
                   "AKIAIOSFODNN7EXAMPLE, eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.c2lnbmF0dXJl"),
+        ("ids", "Call +1 (415) 555-0132 x12, 01632 960 367, +49(0)3473 86352 or 080-9718-5680; IBAN "
+                "DE89 3704 0044 0532 0130 00 / GB82WEST12345698765432; SSN 123-45-6789, NINO AB 12 34 56 C, "
+                "NIR 2 69 05 2A 123 456 88, IdNr 86 095 742 719, 個人番号 1234 5678 9018, card 501800000009, "
+                "JCB 180000000000002, ip 2001:db8::8a2e:370:7334 and 192.168.0.1. Not PII: order 4155550132, "
+                "v1.2.3.4, 2024-12-01 10:30:45, 550e8400-e29b-41d4-a716-446655440000, $1,234.50."),
         ("literal", "Keep [EMAIL_1] and [PHONE_12] and [EMAIL_ as written; [NOT_A_RULE_1] too. a@b.co"),
         ("unicode", "日本語 mail: 名前@example.jp? ann@example.com — ok\n\ttabs \"quotes\" \\ backslash"),
     ]
+    # the national-format detectors (phone, IBAN, national ids) in a chat request
+    seed("pii_request", "ids-chat", [0, 0], j({"model": "fast", "messages": [
+        {"role": "user", "content": dict(texts)["ids"]}]}))
     for mode in range(3):
         for name, text in texts:
             seed("pii_stream", f"{['chat', 'anthropic', 'responses'][mode]}-{name}", [mode] + split_plan([3, 7, 1, 9]) + split_plan([23, 5, 80]), text)
@@ -510,7 +518,11 @@ def dictionaries():
         '"stream_options":{"include_usage":true}', '"include_usage"', '"max_completion_tokens"',
         '"max_output_tokens"', "[EMAIL_1]", "[PHONE_1]", "[EMAIL_", "ann@example.com", "+86 138 0013 8000",
         "4111 1111 1111 1111", "11010519491231002X", "10.0.0.1", "::1", "sk-proj-0123456789abcdefghijkl",
-        "AKIAIOSFODNN7EXAMPLE", "-----BEGIN PRIVATE KEY-----", "-----END PRIVATE KEY-----"]
+        "AKIAIOSFODNN7EXAMPLE", "-----BEGIN PRIVATE KEY-----", "-----END PRIVATE KEY-----",
+        "[IBAN_1]", "[ID_1]", "[IP_1]", "+1 (415) 555-0132", "+44(0)20 7946 0958", "01632 960 367",
+        "080-9718-5680", "(0161) 4960066", "x123", " ext. ", "0049 ", "DE89 3704 0044 0532 0130 00",
+        "GB82WEST12345698765432", "123-45-6789", "AB 12 34 56 C", "1 85 05 78 006 084 91", "2A", "2B",
+        "86095742719", "1234 5678 9018", "個人番号", "501800000009", "180000000000002", "call ", "order "]
     write_dict("json", JSON_TOKENS + api_words)
     sse_words = ["data: ", "data:", "event: ", "id: ", "retry: ", ": ping", "\n\n", "\r\n\r\n", "\r\r", "[DONE]",
                  "message_start", "content_block_start", "content_block_delta", "content_block_stop", "message_delta",
@@ -530,6 +542,7 @@ def dictionaries():
         '"_match_service_":["s:80"]', '"_match_other_":', "minute", "second", "hour", "day", "month", "mask", "hash",
         "block", "openai", "anthropic", "openai-compatible", "reject", "pass", "raw_body", "messages", "allow",
         "email", "phone_cn", "phone_e164", "id_cn", "card", "ipv4", "ipv6", "openai_key", "aws_access_key", "jwt",
+        "phone", "iban", "ssn_us", "nino_uk", "nir_fr", "tax_id_de", "my_number_jp",
         "private_key", "(a+)+", "[^", "\\d{99999}", "2027-01-01T00:00:00Z", "0.000001", "1e999"]
     write_dict("config", JSON_TOKENS + config_words)
     write_dict("resp", ["\r\n", "+OK", "-ERR ", "-NOSCRIPT ", ":", ":-1", "$", "$-1", "*", "*-1", "*0", "$0\r\n\r\n",

@@ -1,6 +1,7 @@
 //! Detectors: hand-written linear scanners for the built-in kinds of personal data, with
-//! validation (GB 11643 check digit, Luhn, address ranges), and `regex-lite` for user rules
-//! and deny words.
+//! validation (GB 11643 check digit, address ranges; phones in [`crate::phone`], cards in
+//! [`crate::card`], IBAN in [`crate::iban`], other national ids in [`crate::national_id`]),
+//! and `regex-lite` for user rules and deny words.
 //!
 //! Every scanner looks at each byte a bounded number of times, so the time is linear in the
 //! text whatever it contains; `regex-lite` has no backtracking. Built-in matches start and
@@ -9,6 +10,8 @@
 use std::net::Ipv6Addr;
 use std::ops::Range;
 use std::str::FromStr;
+
+pub use crate::card::luhn;
 
 /// A built-in detector.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,7 +24,8 @@ pub enum Builtin {
     PhoneE164,
     /// PRC resident ID (18 characters), birth date plausible and GB 11643 check digit valid.
     IdCn,
-    /// Payment card: 13 to 19 digits (groups by one space or dash), Luhn valid.
+    /// Payment card: 12 to 19 digits (groups by one space or dash), a brand's prefix and
+    /// length, Luhn valid ([`crate::card`]).
     Card,
     /// Dotted quad, each part 0..=255 without leading zeros.
     Ipv4,
@@ -35,20 +39,42 @@ pub enum Builtin {
     Jwt,
     /// A PEM private key block, `-----BEGIN … PRIVATE KEY-----` to its `-----END …-----`.
     PrivateKey,
+    /// A phone number of any country, international (`+44 20 7946 0958`, `0049 …`) or in a
+    /// national format with its cues (`(415) 555-0132`, `01632 960 367`) ([`crate::phone`]).
+    Phone,
+    /// IBAN: country, per-country length, mod-97 check; compact or in groups of four.
+    Iban,
+    /// US Social Security number: 3-2-4 (dashes or spaces), area/group/serial rules.
+    SsnUs,
+    /// UK National Insurance number: `AB 12 34 56 C`, HMRC prefix and suffix rules.
+    NinoUk,
+    /// French NIR (numéro de sécurité sociale), 15 characters with its mod-97 key.
+    NirFr,
+    /// German tax id (Steuer-IdNr): 11 digits, digit-repetition rule, ISO 7064 check digit.
+    TaxIdDe,
+    /// Japanese My Number (個人番号): 12 digits with its check digit.
+    MyNumberJp,
 }
 
 impl Builtin {
     /// Every built-in, in the default rule order.
-    pub const ALL: [Builtin; 11] = [
+    pub const ALL: [Builtin; 18] = [
         Builtin::PrivateKey,
         Builtin::Jwt,
         Builtin::OpenAiKey,
         Builtin::AwsAccessKey,
         Builtin::Email,
         Builtin::IdCn,
+        Builtin::Iban,
         Builtin::Card,
+        Builtin::SsnUs,
+        Builtin::NinoUk,
+        Builtin::NirFr,
+        Builtin::MyNumberJp,
         Builtin::PhoneCn,
         Builtin::PhoneE164,
+        Builtin::Phone,
+        Builtin::TaxIdDe,
         Builtin::Ipv6,
         Builtin::Ipv4,
     ];
@@ -67,6 +93,13 @@ impl Builtin {
             Builtin::AwsAccessKey => "aws_access_key",
             Builtin::Jwt => "jwt",
             Builtin::PrivateKey => "private_key",
+            Builtin::Phone => "phone",
+            Builtin::Iban => "iban",
+            Builtin::SsnUs => "ssn_us",
+            Builtin::NinoUk => "nino_uk",
+            Builtin::NirFr => "nir_fr",
+            Builtin::TaxIdDe => "tax_id_de",
+            Builtin::MyNumberJp => "my_number_jp",
         }
     }
 
@@ -74,8 +107,14 @@ impl Builtin {
     pub fn default_name(self) -> &'static str {
         match self {
             Builtin::Email => "EMAIL",
-            Builtin::PhoneCn | Builtin::PhoneE164 => "PHONE",
-            Builtin::IdCn => "ID",
+            Builtin::PhoneCn | Builtin::PhoneE164 | Builtin::Phone => "PHONE",
+            Builtin::IdCn
+            | Builtin::SsnUs
+            | Builtin::NinoUk
+            | Builtin::NirFr
+            | Builtin::TaxIdDe
+            | Builtin::MyNumberJp => "ID",
+            Builtin::Iban => "IBAN",
             Builtin::Card => "CARD",
             Builtin::Ipv4 | Builtin::Ipv6 => "IP",
             Builtin::OpenAiKey => "API_KEY",
@@ -111,7 +150,12 @@ impl Builtin {
             Builtin::PhoneCn => |c| matches!(c, b'+' | b'0' | b'1'),
             Builtin::PhoneE164 => |c| c == b'+',
             Builtin::IdCn | Builtin::Ipv4 => is_digit,
-            Builtin::Card => |c| matches!(c, b'2'..=b'6'),
+            Builtin::Card => crate::card::first,
+            Builtin::Phone => crate::phone::first,
+            Builtin::Iban => |c| c.is_ascii_uppercase(),
+            Builtin::SsnUs | Builtin::TaxIdDe | Builtin::MyNumberJp => is_digit,
+            Builtin::NirFr => crate::national_id::nir_first,
+            Builtin::NinoUk => crate::national_id::nino_first,
             Builtin::OpenAiKey => |c| c == b's',
             Builtin::AwsAccessKey => |c| c == b'A',
             Builtin::Jwt => |c| c == b'e',
@@ -122,7 +166,14 @@ impl Builtin {
             Builtin::PhoneE164 => phone_e164,
             Builtin::IdCn => id_cn,
             Builtin::Ipv4 => ipv4,
-            Builtin::Card => card,
+            Builtin::Card => crate::card::card,
+            Builtin::Phone => crate::phone::phone,
+            Builtin::Iban => crate::iban::iban,
+            Builtin::SsnUs => crate::national_id::ssn_us,
+            Builtin::NinoUk => crate::national_id::nino_uk,
+            Builtin::NirFr => crate::national_id::nir_fr,
+            Builtin::TaxIdDe => crate::national_id::tax_id_de,
+            Builtin::MyNumberJp => crate::national_id::my_number_jp,
             Builtin::OpenAiKey => openai_key,
             Builtin::AwsAccessKey => aws_key,
             Builtin::Jwt => jwt,
@@ -257,25 +308,61 @@ pub fn deny_words_pattern(words: &[String]) -> String {
 // ---------------------------------------------------------------------------------------
 // Byte helpers (never index out of range: a missing byte reads as 0)
 
-fn at(b: &[u8], i: usize) -> u8 {
+pub(crate) fn at(b: &[u8], i: usize) -> u8 {
     b.get(i).copied().unwrap_or(0)
 }
 
-fn before(b: &[u8], i: usize) -> u8 {
+pub(crate) fn before(b: &[u8], i: usize) -> u8 {
     i.checked_sub(1).map_or(0, |j| at(b, j))
 }
 
-fn is_digit(c: u8) -> bool {
+pub(crate) fn is_digit(c: u8) -> bool {
     c.is_ascii_digit()
 }
 
-fn is_word(c: u8) -> bool {
+pub(crate) fn is_word(c: u8) -> bool {
     c.is_ascii_alphanumeric() || c == b'_'
 }
 
 fn is_key_char(c: u8) -> bool {
     c.is_ascii_alphanumeric() || c == b'_' || c == b'-'
 }
+
+/// Whether one of `words` (lower case) starts a word in the `window` bytes before `i`: ASCII
+/// letters compared ignoring case, and no ASCII letter right before it (so `tel` is found
+/// in "Tel." and "telephone", not in "hotel"). Reads at most `window` bytes per word.
+pub(crate) fn context_before(b: &[u8], i: usize, words: &[&[u8]], window: usize) -> bool {
+    (i.saturating_sub(window)..i).any(|k| {
+        // most positions are inside a word: one test rules them out
+        !before(b, k).is_ascii_alphabetic()
+            && words.iter().any(|w| {
+                k + w.len() <= i
+                    && b.get(k..k + w.len())
+                        .is_some_and(|win| win.eq_ignore_ascii_case(w))
+            })
+    })
+}
+
+/// Words before a number that say it is a reference, not personal data (lower case).
+pub(crate) const REFERENCE_WORDS: [&[u8]; 17] = [
+    b"order",
+    b"invoice",
+    b"tracking",
+    b"ref",
+    b"sku",
+    b"serial",
+    b"ticket",
+    b"case",
+    b"account",
+    b"acct",
+    b"customer",
+    b"transaction",
+    b"id",
+    b"#",
+    "订单".as_bytes(),
+    "单号".as_bytes(),
+    "注文".as_bytes(),
+];
 
 /// Runs `try_at` at every position whose byte can begin a match (`first`); on a match,
 /// reports it and continues after its end. Every `try_at` reads a bounded number of bytes, or
@@ -304,12 +391,12 @@ fn starts(
 }
 
 /// Tries a match at a position.
-type Matcher = fn(&[u8], usize) -> Step;
+pub(crate) type Matcher = fn(&[u8], usize) -> Step;
 
 /// Whether a byte can begin a match.
-type FirstByte = fn(u8) -> bool;
+pub(crate) type FirstByte = fn(u8) -> bool;
 
-enum Step {
+pub(crate) enum Step {
     /// A match from the position to this end.
     Match(usize),
     /// No match starts before this position.
@@ -319,7 +406,7 @@ enum Step {
 }
 
 /// Reads up to `max` digits from `i`; returns the end.
-fn digits_from(b: &[u8], i: usize, max: usize) -> usize {
+pub(crate) fn digits_from(b: &[u8], i: usize, max: usize) -> usize {
     let mut e = i;
     while e - i < max && is_digit(at(b, e)) {
         e += 1;
@@ -516,67 +603,6 @@ fn id_cn(b: &[u8], i: usize) -> Step {
 }
 
 // ---------------------------------------------------------------------------------------
-// Payment cards (Luhn)
-
-/// True if the digits pass the Luhn check.
-pub fn luhn(digits: &[u8]) -> bool {
-    let mut sum = 0u32;
-    for (k, &c) in digits.iter().rev().enumerate() {
-        let mut d = u32::from(c.wrapping_sub(b'0'));
-        if d > 9 {
-            return false;
-        }
-        if k % 2 == 1 {
-            d *= 2;
-            if d > 9 {
-                d -= 9;
-            }
-        }
-        sum += d;
-    }
-    sum.is_multiple_of(10)
-}
-
-fn card(b: &[u8], i: usize) -> Step {
-    if !matches!(at(b, i), b'2'..=b'6') || is_word(before(b, i)) {
-        return Step::No;
-    }
-    let mut digits = [0u8; 19];
-    let mut n = 0;
-    let mut p = i;
-    let mut sep = 0u8;
-    let mut end = i;
-    loop {
-        let c = at(b, p);
-        if is_digit(c) {
-            if n == digits.len() {
-                // too long for a card: skip the whole run
-                return Step::Skip(digits_from(b, p, usize::MAX));
-            }
-            if let Some(slot) = digits.get_mut(n) {
-                *slot = c;
-            }
-            n += 1;
-            p += 1;
-            end = p;
-        } else if matches!(c, b' ' | b'-') && (sep == 0 || sep == c) && is_digit(at(b, p + 1)) {
-            sep = c;
-            p += 1;
-        } else {
-            break;
-        }
-    }
-    if !(13..=19).contains(&n) || is_word(at(b, end)) {
-        return Step::Skip(end);
-    }
-    if luhn(digits.get(..n).unwrap_or_default()) {
-        Step::Match(end)
-    } else {
-        Step::Skip(end)
-    }
-}
-
-// ---------------------------------------------------------------------------------------
 // IP addresses
 
 fn ipv4(b: &[u8], i: usize) -> Step {
@@ -609,8 +635,15 @@ fn ipv4(b: &[u8], i: usize) -> Step {
     if is_word(at(b, p)) || (at(b, p) == b'.' && is_digit(at(b, p + 1))) {
         return Step::No;
     }
+    // `version 1.2.3.4`, `build 10.0.0.1`: a four-part version number, not an address
+    if context_before(b, i, &VERSION_WORDS, 16) {
+        return Step::No;
+    }
     Step::Match(p)
 }
+
+/// Words before a dotted quad that make it a version number (lower case).
+const VERSION_WORDS: [&[u8]; 4] = [b"version", b"release", b"build", b"firmware"];
 
 fn is_ipv6_char(c: u8) -> bool {
     c.is_ascii_hexdigit() || c == b':' || c == b'.'
@@ -905,7 +938,15 @@ mod tests {
             hits(Builtin::Ipv4, "from 10.0.0.1 to 192.168.255.254."),
             ["10.0.0.1", "192.168.255.254"]
         );
-        for no in ["256.1.1.1", "1.2.3", "1.2.3.4.5", "01.2.3.4", "v1.2.3.4"] {
+        for no in [
+            "256.1.1.1",
+            "1.2.3",
+            "1.2.3.4.5",
+            "01.2.3.4",
+            "v1.2.3.4",
+            "version 1.2.3.4",
+            "Build 10.0.0.1",
+        ] {
             assert_eq!(hits(Builtin::Ipv4, no), Vec::<&str>::new(), "{no}");
         }
         assert_eq!(
@@ -992,6 +1033,11 @@ mod tests {
             "sk-".repeat(10_000),
             "eyJ.".repeat(10_000),
             "-----BEGIN PRIVATE KEY-----".repeat(1_000),
+            "(0)".repeat(10_000),
+            "+44 ".repeat(10_000),
+            "DE89 ".repeat(10_000),
+            "AB 12 ".repeat(10_000),
+            "call 0".repeat(10_000),
         ];
         for text in &inputs {
             for b in Builtin::ALL {
@@ -1031,11 +1077,13 @@ mod tests {
             "{} sk-proj-abcdefghijklmnopqrstuv AKIAABCDEFGHIJKLMNOP +86 138 0013 8000 \
              +44 20 7946 0958 11010519491231002X 4111 1111 1111 1111 192.168.0.1 \
              eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.c2lnbmF0dXJl a.b@example.com fe80::1 \
-             13800138000 5555555555554444",
+             13800138000 5555555555554444 +1 (415) 555-0132 01632 960 367 080-9718-5680 \
+             DE89 3704 0044 0532 0130 00 GB82WEST12345698765432 123-45-6789 AB 12 34 56 C \
+             1 85 05 78 006 084 91 86095742719 1234 5678 9018 card 501800000009",
             "The quick brown fox. ".repeat(20)
         );
         let expected = one_by_one(&text);
-        assert!(expected.len() >= 9, "the sample has matches: {expected:?}");
+        assert!(expected.len() >= 22, "the sample has matches: {expected:?}");
         assert_eq!(swept(&text), expected);
         let all: Vec<(Builtin, usize)> = Builtin::ALL.into_iter().zip(0..).collect();
         let sweep = Sweep::new(&all);
@@ -1046,7 +1094,7 @@ mod tests {
     proptest::proptest! {
         #[test]
         fn the_sweep_equals_scanning_one_by_one(
-            text in "([0-9+ .:@eyJskA-]|sk-|AKIA|eyJ|\\+86|[a-z]{1,3}|[0-9]{3,4}|\\.){0,80}"
+            text in "([0-9+ .:@eyJskA-]|sk-|AKIA|eyJ|\\+86|[a-z]{1,3}|[0-9]{3,4}|\\.|[()x/]|DE89|GB82|AB|2A|card|call|[A-Z]{2}[0-9]{2}){0,80}"
         ) {
             proptest::prop_assert_eq!(swept(&text), one_by_one(&text));
         }
