@@ -230,22 +230,26 @@ pub fn redact_pass(
     (redaction, forwarded)
 }
 
-/// A fingerprint of a body's message texts (see [`is_message_text`]), whatever their order
-/// (a host may re-serialise the body); `None` if the body is not JSON. Edits of other members
-/// (the model, `max_tokens`, `stream_options`, made by other filters) leave it alone.
+/// A fingerprint of a body's message texts (see [`is_message_text`]), each with its path,
+/// whatever the order of members (a host may re-serialise the body); `None` if the body is
+/// not JSON. Edits of other members (the model, `max_tokens`, `stream_options`, made by other
+/// filters) leave it alone. The path matters: a client whose messages are placeholder-like
+/// literals (`[EMAIL_2]`, `[EMAIL_1]`) has them renumbered in the forwarded body, the same
+/// texts in other messages, so texts alone would take the original for the forwarded body.
 pub fn fingerprint(body: &[u8]) -> Option<u64> {
     let mut sum = Fingerprint::default();
     json::walk(body, &json::Limits::default(), &mut |path, kind, span| {
         if kind == Scalar::String && is_message_text(path) {
             let text = body.get(span).and_then(json::decode_lossy);
-            sum.add(text.as_deref());
+            sum.add(path, text.as_deref());
         }
     })
     .ok()?;
     Some(sum.finish())
 }
 
-/// The multiset of a body's message texts, hashed: each text's SipHash (fixed keys), summed.
+/// The set of a body's (path, message text) pairs, hashed: each pair's SipHash (fixed keys),
+/// summed, so the order the members come in does not matter.
 #[derive(Debug, Default)]
 struct Fingerprint {
     sum: u64,
@@ -253,8 +257,21 @@ struct Fingerprint {
 }
 
 impl Fingerprint {
-    fn add(&mut self, text: Option<&str>) {
+    fn add(&mut self, path: &[Seg], text: Option<&str>) {
         let mut hasher = DefaultHasher::new();
+        for seg in path {
+            match seg {
+                Seg::Key(k) => {
+                    hasher.write_u8(2);
+                    hasher.write_usize(k.len());
+                    hasher.write(k.as_bytes());
+                }
+                Seg::Index(i) => {
+                    hasher.write_u8(3);
+                    hasher.write_usize(*i);
+                }
+            }
+        }
         match text {
             Some(text) => {
                 hasher.write_u8(1);
@@ -323,7 +340,7 @@ fn redact_messages_into(
             return;
         }
         let text = body.get(span.clone()).and_then(json::decode_lossy);
-        incoming.add(text.as_deref());
+        incoming.add(path, text.as_deref());
         if blocked.is_some() {
             return;
         }
@@ -833,6 +850,21 @@ mod tests {
         let mut again = first.clone();
         let (r, _) = redact_pass(&config, api, &resent(&out), &mut again, forwarded);
         (out, r, first, again)
+    }
+
+    /// A client's placeholder-like literals are renumbered in the forwarded body: the same
+    /// texts, in other messages. Higress re-sends the original: it is not the forwarded body
+    /// and is masked again, to the same bytes (a multiset of texts took one for the other).
+    #[test]
+    fn a_resent_original_of_swapped_literals_is_masked_again() {
+        let original = json!({"messages": [
+            {"role": "user", "content": "[EMAIL_2]"},
+            {"role": "user", "content": "[EMAIL_1]"}]});
+        let (out, r, _, _) = two_passes("{}", Api::Chat, &original, |_| {
+            serde_json::to_vec(&original).unwrap()
+        });
+        assert_ne!(out, serde_json::to_vec(&original).unwrap());
+        assert_eq!(r, Redaction::Rewritten(out));
     }
 
     /// Upstream Envoy re-sends the forwarded body, edited further by later filters (model,
