@@ -424,6 +424,17 @@ pub fn all() -> [&'static Script; 7] {
 /// `EVAL <source> ...` when `with_source` (first call, or after `NOSCRIPT`). RESP bytes ready
 /// for `proxy_redis_call`.
 pub fn command(script: &Script, keys: &[&str], args: &[i64], with_source: bool) -> Vec<u8> {
+    resp::encode_command(&command_args(script, keys, args, with_source))
+}
+
+/// The arguments of [`command`] (command name first), for a transport that frames them its
+/// own way (webdis over HTTP: `shared::webdis`).
+pub fn command_args<'a>(
+    script: &'a Script,
+    keys: &[&'a str],
+    args: &[i64],
+    with_source: bool,
+) -> Vec<Cow<'a, [u8]>> {
     let mut parts: Vec<Cow<'_, [u8]>> = Vec::with_capacity(3 + keys.len() + args.len());
     if with_source {
         parts.push(Cow::Borrowed(b"EVAL"));
@@ -435,7 +446,7 @@ pub fn command(script: &Script, keys: &[&str], args: &[i64], with_source: bool) 
     parts.push(Cow::Owned(keys.len().to_string().into_bytes()));
     parts.extend(keys.iter().map(|k| Cow::Borrowed(k.as_bytes())));
     parts.extend(args.iter().map(|a| Cow::Owned(a.to_string().into_bytes())));
-    resp::encode_command(&parts)
+    parts
 }
 
 /// A `u64` on the wire: above `i64::MAX` it saturates (the script refuses anything above

@@ -1,0 +1,181 @@
+//! Redis commands carried over HTTP to [webdis] (the second Redis transport, for hosts without
+//! Higress's Redis ABI: plain Envoy, Istio, Envoy Gateway): the request a command becomes, and
+//! what its answer means. Pure: the plugin sends the request with `dispatch_http_call` and hands
+//! the answer's `:status` and body to [`reply`]; the RESP bytes that come out decode with
+//! [`crate::resp`] exactly as a Higress Redis reply does.
+//!
+//! What webdis 0.1.9 (Debian 12's `webdis`) does, as checked against a real one (see
+//! `docs/host-notes.md`):
+//! - `POST /` with the body `COMMAND/arg1/…/argN.raw` runs the command; the `.raw` suffix
+//!   returns the reply as raw RESP (`+OK`, `:1`, `*2…`, `-NOSCRIPT …`) with status 200, error
+//!   replies included.
+//! - Every argument is percent-decoded; `/` separates arguments and the last `.` starts the
+//!   output format, and `+` decodes to a space. So every byte outside `[A-Za-z0-9_-]` is sent
+//!   as `%XX` — binary arguments and Lua sources included.
+//! - Redis unreachable: `503` with an empty body. A command the ACL refuses (or a wrong or
+//!   missing `Authorization`): `403` with an empty body.
+//!
+//! [webdis]: https://github.com/nicolasff/webdis
+
+/// The `:path` of every command (the command travels in the body).
+pub const PATH: &str = "/";
+
+/// The request body that runs `args` (command first) and asks for a raw RESP reply.
+pub fn request_body<A: AsRef<[u8]>>(args: &[A]) -> Vec<u8> {
+    let size = 8 + args.iter().map(|a| a.as_ref().len() * 3 + 1).sum::<usize>();
+    let mut out = Vec::with_capacity(size);
+    for (i, arg) in args.iter().enumerate() {
+        if i > 0 {
+            out.push(b'/');
+        }
+        percent_encode(arg.as_ref(), &mut out);
+    }
+    out.extend_from_slice(b".raw");
+    out
+}
+
+fn percent_encode(bytes: &[u8], out: &mut Vec<u8>) {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    for &b in bytes {
+        if b.is_ascii_alphanumeric() || b == b'_' || b == b'-' {
+            out.push(b);
+        } else {
+            out.push(b'%');
+            let hex = |n: u8| HEX.get(usize::from(n)).copied().unwrap_or(b'0');
+            out.push(hex(b >> 4));
+            out.push(hex(b & 0x0f));
+        }
+    }
+}
+
+/// The `Authorization` value for webdis's `http_basic_auth` (`user:password`, as written in
+/// its ACL). Never log it.
+pub fn basic_auth(user_password: &str) -> String {
+    format!("Basic {}", base64(user_password.as_bytes()))
+}
+
+fn base64(input: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let sextet = |v: u32, shift: u32| {
+        char::from(
+            ALPHABET
+                .get(((v >> shift) & 63) as usize)
+                .copied()
+                .unwrap_or(b'A'),
+        )
+    };
+    let mut out = String::with_capacity(input.len().div_ceil(3) * 4);
+    for chunk in input.chunks(3) {
+        let b = |i: usize| chunk.get(i).copied().map_or(0, u32::from);
+        let v = (b(0) << 16) | (b(1) << 8) | b(2);
+        out.push(sextet(v, 18));
+        out.push(sextet(v, 12));
+        out.push(if chunk.len() > 1 { sextet(v, 6) } else { '=' });
+        out.push(if chunk.len() > 2 { sextet(v, 0) } else { '=' });
+    }
+    out
+}
+
+/// Why a command carried over webdis has no Redis reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WebdisError {
+    /// No HTTP answer: connect failure, reset or timeout (the command may have run).
+    NoAnswer,
+    /// `503`: webdis cannot reach Redis.
+    RedisUnreachable,
+    /// `403`: webdis's ACL refused the command or the credentials.
+    Forbidden,
+    /// Any other status (Envoy's own `503`/`504` included).
+    Status(u16),
+}
+
+impl std::fmt::Display for WebdisError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WebdisError::NoAnswer => write!(f, "webdis: no answer"),
+            WebdisError::RedisUnreachable => write!(f, "webdis: Redis unreachable (503)"),
+            WebdisError::Forbidden => {
+                write!(f, "webdis: forbidden (403): check `auth` and webdis's ACL")
+            }
+            WebdisError::Status(s) => write!(f, "webdis: HTTP status {s}"),
+        }
+    }
+}
+
+/// The raw RESP reply inside an answer (`status` from `:status`, none if the call failed).
+/// A RESP error reply (`-NOSCRIPT …`) is a reply: the caller decodes it as from Redis.
+pub fn reply(status: Option<&str>, body: Vec<u8>) -> Result<Vec<u8>, WebdisError> {
+    let Some(status) = status else {
+        return Err(WebdisError::NoAnswer);
+    };
+    match status.trim().parse::<u16>() {
+        Ok(200) if !body.is_empty() => Ok(body),
+        Ok(200) => Err(WebdisError::Status(200)),
+        Ok(403) => Err(WebdisError::Forbidden),
+        Ok(503) if body.is_empty() => Err(WebdisError::RedisUnreachable),
+        Ok(code) => Err(WebdisError::Status(code)),
+        Err(_) => Err(WebdisError::NoAnswer),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arguments_are_percent_encoded_and_raw_is_asked_for() {
+        let body = request_body(&[
+            "EVALSHA".as_bytes(),
+            b"ab12",
+            b"1",
+            b"{trl}:a/b.c",
+            b"x+y %",
+            b"\0\xff\n",
+        ]);
+        assert_eq!(
+            String::from_utf8(body).unwrap(),
+            "EVALSHA/ab12/1/%7Btrl%7D%3Aa%2Fb%2Ec/x%2By%20%25/%00%FF%0A.raw"
+        );
+        // an empty argument stays an (empty) argument
+        assert_eq!(request_body(&["XADD", "", "x"]), b"XADD//x.raw");
+    }
+
+    #[test]
+    fn basic_auth_is_rfc4648_base64() {
+        assert_eq!(basic_auth("gw:s3cret"), "Basic Z3c6czNjcmV0");
+        for (input, out) in [("", ""), ("f", "Zg=="), ("fo", "Zm8="), ("foo", "Zm9v")] {
+            assert_eq!(base64(input.as_bytes()), out);
+        }
+    }
+
+    #[test]
+    fn answers_map_to_replies_or_errors() {
+        assert_eq!(
+            reply(Some("200"), b"+PONG\r\n".to_vec()),
+            Ok(b"+PONG\r\n".to_vec())
+        );
+        // a Redis error reply is a reply
+        let noscript = b"-NOSCRIPT No matching script. Please use EVAL.\r\n".to_vec();
+        assert_eq!(reply(Some("200"), noscript.clone()), Ok(noscript));
+        assert_eq!(reply(None, Vec::new()), Err(WebdisError::NoAnswer));
+        assert_eq!(
+            reply(Some("503"), Vec::new()),
+            Err(WebdisError::RedisUnreachable)
+        );
+        // Envoy's own 503 (no healthy upstream) has a body
+        assert_eq!(
+            reply(Some("503"), b"no healthy upstream".to_vec()),
+            Err(WebdisError::Status(503))
+        );
+        assert_eq!(reply(Some("403"), Vec::new()), Err(WebdisError::Forbidden));
+        assert_eq!(
+            reply(Some("504"), Vec::new()),
+            Err(WebdisError::Status(504))
+        );
+        assert_eq!(
+            reply(Some("200"), Vec::new()),
+            Err(WebdisError::Status(200))
+        );
+        assert_eq!(reply(Some("x"), Vec::new()), Err(WebdisError::NoAnswer));
+    }
+}
