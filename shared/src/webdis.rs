@@ -9,9 +9,17 @@
 //! - `POST /` with the body `COMMAND/arg1/…/argN.raw` runs the command; the `.raw` suffix
 //!   returns the reply as raw RESP (`+OK`, `:1`, `*2…`, `-NOSCRIPT …`) with status 200, error
 //!   replies included.
-//! - Every argument is percent-decoded; `/` separates arguments and the last `.` starts the
-//!   output format, and `+` decodes to a space. So every byte outside `[A-Za-z0-9_-]` is sent
-//!   as `%XX` — binary arguments and Lua sources included.
+//! - Every argument is percent-decoded; `/` separates arguments, the last `.` starts the
+//!   output format, `+` decodes to a space and `?` starts a query. Those bytes, `%`, control
+//!   bytes other than newline and tab, and bytes above 0x7f are sent as `%XX`; the rest
+//!   (spaces, newlines, quotes, braces: a Lua source reads as itself) travels as is.
+//! - A request must arrive in **one read of at most 4096 bytes**, head included: a longer or
+//!   split one is never answered (the connection hangs until a timeout). So a body is at most
+//!   [`MAX_REQUEST_BODY`] bytes, which leaves room for Envoy's request head; the largest
+//!   script `EVAL` (RESERVE on 8 budget levels) stays well under it.
+//! - In an array reply, `.raw` turns integers into bulk strings (`$1\r\n1`) and drops nested
+//!   arrays and nils (keeping the count); the token-ratelimit scripts reply with flat arrays of
+//!   integers, which their decoders read either way.
 //! - Redis unreachable: `503` with an empty body. A command the ACL refuses (or a wrong or
 //!   missing `Authorization`): `403` with an empty body.
 //!
@@ -20,24 +28,51 @@
 /// The `:path` of every command (the command travels in the body).
 pub const PATH: &str = "/";
 
+/// The longest request body sent (webdis 0.1.9 answers only requests that fit, head
+/// included, in one 4096-byte read; 512 bytes are left for the head Envoy writes).
+pub const MAX_REQUEST_BODY: usize = 3584;
+
+/// A command too long for one webdis request (its body length).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TooLarge(pub usize);
+
+impl std::fmt::Display for TooLarge {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "webdis: a {}-byte request (at most {MAX_REQUEST_BODY})",
+            self.0
+        )
+    }
+}
+
 /// The request body that runs `args` (command first) and asks for a raw RESP reply.
-pub fn request_body<A: AsRef<[u8]>>(args: &[A]) -> Vec<u8> {
-    let size = 8 + args.iter().map(|a| a.as_ref().len() * 3 + 1).sum::<usize>();
+pub fn request_body<A: AsRef<[u8]>>(args: &[A]) -> Result<Vec<u8>, TooLarge> {
+    let size = 8 + args.iter().map(|a| a.as_ref().len() + 1).sum::<usize>();
     let mut out = Vec::with_capacity(size);
+    let last = args.len().saturating_sub(1);
     for (i, arg) in args.iter().enumerate() {
         if i > 0 {
             out.push(b'/');
         }
-        percent_encode(arg.as_ref(), &mut out);
+        // a `.` in the last argument would be read as the output format
+        percent_encode(arg.as_ref(), i == last, &mut out);
     }
     out.extend_from_slice(b".raw");
-    out
+    if out.len() > MAX_REQUEST_BODY {
+        return Err(TooLarge(out.len()));
+    }
+    Ok(out)
 }
 
-fn percent_encode(bytes: &[u8], out: &mut Vec<u8>) {
+fn percent_encode(bytes: &[u8], last: bool, out: &mut Vec<u8>) {
     const HEX: &[u8; 16] = b"0123456789ABCDEF";
     for &b in bytes {
-        if b.is_ascii_alphanumeric() || b == b'_' || b == b'-' {
+        let special = matches!(b, b'%' | b'/' | b'+' | b'?')
+            || (b == b'.' && last)
+            || (b.is_ascii_control() && b != b'\n' && b != b'\t')
+            || !b.is_ascii();
+        if !special {
             out.push(b);
         } else {
             out.push(b'%');
@@ -128,16 +163,22 @@ mod tests {
             "EVALSHA".as_bytes(),
             b"ab12",
             b"1",
-            b"{trl}:a/b.c",
-            b"x+y %",
-            b"\0\xff\n",
-        ]);
+            b"{trl}:a/b.c?d",
+            b"x+y %\r\n\t\"q\"",
+            b"\0\xff.1",
+        ])
+        .unwrap();
         assert_eq!(
             String::from_utf8(body).unwrap(),
-            "EVALSHA/ab12/1/%7Btrl%7D%3Aa%2Fb%2Ec/x%2By%20%25/%00%FF%0A.raw"
+            "EVALSHA/ab12/1/{trl}:a%2Fb.c%3Fd/x%2By %25%0D\n\t\"q\"/%00%FF%2E1.raw"
         );
         // an empty argument stays an (empty) argument
-        assert_eq!(request_body(&["XADD", "", "x"]), b"XADD//x.raw");
+        assert_eq!(request_body(&["XADD", "", "x"]).unwrap(), b"XADD//x.raw");
+        let long = "a".repeat(MAX_REQUEST_BODY);
+        assert_eq!(
+            request_body(&["XADD", long.as_str()]),
+            Err(TooLarge(MAX_REQUEST_BODY + 9))
+        );
     }
 
     #[test]

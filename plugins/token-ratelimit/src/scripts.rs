@@ -696,10 +696,14 @@ fn error_reply(message: &str) -> ScriptError {
 fn integers(reply: &[u8], script: &'static str) -> Result<Vec<i64>, ScriptError> {
     match resp::decode(reply, &REPLY_LIMITS).map_err(ScriptError::Resp)? {
         Reply::Error(message) => Err(error_reply(&message)),
+        // webdis's raw output (the HTTP transport) sends the integers of an array as bulk
+        // strings (`$1\r\n1`): both are read as integers
         Reply::Array(Some(items)) => items
             .iter()
             .map(|item| match item {
-                Reply::Integer(i) => Ok(*i),
+                Reply::Integer(_) | Reply::Bulk(Some(_)) => {
+                    item.integer().ok_or(ScriptError::Unexpected(script))
+                }
                 _ => Err(ScriptError::Unexpected(script)),
             })
             .collect(),
@@ -1088,6 +1092,45 @@ mod tests {
     }
 
     #[test]
+    fn every_eval_fits_one_webdis_request() {
+        // the worst case a configuration allows: 8 budget levels (config::MAX_BUDGETS) with
+        // 80-byte keys, every argument a 16-digit number
+        let key = format!("llm:{{t:{}}}:bud:x", "k".repeat(64));
+        let n = crate::config::MAX_BUDGETS;
+        for (script, keys, args) in [
+            (lease(), 1, 5),
+            (give_back(), 1, 4),
+            (reserve(), 1 + n, 3 + 3 * n),
+            (reconcile(), 1 + n, 2 + n),
+            (charge(), 1 + n, 3 + 2 * n),
+            (cancel(), 1 + n, 3),
+            (peek(), n, 1),
+        ] {
+            let keys: Vec<&str> = vec![key.as_str(); keys];
+            let args = vec![MAX_SAFE as i64; args];
+            let parts = command_args(script, &keys, &args, true);
+            let body = llm_gateway_shared::webdis::request_body(&parts);
+            assert!(body.is_ok(), "{}: {:?}", script.name, body.err());
+        }
+    }
+
+    #[test]
+    fn webdis_raw_arrays_of_bulk_integers_decode_as_integers() {
+        // what webdis 0.1.9 sends for a script's `{1, 40, 60}`
+        let reply = b"*3\r\n$1\r\n1\r\n$2\r\n40\r\n$2\r\n60\r\n";
+        assert_eq!(
+            decode_reserve(reply, 2).unwrap(),
+            Reserve::Reserved {
+                remaining: vec![40, 60]
+            }
+        );
+        assert_eq!(
+            decode_reserve(b"*3\r\n$1\r\n1\r\n$1\r\nx\r\n$1\r\n6\r\n", 2),
+            Err(ScriptError::Unexpected("RESERVE"))
+        );
+    }
+
+    #[test]
     fn noscript_is_its_own_error() {
         let noscript = b"-NOSCRIPT No matching script. Please use EVAL.\r\n";
         assert_eq!(decode_lease(noscript), Err(ScriptError::NoScript));
@@ -1148,7 +1191,7 @@ mod tests {
             b"*0\r\n",
             b"$3\r\nabc\r\n",
             b"*1\r\n:1\r\n:2\r\n",
-            b"*1\r\n$1\r\n1\r\n",
+            b"*1\r\n$1\r\nx\r\n",
             b"*1\r\n*1\r\n:1\r\n",
             b"*1\r\n:99999999999999999999\r\n",
             b"*99999\r\n:1\r\n",

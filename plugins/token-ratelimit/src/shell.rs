@@ -350,6 +350,19 @@ impl State {
                 let _ = self.calls.borrow_mut().insert(token, context_id, call);
                 Ok(())
             }
+            Err(HostError::BadArgument) if self.http.is_some() => {
+                // longer than one webdis request (keys of very long identities): this call
+                // only fails, as an error reply would; Redis is not marked down for it
+                self.count("webdis_too_large", 1);
+                log(
+                    LogLevel::Warn,
+                    &format!(
+                        "{} not sent: longer than one webdis request",
+                        call.script.name
+                    ),
+                );
+                Err(Box::new(call))
+            }
             Err(err) => {
                 self.mark_down(&format!("call not sent: {err}"));
                 Err(Box::new(call))

@@ -9,7 +9,7 @@
 //! Whatever must see its answer after the stream ends is sent from a root-context callback
 //! (`on_tick`).
 
-use super::{buffer, header, Buffer, HeaderMap, HostResult};
+use super::{buffer, header, Buffer, HeaderMap, HostError, HostResult};
 use crate::webdis::{self, WebdisError};
 
 /// Where a plugin's webdis is and how it logs in.
@@ -24,9 +24,10 @@ pub struct HttpRedis {
 }
 
 /// Sends one command (command name first); the answer arrives in `on_http_call_response`
-/// with the returned token: read it with [`reply`].
+/// with the returned token: read it with [`reply`]. A command longer than webdis takes
+/// ([`webdis::MAX_REQUEST_BODY`]) is not sent: [`HostError::BadArgument`].
 pub fn send<A: AsRef<[u8]>>(to: &HttpRedis, args: &[A]) -> HostResult<u32> {
-    let body = webdis::request_body(args);
+    let body = webdis::request_body(args).map_err(|_| HostError::BadArgument)?;
     let mut headers: Vec<(&str, &str)> = vec![
         (":method", "POST"),
         (":path", webdis::PATH),
