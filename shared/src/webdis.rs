@@ -1,14 +1,19 @@
 //! Redis commands carried over HTTP to [webdis] (the second Redis transport, for hosts without
 //! Higress's Redis ABI: plain Envoy, Istio, Envoy Gateway): the request a command becomes, and
 //! what its answer means. Pure: the plugin sends the request with `dispatch_http_call` and hands
-//! the answer's `:status` and body to [`reply`]; the RESP bytes that come out decode with
-//! [`crate::resp`] exactly as a Higress Redis reply does.
+//! the answer's `:status` and body to [`reply`], which gives back the reply as RESP bytes, so
+//! the plugin decodes it with [`crate::resp`] exactly as a Higress Redis reply.
 //!
 //! What webdis 0.1.9 (Debian 12's `webdis`) does, as checked against a real one (see
 //! `docs/host-notes.md`):
-//! - `POST /` with the body `COMMAND/arg1/…/argN.raw` runs the command; the `.raw` suffix
-//!   returns the reply as raw RESP (`+OK`, `:1`, `*2…`, `-NOSCRIPT …`) with status 200, error
-//!   replies included.
+//! - `POST /` with the body `COMMAND/arg1/…/argN.json` runs the command and answers 200 with
+//!   `{"COMMAND": reply}`: an integer is a JSON number, a bulk string a string, nil `null`, an
+//!   array an array, a status `[true, "OK"]` and an error `[false, "NOSCRIPT …"]` (Redis
+//!   arrays never hold booleans, so that pair is unambiguous). [`reply`] turns it back into
+//!   RESP.
+//! - The `.raw` output (RESP as is) cannot be used: inside an array it writes integers as bulk
+//!   strings whose length is wrong from 11 digits on (`$10` before `99999999999`: a money budget
+//!   in nano-USD has 12), and drops nested arrays and nils.
 //! - Every argument is percent-decoded; `/` separates arguments, the last `.` starts the
 //!   output format, `+` decodes to a space and `?` starts a query. Those bytes, `%`, control
 //!   bytes other than newline and tab, and bytes above 0x7f are sent as `%XX`; the rest
@@ -17,9 +22,6 @@
 //!   split one is never answered (the connection hangs until a timeout). So a body is at most
 //!   [`MAX_REQUEST_BODY`] bytes, which leaves room for Envoy's request head; the largest
 //!   script `EVAL` (RESERVE on 8 budget levels) stays well under it.
-//! - In an array reply, `.raw` turns integers into bulk strings (`$1\r\n1`) and drops nested
-//!   arrays and nils (keeping the count); the token-ratelimit scripts reply with flat arrays of
-//!   integers, which their decoders read either way.
 //! - Redis unreachable: `503` with an empty body. A command the ACL refuses (or a wrong or
 //!   missing `Authorization`): `403` with an empty body.
 //!
@@ -46,7 +48,7 @@ impl std::fmt::Display for TooLarge {
     }
 }
 
-/// The request body that runs `args` (command first) and asks for a raw RESP reply.
+/// The request body that runs `args` (command first) and asks for a JSON reply.
 pub fn request_body<A: AsRef<[u8]>>(args: &[A]) -> Result<Vec<u8>, TooLarge> {
     let size = 8 + args.iter().map(|a| a.as_ref().len() + 1).sum::<usize>();
     let mut out = Vec::with_capacity(size);
@@ -58,7 +60,7 @@ pub fn request_body<A: AsRef<[u8]>>(args: &[A]) -> Result<Vec<u8>, TooLarge> {
         // a `.` in the last argument would be read as the output format
         percent_encode(arg.as_ref(), i == last, &mut out);
     }
-    out.extend_from_slice(b".raw");
+    out.extend_from_slice(b".json");
     if out.len() > MAX_REQUEST_BODY {
         return Err(TooLarge(out.len()));
     }
@@ -122,6 +124,8 @@ pub enum WebdisError {
     Forbidden,
     /// Any other status (Envoy's own `503`/`504` included).
     Status(u16),
+    /// A 200 whose body is not a webdis JSON reply.
+    Malformed,
 }
 
 impl std::fmt::Display for WebdisError {
@@ -133,19 +137,19 @@ impl std::fmt::Display for WebdisError {
                 write!(f, "webdis: forbidden (403): check `auth` and webdis's ACL")
             }
             WebdisError::Status(s) => write!(f, "webdis: HTTP status {s}"),
+            WebdisError::Malformed => write!(f, "webdis: not a JSON reply"),
         }
     }
 }
 
-/// The raw RESP reply inside an answer (`status` from `:status`, none if the call failed).
-/// A RESP error reply (`-NOSCRIPT …`) is a reply: the caller decodes it as from Redis.
+/// The reply inside an answer, as RESP bytes (`status` from `:status`, none if the call
+/// failed). A Redis error reply (`-NOSCRIPT …`) is a reply: the caller decodes it as from Redis.
 pub fn reply(status: Option<&str>, body: Vec<u8>) -> Result<Vec<u8>, WebdisError> {
     let Some(status) = status else {
         return Err(WebdisError::NoAnswer);
     };
     match status.trim().parse::<u16>() {
-        Ok(200) if !body.is_empty() => Ok(body),
-        Ok(200) => Err(WebdisError::Status(200)),
+        Ok(200) => json_to_resp(&body).ok_or(WebdisError::Malformed),
         Ok(403) => Err(WebdisError::Forbidden),
         Ok(503) if body.is_empty() => Err(WebdisError::RedisUnreachable),
         Ok(code) => Err(WebdisError::Status(code)),
@@ -153,12 +157,68 @@ pub fn reply(status: Option<&str>, body: Vec<u8>) -> Result<Vec<u8>, WebdisError
     }
 }
 
+/// `{"COMMAND": reply}` as RESP.
+fn json_to_resp(body: &[u8]) -> Option<Vec<u8>> {
+    let value: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let object = value.as_object()?;
+    if object.len() != 1 {
+        return None;
+    }
+    let reply = object.values().next()?;
+    let mut out = Vec::new();
+    encode(reply, &mut out, 0)?;
+    Some(out)
+}
+
+fn encode(value: &serde_json::Value, out: &mut Vec<u8>, depth: usize) -> Option<()> {
+    use serde_json::Value;
+    if depth > 8 {
+        return None;
+    }
+    match value {
+        Value::Null => out.extend_from_slice(b"$-1\r\n"),
+        Value::Number(n) => {
+            out.push(b':');
+            out.extend_from_slice(n.as_i64()?.to_string().as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+        Value::String(s) => {
+            out.push(b'$');
+            out.extend_from_slice(s.len().to_string().as_bytes());
+            out.extend_from_slice(b"\r\n");
+            out.extend_from_slice(s.as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+        Value::Array(items) => match items.as_slice() {
+            // webdis's status and error replies
+            [Value::Bool(ok), Value::String(text)] => {
+                out.push(if *ok { b'+' } else { b'-' });
+                out.extend(
+                    text.bytes()
+                        .map(|b| if b == b'\r' || b == b'\n' { b' ' } else { b }),
+                );
+                out.extend_from_slice(b"\r\n");
+            }
+            _ => {
+                out.push(b'*');
+                out.extend_from_slice(items.len().to_string().as_bytes());
+                out.extend_from_slice(b"\r\n");
+                for item in items {
+                    encode(item, out, depth + 1)?;
+                }
+            }
+        },
+        Value::Bool(_) | Value::Object(_) => return None,
+    }
+    Some(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn arguments_are_percent_encoded_and_raw_is_asked_for() {
+    fn arguments_are_percent_encoded_and_json_is_asked_for() {
         let body = request_body(&[
             "EVALSHA".as_bytes(),
             b"ab12",
@@ -170,14 +230,14 @@ mod tests {
         .unwrap();
         assert_eq!(
             String::from_utf8(body).unwrap(),
-            "EVALSHA/ab12/1/{trl}:a%2Fb.c%3Fd/x%2By %25%0D\n\t\"q\"/%00%FF%2E1.raw"
+            "EVALSHA/ab12/1/{trl}:a%2Fb.c%3Fd/x%2By %25%0D\n\t\"q\"/%00%FF%2E1.json"
         );
         // an empty argument stays an (empty) argument
-        assert_eq!(request_body(&["XADD", "", "x"]).unwrap(), b"XADD//x.raw");
+        assert_eq!(request_body(&["XADD", "", "x"]).unwrap(), b"XADD//x.json");
         let long = "a".repeat(MAX_REQUEST_BODY);
         assert_eq!(
             request_body(&["XADD", long.as_str()]),
-            Err(TooLarge(MAX_REQUEST_BODY + 9))
+            Err(TooLarge(MAX_REQUEST_BODY + 10))
         );
     }
 
@@ -191,13 +251,38 @@ mod tests {
 
     #[test]
     fn answers_map_to_replies_or_errors() {
-        assert_eq!(
-            reply(Some("200"), b"+PONG\r\n".to_vec()),
-            Ok(b"+PONG\r\n".to_vec())
-        );
+        let ok = |body: &str| reply(Some("200"), body.as_bytes().to_vec());
+        assert_eq!(ok(r#"{"PING":[true,"PONG"]}"#), Ok(b"+PONG\r\n".to_vec()));
         // a Redis error reply is a reply
-        let noscript = b"-NOSCRIPT No matching script. Please use EVAL.\r\n".to_vec();
-        assert_eq!(reply(Some("200"), noscript.clone()), Ok(noscript));
+        assert_eq!(
+            ok(r#"{"EVALSHA":[false,"NOSCRIPT No matching script. Please use EVAL."]}"#),
+            Ok(b"-NOSCRIPT No matching script. Please use EVAL.\r\n".to_vec())
+        );
+        // what raw RESP gets wrong: 11+ digit integers in an array
+        assert_eq!(
+            ok(r#"{"EVAL":[1,99999999999,-9007199254740991]}"#),
+            Ok(b"*3\r\n:1\r\n:99999999999\r\n:-9007199254740991\r\n".to_vec())
+        );
+        assert_eq!(
+            ok(r#"{"XADD":"1700000000000-0"}"#),
+            Ok(b"$15\r\n1700000000000-0\r\n".to_vec())
+        );
+        assert_eq!(ok(r#"{"GET":null}"#), Ok(b"$-1\r\n".to_vec()));
+        assert_eq!(ok(r#"{"EVAL":[]}"#), Ok(b"*0\r\n".to_vec()));
+        assert_eq!(
+            ok(r#"{"EVAL":[[1,"a"],null]}"#),
+            Ok(b"*2\r\n*2\r\n:1\r\n$1\r\na\r\n$-1\r\n".to_vec())
+        );
+        for bad in [
+            "",
+            "{}",
+            "[1]",
+            r#"{"A":1,"B":2}"#,
+            r#"{"A":1.5}"#,
+            r#"{"A":true}"#,
+        ] {
+            assert_eq!(ok(bad), Err(WebdisError::Malformed), "{bad}");
+        }
         assert_eq!(reply(None, Vec::new()), Err(WebdisError::NoAnswer));
         assert_eq!(
             reply(Some("503"), Vec::new()),
@@ -212,10 +297,6 @@ mod tests {
         assert_eq!(
             reply(Some("504"), Vec::new()),
             Err(WebdisError::Status(504))
-        );
-        assert_eq!(
-            reply(Some("200"), Vec::new()),
-            Err(WebdisError::Status(200))
         );
         assert_eq!(reply(Some("x"), Vec::new()), Err(WebdisError::NoAnswer));
     }

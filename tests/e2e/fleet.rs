@@ -527,3 +527,55 @@ async fn a_tpm_limit_offered_twice_its_rate_over_both_instances_admits_at_most_1
     assert!(steady * 100 >= steady_limit * 80, "admitted only {steady}");
     assert!(refused > 0);
 }
+
+/// `envoy-config/gateway-fleet.yaml` as `scripts/run --fleet` starts it (two gateways, the
+/// whole chain, one webdis, one Redis): a request through each gateway lands in the same
+/// budget keys and the same ledger.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fleet_demo_gateways_share_their_budgets_and_ledger() {
+    use llm_gateway_tests::demo::{FleetDemo, DEMO_KEY, FLEET_LEDGER};
+    let fleet = FleetDemo::start(0).await.unwrap();
+    let body = json!({"model": "fast", "messages": [{"role": "user", "content": "hello fleet"}]});
+    for gateway in &fleet.gateways {
+        let response = http::post(format!("{}/v1/chat/completions", gateway.url()))
+            .header("authorization", &format!("Bearer {DEMO_KEY}"))
+            .header("content-type", "application/json")
+            .body(body.to_string().into_bytes())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            response.status,
+            200,
+            "{}\n{}",
+            response.text(),
+            gateway
+                .logs()
+                .lines()
+                .filter(|l| l.contains("token-ratelimit:"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let ledger = fleet.redis.command(&["XLEN", FLEET_LEDGER]).unwrap();
+        let keys = fleet
+            .redis
+            .command(&["KEYS", "llm:*:bud:tenant-month:*"])
+            .unwrap();
+        let key = keys.lines().find(|l| l.starts_with("llm:"));
+        let spent = key.map(|k| fleet.redis.command(&["GET", k]).unwrap());
+        // both requests in the one month budget of tenant `demo`, and in the ledger
+        if ledger == ":2\r\n" && spent.as_deref().is_some_and(|s| !s.starts_with("$-1")) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "ledger {ledger:?}, budget keys {keys:?}\n{}",
+            fleet.gateways[0].logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(fleet.banner().contains(&fleet.gateways[1].url()));
+}

@@ -696,14 +696,10 @@ fn error_reply(message: &str) -> ScriptError {
 fn integers(reply: &[u8], script: &'static str) -> Result<Vec<i64>, ScriptError> {
     match resp::decode(reply, &REPLY_LIMITS).map_err(ScriptError::Resp)? {
         Reply::Error(message) => Err(error_reply(&message)),
-        // webdis's raw output (the HTTP transport) sends the integers of an array as bulk
-        // strings (`$1\r\n1`): both are read as integers
         Reply::Array(Some(items)) => items
             .iter()
             .map(|item| match item {
-                Reply::Integer(_) | Reply::Bulk(Some(_)) => {
-                    item.integer().ok_or(ScriptError::Unexpected(script))
-                }
+                Reply::Integer(i) => Ok(*i),
                 _ => Err(ScriptError::Unexpected(script)),
             })
             .collect(),
@@ -1115,22 +1111,6 @@ mod tests {
     }
 
     #[test]
-    fn webdis_raw_arrays_of_bulk_integers_decode_as_integers() {
-        // what webdis 0.1.9 sends for a script's `{1, 40, 60}`
-        let reply = b"*3\r\n$1\r\n1\r\n$2\r\n40\r\n$2\r\n60\r\n";
-        assert_eq!(
-            decode_reserve(reply, 2).unwrap(),
-            Reserve::Reserved {
-                remaining: vec![40, 60]
-            }
-        );
-        assert_eq!(
-            decode_reserve(b"*3\r\n$1\r\n1\r\n$1\r\nx\r\n$1\r\n6\r\n", 2),
-            Err(ScriptError::Unexpected("RESERVE"))
-        );
-    }
-
-    #[test]
     fn noscript_is_its_own_error() {
         let noscript = b"-NOSCRIPT No matching script. Please use EVAL.\r\n";
         assert_eq!(decode_lease(noscript), Err(ScriptError::NoScript));
@@ -1191,7 +1171,7 @@ mod tests {
             b"*0\r\n",
             b"$3\r\nabc\r\n",
             b"*1\r\n:1\r\n:2\r\n",
-            b"*1\r\n$1\r\nx\r\n",
+            b"*1\r\n$1\r\n1\r\n",
             b"*1\r\n*1\r\n:1\r\n",
             b"*1\r\n:99999999999999999999\r\n",
             b"*99999\r\n:1\r\n",
