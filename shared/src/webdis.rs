@@ -217,6 +217,9 @@ fn encode(value: &serde_json::Value, out: &mut Vec<u8>, depth: usize) -> Option<
 mod tests {
     use super::*;
 
+    #[cfg(target_arch = "wasm32")]
+    use wasm_bindgen_test::wasm_bindgen_test as test;
+
     #[test]
     fn arguments_are_percent_encoded_and_json_is_asked_for() {
         let body = request_body(&[
