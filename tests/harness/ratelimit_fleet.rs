@@ -921,6 +921,63 @@ fn budget_through_a_redis_outage() {
     assert!(run.journaled > 0, "no settlement met the outage");
 }
 
+/// Over HTTP the SDK drops the answer to a call whose context is gone: a client that leaves
+/// while its `RESERVE` is in flight must not leave the reservation behind. The plugin fails
+/// the call at `on_log` and cancels it (the `CANCEL` leaves from the next tick, after the
+/// `RESERVE`, which Envoy still carries out).
+#[test]
+fn a_client_gone_while_its_reserve_is_in_flight_leaves_nothing_reserved_over_http() {
+    let config = json!({
+        "redis": redis_config(Transport::Http),
+        "clock": "gateway",
+        "default_max_tokens": DEFAULT_MAX_TOKENS,
+        "budgets": [{"name": "tenant-day", "by": "tenant", "period": "day", "tokens": 1_000_000}]
+    });
+    let redis = Redis::start().unwrap();
+    let fleet = fleet(Transport::Http, &config, redis.addr());
+    let mut rng = Rng(11);
+    // one request served whole first: the scripts are cached in Redis, so the next RESERVE
+    // runs at once (no NOSCRIPT round)
+    let first = Req::random(&mut rng, "served".into(), (40, 400), false);
+    let stream = first.open(&fleet);
+    stream.send_request_body(&first.body(), true).unwrap();
+    fleet.pump_and_flush();
+    assert!(stream.upstream().end, "{}", fleet.log_text());
+    stream
+        .send_response_headers(
+            &[(":status", "200"), ("content-type", "application/json")],
+            false,
+        )
+        .unwrap();
+    stream
+        .send_response_body(&first.json_answer(), true)
+        .unwrap();
+    stream.finish().unwrap();
+    fleet.pump_and_flush();
+    assert_eq!(redis_int(&redis, BUDGET_KEY), first.actual_tokens() as i64);
+
+    let gone = Req::random(&mut rng, "gone".into(), (40, 400), true);
+    let stream = gone.open(&fleet);
+    stream.send_request_body(&gone.body(), true).unwrap();
+    assert_eq!(fleet.pending(), 1, "the RESERVE is in flight");
+    // the client goes away before the answer: on_log, on_done, on_delete
+    stream.finish().unwrap();
+    fleet.pump_and_flush();
+    assert_eq!(
+        fleet.metric_sum("llm_gateway.ratelimit.calls_abandoned"),
+        1,
+        "{}",
+        fleet.log_text()
+    );
+    assert_eq!(
+        redis_int(&redis, BUDGET_KEY),
+        first.actual_tokens() as i64,
+        "the RESERVE ran, then its CANCEL gave it back"
+    );
+    assert_eq!(reservations_left(&redis), "*0\r\n");
+    assert_eq!(journal_depth(&fleet), 0);
+}
+
 // ---------------------------------------------------------------------------------------
 // Rate accuracy
 
