@@ -414,6 +414,17 @@ def resp_seeds():
         seed("resp_decode", name, [0, 2], reply)
     seed("resp_decode", "tight-limits", [1, 1], b"*4\r\n$9\r\n123456789\r\n*1\r\n*1\r\n:1\r\n:2\r\n:3\r\n")
 
+    # webdis answers (status selector 4 = 200, 2 = 503), and command arguments split at 0xff
+    for name, body in [
+        ("reserve", b'{"EVALSHA":[1,99999999999,3]}'),
+        ("noscript", b'{"EVALSHA":[false,"NOSCRIPT No matching script. Please use EVAL."]}'),
+        ("xadd", b'{"XADD":"1700000000000-0"}'),
+        ("nested", b'{"EVAL":[[1,"a"],null,[true,"OK"]]}'),
+        ("args", b"EVAL\xffreturn {KEYS[1]}\xff1\xff{t:a}/b.c+%?"),
+    ]:
+        seed("webdis_reply", name, [4], body)
+    seed("webdis_reply", "503", [2], b"")
+
 
 # ---- host input --------------------------------------------------------------------------
 

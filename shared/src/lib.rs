@@ -6,7 +6,7 @@
 //! the filter contract ([`headers`]), reading and editing the top level of JSON bodies without a
 //! full parse ([`json`]), the hand-over between the passes of a request re-entering the
 //! chain after an internal redirect ([`reentry`]), server-sent events framed across chunk
-//! splits ([`sse`]), and —
+//! splits ([`sse`]), Redis commands carried over HTTP to webdis ([`webdis`]), and —
 //! compiled only for `wasm32` — a safe layer over the proxy-wasm host calls ([`host`]) that
 //! turns every non-OK host status into an error value.
 //!
@@ -36,6 +36,7 @@ pub mod sse;
 pub mod tokens;
 pub mod usage;
 pub mod usage_record;
+pub mod webdis;
 pub mod wire;
 
 // wasm32-wasip1 only (the proxy-wasm target): `host` links the SDK for its dispatcher, whose

@@ -72,6 +72,21 @@ impl<T> Pending<T> {
         before - self.calls.len()
     }
 
+    /// Takes every call of a context that went away (their answers will not reach it), in
+    /// token order, for the caller to fail them.
+    pub fn take_context(&mut self, context_id: u32) -> Vec<(u32, T)> {
+        let tokens: Vec<u32> = self
+            .calls
+            .iter()
+            .filter(|(_, w)| w.context_id == context_id)
+            .map(|(t, _)| *t)
+            .collect();
+        tokens
+            .into_iter()
+            .filter_map(|t| self.calls.remove(&t).map(|w| (t, w.state)))
+            .collect()
+    }
+
     /// Calls in flight.
     pub fn len(&self) -> usize {
         self.calls.len()
@@ -104,6 +119,18 @@ mod tests {
         );
         assert_eq!(p.take(7), None);
         assert_eq!(p.len(), 1);
+    }
+
+    #[test]
+    fn takes_the_calls_of_one_context() {
+        let mut p = Pending::new(8);
+        p.insert(3, 1, "a").unwrap();
+        p.insert(4, 2, "b").unwrap();
+        p.insert(5, 1, "c").unwrap();
+        assert_eq!(p.take_context(1), vec![(3, "a"), (5, "c")]);
+        assert_eq!(p.take_context(1), Vec::new());
+        assert_eq!(p.len(), 1);
+        assert!(p.take(4).is_some());
     }
 
     #[test]

@@ -9,15 +9,24 @@
 //! * **Rate accuracy**: a TPM limit offered twice its rate, next to a check-then-charge
 //!   limiter (the peers' algorithm) run on the same arrival trace.
 //!
+//! Every scenario runs twice: over Higress's Redis calls (above), and over HTTP to a real
+//! `webdis` in front of the same kind of Redis, with the plain-Envoy builds (`dist/`) on the
+//! harness's Envoy host — `redis: {"transport": "http"}`. The HTTP runs must give the same
+//! figures as the Redis-ABI ones on the same seeds.
+//!
 //! `scripts/test` runs it at small scale; `scripts/bench ratelimit` (`TRL_SCALE=full`) runs
 //! the same code at full scale. Every figure is printed (`--nocapture` to see them).
 
 use llm_gateway_shared::route_info::{Price, RouteInfo, PROPERTY as ROUTE_PROPERTY};
 use llm_gateway_shared::usage_record::Record;
+use llm_gateway_tests::harness::http_call::loopback;
 use llm_gateway_tests::harness::{Fault, FaultProxy, FilterSpec, Fleet, Host, Stream};
 use llm_gateway_tests::redis::Redis;
+use llm_gateway_tests::webdis::{Webdis, AUTH};
 use serde_json::{json, Value};
+use std::cell::Cell;
 use std::collections::{HashMap, VecDeque};
+use std::rc::Rc;
 use std::time::Duration;
 use token_ratelimit::budget::{nano, Journal};
 use token_ratelimit::config::parse_money;
@@ -68,18 +77,106 @@ impl Rng {
 // ---------------------------------------------------------------------------------------
 // The fleet and the upstream
 
-fn fleet(config: &Value, redis_addr: std::net::SocketAddr) -> Fleet {
-    let fleet = Fleet::builder()
-        .host(Host::Higress)
-        .filter(FilterSpec::higress("usage-accounting", &json!({})).unwrap())
-        .filter(FilterSpec::higress("token-ratelimit", config).unwrap())
-        .redis(SERVICE, redis_addr)
-        .instances(INSTANCES)
-        .workers(WORKERS)
-        .build()
-        .unwrap();
+/// How the plugins reach Redis.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Transport {
+    /// Higress's Redis calls (the Higress builds, in the harness's Higress mode).
+    Higress,
+    /// `dispatch_http_call` to a real webdis (the plain builds, on the Envoy host).
+    Http,
+}
+
+const WEBDIS: &str = "webdis";
+
+/// token-ratelimit's `redis` for a transport.
+fn redis_config(transport: Transport) -> Value {
+    match transport {
+        Transport::Higress => json!({"service": SERVICE, "timeout_ms": 200}),
+        Transport::Http => {
+            json!({"transport": "http", "cluster": WEBDIS, "auth": AUTH, "timeout_ms": 200})
+        }
+    }
+}
+
+/// The fleet, with what it needs to reach Redis at `redis_addr`.
+struct Gateway {
+    fleet: Fleet,
+    transport: Transport,
+    http_calls: Rc<Cell<u64>>,
+    _webdis: Option<Webdis>,
+}
+
+impl std::ops::Deref for Gateway {
+    type Target = Fleet;
+    fn deref(&self) -> &Fleet {
+        &self.fleet
+    }
+}
+
+impl Gateway {
+    /// Redis commands sent so far (Redis calls, or HTTP calls to webdis).
+    fn redis_calls(&self) -> u64 {
+        match self.transport {
+            Transport::Higress => self.fleet.redis().calls(),
+            Transport::Http => self.http_calls.get(),
+        }
+    }
+
+    /// Carries out the waiting work; over HTTP, also the tick whose root contexts send the
+    /// settlements waiting in the outboxes (what the next tick does on Envoy).
+    fn pump_and_flush(&self) {
+        self.fleet.pump().unwrap();
+        if self.transport == Transport::Http {
+            self.fleet.tick().unwrap();
+            self.fleet.pump().unwrap();
+        }
+    }
+}
+
+fn fleet(transport: Transport, config: &Value, redis_addr: std::net::SocketAddr) -> Gateway {
+    let http_calls = Rc::new(Cell::new(0u64));
+    let (fleet, webdis) = match transport {
+        Transport::Higress => {
+            let fleet = Fleet::builder()
+                .host(Host::Higress)
+                .filter(FilterSpec::higress("usage-accounting", &json!({})).unwrap())
+                .filter(FilterSpec::higress("token-ratelimit", config).unwrap())
+                .redis(SERVICE, redis_addr)
+                .instances(INSTANCES)
+                .workers(WORKERS)
+                .build()
+                .unwrap();
+            (fleet, None)
+        }
+        Transport::Http => {
+            let webdis = Webdis::start(redis_addr).unwrap();
+            let mut forward = loopback(webdis.addr());
+            let counter = http_calls.clone();
+            let fleet = Fleet::builder()
+                .filter(FilterSpec::plugin("usage-accounting", &json!({})).unwrap())
+                .filter(
+                    FilterSpec::plugin("token-ratelimit", config)
+                        .unwrap()
+                        .allow_on_headers_stop_iteration(true),
+                )
+                .http_cluster(WEBDIS, move |request| {
+                    counter.set(counter.get() + 1);
+                    forward(request)
+                })
+                .instances(INSTANCES)
+                .workers(WORKERS)
+                .build()
+                .unwrap();
+            (fleet, Some(webdis))
+        }
+    };
     fleet.clock().set_nanos(START_NANOS);
-    fleet
+    Gateway {
+        fleet,
+        transport,
+        http_calls,
+        _webdis: webdis,
+    }
 }
 
 /// One request of a trace: what the client sends and what the upstream will answer.
@@ -390,7 +487,7 @@ struct BudgetRun {
     redis_calls: u64,
 }
 
-fn budget_scenario(variant: Variant, seed: u64) -> BudgetRun {
+fn budget_scenario(transport: Transport, variant: Variant, seed: u64) -> BudgetRun {
     let n = if full_scale() { 200 } else { 60 };
     let money = variant == Variant::Fallbacks;
     let mut rng = Rng(seed);
@@ -418,15 +515,15 @@ fn budget_scenario(variant: Variant, seed: u64) -> BudgetRun {
                "on_redis_failure": "reject"})
     };
     let config = json!({
-        "redis": {"service": SERVICE, "timeout_ms": 200},
+        "redis": redis_config(transport),
         "clock": "gateway",
         "default_max_tokens": DEFAULT_MAX_TOKENS,
         "budgets": [budget_json]
     });
     let redis = Redis::start().unwrap();
     let proxy = FaultProxy::start(redis.addr()).unwrap();
-    let fleet = fleet(&config, proxy.addr());
-    let calls_before = fleet.redis().calls();
+    let fleet = fleet(transport, &config, proxy.addr());
+    let calls_before = fleet.redis_calls();
 
     // the test's own ledger of the budget key: reservations of admitted requests not yet
     // reconciled at their amount, reconciled ones at their actual use
@@ -573,14 +670,23 @@ fn budget_scenario(variant: Variant, seed: u64) -> BudgetRun {
                 break;
             }
         }
-        fleet.pump().unwrap();
+        fleet.pump_and_flush();
         let appended = fleet.metric_sum("llm_gateway.ratelimit.journal_appended") - journal_before;
         assert!(
             appended == 0 || batch == 1,
-            "journaling is only expected with one operation per pump"
+            "journaling is only expected with one operation per pump\n{}",
+            fleet.log_text()
         );
 
-        // what the pumped operations did, in the order they were issued
+        // what the pumped operations did, in the order Redis saw them: over HTTP the
+        // settlements of `on_log` leave from the tick, after the pump's reservations
+        if transport == Transport::Http {
+            let (reserves, settles): (VecDeque<Op>, VecDeque<Op>) = ops
+                .drain(..)
+                .partition(|op| matches!(op, Op::Reserve { .. }));
+            ops = reserves;
+            ops.extend(settles);
+        }
         while let Some(op) = ops.pop_front() {
             match op {
                 Op::Reserve { req } => {
@@ -593,7 +699,12 @@ fn budget_scenario(variant: Variant, seed: u64) -> BudgetRun {
                                 let (needed, remaining) = parse_refusal(&reply.body, money);
                                 assert_eq!(needed, amount, "the reservation the test computed");
                                 let left = budget as i64 - model;
-                                assert_eq!(remaining as i64, left.max(0), "remaining reported");
+                                assert_eq!(
+                                    remaining as i64,
+                                    left.max(0),
+                                    "remaining reported\n{}",
+                                    fleet.log_text()
+                                );
                                 assert!(
                                     amount as i64 > left,
                                     "refused while the budget could cover it: {amount} <= {left}"
@@ -601,7 +712,11 @@ fn budget_scenario(variant: Variant, seed: u64) -> BudgetRun {
                                 run.refused += 1;
                             }
                             503 => {
-                                assert!(outage, "503 only while Redis is away");
+                                assert!(
+                                    outage,
+                                    "503 only while Redis is away\n{}",
+                                    fleet.log_text()
+                                );
                                 run.unavailable += 1;
                             }
                             other => panic!("status {other}\n{}", fleet.log_text()),
@@ -665,7 +780,7 @@ fn budget_scenario(variant: Variant, seed: u64) -> BudgetRun {
     assert_eq!(journal_depth(&fleet), 0);
     run.spent = redis_int(&redis, BUDGET_KEY);
     run.actual = reserved.keys().map(|r| actual_of[r]).sum();
-    run.redis_calls = fleet.redis().calls() - calls_before;
+    run.redis_calls = fleet.redis_calls() - calls_before;
     assert_eq!(
         reservations_left(&redis),
         "*0\r\n",
@@ -687,10 +802,15 @@ fn recover(fleet: &Fleet) {
     for _ in 0..50 {
         fleet.tick().unwrap();
         fleet.pump().unwrap();
+        // twice: over HTTP a tick sends the outboxes' settlements, and a reply can journal
+        fleet.tick().unwrap();
+        fleet.pump().unwrap();
         if journal_depth(fleet) == 0 {
             return;
         }
         fleet.clock().advance(Duration::from_millis(100));
+        // webdis reconnects to Redis on its own time
+        std::thread::sleep(Duration::from_millis(20));
     }
     panic!(
         "the journal never drained ({} left)\n{}",
@@ -745,36 +865,117 @@ fn check(run: &BudgetRun) {
     assert!(run.refused > 0, "nothing refused");
 }
 
+/// What must not depend on the transport.
+fn figures(run: &BudgetRun) -> [i64; 9] {
+    [
+        run.requests as i64,
+        run.admitted as i64,
+        run.refused as i64,
+        run.unavailable as i64,
+        run.aborted as i64,
+        run.fallbacks as i64,
+        run.journaled as i64,
+        run.spent,
+        run.actual as i64,
+    ]
+}
+
+/// The scenario over Higress's Redis calls, then over HTTP to webdis: both pass the checks,
+/// with the same figures.
+fn budget_both_ways(name: &str, variant: Variant, seed: u64) -> (BudgetRun, BudgetRun) {
+    let abi = budget_scenario(Transport::Higress, variant, seed);
+    report(name, &abi);
+    check(&abi);
+    let http = budget_scenario(Transport::Http, variant, seed);
+    report(&format!("{name} over http"), &http);
+    check(&http);
+    assert_eq!(
+        figures(&abi),
+        figures(&http),
+        "the HTTP transport gives the Redis ABI's figures"
+    );
+    (abi, http)
+}
+
 #[test]
 fn budget_streams_never_overshoot_and_settle_exactly() {
-    let run = budget_scenario(Variant::Plain, 1);
-    report("streams", &run);
-    check(&run);
+    budget_both_ways("streams", Variant::Plain, 1);
 }
 
 #[test]
 fn budget_with_client_aborts() {
-    let run = budget_scenario(Variant::Aborts, 2);
-    report("aborts", &run);
-    check(&run);
+    let (run, _) = budget_both_ways("aborts", Variant::Aborts, 2);
     assert!(run.aborted > 0);
 }
 
 #[test]
 fn money_budget_with_fallbacks_to_a_dearer_deployment() {
-    let run = budget_scenario(Variant::Fallbacks, 3);
-    report("fallbacks", &run);
-    check(&run);
+    let (run, _) = budget_both_ways("fallbacks", Variant::Fallbacks, 3);
     assert!(run.fallbacks > 0);
 }
 
 #[test]
 fn budget_through_a_redis_outage() {
-    let run = budget_scenario(Variant::Outage, 4);
-    report("outage", &run);
-    check(&run);
+    let (run, _) = budget_both_ways("outage", Variant::Outage, 4);
     assert!(run.unavailable > 0, "no request met the outage");
     assert!(run.journaled > 0, "no settlement met the outage");
+}
+
+/// Over HTTP the SDK drops the answer to a call whose context is gone: a client that leaves
+/// while its `RESERVE` is in flight must not leave the reservation behind. The plugin fails
+/// the call at `on_log` and cancels it (the `CANCEL` leaves from the next tick, after the
+/// `RESERVE`, which Envoy still carries out).
+#[test]
+fn a_client_gone_while_its_reserve_is_in_flight_leaves_nothing_reserved_over_http() {
+    let config = json!({
+        "redis": redis_config(Transport::Http),
+        "clock": "gateway",
+        "default_max_tokens": DEFAULT_MAX_TOKENS,
+        "budgets": [{"name": "tenant-day", "by": "tenant", "period": "day", "tokens": 1_000_000}]
+    });
+    let redis = Redis::start().unwrap();
+    let fleet = fleet(Transport::Http, &config, redis.addr());
+    let mut rng = Rng(11);
+    // one request served whole first: the scripts are cached in Redis, so the next RESERVE
+    // runs at once (no NOSCRIPT round)
+    let first = Req::random(&mut rng, "served".into(), (40, 400), false);
+    let stream = first.open(&fleet);
+    stream.send_request_body(&first.body(), true).unwrap();
+    fleet.pump_and_flush();
+    assert!(stream.upstream().end, "{}", fleet.log_text());
+    stream
+        .send_response_headers(
+            &[(":status", "200"), ("content-type", "application/json")],
+            false,
+        )
+        .unwrap();
+    stream
+        .send_response_body(&first.json_answer(), true)
+        .unwrap();
+    stream.finish().unwrap();
+    fleet.pump_and_flush();
+    assert_eq!(redis_int(&redis, BUDGET_KEY), first.actual_tokens() as i64);
+
+    let gone = Req::random(&mut rng, "gone".into(), (40, 400), true);
+    let stream = gone.open(&fleet);
+    stream.send_request_body(&gone.body(), true).unwrap();
+    assert_eq!(fleet.pending(), 1, "the RESERVE is in flight");
+    // the client goes away before the answer: on_log, on_done, on_delete
+    stream.finish().unwrap();
+    fleet.pump_and_flush();
+    assert_eq!(
+        fleet.metric_sum("llm_gateway.ratelimit.calls_abandoned"),
+        1,
+        "{}",
+        fleet.log_text()
+    );
+    assert_eq!(
+        redis_int(&redis, BUDGET_KEY),
+        first.actual_tokens() as i64,
+        "the RESERVE ran, then its CANCEL gave it back"
+    );
+    assert_eq!(reservations_left(&redis), "*0\r\n");
+    assert_eq!(journal_depth(&fleet), 0);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -839,20 +1040,21 @@ enum Event {
 
 /// The trace through the fleet: figures per window.
 fn run_limiter(
+    transport: Transport,
     trace: &[Arrival],
     limit: u64,
     batch_percent: u8,
     sync_ms: u64,
 ) -> Vec<WindowFigures> {
     let config = json!({
-        "redis": {"service": SERVICE, "timeout_ms": 200},
+        "redis": redis_config(transport),
         "clock": "gateway",
         "default_max_tokens": DEFAULT_MAX_TOKENS,
         "limits": [{"name": "tenant-tpm", "by": "tenant", "tokens": limit, "per": "minute"}],
         "lease": {"batch_percent": batch_percent, "sync_ms": sync_ms}
     });
     let redis = Redis::start().unwrap();
-    let fleet = fleet(&config, redis.addr());
+    let fleet = fleet(transport, &config, redis.addr());
     let windows = trace.last().map_or(0, |a| a.t_ms / WINDOW_MS + 1) as usize;
     let mut figures = vec![WindowFigures::default(); windows];
     let mut events: std::collections::BinaryHeap<std::cmp::Reverse<(u64, Event)>> = trace
@@ -862,10 +1064,10 @@ fn run_limiter(
         .collect();
     let mut streams: HashMap<usize, Stream> = HashMap::new();
     let mut next_tick = 0u64;
-    let mut calls = fleet.redis().calls();
+    let mut calls = fleet.redis_calls();
     let set_clock = |t: u64| fleet.clock().set_nanos(START_NANOS + t * 1_000_000);
     let mut account = |t: u64, figures: &mut Vec<WindowFigures>| {
-        let now = fleet.redis().calls();
+        let now = fleet.redis_calls();
         let w = ((t / WINDOW_MS) as usize).min(windows - 1);
         figures[w].redis_commands += now - calls;
         calls = now;
@@ -975,9 +1177,14 @@ fn a_tpm_limit_offered_twice_its_rate_admits_the_limit_with_few_redis_calls() {
     // wants a top-up).
     let (batch_percent, sync_ms) = (10u8, 100u64);
     let trace = rate_trace(7, limit, windows);
-    let ours = run_limiter(&trace, limit, batch_percent, sync_ms);
+    let ours = run_limiter(Transport::Higress, &trace, limit, batch_percent, sync_ms);
+    let http = run_limiter(Transport::Http, &trace, limit, batch_percent, sync_ms);
     let peers = run_check_then_charge(&trace, limit);
-    for (name, figures) in [("reserve+lease", &ours), ("check-then-charge", &peers)] {
+    for (name, figures) in [
+        ("reserve+lease", &ours),
+        ("reserve+lease over http", &http),
+        ("check-then-charge", &peers),
+    ] {
         for (w, f) in figures.iter().enumerate() {
             eprintln!(
                 "trl-fleet rate[{name}] window {w} ({}): limit {limit} TPM, offered {} ({:.0} %), admitted {} requests = {} tokens ({:.1} % of the limit), {} Redis commands = {:.3} per admitted request, max {} in flight",
@@ -993,7 +1200,19 @@ fn a_tpm_limit_offered_twice_its_rate_admits_the_limit_with_few_redis_calls() {
             );
         }
     }
-    for (w, steady) in ours.iter().enumerate().skip(1) {
+    let admitted =
+        |f: &[WindowFigures]| -> Vec<u64> { f.iter().map(|w| w.admitted_tokens).collect() };
+    assert_eq!(
+        admitted(&ours),
+        admitted(&http),
+        "the HTTP transport admits what the Redis ABI admits"
+    );
+    for (w, steady) in ours
+        .iter()
+        .chain(&http)
+        .enumerate()
+        .filter(|(w, _)| !(*w as u64).is_multiple_of(windows))
+    {
         assert!(
             steady.admitted_tokens * 100 <= limit * 105,
             "window {w}: admitted {} tokens under a {limit} TPM limit",

@@ -313,3 +313,98 @@ fn provider_line(cluster: &str, request: &mock_upstream::RecordedRequest) -> Str
         request.method, request.path
     )
 }
+
+/// The fleet bootstrap (`scripts/run --fleet`): [`CONFIG`] with limits, budgets and the usage
+/// ledger in Redis over HTTP through webdis.
+pub const FLEET_CONFIG: &str = "gateway-fleet.yaml";
+
+/// The Redis stream of the usage ledger in [`FLEET_CONFIG`] (usage-accounting's default).
+pub const FLEET_LEDGER: &str = "llm:usage";
+
+/// A running fleet demo: two gateways ([`FLEET_CONFIG`]) sharing one Redis through one webdis,
+/// in front of the same mock providers; everything stops on drop.
+#[derive(Debug)]
+pub struct FleetDemo {
+    /// The gateways; the first listens on the requested port, the second on the next free one.
+    pub gateways: Vec<Envoy>,
+    /// The Redis that holds the fleet's buckets, budgets and ledger.
+    pub redis: crate::redis::Redis,
+    /// webdis in front of it (the ACL of `envoy-config/webdis.json`).
+    pub webdis: crate::webdis::Webdis,
+    /// The mock providers (clusters `openai`, `azure`, `anthropic`).
+    pub providers: [MockUpstream; 3],
+}
+
+impl FleetDemo {
+    /// Starts Redis, webdis, the mock providers and two gateways; the first on
+    /// `127.0.0.1:port` (0: any free port).
+    pub async fn start(port: u16) -> Result<FleetDemo> {
+        let redis = crate::redis::Redis::start()?;
+        let webdis = crate::webdis::Webdis::start(redis.addr())?;
+        let providers = [mock().await?, mock().await?, mock().await?];
+        let options = Options {
+            concurrency: 2,
+            trace_wasm: false,
+        };
+        let second = crate::redis::free_port()?;
+        let mut gateways = Vec::new();
+        for gateway_port in [port, second] {
+            let mut vars = vars(
+                gateway_port,
+                providers[0].addr().port(),
+                providers[1].addr().port(),
+                providers[2].addr().port(),
+            );
+            vars.push(("WEBDIS_PORT", webdis.addr().port().to_string()));
+            vars.push(("WEBDIS_AUTH", crate::webdis::AUTH.to_string()));
+            let options = options.clone();
+            let envoy = tokio::task::spawn_blocking(move || {
+                Envoy::start_with(FLEET_CONFIG, &vars, &options)
+            })
+            .await
+            .map_err(|e| e.to_string())??;
+            gateways.push(envoy);
+        }
+        Ok(FleetDemo {
+            gateways,
+            redis,
+            webdis,
+            providers,
+        })
+    }
+
+    /// What `scripts/run --fleet` prints.
+    pub fn banner(&self) -> String {
+        let mut out = format!(
+            "llm-gateway fleet demo is up: two gateways, one budget\n\
+             \x20 gateway 1  {}\n\
+             \x20 gateway 2  {}\n\
+             \x20 webdis     http://{} (Redis over HTTP; envoy-config/webdis.json)\n\
+             \x20 redis      {}\n\
+             \x20 config     envoy-config/{FLEET_CONFIG}\n\
+             \x20 key        {DEMO_KEY}\n",
+            self.gateways[0].url(),
+            self.gateways[1].url(),
+            self.webdis.addr(),
+            self.redis.addr(),
+        );
+        let body = r#"{"model":"fast","messages":[{"role":"user","content":"hello fleet"}]}"#;
+        for (i, gateway) in self.gateways.iter().enumerate() {
+            out.push_str(&format!(
+                "\n{}. a request through gateway {}:\n\ncurl -s {}/v1/chat/completions -H 'authorization: Bearer {DEMO_KEY}' -H 'content-type: application/json' -d '{body}' -D - -o /dev/null | grep -i x-llm-cost\n",
+                i + 1,
+                i + 1,
+                gateway.url(),
+            ));
+        }
+        out.push_str(&format!(
+            "\n3. one budget for the fleet: what both gateways spent, in Redis (nano-USD, then tokens):\n\n\
+             for k in $(redis-cli -p {port} --scan --pattern 'llm:*:bud:*'); do echo \"$k $(redis-cli -p {port} GET $k)\"; done\n\
+             \n4. the usage ledger, one entry per request of either gateway:\n\n\
+             redis-cli -p {port} XLEN {FLEET_LEDGER}\n\
+             \nCtrl-C stops everything.\n",
+            port = self.redis.addr().port()
+        ));
+        out
+    }
+}

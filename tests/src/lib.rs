@@ -5,6 +5,7 @@
 //!   repo's `.venv` by `scripts/setup`) with a config from `envoy-config/`, on ports the
 //!   kernel picks, and exposes its admin API and logs;
 //! - [`redis::Redis`] runs a real `redis-server` without persistence;
+//! - [`webdis::Webdis`] runs a real `webdis` (Redis over HTTP) in front of one;
 //! - [`http`] is a small HTTP/1.1 client for the tests;
 //! - [`harness`] is a proxy-wasm host on wasmtime that runs the compiled plugins with Envoy's
 //!   semantics and Higress's Redis calls (see `tests/README.md`);
@@ -34,6 +35,7 @@ pub mod envoy;
 pub mod harness;
 pub mod http;
 pub mod redis;
+pub mod webdis;
 #[cfg(feature = "harness")]
 pub mod workloads;
 pub mod workspace;

@@ -15,6 +15,8 @@
 //!      "currency": "USD", "on_redis_failure": "allow", "warn_at": [80, 95]}
 //!   ],
 //!   "redis": {"service": "outbound|6379||redis.static", "timeout_ms": 50},
+//!   // or, on any proxy-wasm host, over HTTP to webdis:
+//!   // "redis": {"transport": "http", "cluster": "webdis", "auth": "gateway:secret"},
 //!   "lease": {"batch_percent": 5, "sync_ms": 100, "emergency_percent": 10},
 //!   "clock": "redis",
 //!   "reservation_ttl_ms": 3600000,
@@ -26,8 +28,9 @@
 //! }
 //! ```
 //! Every field is described in the README. Limits are soft (buckets per instance, leased from
-//! Redis); budgets are hard (reserved atomically in Redis; per instance in the plain-Envoy
-//! build, which has no Redis).
+//! Redis); budgets are hard (reserved atomically in Redis; per instance without `redis`).
+//! Redis is reached through Higress's Redis calls (`transport: "higress"`, the Higress build)
+//! or over HTTP through a webdis cluster (`transport: "http"`, every build).
 
 use llm_gateway_shared::config::{self, validate_name, ConfigError};
 use llm_gateway_shared::route_info::Price;
@@ -41,7 +44,7 @@ pub const MAX_LIMITS: usize = 32;
 /// The most budgets in one scope (one Redis call checks them all).
 pub const MAX_BUDGETS: usize = 8;
 
-/// This build talks to Redis (the Higress build).
+/// This build has Higress's Redis calls (the Higress build). Every build has the HTTP transport.
 pub const REDIS_TRANSPORT: bool = cfg!(feature = "higress");
 
 /// What a limit or a budget is counted per.
@@ -167,11 +170,25 @@ pub struct Budget {
     pub warn_at: Vec<u8>,
 }
 
-/// The Redis connection (Higress build).
+/// How Redis commands travel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RedisTransport {
+    /// Higress's Redis calls (`proxy_redis_call`); `service` is the Higress Redis service.
+    Higress,
+    /// `dispatch_http_call` to webdis; `service` is its Envoy cluster.
+    Http {
+        /// `Authorization` for webdis's `http_basic_auth` (never logged).
+        authorization: Option<String>,
+    },
+}
+
+/// The Redis connection.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RedisConfig {
-    /// Higress Redis service name, e.g. `outbound|6379||redis.static`.
+    /// Higress Redis service name (`outbound|6379||redis.static`), or the webdis cluster.
     pub service: String,
+    /// How commands reach Redis.
+    pub transport: RedisTransport,
     /// ACL user.
     pub username: Option<String>,
     /// Password (never logged).
@@ -364,13 +381,28 @@ struct RawBudget {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawRedis {
-    service: String,
+    #[serde(default)]
+    transport: RawTransport,
+    #[serde(default)]
+    service: Option<String>,
+    #[serde(default)]
+    cluster: Option<String>,
+    #[serde(default)]
+    auth: Option<String>,
     #[serde(default)]
     username: Option<String>,
     #[serde(default)]
     password: Option<String>,
     #[serde(default = "default_timeout")]
     timeout_ms: u32,
+}
+
+#[derive(Deserialize, Default, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+enum RawTransport {
+    #[default]
+    Higress,
+    Http,
 }
 
 #[derive(Deserialize)]
@@ -427,6 +459,81 @@ fn default_margin() -> u8 {
 fn default_on_failure() -> OnRedisFailure {
     OnRedisFailure::Reject
 }
+fn parse_redis(r: RawRedis) -> Result<RedisConfig, ConfigError> {
+    if r.timeout_ms == 0 || r.timeout_ms > 60_000 {
+        return Err(ConfigError::new(
+            "redis.timeout_ms",
+            "must be between 1 and 60000",
+        ));
+    }
+    match r.transport {
+        RawTransport::Higress => {
+            if !REDIS_TRANSPORT {
+                return Err(ConfigError::new(
+                    "redis",
+                    "this build has no Higress Redis calls (plain Envoy): use `\"transport\": \"http\"` with a webdis cluster, the Higress build (dist/higress/token-ratelimit.wasm), or remove `redis` to keep limits and budgets per instance",
+                ));
+            }
+            if r.cluster.is_some() || r.auth.is_some() {
+                return Err(ConfigError::new(
+                    "redis.transport",
+                    "`cluster` and `auth` belong to `\"transport\": \"http\"`",
+                ));
+            }
+            let service = r.service.unwrap_or_default();
+            if service.is_empty() {
+                return Err(ConfigError::new("redis.service", "must not be empty"));
+            }
+            Ok(RedisConfig {
+                service,
+                transport: RedisTransport::Higress,
+                username: r.username.filter(|u| !u.is_empty()),
+                password: r.password.filter(|p| !p.is_empty()),
+                timeout_ms: r.timeout_ms,
+            })
+        }
+        RawTransport::Http => {
+            if r.service.is_some() || r.username.is_some() || r.password.is_some() {
+                return Err(ConfigError::new(
+                    "redis.transport",
+                    "`service`, `username` and `password` belong to `\"transport\": \"higress\"`; over HTTP name the webdis `cluster` and its `auth`",
+                ));
+            }
+            let cluster = r.cluster.unwrap_or_default();
+            if cluster.is_empty() || cluster.len() > 256 {
+                return Err(ConfigError::new(
+                    "redis.cluster",
+                    "must be the webdis cluster's name (1 to 256 characters)",
+                ));
+            }
+            let authorization = match r.auth {
+                None => None,
+                Some(auth) => {
+                    let valid = auth
+                        .split_once(':')
+                        .is_some_and(|(user, _)| !user.is_empty())
+                        && !auth.bytes().any(|b| b.is_ascii_control());
+                    if !valid {
+                        // the value is a secret: not echoed
+                        return Err(ConfigError::new(
+                            "redis.auth",
+                            "must be `user:password`, as in webdis's `http_basic_auth`",
+                        ));
+                    }
+                    Some(llm_gateway_shared::webdis::basic_auth(&auth))
+                }
+            };
+            Ok(RedisConfig {
+                service: cluster,
+                transport: RedisTransport::Http { authorization },
+                username: None,
+                password: None,
+                timeout_ms: r.timeout_ms,
+            })
+        }
+    }
+}
+
 fn default_timeout() -> u32 {
     100
 }
@@ -552,29 +659,7 @@ fn parse_scope(fields: &Map<String, Value>) -> Result<Config, ConfigError> {
     }
     let redis = match raw.redis {
         None => None,
-        Some(_) if !REDIS_TRANSPORT => {
-            return Err(ConfigError::new(
-                "redis",
-                "this build has no Redis transport (plain Envoy): use the Higress build (dist/higress/token-ratelimit.wasm), or remove `redis` to keep limits and budgets per instance",
-            ))
-        }
-        Some(r) => {
-            if r.service.is_empty() {
-                return Err(ConfigError::new("redis.service", "must not be empty"));
-            }
-            if r.timeout_ms == 0 || r.timeout_ms > 60_000 {
-                return Err(ConfigError::new(
-                    "redis.timeout_ms",
-                    "must be between 1 and 60000",
-                ));
-            }
-            Some(RedisConfig {
-                service: r.service,
-                username: r.username.filter(|u| !u.is_empty()),
-                password: r.password.filter(|p| !p.is_empty()),
-                timeout_ms: r.timeout_ms,
-            })
-        }
+        Some(r) => Some(parse_redis(r)?),
     };
     let lease = parse_lease(&raw.lease)?;
     if raw.reservation_ttl_ms < 1_000 || raw.reservation_ttl_ms > 7 * 86_400_000 {
@@ -901,6 +986,63 @@ mod tests {
         for (json, field) in cases {
             let err = parse(json).unwrap_err();
             assert_eq!(err.field(), field, "{json}: {err}");
+        }
+    }
+
+    #[test]
+    fn redis_over_http_in_every_build() {
+        let c = parse(r#"{"redis":{"transport":"http","cluster":"webdis","auth":"gw:s3cret"}}"#)
+            .unwrap();
+        let redis = c.redis.unwrap();
+        assert_eq!(redis.service, "webdis");
+        assert_eq!(redis.timeout_ms, 100);
+        assert_eq!(
+            redis.transport,
+            RedisTransport::Http {
+                authorization: Some("Basic Z3c6czNjcmV0".into())
+            }
+        );
+        let c = parse(r#"{"redis":{"transport":"http","cluster":"webdis"}}"#).unwrap();
+        assert_eq!(
+            c.redis.unwrap().transport,
+            RedisTransport::Http {
+                authorization: None
+            }
+        );
+        for (json, field) in [
+            (r#"{"redis":{"transport":"http"}}"#, "redis.cluster"),
+            (
+                r#"{"redis":{"transport":"http","cluster":""}}"#,
+                "redis.cluster",
+            ),
+            (
+                r#"{"redis":{"transport":"http","cluster":"w","auth":"nocolon"}}"#,
+                "redis.auth",
+            ),
+            (
+                r#"{"redis":{"transport":"http","cluster":"w","auth":":pw"}}"#,
+                "redis.auth",
+            ),
+            (
+                r#"{"redis":{"transport":"http","cluster":"w","service":"s"}}"#,
+                "redis.transport",
+            ),
+            (
+                r#"{"redis":{"transport":"http","cluster":"w","password":"p"}}"#,
+                "redis.transport",
+            ),
+            (
+                r#"{"redis":{"transport":"http","cluster":"w","timeout_ms":0}}"#,
+                "redis.timeout_ms",
+            ),
+            (
+                r#"{"redis":{"transport":"tcp","cluster":"w"}}"#,
+                "redis.transport",
+            ),
+        ] {
+            let err = parse(json).unwrap_err();
+            assert_eq!(err.field(), field, "{json}: {err}");
+            assert!(!err.to_string().contains("pw"), "{err}");
         }
     }
 

@@ -424,6 +424,17 @@ pub fn all() -> [&'static Script; 7] {
 /// `EVAL <source> ...` when `with_source` (first call, or after `NOSCRIPT`). RESP bytes ready
 /// for `proxy_redis_call`.
 pub fn command(script: &Script, keys: &[&str], args: &[i64], with_source: bool) -> Vec<u8> {
+    resp::encode_command(&command_args(script, keys, args, with_source))
+}
+
+/// The arguments of [`command`] (command name first), for a transport that frames them its
+/// own way (webdis over HTTP: `shared::webdis`).
+pub fn command_args<'a>(
+    script: &'a Script,
+    keys: &[&'a str],
+    args: &[i64],
+    with_source: bool,
+) -> Vec<Cow<'a, [u8]>> {
     let mut parts: Vec<Cow<'_, [u8]>> = Vec::with_capacity(3 + keys.len() + args.len());
     if with_source {
         parts.push(Cow::Borrowed(b"EVAL"));
@@ -435,7 +446,7 @@ pub fn command(script: &Script, keys: &[&str], args: &[i64], with_source: bool) 
     parts.push(Cow::Owned(keys.len().to_string().into_bytes()));
     parts.extend(keys.iter().map(|k| Cow::Borrowed(k.as_bytes())));
     parts.extend(args.iter().map(|a| Cow::Owned(a.to_string().into_bytes())));
-    resp::encode_command(&parts)
+    parts
 }
 
 /// A `u64` on the wire: above `i64::MAX` it saturates (the script refuses anything above
@@ -1074,6 +1085,29 @@ mod tests {
         assert_eq!(decode_charge(b"*1\r\n:1\r\n"), Ok(true));
         assert_eq!(decode_charge(b"*1\r\n:0\r\n"), Ok(false));
         assert_eq!(decode_peek(b"*2\r\n:0\r\n:9\r\n", 2), Ok(vec![0, 9]));
+    }
+
+    #[test]
+    fn every_eval_fits_one_webdis_request() {
+        // the worst case a configuration allows: 8 budget levels (config::MAX_BUDGETS) with
+        // 80-byte keys, every argument a 16-digit number
+        let key = format!("llm:{{t:{}}}:bud:x", "k".repeat(64));
+        let n = crate::config::MAX_BUDGETS;
+        for (script, keys, args) in [
+            (lease(), 1, 5),
+            (give_back(), 1, 4),
+            (reserve(), 1 + n, 3 + 3 * n),
+            (reconcile(), 1 + n, 2 + n),
+            (charge(), 1 + n, 3 + 2 * n),
+            (cancel(), 1 + n, 3),
+            (peek(), n, 1),
+        ] {
+            let keys: Vec<&str> = vec![key.as_str(); keys];
+            let args = vec![MAX_SAFE as i64; args];
+            let parts = command_args(script, &keys, &args, true);
+            let body = llm_gateway_shared::webdis::request_body(&parts);
+            assert!(body.is_ok(), "{}: {:?}", script.name, body.err());
+        }
     }
 
     #[test]

@@ -18,28 +18,37 @@
 //!
 //! After an internal redirect ([`crate::reentry`]): a superseded pass stashes its [`Flow`]
 //! in the VM's stash instead of settling; the re-entering pass adopts it and settles it.
-
-// The plain-Envoy build has no Redis transport: the call machinery is compiled but unused.
-#![cfg_attr(not(feature = "higress"), allow(dead_code))]
+//!
+//! Redis commands travel by Higress's Redis calls or over HTTP to webdis
+//! ([`RedisTransport`]); only [`State::transmit`] and the two reply entry points know which.
+//! Over HTTP, the SDK hands an answer to the context that sent the call and drops it once that
+//! context is gone, so settlements (sent from `on_log`) wait in the VM's outbox and leave from
+//! the root context's next tick, and a request that goes away while it waits fails its calls
+//! at once (a `RESERVE` is cancelled, as when Redis never answers).
 
 use crate::bucket::{Local, Mode, Spec, Take};
 use crate::budget::{self, BucketKeys, Identity, Journal, JournalEntry, Level};
-use crate::config::{parse_document, Clock, Config, OnRedisFailure, RedisConfig, Unit};
+use crate::config::{
+    parse_document, Clock, Config, OnRedisFailure, RedisConfig, RedisTransport, Unit,
+};
 use crate::cost::{self, Cost};
 use crate::decide;
 use crate::reentry::{self, AtLog};
 use crate::scripts::{self, Script, ScriptError};
 use crate::settle;
 use llm_gateway_shared::headers;
+use llm_gateway_shared::host::webdis::HttpRedis;
 use llm_gateway_shared::host::{self, Buffer, HeaderMap, HostError, LogLevel, Metric};
 use llm_gateway_shared::pending::Pending;
 use llm_gateway_shared::reentry::{is_superseded, Pass, Stash};
 use llm_gateway_shared::reject::Reject;
+use llm_gateway_shared::resp;
 use llm_gateway_shared::route_info::{
     Alternative, RouteInfo, BUDGET_FALLBACK_PROPERTY, PROPERTY as ROUTE_PROPERTY,
 };
 use llm_gateway_shared::rules::RuleSet;
 use llm_gateway_shared::usage_record::Record;
+use llm_gateway_shared::webdis::WebdisError;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType};
 use std::cell::RefCell;
@@ -210,6 +219,10 @@ struct State {
     metrics: RefCell<HashMap<String, Option<Metric>>>,
     /// Admissions of superseded passes, waiting for their re-entering pass.
     stash: RefCell<Stash<Flow>>,
+    /// The webdis cluster, when Redis is reached over HTTP.
+    http: Option<HttpRedis>,
+    /// Settlements waiting for the root context's tick (HTTP transport).
+    outbox: RefCell<Vec<JournalEntry>>,
 }
 
 impl State {
@@ -327,9 +340,7 @@ impl State {
             return Err(Box::new(call));
         }
         let with_source = call.resent || !self.loaded.borrow().contains(call.script.name);
-        let keys: Vec<&str> = call.keys.iter().map(String::as_str).collect();
-        let query = scripts::command(call.script, &keys, &call.args, with_source);
-        match redis_call(&call.service, &query) {
+        match self.transmit(&call, with_source) {
             Ok(token) => {
                 self.count(
                     &format!("redis_calls.{}", call.script.name.to_ascii_lowercase()),
@@ -339,11 +350,48 @@ impl State {
                 let _ = self.calls.borrow_mut().insert(token, context_id, call);
                 Ok(())
             }
+            Err(HostError::BadArgument) if self.http.is_some() => {
+                // longer than one webdis request (keys of very long identities): this call
+                // only fails, as an error reply would; Redis is not marked down for it
+                self.count("webdis_too_large", 1);
+                log(
+                    LogLevel::Warn,
+                    &format!(
+                        "{} not sent: longer than one webdis request",
+                        call.script.name
+                    ),
+                );
+                Err(Box::new(call))
+            }
             Err(err) => {
                 self.mark_down(&format!("call not sent: {err}"));
                 Err(Box::new(call))
             }
         }
+    }
+
+    /// Hands one script call to the transport; the token its reply will carry.
+    fn transmit(&self, call: &Call, with_source: bool) -> Result<u32, HostError> {
+        let keys: Vec<&str> = call.keys.iter().map(String::as_str).collect();
+        let args = scripts::command_args(call.script, &keys, &call.args, with_source);
+        match &self.http {
+            Some(http) => host::webdis::send(http, &args),
+            None => redis_call(&call.service, &resp::encode_command(&args)),
+        }
+    }
+
+    /// A webdis answer (HTTP transport), in whichever context the SDK delivers it.
+    fn on_http_reply(&self, token: u32, body_size: usize) {
+        let Some(waiting) = self.calls.borrow_mut().take(token) else {
+            return;
+        };
+        let reply = host::webdis::reply(body_size).map_err(|err| {
+            if err == WebdisError::Forbidden {
+                self.count("webdis_forbidden", 1);
+            }
+            err.to_string()
+        });
+        self.on_reply(waiting.context_id, waiting.state, reply);
     }
 
     /// A `LEASE` of `want = (min, max)` tokens for one bucket.
@@ -760,12 +808,15 @@ impl State {
     // -----------------------------------------------------------------------------------
     // Replies
 
-    fn on_reply(&self, context_id: u32, call: Call, reply: Option<Vec<u8>>) {
-        let Some(reply) = reply else {
-            self.mark_down("call failed");
-            // sent, then no answer: it may have run (or run later)
-            self.call_failed(context_id, call, Sent::Unanswered);
-            return;
+    fn on_reply(&self, context_id: u32, call: Call, reply: Result<Vec<u8>, String>) {
+        let reply = match reply {
+            Ok(reply) => reply,
+            Err(why) => {
+                self.mark_down(&why);
+                // sent, then no answer: it may have run (or run later)
+                self.call_failed(context_id, call, Sent::Unanswered);
+                return;
+            }
         };
         self.mark_up();
         let outcome = match &call.kind {
@@ -1109,6 +1160,21 @@ impl State {
         if let Some(entry) = entry {
             self.settle_entry(entry, now);
         }
+        if waiting && self.http.is_some() {
+            self.abandon_calls(id);
+        }
+    }
+
+    /// Over HTTP, the answers to a finished request's calls never reach the plugin (the SDK
+    /// drops them with the context): fail them now, as calls Redis never answered (a
+    /// `RESERVE` is cancelled), and forget the request.
+    fn abandon_calls(&self, id: u32) {
+        let calls = self.calls.borrow_mut().take_context(id);
+        for (_, call) in calls {
+            self.count("calls_abandoned", 1);
+            self.call_failed(id, call, Sent::Unanswered);
+        }
+        self.flows.borrow_mut().remove(&id);
     }
 
     /// Gives back the buckets' unused units and settles a local reservation; returns the
@@ -1191,8 +1257,32 @@ impl State {
         entry
     }
 
-    /// Sends a reconcile or charge now, or journals it while Redis is unreachable.
+    /// Sends a reconcile or charge, or journals it while Redis is unreachable. Over HTTP it
+    /// waits in the outbox for the next tick, whose root context outlives the request
+    /// (journaled if the outbox is full).
     fn settle_entry(&self, entry: JournalEntry, now: u64) {
+        if self.http.is_some() {
+            let mut outbox = self.outbox.borrow_mut();
+            if outbox.len() < MAX_CALLS {
+                outbox.push(entry);
+                return;
+            }
+            drop(outbox);
+            self.journal(entry);
+            return;
+        }
+        self.settle_entry_now(entry, now);
+    }
+
+    /// Sends the settlements of the outbox (from the root context's tick).
+    fn flush_outbox(&self, now: u64) {
+        let entries = std::mem::take(&mut *self.outbox.borrow_mut());
+        for entry in entries {
+            self.settle_entry_now(entry, now);
+        }
+    }
+
+    fn settle_entry_now(&self, entry: JournalEntry, now: u64) {
         let Some(redis) = self.redis().cloned() else {
             return;
         };
@@ -1265,6 +1355,7 @@ impl State {
             return;
         };
         let now = now_ms();
+        self.flush_outbox(now);
         if !self.elected(now, u64::from(config.lease.sync_ms)) {
             return;
         }
@@ -1643,13 +1734,26 @@ struct Root {
     state: Option<Rc<State>>,
 }
 
-impl Context for Root {}
+impl Context for Root {
+    fn on_http_call_response(
+        &mut self,
+        token_id: u32,
+        _num_headers: usize,
+        body_size: usize,
+        _num_trailers: usize,
+    ) {
+        if let Some(state) = &self.state {
+            state.on_http_reply(token_id, body_size);
+        }
+    }
+}
 
 impl RootContext for Root {
     fn on_configure(&mut self, _size: usize) -> bool {
         let Some(rules) = host::load_config("token-ratelimit", parse_document) else {
             return false;
         };
+        let redis = rules.configs().find_map(|c| c.redis.clone());
         let nonce = {
             use std::hash::BuildHasher;
             std::collections::hash_map::RandomState::new()
@@ -1664,6 +1768,8 @@ impl RootContext for Root {
             replaying: RefCell::default(),
             metrics: RefCell::default(),
             stash: RefCell::default(),
+            http: http_redis(redis.as_ref()),
+            outbox: RefCell::default(),
         });
         if let Some(redis) = state.redis().cloned() {
             if !init_redis(&state, &redis) {
@@ -1698,8 +1804,29 @@ impl RootContext for Root {
     }
 }
 
-#[cfg(feature = "higress")]
+/// The webdis cluster of an HTTP transport.
+fn http_redis(redis: Option<&RedisConfig>) -> Option<HttpRedis> {
+    let redis = redis?;
+    match &redis.transport {
+        RedisTransport::Http { authorization } => Some(HttpRedis {
+            cluster: redis.service.clone(),
+            authorization: authorization.clone(),
+            timeout_ms: redis.timeout_ms,
+        }),
+        RedisTransport::Higress => None,
+    }
+}
+
 fn init_redis(state: &Rc<State>, redis: &RedisConfig) -> bool {
+    match redis.transport {
+        // nothing to connect: each call is an HTTP request to the cluster
+        RedisTransport::Http { .. } => true,
+        RedisTransport::Higress => init_higress_redis(state, redis),
+    }
+}
+
+#[cfg(feature = "higress")]
+fn init_higress_redis(state: &Rc<State>, redis: &RedisConfig) -> bool {
     use llm_gateway_shared::host::redis::{on_redis_call_response, redis_init, redis_reply};
     let user = redis.username.as_deref().unwrap_or_default();
     let password = redis.password.as_deref().unwrap_or_default();
@@ -1716,9 +1843,9 @@ fn init_redis(state: &Rc<State>, redis: &RedisConfig) -> bool {
             return;
         };
         let reply = if response.answered() {
-            redis_reply(response.size).ok()
+            redis_reply(response.size).map_err(|err| format!("reply not read: {err}"))
         } else {
-            None
+            Err(format!("call failed (status {})", response.status))
         };
         for_replies.on_reply(waiting.context_id, waiting.state, reply);
     });
@@ -1726,7 +1853,7 @@ fn init_redis(state: &Rc<State>, redis: &RedisConfig) -> bool {
 }
 
 #[cfg(not(feature = "higress"))]
-fn init_redis(_state: &Rc<State>, _redis: &RedisConfig) -> bool {
+fn init_higress_redis(_state: &Rc<State>, _redis: &RedisConfig) -> bool {
     false // refused by the config parser already
 }
 
@@ -1739,6 +1866,18 @@ struct Limiter {
 }
 
 impl Context for Limiter {
+    fn on_http_call_response(
+        &mut self,
+        token_id: u32,
+        _num_headers: usize,
+        body_size: usize,
+        _num_trailers: usize,
+    ) {
+        if let Some(state) = &self.state {
+            state.on_http_reply(token_id, body_size);
+        }
+    }
+
     fn on_done(&mut self) -> bool {
         // Envoy runs on_log before on_done; a flow still here was never settled (a host that
         // skipped on_log): settle it now rather than leak it.

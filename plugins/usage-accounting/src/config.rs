@@ -21,7 +21,7 @@
 //! Price keys are deployment names (`x-llm-deployment`, or the router's filter state), else
 //! model groups, else the model the upstream names. See the README for every field.
 
-use crate::ledger::{parse_ledger, LedgerConfig};
+use crate::ledger::{parse_ledger, LedgerConfig, LedgerTransport};
 use crate::pricing::{parse_price, Price};
 use llm_gateway_shared::config::{self, validate_name, ConfigError};
 use llm_gateway_shared::rules::RuleSet;
@@ -55,7 +55,7 @@ pub struct UsageConfig {
     pub filter_state: String,
     /// Largest SSE event kept whole; a longer one passes through uninspected.
     pub max_event_bytes: usize,
-    /// The Redis stream ledger (Higress builds only).
+    /// The Redis stream ledger (Higress's Redis calls, or webdis over HTTP).
     pub ledger: Option<LedgerConfig>,
 }
 
@@ -164,10 +164,10 @@ fn parse_scope(fields: &Map<String, Value>) -> Result<UsageConfig, ConfigError> 
         None | Some(Value::Null) => None,
         Some(value) => {
             let ledger = parse_ledger(value)?;
-            if !crate::ledger::TRANSPORT {
+            if ledger.transport == LedgerTransport::Higress && !crate::ledger::TRANSPORT {
                 return Err(ConfigError::new(
                     "ledger",
-                    "needs the Higress build (cargo feature `higress`): plain Envoy has no Redis calls; use the access log",
+                    "needs the Higress build (cargo feature `higress`) for Higress's Redis calls; on plain Envoy use `\"transport\": \"http\"` with a webdis cluster, or the access log",
                 ));
             }
             Some(ledger)

@@ -1,4 +1,7 @@
-//! The Redis stream ledger (Higress builds): one `XADD` per record, capped.
+//! The Redis stream ledger: one `XADD` per record, capped, sent through Higress's Redis calls
+//! (`transport: "higress"`, the Higress build) or over HTTP to a webdis cluster
+//! (`transport: "http"`, every build: `{"transport": "http", "cluster": "webdis",
+//! "auth": "user:password"}`).
 //!
 //! ```text
 //! XADD <stream> MAXLEN ~ <max_len> * record <record JSON>
@@ -14,18 +17,32 @@
 
 use llm_gateway_shared::config::ConfigError;
 
-/// This build can append to Redis: the Higress build (cargo feature `higress`, which turns on
-/// `shared::host::redis`). In a plain-Envoy build a configured `ledger` is refused rather than
-/// silently dropped.
+/// This build has Higress's Redis calls (cargo feature `higress`, which turns on
+/// `shared::host::redis`). Without them a `ledger` over the Higress transport is refused
+/// rather than silently dropped; the HTTP transport works in every build.
 pub const TRANSPORT: bool = cfg!(feature = "higress");
 use serde::Deserialize;
 use serde_json::Value;
 
+/// How the `XADD`s travel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LedgerTransport {
+    /// Higress's Redis calls; `service` is the Higress Redis service.
+    Higress,
+    /// `dispatch_http_call` to webdis; `service` is its Envoy cluster.
+    Http {
+        /// `Authorization` for webdis's `http_basic_auth` (never logged).
+        authorization: Option<String>,
+    },
+}
+
 /// Where the ledger goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LedgerConfig {
-    /// Higress Redis service name, e.g. `outbound|6379||redis.static`.
+    /// Higress Redis service name (`outbound|6379||redis.static`), or the webdis cluster.
     pub service: String,
+    /// How the appends travel.
+    pub transport: LedgerTransport,
     /// Stream key.
     pub stream: String,
     /// Approximate cap on the stream's length.
@@ -41,7 +58,14 @@ pub struct LedgerConfig {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawLedger {
-    service: String,
+    #[serde(default)]
+    transport: RawTransport,
+    #[serde(default)]
+    service: Option<String>,
+    #[serde(default)]
+    cluster: Option<String>,
+    #[serde(default)]
+    auth: Option<String>,
     #[serde(default = "default_stream")]
     stream: String,
     #[serde(default = "default_max_len")]
@@ -52,6 +76,14 @@ struct RawLedger {
     username: Option<String>,
     #[serde(default)]
     password: Option<String>,
+}
+
+#[derive(Deserialize, Default, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+enum RawTransport {
+    #[default]
+    Higress,
+    Http,
 }
 
 fn default_stream() -> String {
@@ -67,9 +99,53 @@ fn default_timeout() -> u32 {
 /// Parses the `ledger` member.
 pub fn parse_ledger(value: &Value) -> Result<LedgerConfig, ConfigError> {
     let raw: RawLedger = llm_gateway_shared::config::from_value("ledger", value.clone())?;
-    if raw.service.is_empty() {
-        return Err(ConfigError::new("ledger.service", "must not be empty"));
-    }
+    let (service, transport) = match raw.transport {
+        RawTransport::Higress => {
+            if raw.cluster.is_some() || raw.auth.is_some() {
+                return Err(ConfigError::new(
+                    "ledger.transport",
+                    "`cluster` and `auth` belong to `\"transport\": \"http\"`",
+                ));
+            }
+            let service = raw.service.unwrap_or_default();
+            if service.is_empty() {
+                return Err(ConfigError::new("ledger.service", "must not be empty"));
+            }
+            (service, LedgerTransport::Higress)
+        }
+        RawTransport::Http => {
+            if raw.service.is_some() || raw.username.is_some() || raw.password.is_some() {
+                return Err(ConfigError::new(
+                    "ledger.transport",
+                    "`service`, `username` and `password` belong to `\"transport\": \"higress\"`; over HTTP name the webdis `cluster` and its `auth`",
+                ));
+            }
+            let cluster = raw.cluster.unwrap_or_default();
+            if cluster.is_empty() || cluster.len() > 256 {
+                return Err(ConfigError::new(
+                    "ledger.cluster",
+                    "must be the webdis cluster's name (1 to 256 characters)",
+                ));
+            }
+            let authorization = match raw.auth {
+                None => None,
+                Some(auth) => {
+                    let valid = auth
+                        .split_once(':')
+                        .is_some_and(|(user, _)| !user.is_empty())
+                        && !auth.bytes().any(|b| b.is_ascii_control());
+                    if !valid {
+                        return Err(ConfigError::new(
+                            "ledger.auth",
+                            "must be `user:password`, as in webdis's `http_basic_auth`",
+                        ));
+                    }
+                    Some(llm_gateway_shared::webdis::basic_auth(&auth))
+                }
+            };
+            (cluster, LedgerTransport::Http { authorization })
+        }
+    };
     if raw.stream.is_empty() || raw.stream.len() > 256 {
         return Err(ConfigError::new(
             "ledger.stream",
@@ -86,7 +162,8 @@ pub fn parse_ledger(value: &Value) -> Result<LedgerConfig, ConfigError> {
         ));
     }
     Ok(LedgerConfig {
-        service: raw.service,
+        service,
+        transport,
         stream: raw.stream,
         max_len: raw.max_len,
         timeout_ms: raw.timeout_ms,
@@ -142,6 +219,40 @@ mod tests {
     }
 
     #[test]
+    fn over_http_to_webdis() {
+        let c =
+            parse_ledger(&json!({"transport": "http", "cluster": "webdis", "auth": "gw:s3cret"}))
+                .unwrap();
+        assert_eq!(c.service, "webdis");
+        assert_eq!(
+            c.transport,
+            LedgerTransport::Http {
+                authorization: Some("Basic Z3c6czNjcmV0".into())
+            }
+        );
+        for (value, field) in [
+            (json!({"transport": "http"}), "ledger.cluster"),
+            (
+                json!({"transport": "http", "cluster": "w", "auth": "pw"}),
+                "ledger.auth",
+            ),
+            (
+                json!({"transport": "http", "cluster": "w", "service": "s"}),
+                "ledger.transport",
+            ),
+            (json!({"service": "s", "cluster": "w"}), "ledger.transport"),
+            (
+                json!({"transport": "tcp", "cluster": "w"}),
+                "ledger.transport",
+            ),
+        ] {
+            let err = parse_ledger(&value).unwrap_err();
+            assert_eq!(err.field(), field, "{value}");
+            assert!(!err.to_string().contains("pw"), "{err}");
+        }
+    }
+
+    #[test]
     fn errors_name_the_field_and_hide_the_password() {
         for (value, field) in [
             (json!({"service": ""}), "ledger.service"),
@@ -151,7 +262,7 @@ mod tests {
                 "ledger.timeout_ms",
             ),
             (json!({"service": "s", "stream": ""}), "ledger.stream"),
-            (json!({"stream": "x"}), "ledger"),
+            (json!({"stream": "x"}), "ledger.service"),
         ] {
             assert_eq!(parse_ledger(&value).unwrap_err().field(), field, "{value}");
         }

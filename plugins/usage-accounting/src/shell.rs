@@ -94,7 +94,6 @@ impl RootContext for Root {
             &format!("usage-accounting: configured with {prices} prices"),
         );
         let ledger_errors = Metric::counter("llm_gateway.usage.ledger_errors").ok();
-        #[cfg(feature = "higress")]
         if !ledger::init(&rules, ledger_errors) {
             return false;
         }
@@ -170,7 +169,20 @@ fn route_info(status: u16) -> RouteInfo {
         .unwrap_or_default()
 }
 
-impl Context for Request {}
+impl Context for Request {
+    fn on_http_call_response(
+        &mut self,
+        _token_id: u32,
+        _num_headers: usize,
+        body_size: usize,
+        _num_trailers: usize,
+    ) {
+        // the only calls this plugin makes are ledger appends over HTTP
+        if let Some(state) = &self.state {
+            ledger::http_reply(body_size, state.ledger_errors);
+        }
+    }
+}
 
 impl HttpContext for Request {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
@@ -490,31 +502,44 @@ impl Request {
             host::log(LogLevel::Info, &format!("usage_record: {json}"));
         }
         state.record_metrics(&record, &active.config);
-        #[cfg(feature = "higress")]
         if let Some(config) = &active.config.ledger {
             ledger::append(config, &json, state.ledger_errors);
         }
     }
 }
 
-/// The Redis stream ledger of the Higress build: one `XADD … MAXLEN ~` per record, fire and
-/// forget (nothing waits for the reply; a failure is counted and logged).
-#[cfg(feature = "higress")]
+/// The Redis stream ledger: one `XADD … MAXLEN ~` per record, fire and forget (nothing waits
+/// for the reply; a failure is counted and logged). Through Higress's Redis calls (Higress
+/// build) or over HTTP to webdis. Over HTTP the SDK hands the answer to the request's context,
+/// and drops it if that context has finished: an append sent from `on_log` is still carried
+/// out (the host makes the call on the root context), but its failure is then not counted.
 mod ledger {
     use crate::config::UsageConfig;
-    use crate::ledger::{xadd_args, LedgerConfig};
-    use llm_gateway_shared::host::redis::{
-        on_redis_call_response, redis_call, redis_init, redis_reply,
-    };
+    use crate::ledger::{xadd_args, LedgerConfig, LedgerTransport};
+    use llm_gateway_shared::host::webdis::{self, HttpRedis};
     use llm_gateway_shared::host::{self, LogLevel, Metric};
     use llm_gateway_shared::resp::{self, Limits};
     use llm_gateway_shared::rules::RuleSet;
 
-    /// Connects every distinct ledger service of the configuration (once per VM) and
+    /// Connects every distinct Higress ledger service of the configuration (once per VM) and
     /// registers the reply handler. False if the host refuses a service.
     pub(super) fn init(rules: &RuleSet<UsageConfig>, errors: Option<Metric>) -> bool {
+        let higress: Vec<&LedgerConfig> = rules
+            .configs()
+            .filter_map(|c| c.ledger.as_ref())
+            .filter(|l| l.transport == LedgerTransport::Higress)
+            .collect();
+        if higress.is_empty() {
+            return true;
+        }
+        init_higress(&higress, errors)
+    }
+
+    #[cfg(feature = "higress")]
+    fn init_higress(configs: &[&LedgerConfig], errors: Option<Metric>) -> bool {
+        use llm_gateway_shared::host::redis::{on_redis_call_response, redis_init, redis_reply};
         let mut done: Vec<&str> = Vec::new();
-        for config in rules.configs().filter_map(|c| c.ledger.as_ref()) {
+        for config in configs {
             if done.contains(&config.service.as_str()) {
                 continue;
             }
@@ -533,32 +558,61 @@ mod ledger {
             }
         }
         on_redis_call_response(move |response| {
-            let failed = if response.answered() {
-                let reply = redis_reply(response.size).unwrap_or_default();
-                match resp::decode(&reply, &Limits::default()) {
-                    Ok(reply) => reply.error().map(str::to_owned),
-                    Err(err) => Some(err.to_string()),
-                }
+            let reply = if response.answered() {
+                Ok(redis_reply(response.size).unwrap_or_default())
             } else {
-                Some(format!("call failed (status {})", response.status))
+                Err(format!("call failed (status {})", response.status))
             };
-            if let Some(why) = failed {
-                if let Some(metric) = errors {
-                    let _ = metric.increment(1);
-                }
-                host::log(
-                    LogLevel::Warn,
-                    &format!("usage-accounting: ledger append failed: {why}"),
-                );
-            }
+            check(reply, errors);
         });
         true
     }
 
+    #[cfg(not(feature = "higress"))]
+    fn init_higress(_configs: &[&LedgerConfig], _errors: Option<Metric>) -> bool {
+        false // refused by the config parser already
+    }
+
+    /// Counts and logs a failed append (an error reply included).
+    fn check(reply: Result<Vec<u8>, String>, errors: Option<Metric>) {
+        let failed = match reply {
+            Ok(reply) => match resp::decode(&reply, &Limits::default()) {
+                Ok(reply) => reply.error().map(str::to_owned),
+                Err(err) => Some(err.to_string()),
+            },
+            Err(why) => Some(why),
+        };
+        if let Some(why) = failed {
+            if let Some(metric) = errors {
+                let _ = metric.increment(1);
+            }
+            host::log(
+                LogLevel::Warn,
+                &format!("usage-accounting: ledger append failed: {why}"),
+            );
+        }
+    }
+
+    /// A webdis answer to an append.
+    pub(super) fn http_reply(body_size: usize, errors: Option<Metric>) {
+        check(webdis::reply(body_size).map_err(|e| e.to_string()), errors);
+    }
+
     /// Sends the `XADD` of one record.
     pub(super) fn append(config: &LedgerConfig, record_json: &str, errors: Option<Metric>) {
-        let query = resp::encode_command(&xadd_args(config, record_json));
-        if let Err(err) = redis_call(&config.service, &query) {
+        let args = xadd_args(config, record_json);
+        let sent = match &config.transport {
+            LedgerTransport::Http { authorization } => {
+                let to = HttpRedis {
+                    cluster: config.service.clone(),
+                    authorization: authorization.clone(),
+                    timeout_ms: config.timeout_ms,
+                };
+                webdis::send(&to, &args).map(|_| ())
+            }
+            LedgerTransport::Higress => send_higress(&config.service, &resp::encode_command(&args)),
+        };
+        if let Err(err) = sent {
             if let Some(metric) = errors {
                 let _ = metric.increment(1);
             }
@@ -567,5 +621,15 @@ mod ledger {
                 &format!("usage-accounting: ledger append not sent: {err}"),
             );
         }
+    }
+
+    #[cfg(feature = "higress")]
+    fn send_higress(service: &str, query: &[u8]) -> Result<(), host::HostError> {
+        llm_gateway_shared::host::redis::redis_call(service, query).map(|_| ())
+    }
+
+    #[cfg(not(feature = "higress"))]
+    fn send_higress(_service: &str, _query: &[u8]) -> Result<(), host::HostError> {
+        Err(host::HostError::Unimplemented)
     }
 }

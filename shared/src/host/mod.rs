@@ -12,6 +12,7 @@
 mod abi;
 #[cfg(feature = "redis")]
 pub mod redis;
+pub mod webdis;
 
 use crate::config::ConfigError;
 use crate::reject::Reject;

@@ -309,13 +309,17 @@ impl FleetInner {
                 token,
                 request,
             } => {
-                let stream = self.contexts.borrow().get(&(loc, context)).copied();
+                // Envoy makes the call on the root context (proxy-wasm-cpp-host's `http_call`
+                // takes `root_context()`), so it runs even if the stream that sent it is gone;
+                // the answer goes to the VM, whose SDK hands it to the sending context or, that
+                // context being gone, drops it.
                 let vm = self.vm(loc)?;
-                // Envoy cancels the calls of a context that went away
                 let alive = vm.borrow_mut().has_context(context);
-                if !alive {
-                    return Ok(());
-                }
+                let stream = if alive {
+                    self.contexts.borrow().get(&(loc, context)).copied()
+                } else {
+                    None
+                };
                 let outcome = {
                     let mut handlers = self.handlers.borrow_mut();
                     match handlers.get_mut(&request.cluster) {

@@ -35,8 +35,11 @@ fn forward(addr: SocketAddr, request: &HttpCallRequest) -> Option<HttpCallOutcom
         }
     }
     head.push_str(&format!("content-length: {}\r\n\r\n", request.body.len()));
-    stream.write_all(head.as_bytes()).ok()?;
-    stream.write_all(&request.body).ok()?;
+    // one write, as Envoy's codec flushes a request given whole: webdis 0.1.9 answers only a
+    // request that arrives in one read
+    let mut bytes = head.into_bytes();
+    bytes.extend_from_slice(&request.body);
+    stream.write_all(&bytes).ok()?;
     let mut raw = Vec::new();
     stream.read_to_end(&mut raw).ok()?;
     parse_response(&raw)
