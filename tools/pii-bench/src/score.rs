@@ -335,10 +335,10 @@ mod tests {
 
     #[test]
     fn a_mask_on_negative_text_is_a_false_positive() {
-        // a four-part version string is a valid dotted quad
+        // a four-part section number is a valid dotted quad
         let t = score(
             r#"{"rules":[{"detector":"ipv4"}]}"#,
-            &[record("negative", "Build 4.12.1.0 fixes it.", &[])],
+            &[record("negative", "Section 4.12.1.0 says so.", &[])],
         );
         let ip = t.masks["IP"];
         assert_eq!((ip.right, ip.wrong_positive, ip.wrong_negative), (0, 0, 1));
