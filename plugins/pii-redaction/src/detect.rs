@@ -4,7 +4,8 @@
 //!
 //! Every scanner looks at each byte a bounded number of times, so the time is linear in the
 //! text whatever it contains; `regex-lite` has no backtracking. Built-in matches start and
-//! end on ASCII bytes, so their spans are always on `char` boundaries.
+//! end on `char` boundaries: the byte scanners' on ASCII bytes, names and addresses (their
+//! own modules, [`crate::names`] and [`crate::address`]) on any character.
 
 use std::net::Ipv6Addr;
 use std::ops::Range;
@@ -35,11 +36,16 @@ pub enum Builtin {
     Jwt,
     /// A PEM private key block, `-----BEGIN … PRIVATE KEY-----` to its `-----END …-----`.
     PrivateKey,
+    /// A person's name: gazetteers of given names and surnames plus context (see
+    /// [`crate::names`]).
+    PersonName,
+    /// A postal address by its shape per locale (see [`crate::address`]).
+    StreetAddress,
 }
 
 impl Builtin {
     /// Every built-in, in the default rule order.
-    pub const ALL: [Builtin; 11] = [
+    pub const ALL: [Builtin; 13] = [
         Builtin::PrivateKey,
         Builtin::Jwt,
         Builtin::OpenAiKey,
@@ -51,6 +57,8 @@ impl Builtin {
         Builtin::PhoneE164,
         Builtin::Ipv6,
         Builtin::Ipv4,
+        Builtin::StreetAddress,
+        Builtin::PersonName,
     ];
 
     /// The name used in config (`"detector": "email"`).
@@ -67,6 +75,8 @@ impl Builtin {
             Builtin::AwsAccessKey => "aws_access_key",
             Builtin::Jwt => "jwt",
             Builtin::PrivateKey => "private_key",
+            Builtin::PersonName => "person_name",
+            Builtin::StreetAddress => "street_address",
         }
     }
 
@@ -82,6 +92,8 @@ impl Builtin {
             Builtin::AwsAccessKey => "AWS_KEY",
             Builtin::Jwt => "JWT",
             Builtin::PrivateKey => "PRIVATE_KEY",
+            Builtin::PersonName => "NAME",
+            Builtin::StreetAddress => "ADDRESS",
         }
     }
 
@@ -100,6 +112,8 @@ impl Builtin {
             Builtin::Email => email(b, found),
             Builtin::Ipv6 => ipv6_runs(b, found),
             Builtin::PrivateKey => private_key(text, found),
+            Builtin::PersonName => crate::names::find(text, found),
+            Builtin::StreetAddress => crate::address::find(text, found),
             _ => {}
         }
     }
@@ -115,7 +129,11 @@ impl Builtin {
             Builtin::OpenAiKey => |c| c == b's',
             Builtin::AwsAccessKey => |c| c == b'A',
             Builtin::Jwt => |c| c == b'e',
-            Builtin::Email | Builtin::Ipv6 | Builtin::PrivateKey => return None,
+            Builtin::Email
+            | Builtin::Ipv6
+            | Builtin::PrivateKey
+            | Builtin::PersonName
+            | Builtin::StreetAddress => return None,
         };
         let try_at: Matcher = match self {
             Builtin::PhoneCn => phone_cn,
@@ -126,7 +144,11 @@ impl Builtin {
             Builtin::OpenAiKey => openai_key,
             Builtin::AwsAccessKey => aws_key,
             Builtin::Jwt => jwt,
-            Builtin::Email | Builtin::Ipv6 | Builtin::PrivateKey => return None,
+            Builtin::Email
+            | Builtin::Ipv6
+            | Builtin::PrivateKey
+            | Builtin::PersonName
+            | Builtin::StreetAddress => return None,
         };
         Some((first, try_at))
     }

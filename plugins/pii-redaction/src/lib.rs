@@ -23,12 +23,14 @@
     )
 )]
 
+pub mod address;
 #[cfg(not(target_arch = "wasm32"))]
 #[doc(hidden)]
 pub mod bench_data;
 pub mod config;
 pub mod detect;
 pub mod mask;
+pub mod names;
 pub mod request;
 pub mod response;
 
