@@ -10,8 +10,7 @@ Sources and reduction (see plugins/pii-redaction/data/README.md):
 - `names` 0.3.0 ships the 1990 US Census name files (public domain): every first name
   (dist.male.first, dist.female.first) and the 40 000 most frequent surnames of dist.all.last.
 - `gender-guesser` 0.4.0 ships Jörg Michael's nam_dict.txt (GNU FDL 1.2+): first names with a
-  frequency in Great Britain, Ireland, the USA, Italy, Malta, Portugal, Spain, France,
-  Belgium, Luxembourg, the Netherlands, East Frisia, Germany, Austria or Switzerland.
+  frequency in any country of Europe, the USA, Turkey, Arabia/Persia or Israel.
 Each entry is case-folded and accent-folded (the plugin folds text the same way, see
 `fold` in src/names.rs), kept if it is 2 to 24 letters a-z (with inner `-` or `'`), minus the
 words in STOP (capitalised words of ordinary prose that are also names), sorted, unique.
@@ -22,9 +21,10 @@ import unicodedata
 
 OUT = pathlib.Path(__file__).resolve().parent.parent / "plugins" / "pii-redaction" / "data"
 SURNAMES = 40_000
-# nam_dict columns 30.. are per-country frequencies; the first 15 are the Western European
-# countries and the USA (see the file's header).
-COUNTRIES = range(15)
+# nam_dict columns 30.. are per-country frequencies (see the file's header): the first 49
+# are Europe, the USA, Turkey, Arabia/Persia and Israel; East and South Asia follow (their
+# romanised names are not what the plugin looks for in Latin text).
+COUNTRIES = range(49)
 SPECIAL = {"ß": "ss", "æ": "ae", "ø": "o", "œ": "oe", "ł": "l", "đ": "d", "ð": "d", "þ": "th"}
 
 # Words that begin sentences, name weekdays, months, products or places more often than
@@ -37,6 +37,7 @@ me monday more most my new no north not november now october of on one only or o
 over please saturday see september she so some south sunday than that the their them then
 there these they this thursday to today tuesday up us was we wednesday west what when where
 which who why with would yes you your
+add build check code deploy get key make note run set start stop test try use
 """.split())
 
 

@@ -84,7 +84,7 @@ fn cjk_patterns() -> &'static [regex_lite::Regex] {
     PATTERNS.get_or_init(|| {
         const HAN: &str = "[\u{4E00}-\u{9FFF}]";
         let admin = format!("{HAN}{{1,6}}?(?:省|自治区|特别行政区|市|州|盟|区|县|旗|镇|乡)");
-        let street = format!("[\u{4E00}-\u{9FFF}A-Za-z0-9]{{1,10}}?(?:大道|大街|路|街|巷|弄|胡同)");
+        let street = "[\u{4E00}-\u{9FFF}A-Za-z0-9]{1,10}?(?:大道|大街|路|街|巷|弄|胡同)";
         let number = "[A-Za-z0-9-]{1,8}(?:号楼|号|座|栋|幢|楼|室|单元)";
         let postcode = "(?:[ \u{3000}]?[0-9]{6})?";
         let zh = format!(
@@ -93,7 +93,7 @@ fn cjk_patterns() -> &'static [regex_lite::Regex] {
         let kana = "\u{3041}-\u{30FF}\u{30FC}";
         let digits = "[0-9０-９]{1,4}";
         let ja = format!(
-            "(?:〒[ \u{3000}]?[0-9]{{3}}-[0-9]{{4}}[ \u{3000}]?)?(?:{HAN}{{1,3}}?(?:都|道|府|県))?(?:{HAN}[\u{4E00}-\u{9FFF}{kana}]{{0,5}}?(?:市|区|町|村|郡)){{1,3}}[\u{4E00}-\u{9FFF}{kana}]{{0,8}}?{digits}(?:丁目|番地|番|号|-|－)(?:{digits}(?:丁目|番地|番|号|-|－)?){{0,3}}|〒[ \u{3000}]?[0-9]{{3}}-[0-9]{{4}}"
+            "(?:〒[ \u{3000}]?[0-9]{{3}}-[0-9]{{4}}[ \u{3000}]?)?(?:{HAN}{{1,3}}?(?:都|道|府|県))?(?:{HAN}[\u{4E00}-\u{9FFF}{kana}]{{0,5}}?(?:市|区|町|村|郡)){{1,3}}[\u{4E00}-\u{9FFF}{kana}Ａ-Ｚａ-ｚA-Za-z]{{0,16}}?{digits}(?:丁目|番地|番|号|-|－)(?:{digits}(?:丁目|番地|番|号|-|－)?){{0,3}}|〒[ \u{3000}]?[0-9]{{3}}-[0-9]{{4}}"
         );
         [zh, ja]
             .iter()
@@ -166,6 +166,7 @@ const EN_TYPES: &[&str] = &[
     "expressway",
     "extension",
     "extensions",
+    "fall",
     "falls",
     "ferry",
     "field",
@@ -478,17 +479,14 @@ impl<'t> Cursor<'t> {
         let mut e = i;
         let mut n = 0;
         while let Some(d) = self.char_at(e) {
-            if d.is_alphabetic() {
-                e += d.len_utf8();
-            } else if matches!(d, '-' | '\'' | '’')
+            let inner = matches!(d, '-' | '\'' | '’')
                 && self
                     .char_at(e + d.len_utf8())
-                    .is_some_and(char::is_alphabetic)
-            {
-                e += d.len_utf8();
-            } else {
+                    .is_some_and(char::is_alphabetic);
+            if !(d.is_alphabetic() || inner) {
                 break;
             }
+            e += d.len_utf8();
             n += 1;
             if n > 40 {
                 return None;
@@ -551,6 +549,7 @@ fn latin_addresses(text: &str, found: &mut dyn FnMut(Range<usize>)) {
                 en_street(&cur, i).or_else(|| fr_street(&cur, i))
             } else {
                 de_street(&cur, i)
+                    .or_else(|| fr_street(&cur, i))
                     .or_else(|| flat_street(&cur, i))
                     .or_else(|| uk_postcode(&cur, i))
                     .or_else(|| military(&cur, i))
@@ -581,13 +580,12 @@ fn en_street(cur: &Cursor, i: usize) -> Option<usize> {
 
 /// Capitalised street name words then an English street type; the end of the type.
 fn street_words(cur: &Cursor, mut p: usize) -> Option<usize> {
-    let mut names = 0;
-    for _ in 0..5 {
+    for names in 0..5 {
         let w = cur.tok(p)?;
         let Kind::Word { capital } = w.kind else {
             return None;
         };
-        if names > 0 && cur.word_lower_is(w, EN_TYPES) {
+        if names > 0 && capital && cur.word_lower_is(w, EN_TYPES) {
             let mut end = w.end;
             if cur.byte(end) == b'.' {
                 end += 1;
@@ -602,7 +600,6 @@ fn street_words(cur: &Cursor, mut p: usize) -> Option<usize> {
         if !capital {
             return None;
         }
-        names += 1;
         p = cur.spaces(w.end)?;
     }
     None
@@ -816,9 +813,14 @@ fn house_number(cur: &Cursor, p: usize) -> Option<usize> {
     Some(end)
 }
 
-/// `29, rue Alphonse Michel\n83654 Sainte Marianne`, `9 bis avenue de la Paix`.
+/// `29, rue Alphonse Michel\n83654 Sainte Marianne`, `9 bis avenue de la Paix`; without a
+/// number only when a code postal and town follow (`avenue Richard\n26691 Delmas`).
 fn fr_street(cur: &Cursor, i: usize) -> Option<usize> {
     let num = cur.tok(i)?;
+    if cur.word_lower_is(num, FR_TYPES) {
+        let (name_end, town_end) = fr_name_and_town(cur, num.end)?;
+        return (town_end > name_end).then_some(town_end);
+    }
     if !matches!(num.kind, Kind::Number { digits: 1..=4 }) {
         return None;
     }
@@ -839,7 +841,13 @@ fn fr_street(cur: &Cursor, i: usize) -> Option<usize> {
     if !cur.word_lower_is(ty, FR_TYPES) {
         return None;
     }
-    let mut q = ty.end;
+    fr_name_and_town(cur, ty.end).map(|(_, end)| end)
+}
+
+/// After a French street type: the end of the street name, and the end of the address
+/// (after the code postal and town if they follow, else the name's end).
+fn fr_name_and_town(cur: &Cursor, type_end: usize) -> Option<(usize, usize)> {
+    let mut q = type_end;
     if cur.byte(q) == b'.' {
         q += 1;
     }
@@ -874,7 +882,8 @@ fn fr_street(cur: &Cursor, i: usize) -> Option<usize> {
             None => break,
         }
     }
-    let mut end = end?;
+    let name_end = end?;
+    let mut end = name_end;
     // code postal and town
     if let Some(q) = cur.line_sep(end).or_else(|| cur.spaces(end)) {
         if (q..q + 5).all(|k| cur.byte(k).is_ascii_digit()) && cur.byte(q + 5) == b' ' {
@@ -898,7 +907,7 @@ fn fr_street(cur: &Cursor, i: usize) -> Option<usize> {
             }
         }
     }
-    Some(end)
+    Some((name_end, end))
 }
 
 #[cfg(test)]

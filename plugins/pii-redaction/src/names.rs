@@ -205,16 +205,24 @@ fn gap_after(rest: &str, dot: bool) -> Gap {
     let mut comma = false;
     let mut line = false;
     let mut spaces = 0;
+    let mut next = None;
     for c in rest.chars() {
         match c {
             ' ' | '\t' => spaces += 1,
             ',' if !comma && !line => comma = true,
             '\n' | '\r' => line = true,
-            _ => break,
+            _ => {
+                next = Some(c);
+                break;
+            }
         }
         if spaces > 8 {
             break;
         }
+    }
+    // the next word must follow the gap directly (`Key | Type` is a table, not a name)
+    if !next.is_some_and(is_latin_letter) {
+        return Gap::Other;
     }
     if line {
         Gap::Line
@@ -304,6 +312,21 @@ const WEAK_GIVEN: &[&str] = &[
 /// products, titles, calendar words.
 const NOT_SURNAME: &[&str] = &[
     "academy",
+    "api",
+    "cloud",
+    "code",
+    "pro",
+    "server",
+    "airlines",
+    "airways",
+    "arena",
+    "charts",
+    "falls",
+    "gate",
+    "memorial",
+    "monument",
+    "motors",
+    "stadium",
     "agency",
     "airport",
     "alley",
@@ -338,7 +361,6 @@ const NOT_SURNAME: &[&str] = &[
     "garden",
     "gardens",
     "group",
-    "hall",
     "harbor",
     "heights",
     "highway",
@@ -409,21 +431,34 @@ const HONORIFICS: &[&str] = &[
     "Sir",
 ];
 
-/// Lower-case word sequences after which capitalised words are a name.
-const CUES: &[&[&str]] = &[
-    &["my", "name", "is"],
+/// Word sequences after which capitalised words are a name.
+const STRONG_CUES: &[&[&str]] = &[
     &["name", "is"],
     &["m'appelle"],
-    &["je", "m'appelle"],
+    &["m’appelle"],
     &["ich", "heiße"],
     &["ich", "heisse"],
     &["name", "ist"],
+    &["nom", "est"],
     &["call", "me"],
+];
+
+/// Words after which a capitalised word is a name if it is a known given name, and two are.
+const WEAK_CUES: &[&[&str]] = &[
     &["dear"],
     &["liebe"],
     &["lieber"],
     &["cher"],
     &["chère"],
+    &["hello"],
+    &["hi"],
+    &["hallo"],
+    &["bonjour"],
+    &["i", "am"],
+    &["i'm"],
+    &["je", "suis"],
+    &["ich", "bin"],
+    &["signed"],
 ];
 
 /// Closings after which (a comma or a line break, then) capitalised words are a name.
@@ -447,8 +482,8 @@ fn latin_names(text: &str, found: &mut dyn FnMut(Range<usize>)) {
     let mut fold = String::new();
     let mut i = 0;
     while i < words.len() {
-        let cued = cue_before(text, &words, i);
-        match name_at(text, &words, i, cued, &mut fold) {
+        let cue = cue_before(text, &words, i);
+        match name_at(text, &words, i, cue, &mut fold) {
             Some(last) => {
                 let (Some(first), Some(end)) = (words.get(i), words.get(last)) else {
                     break;
@@ -461,21 +496,29 @@ fn latin_names(text: &str, found: &mut dyn FnMut(Range<usize>)) {
     }
 }
 
-/// Whether words right before `i` make what follows a name: an honorific, a cue phrase or
-/// a closing line.
-fn cue_before(text: &str, words: &[Word], i: usize) -> bool {
-    let Some(prev_i) = i.checked_sub(1) else {
-        return false;
-    };
-    let Some(prev) = words.get(prev_i) else {
-        return false;
+/// What the words right before a candidate say about it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cue {
+    /// Nothing: the first word must be a known given name.
+    None,
+    /// `Dear`, a closing line: one word must be a known given name, two capitalised words
+    /// are a name.
+    Weak,
+    /// An honorific or `my name is`: any capitalised words are a name.
+    Strong,
+}
+
+/// The cue right before word `i`: an honorific, a cue phrase or a closing line.
+fn cue_before(text: &str, words: &[Word], i: usize) -> Cue {
+    let Some(prev) = i.checked_sub(1).and_then(|p| words.get(p)) else {
+        return Cue::None;
     };
     let prev_text = word_text(text, prev);
     // `Mr Smith`, `Dr. Jones`, `M. Dupont`
     if prev.gap == Gap::Space
         && (HONORIFICS.contains(&prev_text) || (prev_text == "M" && prev.initial))
     {
-        return true;
+        return Cue::Strong;
     }
     let lower_eq = |w: &Word, s: &str| word_text(text, w).eq_ignore_ascii_case(s);
     let ends_with = |phrase: &[&str]| {
@@ -489,26 +532,32 @@ fn cue_before(text: &str, words: &[Word], i: usize) -> bool {
                 .is_some_and(|w| lower_eq(w, p) && (k + 1 == n || w.gap == Gap::Space))
         })
     };
-    if prev.gap == Gap::Space && CUES.iter().any(|c| ends_with(c)) {
-        return true;
+    if prev.gap == Gap::Space && STRONG_CUES.iter().any(|c| ends_with(c)) {
+        return Cue::Strong;
     }
-    matches!(prev.gap, Gap::Comma | Gap::Line) && CLOSINGS.iter().any(|c| ends_with(c))
+    if prev.gap == Gap::Space && WEAK_CUES.iter().any(|c| ends_with(c)) {
+        return Cue::Weak;
+    }
+    if matches!(prev.gap, Gap::Comma | Gap::Line) && CLOSINGS.iter().any(|c| ends_with(c)) {
+        return Cue::Weak;
+    }
+    Cue::None
 }
 
 /// The index of the last word of a name starting at word `i`, if there is one.
-fn name_at(text: &str, words: &[Word], i: usize, cued: bool, fold: &mut String) -> Option<usize> {
+fn name_at(text: &str, words: &[Word], i: usize, cue: Cue, fold: &mut String) -> Option<usize> {
     let first = words.get(i)?;
     if !first.capital {
         return None;
     }
     let first_text = word_text(text, first);
-    if HONORIFICS.contains(&first_text) {
+    if HONORIFICS.contains(&first_text) || is_common_capitalised(first_text) {
         return None;
     }
     fold_into(first_text, fold)?;
     let given = is_given(fold);
     let weak = WEAK_GIVEN.contains(&fold.as_str());
-    if !cued && !given {
+    if cue == Cue::None && !given {
         return None;
     }
     // extend over the name's words: capitalised words, initials and particles, joined by
@@ -535,12 +584,12 @@ fn name_at(text: &str, words: &[Word], i: usize, cued: bool, fold: &mut String) 
     }
     if last == i {
         // a single word: only after a cue, and not a common word
-        return (cued && (given || !is_common_capitalised(first_text))).then_some(i);
+        return (cue == Cue::Strong || (cue == Cue::Weak && given && !weak)).then_some(i);
     }
     let surname = words.get(last).map(|w| word_text(text, w))?;
     fold_into(surname, fold)?;
     let known_surname = is_surname(fold);
-    if cued || known_surname || (given && !weak) {
+    if cue != Cue::None || known_surname || (given && !weak) {
         Some(last)
     } else {
         None
@@ -565,7 +614,21 @@ fn is_surname(folded: &str) -> bool {
 fn is_common_capitalised(word: &str) -> bool {
     matches!(
         word,
-        "Sir" | "Madam" | "Team" | "All" | "Customer" | "Colleagues" | "Friends" | "Everyone"
+        "Sir"
+            | "Madam"
+            | "Team"
+            | "All"
+            | "Customer"
+            | "Colleagues"
+            | "Friends"
+            | "Everyone"
+            | "The"
+            | "Support"
+            | "Sales"
+            | "Management"
+            | "Mesdames"
+            | "Messieurs"
+            | "Damen"
     )
 }
 
@@ -573,7 +636,7 @@ fn is_common_capitalised(word: &str) -> bool {
 // Chinese and Japanese
 
 fn is_han(c: char) -> bool {
-    ('\u{4E00}'..='\u{9FFF}').contains(&c) || ('\u{3400}'..='\u{4DBF}').contains(&c)
+    ('\u{4E00}'..='\u{9FFF}').contains(&c) || ('\u{3400}'..='\u{4DBF}').contains(&c) || c == '々'
 }
 
 fn is_kana(c: char) -> bool {
@@ -637,7 +700,36 @@ const CN_AFTER: &[&str] = &[
     "先生", "女士", "小姐", "老师", "同学", "经理", "总", "医生", "教授", "同志", "的", "是", "说",
     "在", "已", "将", "打", "发", "来", "去", "和", "与", "及", "写", "负责", "签", "您", "你",
     "吗", "呢", "也", "还", "就", "都", "会", "要", "想", "需要", "今天", "明天", "昨天", "回复",
-    "提交", "确认", "收到", "联系", "预约", "住", "今年", "出生", "等",
+    "提交", "确认", "收到", "联系", "预约", "住", "今年", "出生", "等", "询问", "问", "表示",
+    "认为", "觉得", "希望", "告诉", "给", "向", "对", "把", "让", "刚", "正在", "目前", "最近",
+    "先", "又", "再", "不", "没", "很", "申请", "提出", "报名", "购买", "下单", "投诉", "开会",
+    "参加", "同意", "拒绝", "发送", "寄", "退", "买", "卖", "做", "看", "听", "用", "请", "了",
+    "从", "于",
+];
+
+/// Words after a name that make it one with no cue before it (`请总结杨旭的投诉`).
+const CN_AFTER_ALONE: &[&str] = &[
+    "先生",
+    "女士",
+    "小姐",
+    "老师",
+    "同学",
+    "经理",
+    "医生",
+    "教授",
+    "同志",
+    "的投诉",
+    "的订单",
+    "的电话",
+    "的地址",
+    "的邮件",
+    "的信",
+    "的账户",
+    "的申请",
+    "询问",
+    "表示",
+    "签署",
+    "回复",
 ];
 
 /// Cues strong enough for surnames that are also everyday words.
@@ -676,7 +768,8 @@ const JA_AFTER: &[&str] = &[
 ];
 
 /// Kanji that end place names, organisations and addresses rather than given names.
-const JA_NOT_GIVEN_END: &str = "区市町村県都府道郡駅線店社院校課部長局所館園橋丁目番号地通";
+const JA_NOT_GIVEN_END: &str =
+    "区市町村県都府道郡駅線店社院校課部長局所館園橋丁目番号地通機業屋堂製会団組品室場";
 
 /// One CJK character of the text with its byte span.
 #[derive(Debug, Clone, Copy)]
@@ -737,10 +830,8 @@ fn chinese_at(text: &str, chars: &[Ch], k: usize, run_start: bool) -> Option<usi
     })?;
     let prose = surname_len == 1 && listed(CN_PROSE_SURNAMES, slice(text, chars, k, 1));
     let strong_before = ends_with_any(text, chars, k, CN_STRONG_BEFORE);
-    let before = run_start || strong_before || ends_with_any(text, chars, k, CN_BEFORE);
-    if !before {
-        return None;
-    }
+    let cue_before = strong_before || ends_with_any(text, chars, k, CN_BEFORE);
+    let before = run_start || cue_before;
     for given in [2, 1] {
         let g = k + surname_len;
         let all_given = (0..given).all(|j| {
@@ -748,22 +839,47 @@ fn chinese_at(text: &str, chars: &[Ch], k: usize, run_start: bool) -> Option<usi
                 is_han(c.c) && listed(CN_GIVEN_CHARS, c.c.encode_utf8(&mut [0; 4]))
             })
         });
-        if !all_given {
+        // `韩国`, `王国`: a state or kingdom, not a one-character given name
+        if !all_given || (given == 1 && chars.get(g).is_some_and(|c| c.c == '国')) {
             continue;
         }
         let after = g + given;
         let strong_after = starts_with_any(text, chars, after, CN_STRONG_AFTER);
         let run_end = !han_at(chars, after);
         let cue_after = strong_after || starts_with_any(text, chars, after, CN_AFTER);
-        if !(run_end || cue_after) {
-            continue;
+        let bounded = run_end || cue_after;
+        let accepted = if prose {
+            strong_before || strong_after || (given == 2 && cue_before && bounded)
+        } else {
+            // a cue word before it (the longest given name of name characters), or the
+            // start of a run and a cue or the end after it
+            cue_before || (before && bounded) || starts_with_any(text, chars, after, CN_AFTER_ALONE)
+        };
+        if accepted {
+            return Some(surname_len + given);
         }
-        if prose && !(strong_before || strong_after) {
-            return None;
-        }
-        return Some(surname_len + given);
     }
     None
+}
+
+/// Particles and punctuation that can follow a Japanese name.
+fn ja_particle(c: char) -> bool {
+    matches!(
+        c,
+        'は' | 'が'
+            | 'を'
+            | 'に'
+            | 'と'
+            | 'の'
+            | 'で'
+            | 'か'
+            | 'も'
+            | 'へ'
+            | 'や'
+            | '、'
+            | '。'
+            | '）'
+    )
 }
 
 /// Length in chars (the space included) of a Japanese name at `k`.
@@ -771,63 +887,60 @@ fn japanese_at(text: &str, chars: &[Ch], k: usize, run_start: bool) -> Option<us
     let surname_len = [3, 2, 1].into_iter().find(|&n| {
         (0..n).all(|j| han_at(chars, k + j)) && listed(JA_SURNAMES, slice(text, chars, k, n))
     })?;
-    if !run_start && !ends_with_any(text, chars, k, CN_BEFORE) {
-        return None;
-    }
     let s_end = k + surname_len;
-    // surname, a space, a given name of 1-3 kanji or 2-5 kana
+    // surname, a space, a given name of kanji and kana (`篤司`, `さゆり`, `くみ子`)
     if chars
         .get(s_end)
         .is_some_and(|c| c.c == ' ' || c.c == '\u{3000}')
     {
         let g = s_end + 1;
-        let kanji = (0..3).take_while(|&j| han_at(chars, g + j)).count();
-        let kana = (0..5)
-            .take_while(|&j| chars.get(g + j).is_some_and(|c| is_kana(c.c)))
-            .count();
-        let given = if kanji >= 1 { kanji } else { kana };
-        let next_is_name_char = chars
-            .get(g + given)
-            .is_some_and(|c| is_han(c.c) || (kanji == 0 && is_kana(c.c)));
-        if (kanji >= 1 || kana >= 2) && !next_is_name_char {
-            return Some(surname_len + 1 + given);
+        // kana then kanji (`くみ子`) is a name; kana after kanji is okurigana or a particle
+        let mut run = 0;
+        let mut kanji = false;
+        while run < 6 {
+            match chars.get(g + run) {
+                Some(c) if is_han(c.c) => kanji = true,
+                Some(c) if is_kana(c.c) && !kanji => {}
+                _ => break,
+            }
+            run += 1;
         }
+        // the longest given name followed by an honorific, else by a particle or the end
+        let with_honorific = (1..=run.min(5))
+            .rev()
+            .find(|&n| starts_with_any(text, chars, g + n, JA_AFTER));
+        let plain = (1..=run.min(5)).rev().find(|&n| {
+            chars
+                .get(g + n)
+                .is_none_or(|c| !(is_han(c.c) || is_kana(c.c)) || ja_particle(c.c))
+        });
+        let given = with_honorific.or(plain)?;
+        let kana_only = (0..given).all(|j| chars.get(g + j).is_some_and(|c| is_kana(c.c)));
+        if kana_only && given < 2 {
+            return None;
+        }
+        return Some(surname_len + 1 + given);
+    }
+    if !run_start && !ends_with_any(text, chars, k, CN_BEFORE) {
         return None;
     }
     if starts_with_any(text, chars, s_end, JA_AFTER) {
         return Some(surname_len);
     }
     // surname and a given name of one or two kanji filling the kanji run (a particle or
-    // punctuation after it)
-    if !run_start {
-        return None;
-    }
+    // an honorific after it)
     let given = (0..3).take_while(|&j| han_at(chars, s_end + j)).count();
-    if !(1..=2).contains(&given) {
+    if !(1..=2).contains(&given) || surname_len < 2 {
         return None;
     }
     let last = chars.get(s_end + given - 1)?;
-    let next = chars.get(s_end + given);
-    let particle_after = next.is_some_and(|c| {
-        matches!(
-            c.c,
-            'は' | 'が'
-                | 'を'
-                | 'に'
-                | 'と'
-                | 'の'
-                | 'で'
-                | 'さ'
-                | 'く'
-                | 'ち'
-                | '、'
-                | '。'
-                | '様'
-                | '氏'
-        )
-    });
-    let japanese = surname_len >= 2 && !JA_NOT_GIVEN_END.contains(last.c);
-    (japanese && particle_after).then_some(surname_len + given)
+    if JA_NOT_GIVEN_END.contains(last.c) {
+        return None;
+    }
+    let after = s_end + given;
+    let particle_after = chars.get(after).is_some_and(|c| ja_particle(c.c))
+        || starts_with_any(text, chars, after, JA_AFTER);
+    particle_after.then_some(surname_len + given)
 }
 
 #[cfg(test)]
