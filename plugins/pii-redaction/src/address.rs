@@ -18,6 +18,7 @@
 //! are `regex-lite` patterns (no backtracking), run only when the text has CJK characters.
 //! Spans start and end on `char` boundaries.
 
+use crate::names::has_cjk;
 use std::ops::Range;
 use std::sync::OnceLock;
 
@@ -25,7 +26,7 @@ use std::sync::OnceLock;
 pub fn find(text: &str, found: &mut dyn FnMut(Range<usize>)) {
     let mut spans = Vec::new();
     latin_addresses(text, &mut |r| spans.push(r));
-    if text.bytes().any(|b| b >= 0xE3) {
+    if has_cjk(text) {
         for re in cjk_patterns() {
             for m in re.find_iter(text) {
                 let span = trim_lead(text, m.range());
@@ -343,7 +344,8 @@ const EN_UNITS: &[&str] = &[
     "unit",
 ];
 
-/// French street types, lower case.
+/// French street types, lower case (what [`is_fr_type`] matches; the tests check it).
+#[cfg(test)]
 const FR_TYPES: &[&str] = &[
     "allée",
     "allee",
@@ -374,6 +376,48 @@ const FR_TYPES: &[&str] = &[
     "square",
     "voie",
 ];
+
+/// Whether `word` is one of [`FR_TYPES`] (ASCII letters in any case), by a `match` (a
+/// length switch) instead of a scan of the list: this runs at most words of prose.
+fn is_fr_type(word: &str) -> bool {
+    let mut buf = [0u8; 12];
+    let Some(lower) = buf.get_mut(..word.len()) else {
+        return false;
+    };
+    lower.copy_from_slice(word.as_bytes());
+    lower.make_ascii_lowercase();
+    matches!(
+        std::str::from_utf8(lower),
+        Ok("allée"
+            | "allee"
+            | "av"
+            | "avenue"
+            | "bd"
+            | "boulevard"
+            | "chemin"
+            | "chaussée"
+            | "cité"
+            | "cours"
+            | "esplanade"
+            | "faubourg"
+            | "hameau"
+            | "impasse"
+            | "lieu-dit"
+            | "parvis"
+            | "passage"
+            | "place"
+            | "promenade"
+            | "quai"
+            | "résidence"
+            | "rond-point"
+            | "route"
+            | "rue"
+            | "ruelle"
+            | "sentier"
+            | "square"
+            | "voie")
+    )
+}
 
 /// Words inside a French street name that are not capitalised.
 const FR_PARTICLES: &[&str] = &[
@@ -476,6 +520,22 @@ impl<'t> Cursor<'t> {
             return None;
         }
         let capital = c.is_uppercase() || !(c.is_lowercase());
+        // ASCII letters, the common case
+        let b = self.text.as_bytes();
+        let ascii = b.get(i..).map_or(0, |r| {
+            r.iter()
+                .take(41)
+                .take_while(|c| c.is_ascii_alphabetic())
+                .count()
+        });
+        let e = i + ascii;
+        if ascii <= 40 && !matches!(self.byte(e), b'-' | b'\'' | 0x80..=0xFF) {
+            return Some(Tok {
+                start: i,
+                end: e,
+                kind: Kind::Word { capital },
+            });
+        }
         let mut e = i;
         let mut n = 0;
         while let Some(d) = self.char_at(e) {
@@ -525,44 +585,88 @@ impl<'t> Cursor<'t> {
         (breaks <= 1 && ((comma && n > 0) || breaks == 1)).then_some(e)
     }
 
+    /// Whether word `t` is in `list` (lower case; the word's ASCII letters in any case).
     fn word_lower_is(&self, t: Tok, list: &[&str]) -> bool {
         matches!(t.kind, Kind::Word { .. }) && {
             let w = self.slice(t);
-            list.iter()
-                .any(|x| w.eq_ignore_ascii_case(x) || w.to_lowercase() == *x)
+            w.len() <= 12 && list.iter().any(|x| w.eq_ignore_ascii_case(x))
         }
     }
 }
 
 fn latin_addresses(text: &str, found: &mut dyn FnMut(Range<usize>)) {
     let cur = Cursor { text };
-    let b = text.as_bytes();
     let mut i = 0;
-    while i < b.len() {
+    while i < text.len() {
         let c = cur.byte(i);
-        let token_start = c.is_ascii_alphanumeric() || c >= 0xC0;
-        let prev = cur.char_before(i);
-        let boundary =
-            prev.is_none_or(|p| !(p.is_alphanumeric() || p == '.' || p == '-' || p == '_'));
-        if token_start && boundary {
-            let end = if c.is_ascii_digit() {
-                en_street(&cur, i).or_else(|| fr_street(&cur, i))
-            } else {
-                de_street(&cur, i)
-                    .or_else(|| fr_street(&cur, i))
-                    .or_else(|| flat_street(&cur, i))
-                    .or_else(|| uk_postcode(&cur, i))
-                    .or_else(|| military(&cur, i))
-            };
-            if let Some(end) = end {
+        if c < 0x80 && !c.is_ascii_alphanumeric() {
+            i += 1;
+            continue;
+        }
+        let prev = cur.byte(i.wrapping_sub(1));
+        if i > 0
+            && prev < 0x80
+            && (prev.is_ascii_alphanumeric() || matches!(prev, b'.' | b'-' | b'_'))
+        {
+            // inside a word or number: skip the rest of it at once
+            i += ascii_alnum_run(text, i).max(1);
+            continue;
+        }
+        let step = cur.char_at(i).map_or(1, char::len_utf8);
+        if c.is_ascii_lowercase() && !b"abcpqrsv".contains(&c) {
+            // no scanner starts with this word (French types begin with these letters)
+            i += ascii_alnum_run(text, i).max(1);
+            continue;
+        }
+        let boundary = prev < 0x80
+            || cur
+                .char_before(i)
+                .is_none_or(|p| !(p.is_alphanumeric() || p == '-' || p == '_'));
+        let Some(t) = cur.tok(i).filter(|_| boundary) else {
+            i += step;
+            continue;
+        };
+        // each scanner only where its first token can start it
+        let end = match t.kind {
+            Kind::Number { .. } => en_street(&cur, i).or_else(|| fr_street(&cur, i)),
+            Kind::Word { capital } => {
+                let word = cur.slice(t);
+                let de = capital && de_suffix(word).is_some();
+                let fr = is_fr_type(word);
+                let flat = matches!(word, "Flat" | "Studio" | "Apartment" | "Unit");
+                let upper = c.is_ascii_uppercase() && word.len() <= 3;
+                None.or_else(|| de.then(|| de_street(&cur, i)).flatten())
+                    .or_else(|| fr.then(|| fr_street(&cur, i)).flatten())
+                    .or_else(|| flat.then(|| flat_street(&cur, i)).flatten())
+                    .or_else(|| upper.then(|| uk_postcode(&cur, i)).flatten())
+                    .or_else(|| upper.then(|| military(&cur, i)).flatten())
+            }
+        };
+        match end {
+            Some(end) => {
                 found(i..end);
                 i = end;
-                continue;
             }
+            None => i = t.end.max(i + step),
         }
-        // next char
-        i += cur.char_at(i).map_or(1, char::len_utf8);
     }
+}
+
+/// Length of the run of ASCII letters and digits at `i`.
+fn ascii_alnum_run(text: &str, i: usize) -> usize {
+    text.as_bytes().get(i..).map_or(0, |r| {
+        r.iter().take_while(|c| c.is_ascii_alphanumeric()).count()
+    })
+}
+
+/// The German street suffix `word` ends with (ASCII letters in any case).
+fn de_suffix(word: &str) -> Option<&'static str> {
+    DE_SUFFIXES.iter().copied().find(|s| {
+        word.len()
+            .checked_sub(s.len())
+            .and_then(|at| word.get(at..))
+            .is_some_and(|tail| tail.eq_ignore_ascii_case(s))
+    })
 }
 
 /// `8353 Kathleen Highway Apt. 681\nLake Victoria, VI 39349`.
@@ -756,16 +860,20 @@ fn de_street(cur: &Cursor, i: usize) -> Option<usize> {
     if !matches!(w.kind, Kind::Word { capital: true }) {
         return None;
     }
-    let word = cur.slice(w).to_lowercase();
-    if DE_NOT_STREETS.contains(&word.as_str()) {
+    let word = cur.slice(w);
+    let suffix = de_suffix(word)?;
+    if DE_NOT_STREETS.iter().any(|n| word.eq_ignore_ascii_case(n)) {
         return None;
     }
+    // a stem before the suffix, or a hyphenated name (`Sabine-Junck-Gasse`)
     let last_part = word.rsplit('-').next().unwrap_or_default();
-    let suffix = DE_SUFFIXES.iter().find(|s| {
-        word.ends_with(*s) && (word.len() > s.len() + 2 || last_part == **s && word.contains('-'))
-    })?;
+    if !(word.len() > suffix.len() + 2
+        || last_part.eq_ignore_ascii_case(suffix) && word.contains('-'))
+    {
+        return None;
+    }
     let mut p = w.end;
-    if *suffix == "str" {
+    if suffix == "str" {
         if cur.byte(p) != b'.' {
             return None;
         }
@@ -817,7 +925,7 @@ fn house_number(cur: &Cursor, p: usize) -> Option<usize> {
 /// number only when a code postal and town follow (`avenue Richard\n26691 Delmas`).
 fn fr_street(cur: &Cursor, i: usize) -> Option<usize> {
     let num = cur.tok(i)?;
-    if cur.word_lower_is(num, FR_TYPES) {
+    if matches!(num.kind, Kind::Word { .. }) && is_fr_type(cur.slice(num)) {
         let (name_end, town_end) = fr_name_and_town(cur, num.end)?;
         return (town_end > name_end).then_some(town_end);
     }
@@ -838,7 +946,7 @@ fn fr_street(cur: &Cursor, i: usize) -> Option<usize> {
         }
     }
     let ty = cur.tok(p)?;
-    if !cur.word_lower_is(ty, FR_TYPES) {
+    if !(matches!(ty.kind, Kind::Word { .. }) && is_fr_type(cur.slice(ty))) {
         return None;
     }
     fr_name_and_town(cur, ty.end).map(|(_, end)| end)
@@ -863,7 +971,7 @@ fn fr_name_and_town(cur: &Cursor, type_end: usize) -> Option<(usize, usize)> {
             .find_map(|a| word.strip_prefix(a))
             .unwrap_or(word);
         let capital = name.chars().next().is_some_and(char::is_uppercase);
-        let particle = FR_PARTICLES.contains(&word.to_lowercase().as_str());
+        let particle = FR_PARTICLES.iter().any(|p| word.eq_ignore_ascii_case(p));
         if capital && !particle {
             end = Some(w.end);
         } else if !particle {
@@ -976,6 +1084,15 @@ mod tests {
             ["福島県横浜市泉区西神田2丁目1番1号"]
         );
         assert_eq!(addresses("〒123-4567"), ["〒123-4567"]);
+    }
+
+    #[test]
+    fn french_types() {
+        for t in FR_TYPES {
+            assert!(is_fr_type(t), "{t}");
+            assert!(is_fr_type(&t.to_ascii_uppercase()) || !t.is_ascii(), "{t}");
+        }
+        assert!(!is_fr_type("rues") && !is_fr_type("the") && !is_fr_type(""));
     }
 
     #[test]

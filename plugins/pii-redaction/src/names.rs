@@ -33,7 +33,7 @@ const JA_SURNAMES: &str = include_str!("../data/ja_surnames.txt");
 pub fn find(text: &str, found: &mut dyn FnMut(Range<usize>)) {
     let mut spans = Vec::new();
     latin_names(text, &mut |r| spans.push(r));
-    if text.bytes().any(|b| b >= 0xE3) {
+    if has_cjk(text) {
         cjk_names(text, &mut |r| spans.push(r));
     }
     spans.sort_by_key(|r| r.start);
@@ -44,6 +44,12 @@ pub fn find(text: &str, found: &mut dyn FnMut(Range<usize>)) {
             found(span);
         }
     }
+}
+
+/// Whether `text` may hold CJK characters (a UTF-8 lead byte of U+3000 or above); ASCII
+/// text is ruled out a word at a time (`str::is_ascii`).
+pub(crate) fn has_cjk(text: &str) -> bool {
+    !text.is_ascii() && text.bytes().any(|b| b >= 0xE3)
 }
 
 /// Whether the sorted newline-separated `list` holds `word` (bisection over the bytes).
@@ -477,23 +483,181 @@ fn word_text<'t>(text: &'t str, w: &Word) -> &'t str {
     text.get(w.span.clone()).unwrap_or_default()
 }
 
+/// Bytes of text around a candidate that its rules read: the cue words before it, the
+/// name's words after it.
+const BACK: usize = 48;
+const AHEAD: usize = 160;
+
 fn latin_names(text: &str, found: &mut dyn FnMut(Range<usize>)) {
-    let words = words(text);
+    let b = text.as_bytes();
     let mut fold = String::new();
     let mut i = 0;
-    while i < words.len() {
-        let cue = cue_before(text, &words, i);
-        match name_at(text, &words, i, cue, &mut fold) {
-            Some(last) => {
-                let (Some(first), Some(end)) = (words.get(i), words.get(last)) else {
-                    break;
-                };
-                found(first.span.start..end.span.end);
-                i = last + 1;
+    while i < b.len() {
+        let c = b.get(i).copied().unwrap_or(0);
+        if c.is_ascii_lowercase() {
+            // skip the rest of a lower-case word at once
+            i += b.get(i..).map_or(1, |r| {
+                r.iter().take_while(|c| c.is_ascii_lowercase()).count()
+            });
+            continue;
+        }
+        // most bytes: not the start of a capitalised word
+        let capital = c.is_ascii_uppercase()
+            || ((0xC3..=0xC5).contains(&c) && char_at(text, i).is_some_and(char::is_uppercase));
+        if !capital || char_before(text, i).is_some_and(is_word_char) || !worth_a_look(text, i) {
+            i += 1;
+            continue;
+        }
+        // the words of a window around it; every candidate in the window's first part is
+        // decided with this one cut (so Title Case text is cut into words about twice)
+        let from = floor_boundary(text, i.saturating_sub(BACK));
+        let to = floor_boundary(text, (i + AHEAD).min(text.len()));
+        let decided_to = if to == text.len() {
+            to
+        } else {
+            floor_boundary(text, to - AHEAD / 2)
+        };
+        let window = text.get(from..to).unwrap_or_default();
+        let words = words(window);
+        let mut next = decided_to.max(i + 1);
+        let mut k = words
+            .iter()
+            .position(|w| w.span.start + from >= i)
+            .unwrap_or(words.len());
+        while let Some(w) = words.get(k) {
+            if w.span.start + from >= decided_to {
+                break;
             }
-            None => i += 1,
+            let named = if w.capital {
+                let cue = cue_before(window, &words, k);
+                name_at(window, &words, k, cue, &mut fold)
+            } else {
+                None
+            };
+            match named.and_then(|last| words.get(last).map(|l| (last, l.span.end))) {
+                Some((last, end)) => {
+                    found(w.span.start + from..end + from);
+                    next = next.max(end + from);
+                    k = last + 1;
+                }
+                None => k += 1,
+            }
+        }
+        i = next;
+    }
+}
+
+fn char_at(text: &str, i: usize) -> Option<char> {
+    text.get(i..).and_then(|r| r.chars().next())
+}
+
+fn char_before(text: &str, i: usize) -> Option<char> {
+    text.get(..i).and_then(|r| r.chars().next_back())
+}
+
+fn is_word_char(c: char) -> bool {
+    c.is_alphanumeric() || matches!(c, '\'' | '’' | '-' | '_')
+}
+
+fn floor_boundary(text: &str, mut i: usize) -> usize {
+    while i > 0 && !text.is_char_boundary(i) {
+        i -= 1;
+    }
+    i
+}
+
+/// The last words of cues ([`STRONG_CUES`], [`WEAK_CUES`], [`CLOSINGS`]), lower case.
+const CUE_ENDS: &[&str] = &[
+    "am",
+    "bin",
+    "bonjour",
+    "cher",
+    "cheers",
+    "chère",
+    "cordialement",
+    "dear",
+    "est",
+    "gruesse",
+    "grüße",
+    "grüßen",
+    "hallo",
+    "heisse",
+    "heiße",
+    "hello",
+    "hi",
+    "i'm",
+    "ist",
+    "is",
+    "liebe",
+    "lieber",
+    "m'appelle",
+    "m’appelle",
+    "me",
+    "regards",
+    "signed",
+    "sincerely",
+    "suis",
+    "thanks",
+];
+
+/// A cheap test before the window is cut into words: the capitalised word at `i` is
+/// followed by a capitalised word, an initial or a particle, or preceded by an honorific or
+/// the end of a cue.
+fn worth_a_look(text: &str, i: usize) -> bool {
+    let b = text.as_bytes();
+    let byte = |k: usize| b.get(k).copied().unwrap_or(0);
+    let mut e = i;
+    while let Some(c) = char_at(text, e) {
+        if !(is_latin_letter(c) || (matches!(c, '\'' | '’' | '-') && e > i)) {
+            break;
+        }
+        e += c.len_utf8();
+    }
+    // after: [.] spaces, then a capital or a particle
+    let mut p = e;
+    if byte(p) == b'.' {
+        p += 1;
+    }
+    let spaces = p;
+    while matches!(byte(p), b' ' | b'\t') && p - spaces < 3 {
+        p += 1;
+    }
+    if p > spaces {
+        if char_at(text, p).is_some_and(char::is_uppercase) {
+            return true;
+        }
+        let next: &[u8] = b.get(p..).unwrap_or_default();
+        let word_len = next.iter().take_while(|c| c.is_ascii_lowercase()).count();
+        if next
+            .get(..word_len)
+            .is_some_and(|w| PARTICLES.iter().any(|x| x.as_bytes() == w))
+        {
+            return true;
         }
     }
+    // before: a cue's last word, then spaces, a comma or a line break
+    let mut s = i;
+    while s > 0 && s + 4 > i && matches!(byte(s - 1), b' ' | b'\t' | b',' | b'\n' | b'\r') {
+        s -= 1;
+    }
+    if s == i {
+        return false;
+    }
+    if s > 0 && byte(s - 1) == b'.' {
+        s -= 1; // `Dr. `, `M. `
+    }
+    let mut w = s;
+    while w > 0
+        && s - w < 14
+        && char_before(text, w).is_some_and(|c| c.is_alphabetic() || c == '\'' || c == '’')
+    {
+        w -= char_before(text, w).map_or(1, char::len_utf8);
+    }
+    let prev = text.get(w..s).unwrap_or_default();
+    !prev.is_empty()
+        && (CUE_ENDS.iter().any(|c| prev.eq_ignore_ascii_case(c))
+            || HONORIFICS.contains(&prev)
+            || prev == "M")
 }
 
 /// What the words right before a candidate say about it.
