@@ -1014,6 +1014,17 @@ mod tests {
             "sk-".repeat(10_000),
             "eyJ.".repeat(10_000),
             "-----BEGIN PRIVATE KEY-----".repeat(1_000),
+            // names and addresses: Title Case, cues, CJK runs, street shapes
+            "John Smith ".repeat(2_000),
+            "Mr ".repeat(5_000),
+            "Dear John, ".repeat(2_000),
+            "王李张".repeat(3_000),
+            "井上 ".repeat(3_000),
+            "省市区路号".repeat(2_000),
+            "1 Main Street ".repeat(2_000),
+            "12, rue ".repeat(2_000),
+            "Weg 1 ".repeat(2_000),
+            "〒123-4567".repeat(1_000),
         ];
         for text in &inputs {
             for b in Builtin::ALL {
