@@ -94,7 +94,8 @@ def write(name, words):
 def main():
     census_dir = pathlib.Path(sys.argv[1])
     given = census(census_dir / "dist.male.first") + census(census_dir / "dist.female.first")
-    given += nam_dict(sys.argv[2])
+    if len(sys.argv) > 2:  # without nam_dict: census first names only (no GNU FDL data)
+        given += nam_dict(sys.argv[2])
     write("given_names.txt", given)
     write("surnames.txt", census(census_dir / "dist.all.last", SURNAMES))
 
