@@ -419,6 +419,35 @@ fn is_fr_type(word: &str) -> bool {
     )
 }
 
+/// [`is_fr_type`] for a word of ASCII lower-case letters (the common case in prose).
+fn is_fr_type_ascii(word: &[u8]) -> bool {
+    matches!(
+        word,
+        b"allee"
+            | b"av"
+            | b"avenue"
+            | b"bd"
+            | b"boulevard"
+            | b"chemin"
+            | b"cours"
+            | b"esplanade"
+            | b"faubourg"
+            | b"hameau"
+            | b"impasse"
+            | b"parvis"
+            | b"passage"
+            | b"place"
+            | b"promenade"
+            | b"quai"
+            | b"route"
+            | b"rue"
+            | b"ruelle"
+            | b"sentier"
+            | b"square"
+            | b"voie"
+    )
+}
+
 /// Words inside a French street name that are not capitalised.
 const FR_PARTICLES: &[&str] = &[
     "au", "aux", "d", "de", "des", "du", "en", "et", "l", "la", "le", "les", "sous", "sur",
@@ -613,10 +642,17 @@ fn latin_addresses(text: &str, found: &mut dyn FnMut(Range<usize>)) {
             continue;
         }
         let step = cur.char_at(i).map_or(1, char::len_utf8);
-        if c.is_ascii_lowercase() && !b"abcpqrsv".contains(&c) {
-            // no scanner starts with this word (French types begin with these letters)
-            i += ascii_alnum_run(text, i).max(1);
-            continue;
+        if c.is_ascii_lowercase() {
+            // a lower-case word can only start a French street (`rue …`): most words of
+            // prose are ruled out by their letters without decoding anything
+            let n = ascii_alnum_run(text, i).max(1);
+            let after = cur.byte(i + n);
+            let plain = after < 0x80 && !matches!(after, b'-' | b'\'');
+            let word = text.as_bytes().get(i..i + n).unwrap_or_default();
+            if plain && !is_fr_type_ascii(word) {
+                i += n;
+                continue;
+            }
         }
         let boundary = prev < 0x80
             || cur
@@ -1090,6 +1126,8 @@ mod tests {
     fn french_types() {
         for t in FR_TYPES {
             assert!(is_fr_type(t), "{t}");
+            let plain = t.bytes().all(|b| b.is_ascii_lowercase());
+            assert_eq!(is_fr_type_ascii(t.as_bytes()), plain, "{t}");
             assert!(is_fr_type(&t.to_ascii_uppercase()) || !t.is_ascii(), "{t}");
         }
         assert!(!is_fr_type("rues") && !is_fr_type("the") && !is_fr_type(""));
