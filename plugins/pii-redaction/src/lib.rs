@@ -2,7 +2,8 @@
 //!
 //! Scans the message text of OpenAI Chat Completions, Responses API and Anthropic Messages
 //! requests (or, per rule, the whole raw body) with built-in detectors (e-mail, phones, PRC
-//! resident ID with its check digit, Luhn-valid cards, IPv4/IPv6, common secrets) and user
+//! resident ID with its check digit, Luhn-valid cards, IPv4/IPv6, common secrets, personal
+//! names from gazetteers and context, postal addresses by their shape per locale) and user
 //! patterns and deny words. Each rule masks with a stable per-request placeholder
 //! (`[EMAIL_1]`), hashes (salted, truncated SHA-256), or blocks the request (400). Masked
 //! values of `restore` rules are put back in the response — whole JSON bodies and SSE streams,
