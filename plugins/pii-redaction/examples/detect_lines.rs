@@ -1,7 +1,8 @@
 //! Runs built-in detectors over text, one JSON string per input line, and prints for each
-//! line a JSON array of `[detector id, matched text]`: the measuring end of
-//! `tools/pii-name-eval.py`. `cargo run --release -p pii-redaction --example detect_lines --
-//! person_name street_address < lines.jsonl`
+//! line a JSON array of `[detector id, matched text]`, for quick measurements of a detector
+//! on a corpus of one's own:
+//! `cargo run --release -p pii-redaction --example detect_lines -- person_name street_address
+//! < lines.jsonl`
 
 use pii_redaction::detect::Builtin;
 use std::io::{BufRead, Write};
