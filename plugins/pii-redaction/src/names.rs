@@ -10,7 +10,8 @@
 //! * Chinese: a surname (the classical 百家姓 list and today's most common ones) and one or
 //!   two characters common in given names, with context: the name stands alone between
 //!   punctuation, or a cue precedes or follows it (`我叫`, `给`, `帮…写`, `先生`, `的`).
-//!   Surnames that are everyday words (`高`, `方`, `文`) need a strong cue (`姓名`, `先生`).
+//!   Surnames that are everyday words (`高`, `方`, `文`) need a strong cue (`姓名`, `先生`),
+//!   a cue on both sides, or a three-character name standing alone.
 //! * Japanese: a common surname, then a space and a given name (kanji or kana), or a given
 //!   name of one or two kanji that ends the kanji run, or an honorific (`さん`, `様`).
 //!
@@ -1013,7 +1014,12 @@ fn chinese_at(text: &str, chars: &[Ch], k: usize, run_start: bool) -> Option<usi
         let cue_after = strong_after || starts_with_any(text, chars, after, CN_AFTER);
         let bounded = run_end || cue_after;
         let accepted = if prose {
-            strong_before || strong_after || (given == 2 && cue_before && bounded)
+            // or a cue before and the run ending after it, or three characters standing
+            // alone between punctuation (`：林建平（`)
+            strong_before
+                || strong_after
+                || (cue_before && bounded)
+                || (given == 2 && run_start && run_end)
         } else {
             // a cue word before it (the longest given name of name characters), or the
             // start of a run and a cue or the end after it
