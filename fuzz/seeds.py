@@ -284,6 +284,8 @@ def pii_seeds():
         for config in (0, 2, 3):
             seed("pii_request", f"{name}-{config}", [config, path], j(body))
     seed("pii_request", "raw-text", [1, 3], "Contact ann@example.com, 13800138000, [EMAIL_1] or -----BEGIN PRIVATE KEY-----\nMIIB\n-----END PRIVATE KEY-----")
+    seed("pii_request", "names-addresses", [0, 0], j({"model": "fast", "messages": [{"role": "user", "content":
+         "I am John Underwood, 8353 Kathleen Highway Apt. 681. 我叫朱颖，住在朝阳区建国路88号。井上 篤司、〒123-4567 [NAME_1]"}]}))
     for name, path, body in RAW_REQUESTS[:2]:
         seed("pii_request", name, [0, path], body)
     # regression: the preamble went into an object as if it were a list
@@ -306,6 +308,11 @@ def pii_seeds():
                 "v1.2.3.4, 2024-12-01 10:30:45, 550e8400-e29b-41d4-a716-446655440000, $1,234.50."),
         ("literal", "Keep [EMAIL_1] and [PHONE_12] and [EMAIL_ as written; [NOT_A_RULE_1] too. a@b.co"),
         ("unicode", "日本語 mail: 名前@example.jp? ann@example.com — ok\n\ttabs \"quotes\" \\ backslash"),
+        ("names", "Ask John Underwood and Mr Hardy; je m'appelle Françoise Gauthier. 我叫朱颖，帮欧阳娜娜写信。"
+                  "担当は井上 篤司です、田中さん。Best regards,\nJürgen Müller [NAME_1]"),
+        ("addresses", "Ship to 8353 Kathleen Highway Apt. 681\nLake Victoria, VI 39349 or Flat 37\nBennett Mall\nN8 8HN; "
+                      "Schaafstraße 1-8\n66258 Brand; 29, rue Alphonse Michel\n83654 Sainte Marianne; "
+                      "广西壮族自治区天津市江北蒋路H座 477835；福島県横浜市泉区西神田2丁目1番1号 〒123-4567 [ADDRESS_1]"),
     ]
     # the national-format detectors (phone, IBAN, national ids) in a chat request
     seed("pii_request", "ids-chat", [0, 0], j({"model": "fast", "messages": [
@@ -553,14 +560,20 @@ def dictionaries():
         '"_match_service_":["s:80"]', '"_match_other_":', "minute", "second", "hour", "day", "month", "mask", "hash",
         "block", "openai", "anthropic", "openai-compatible", "reject", "pass", "raw_body", "messages", "allow",
         "email", "phone_cn", "phone_e164", "id_cn", "card", "ipv4", "ipv6", "openai_key", "aws_access_key", "jwt",
-        "phone", "iban", "ssn_us", "nino_uk", "nir_fr", "tax_id_de", "my_number_jp",
+        "phone", "iban", "ssn_us", "nino_uk", "nir_fr", "tax_id_de", "my_number_jp", "person_name", "street_address",
         "private_key", "(a+)+", "[^", "\\d{99999}", "2027-01-01T00:00:00Z", "0.000001", "1e999"]
     write_dict("config", JSON_TOKENS + config_words)
     write_dict("resp", ["\r\n", "+OK", "-ERR ", "-NOSCRIPT ", ":", ":-1", "$", "$-1", "*", "*-1", "*0", "$0\r\n\r\n",
                         "9223372036854775807", "-9223372036854775808", "4097", "1048577"])
     write_dict("text", ["'s", "'t", "'re", "'ve", "'m", "'ll", "'d", "'S", "'RE", " ", "  ", "\n", "\r\n", "\t",
                         "\u00a0", "\u3000", "123", "4567", "/", "//", "é", "e\u0301", "日本", "ー", "ǅ", "Ⅻ",
-                        "👩\u200d👧", "\u200d", "ſ", "ß", "İ", "µ", "\U0001d400", "HTTPServer", "camelCase"])
+                        "👩\u200d👧", "\u200d", "ſ", "ß", "İ", "µ", "\U0001d400", "HTTPServer", "camelCase",
+                        # person_name and street_address: names, cues, street shapes
+                        "John ", "Underwood", "Mr ", "Dr. ", "M. ", "Herr ", "my name is ", "je m'appelle ",
+                        "ich heiße ", "Best regards,\n", " van der ", " de la ", "朱", "欧阳", "颖", "我叫", "帮",
+                        "先生", "女士", "井上", " 篤司", "さん", "様", " Street", " Apt. 4", ", NY 10001", "SW1A 1AA",
+                        "straße 12", "str. 5", "12345 Berlin", "29, rue ", "75001 Paris", "省", "市", "区", "路",
+                        "88号", "H座", "県", "丁目", "番地", "〒123-4567"])
     write_dict("headers", [":path: ", ":authority: ", "authorization: ", "Bearer ", "bearer ", "x-api-key: ",
                            "api-key: ", "x-llm-consumer: ", "x-llm-tenant: ", "x-llm-groups: ", "X-LLM-", "x-mse-consumer: ",
                            "x-request-id: ", "x-llm-request-id: ", "x-project: ", "x-agent: ", "x-run-id: ",

@@ -3,6 +3,8 @@
 //! * request scan: a Chat Completions body of 8 KB and of 256 KB (prose with an e-mail, a
 //!   phone, an ID, a card and an IP address every ~1 KB), every built-in detector on, through
 //!   `redact_body` (JSON walk, decode, detect, mask, re-encode, splice);
+//! * the 8 KB body without the `person_name` and `street_address` detectors (what they
+//!   cost), and with a name and an address in each PII group (what masking them costs);
 //! * the same prose without any personal data (the common case: nothing to replace);
 //! * stream restore: a 2 000-event chat SSE stream whose 3-character deltas split
 //!   placeholders, fed in 1 KB network chunks through `SseRestorer`.
@@ -82,6 +84,48 @@ fn main() {
                 &format!("  ({matches} matches)"),
             );
         }
+    }
+
+    // the cost of the name and address detectors: the same 8 KB body without them, and a
+    // body whose PII groups also hold a name and an address
+    let without: Vec<String> = pii_redaction::detect::Builtin::ALL
+        .into_iter()
+        .filter(|b| !matches!(b.id(), "person_name" | "street_address"))
+        .map(|b| format!(r#"{{"detector": "{}"}}"#, b.id()))
+        .collect();
+    let document = format!(r#"{{"rules": [{}]}}"#, without.join(","));
+    let rules_without = parse_document(document.as_bytes()).expect("config");
+    let config_without = rules_without.global().expect("global config").clone();
+    let names_text = prose(8 * 1024, true).replace(
+        "Contact user",
+        "Ask John Underwood at 42 Kathleen Highway, or mail user",
+    );
+    for (label, cfg, text) in [
+        (
+            "request scan 8 KB with PII, no name/addr",
+            &config_without,
+            prose(8 * 1024, true),
+        ),
+        (
+            "request scan 8 KB with PII + names/addrs",
+            &config,
+            names_text,
+        ),
+    ] {
+        let body = chat_body(&text);
+        let mut matches = 0;
+        let seconds = median(budget, || {
+            let mut map = PlaceholderMap::default();
+            let out = redact_body(cfg, Api::Chat, black_box(&body), &mut map);
+            matches = map.total();
+            black_box(out);
+        });
+        report(
+            label,
+            body.len(),
+            seconds,
+            &format!("  ({matches} matches)"),
+        );
     }
 
     // the stream: the restored text is a masked prompt echoed back in 3-character deltas

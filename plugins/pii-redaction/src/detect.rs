@@ -5,7 +5,8 @@
 //!
 //! Every scanner looks at each byte a bounded number of times, so the time is linear in the
 //! text whatever it contains; `regex-lite` has no backtracking. Built-in matches start and
-//! end on ASCII bytes, so their spans are always on `char` boundaries.
+//! end on `char` boundaries: the byte scanners' on ASCII bytes, names and addresses (their
+//! own modules, [`crate::names`] and [`crate::address`]) on any character.
 
 use std::net::Ipv6Addr;
 use std::ops::Range;
@@ -54,11 +55,16 @@ pub enum Builtin {
     TaxIdDe,
     /// Japanese My Number (個人番号): 12 digits with its check digit.
     MyNumberJp,
+    /// A person's name: gazetteers of given names and surnames plus context (see
+    /// [`crate::names`]).
+    PersonName,
+    /// A postal address by its shape per locale (see [`crate::address`]).
+    StreetAddress,
 }
 
 impl Builtin {
     /// Every built-in, in the default rule order.
-    pub const ALL: [Builtin; 18] = [
+    pub const ALL: [Builtin; 20] = [
         Builtin::PrivateKey,
         Builtin::Jwt,
         Builtin::OpenAiKey,
@@ -77,6 +83,8 @@ impl Builtin {
         Builtin::TaxIdDe,
         Builtin::Ipv6,
         Builtin::Ipv4,
+        Builtin::StreetAddress,
+        Builtin::PersonName,
     ];
 
     /// The name used in config (`"detector": "email"`).
@@ -100,6 +108,8 @@ impl Builtin {
             Builtin::NirFr => "nir_fr",
             Builtin::TaxIdDe => "tax_id_de",
             Builtin::MyNumberJp => "my_number_jp",
+            Builtin::PersonName => "person_name",
+            Builtin::StreetAddress => "street_address",
         }
     }
 
@@ -121,6 +131,8 @@ impl Builtin {
             Builtin::AwsAccessKey => "AWS_KEY",
             Builtin::Jwt => "JWT",
             Builtin::PrivateKey => "PRIVATE_KEY",
+            Builtin::PersonName => "NAME",
+            Builtin::StreetAddress => "ADDRESS",
         }
     }
 
@@ -139,6 +151,8 @@ impl Builtin {
             Builtin::Email => email(b, found),
             Builtin::Ipv6 => ipv6_runs(b, found),
             Builtin::PrivateKey => private_key(text, found),
+            Builtin::PersonName => crate::names::find(text, found),
+            Builtin::StreetAddress => crate::address::find(text, found),
             _ => {}
         }
     }
@@ -159,7 +173,11 @@ impl Builtin {
             Builtin::OpenAiKey => |c| c == b's',
             Builtin::AwsAccessKey => |c| c == b'A',
             Builtin::Jwt => |c| c == b'e',
-            Builtin::Email | Builtin::Ipv6 | Builtin::PrivateKey => return None,
+            Builtin::Email
+            | Builtin::Ipv6
+            | Builtin::PrivateKey
+            | Builtin::PersonName
+            | Builtin::StreetAddress => return None,
         };
         let try_at: Matcher = match self {
             Builtin::PhoneCn => phone_cn,
@@ -177,7 +195,11 @@ impl Builtin {
             Builtin::OpenAiKey => openai_key,
             Builtin::AwsAccessKey => aws_key,
             Builtin::Jwt => jwt,
-            Builtin::Email | Builtin::Ipv6 | Builtin::PrivateKey => return None,
+            Builtin::Email
+            | Builtin::Ipv6
+            | Builtin::PrivateKey
+            | Builtin::PersonName
+            | Builtin::StreetAddress => return None,
         };
         Some((first, try_at))
     }
@@ -1038,6 +1060,17 @@ mod tests {
             "DE89 ".repeat(10_000),
             "AB 12 ".repeat(10_000),
             "call 0".repeat(10_000),
+            // names and addresses: Title Case, cues, CJK runs, street shapes
+            "John Smith ".repeat(2_000),
+            "Mr ".repeat(5_000),
+            "Dear John, ".repeat(2_000),
+            "王李张".repeat(3_000),
+            "井上 ".repeat(3_000),
+            "省市区路号".repeat(2_000),
+            "1 Main Street ".repeat(2_000),
+            "12, rue ".repeat(2_000),
+            "Weg 1 ".repeat(2_000),
+            "〒123-4567".repeat(1_000),
         ];
         for text in &inputs {
             for b in Builtin::ALL {

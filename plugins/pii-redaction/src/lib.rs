@@ -3,8 +3,9 @@
 //! Scans the message text of OpenAI Chat Completions, Responses API and Anthropic Messages
 //! requests (or, per rule, the whole raw body) with built-in detectors (e-mail, phone numbers
 //! of any country, IBAN, national ids with their check digits — PRC, US, UK, FR, DE, JP —,
-//! payment cards of every brand, IPv4/IPv6, common secrets) and user patterns and deny
-//! words. Each rule masks with a stable per-request placeholder
+//! payment cards of every brand, IPv4/IPv6, common secrets, personal names from gazetteers and
+//! context, postal addresses by their shape per locale) and user patterns and deny words. Each
+//! rule masks with a stable per-request placeholder
 //! (`[EMAIL_1]`), hashes (salted, truncated SHA-256), or blocks the request (400). Masked
 //! values of `restore` rules are put back in the response — whole JSON bodies and SSE streams,
 //! where a placeholder may be split across events and network chunks — and optional output
@@ -24,6 +25,7 @@
     )
 )]
 
+pub mod address;
 #[cfg(not(target_arch = "wasm32"))]
 #[doc(hidden)]
 pub mod bench_data;
@@ -32,6 +34,7 @@ pub mod config;
 pub mod detect;
 pub mod iban;
 pub mod mask;
+pub mod names;
 pub mod national_id;
 pub mod phone;
 pub mod request;

@@ -755,6 +755,64 @@ mod tests {
         }
     }
 
+    /// Names and addresses are non-ASCII values: masked from a CJK prompt, their placeholders
+    /// come back in a stream whose deltas cut the text between any two characters and whose
+    /// network chunks cut it at every byte (inside UTF-8 sequences too); the client gets the
+    /// unsplit output and the original values.
+    #[test]
+    fn cjk_names_and_addresses_restore_at_every_split() {
+        let prompt = "我叫朱颖，住在广西壮族自治区天津市江北蒋路H座 477835。担当は井上 篤司です。\
+                      Françoise Gauthier, 29, rue Alphonse Michel";
+        let mut map = PlaceholderMap::default();
+        let masked = redactor().redact(prompt, &mut map).unwrap().unwrap();
+        for value in ["朱颖", "井上 篤司", "Françoise Gauthier", "蒋路H座 477835"] {
+            assert!(!masked.contains(value), "{value} masked: {masked}");
+        }
+        assert!(
+            masked.contains("[NAME_1]") && masked.contains("[ADDRESS_1]"),
+            "{masked}"
+        );
+        assert_eq!(map.restore(&masked), prompt);
+
+        // the model echoes the masked prompt; deltas cut at every char boundary (3 at once)
+        let chars: Vec<usize> = masked.char_indices().map(|(i, _)| i).collect();
+        for anthropic in [false, true] {
+            for at in chars.iter().step_by(3) {
+                let cuts = [*at, (*at + 7).min(masked.len())];
+                let cuts: Vec<usize> = cuts
+                    .into_iter()
+                    .map(|c| {
+                        (c..=masked.len())
+                            .find(|&k| masked.is_char_boundary(k))
+                            .unwrap()
+                    })
+                    .collect();
+                let body = stream_body(&masked, &cuts, anthropic);
+                let whole = restore_chunks(&mut map, &[&body]);
+                let text: String = datas(&whole)
+                    .iter()
+                    .filter_map(|v| {
+                        v["choices"][0]["delta"]["content"]
+                            .as_str()
+                            .or(v["delta"]["text"].as_str())
+                            .map(str::to_owned)
+                    })
+                    .collect();
+                assert_eq!(text, prompt);
+            }
+            // network chunks split at every byte offset give the unsplit output
+            let cuts: Vec<usize> = [2, 5, 9, 14].iter().map(|&c| chars[c]).collect();
+            let body = stream_body(&masked, &cuts, anthropic);
+            let whole = restore_chunks(&mut map, &[&body]);
+            for at in 0..=body.len() {
+                let split = restore_chunks(&mut map, &[&body[..at], &body[at..]]);
+                assert_eq!(split, whole, "split at {at}");
+            }
+            let bytes: Vec<&[u8]> = body.chunks(2).collect();
+            assert_eq!(restore_chunks(&mut map, &bytes), whole);
+        }
+    }
+
     /// A chat (or Anthropic) SSE body whose text is `text` cut into deltas at `cuts`.
     fn stream_body(text: &str, cuts: &[usize], anthropic: bool) -> Vec<u8> {
         let mut bounds: Vec<usize> = cuts.iter().map(|c| c % (text.len() + 1)).collect();

@@ -1,0 +1,1149 @@
+//! `street_address`: postal addresses by their shape in each locale, without a model.
+//!
+//! * en: house number, capitalised street name words and a street type (the USPS street
+//!   suffixes: `Street`, `St`, `Ave`, `Knolls`, `Radial`…), optional `Apt.`/`Suite`/`Unit`
+//!   number, optional `City, ST 12345` (or a UK town and postcode); `Flat 7`/`Studio 3`
+//!   before a street without a number; a UK postcode on its own (`SW1A 1AA`); military
+//!   `APO AE 12345`.
+//! * de: a street word ending in `straße`, `str.`, `weg`, `platz`, `allee`, `gasse`, `ring`…
+//!   and a house number (`12a`, `1-8`, `97/14`), optional 5-digit PLZ and town.
+//! * fr: number (`bis`/`ter`), optional comma, `rue`/`avenue`/`boulevard`/`chemin`/`allée`…
+//!   and the name, optional 5-digit code postal and town.
+//! * zh: administrative parts (`…省`, `…市`, `…区`, `…县`) and a street (`…路`, `…街`) with
+//!   optional numbers (`88号`, `H座`) and a 6-digit postcode, or a street with a number.
+//! * ja: `〒123-4567`; prefecture (`都`/`道`/`府`/`県`), city or ward (`市`/`区`/`町`/`村`)
+//!   and a block number (`丁目`, `番地`, `番`, `号`).
+//!
+//! The Latin scanners read a bounded number of tokens from each token start; the CJK forms
+//! are `regex-lite` patterns (no backtracking), run only when the text has CJK characters.
+//! Spans start and end on `char` boundaries.
+
+use crate::names::has_cjk;
+use std::ops::Range;
+use std::sync::OnceLock;
+
+/// Calls `found` with every address in `text`, in order, not overlapping.
+pub fn find(text: &str, found: &mut dyn FnMut(Range<usize>)) {
+    let mut spans = Vec::new();
+    latin_addresses(text, &mut |r| spans.push(r));
+    if has_cjk(text) {
+        for re in cjk_patterns() {
+            for m in re.find_iter(text) {
+                let span = trim_lead(text, m.range());
+                if !span.is_empty() {
+                    spans.push(span);
+                }
+            }
+        }
+    }
+    spans.sort_by(|a, b| a.start.cmp(&b.start).then(b.end.cmp(&a.end)));
+    let mut end = 0;
+    for span in spans {
+        if span.start >= end {
+            end = span.end;
+            found(span);
+        }
+    }
+}
+
+/// Words of a sentence that a match's leftmost start may have taken in before the address
+/// (`送到朝阳区…`): cut off.
+const ZH_LEADS: &[&str] = &[
+    "地址是",
+    "地址",
+    "位于",
+    "住在",
+    "寄到",
+    "送到",
+    "发往",
+    "寄往",
+    "搬到",
+    "来自",
+    "我在",
+    "在",
+    "到",
+    "于",
+    "是",
+    "住",
+];
+
+fn trim_lead(text: &str, mut span: Range<usize>) -> Range<usize> {
+    for _ in 0..3 {
+        let Some(lead) = text
+            .get(span.clone())
+            .and_then(|m| ZH_LEADS.iter().find(|l| m.starts_with(*l)))
+        else {
+            break;
+        };
+        span.start += lead.len();
+    }
+    span
+}
+
+fn cjk_patterns() -> &'static [regex_lite::Regex] {
+    static PATTERNS: OnceLock<Vec<regex_lite::Regex>> = OnceLock::new();
+    PATTERNS.get_or_init(|| {
+        const HAN: &str = "[\u{4E00}-\u{9FFF}]";
+        let admin = format!("{HAN}{{1,6}}?(?:省|自治区|特别行政区|市|州|盟|区|县|旗|镇|乡)");
+        let street = "[\u{4E00}-\u{9FFF}A-Za-z0-9]{1,10}?(?:大道|大街|路|街|巷|弄|胡同)";
+        let number = "[A-Za-z0-9-]{1,8}(?:号楼|号|座|栋|幢|楼|室|单元)";
+        let postcode = "(?:[ \u{3000}]?[0-9]{6})?";
+        let zh = format!(
+            "(?:{admin}){{1,4}}{street}(?:{number}){{0,4}}{postcode}|{street}(?:{number}){{1,4}}{postcode}"
+        );
+        let kana = "\u{3041}-\u{30FF}\u{30FC}";
+        let digits = "[0-9０-９]{1,4}";
+        let ja = format!(
+            "(?:〒[ \u{3000}]?[0-9]{{3}}-[0-9]{{4}}[ \u{3000}]?)?(?:{HAN}{{1,3}}?(?:都|道|府|県))?(?:{HAN}[\u{4E00}-\u{9FFF}{kana}]{{0,5}}?(?:市|区|町|村|郡)){{1,3}}[\u{4E00}-\u{9FFF}{kana}Ａ-Ｚａ-ｚA-Za-z]{{0,16}}?{digits}(?:丁目|番地|番|号|-|－)(?:{digits}(?:丁目|番地|番|号|-|－)?){{0,3}}|〒[ \u{3000}]?[0-9]{{3}}-[0-9]{{4}}"
+        );
+        [zh, ja]
+            .iter()
+            .filter_map(|p| regex_lite::Regex::new(p).ok())
+            .collect()
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// Latin-script locales
+
+/// USPS street suffixes (Publication 28, appendix C1) and common abbreviations, lower case.
+const EN_TYPES: &[&str] = &[
+    "alley",
+    "aly",
+    "arcade",
+    "ave",
+    "avenue",
+    "bayou",
+    "beach",
+    "bend",
+    "bluff",
+    "bluffs",
+    "blvd",
+    "bottom",
+    "boulevard",
+    "branch",
+    "bridge",
+    "brook",
+    "brooks",
+    "burg",
+    "burgs",
+    "bypass",
+    "camp",
+    "canyon",
+    "cape",
+    "causeway",
+    "center",
+    "centers",
+    "cir",
+    "circle",
+    "circles",
+    "cliff",
+    "cliffs",
+    "club",
+    "common",
+    "commons",
+    "corner",
+    "corners",
+    "course",
+    "court",
+    "courts",
+    "cove",
+    "coves",
+    "creek",
+    "crescent",
+    "crest",
+    "crossing",
+    "crossroad",
+    "ct",
+    "curve",
+    "dale",
+    "dam",
+    "divide",
+    "dr",
+    "drive",
+    "drives",
+    "estate",
+    "estates",
+    "expressway",
+    "extension",
+    "extensions",
+    "fall",
+    "falls",
+    "ferry",
+    "field",
+    "fields",
+    "flat",
+    "flats",
+    "ford",
+    "fords",
+    "forest",
+    "forge",
+    "forges",
+    "fork",
+    "forks",
+    "fort",
+    "freeway",
+    "garden",
+    "gardens",
+    "gateway",
+    "glen",
+    "glens",
+    "green",
+    "greens",
+    "grove",
+    "groves",
+    "harbor",
+    "harbors",
+    "haven",
+    "heights",
+    "highway",
+    "hill",
+    "hills",
+    "hollow",
+    "hwy",
+    "inlet",
+    "island",
+    "islands",
+    "isle",
+    "junction",
+    "junctions",
+    "key",
+    "keys",
+    "knoll",
+    "knolls",
+    "lake",
+    "lakes",
+    "landing",
+    "lane",
+    "light",
+    "lights",
+    "ln",
+    "loaf",
+    "lock",
+    "locks",
+    "lodge",
+    "loop",
+    "mall",
+    "manor",
+    "manors",
+    "meadow",
+    "meadows",
+    "mews",
+    "mill",
+    "mills",
+    "mission",
+    "motorway",
+    "mount",
+    "mountain",
+    "mountains",
+    "neck",
+    "orchard",
+    "oval",
+    "overpass",
+    "parade",
+    "park",
+    "parks",
+    "parkway",
+    "parkways",
+    "pass",
+    "passage",
+    "path",
+    "pike",
+    "pine",
+    "pines",
+    "pkwy",
+    "pl",
+    "place",
+    "plain",
+    "plains",
+    "plaza",
+    "point",
+    "points",
+    "port",
+    "ports",
+    "prairie",
+    "radial",
+    "ramp",
+    "ranch",
+    "rapid",
+    "rapids",
+    "rd",
+    "rest",
+    "ridge",
+    "ridges",
+    "river",
+    "road",
+    "roads",
+    "route",
+    "row",
+    "rue",
+    "run",
+    "shoal",
+    "shoals",
+    "shore",
+    "shores",
+    "skyway",
+    "spring",
+    "springs",
+    "spur",
+    "spurs",
+    "sq",
+    "square",
+    "squares",
+    "st",
+    "station",
+    "stravenue",
+    "stream",
+    "street",
+    "streets",
+    "summit",
+    "ter",
+    "terrace",
+    "throughway",
+    "trace",
+    "track",
+    "trafficway",
+    "trail",
+    "trailer",
+    "tunnel",
+    "turnpike",
+    "underpass",
+    "union",
+    "unions",
+    "valley",
+    "valleys",
+    "via",
+    "viaduct",
+    "view",
+    "views",
+    "village",
+    "villages",
+    "ville",
+    "vista",
+    "walk",
+    "walks",
+    "wall",
+    "way",
+    "ways",
+    "well",
+    "wells",
+];
+
+/// Words that start a unit after the street (`Apt. 681`, `Suite 869`).
+const EN_UNITS: &[&str] = &[
+    "apartment",
+    "apt",
+    "building",
+    "bldg",
+    "fl",
+    "floor",
+    "room",
+    "rm",
+    "ste",
+    "suite",
+    "unit",
+];
+
+/// French street types, lower case (what [`is_fr_type`] matches; the tests check it).
+#[cfg(test)]
+const FR_TYPES: &[&str] = &[
+    "allée",
+    "allee",
+    "av",
+    "avenue",
+    "bd",
+    "boulevard",
+    "chemin",
+    "chaussée",
+    "cité",
+    "cours",
+    "esplanade",
+    "faubourg",
+    "hameau",
+    "impasse",
+    "lieu-dit",
+    "parvis",
+    "passage",
+    "place",
+    "promenade",
+    "quai",
+    "résidence",
+    "rond-point",
+    "route",
+    "rue",
+    "ruelle",
+    "sentier",
+    "square",
+    "voie",
+];
+
+/// Whether `word` is one of [`FR_TYPES`] (ASCII letters in any case), by a `match` (a
+/// length switch) instead of a scan of the list: this runs at most words of prose.
+fn is_fr_type(word: &str) -> bool {
+    let mut buf = [0u8; 12];
+    let Some(lower) = buf.get_mut(..word.len()) else {
+        return false;
+    };
+    lower.copy_from_slice(word.as_bytes());
+    lower.make_ascii_lowercase();
+    matches!(
+        std::str::from_utf8(lower),
+        Ok("allée"
+            | "allee"
+            | "av"
+            | "avenue"
+            | "bd"
+            | "boulevard"
+            | "chemin"
+            | "chaussée"
+            | "cité"
+            | "cours"
+            | "esplanade"
+            | "faubourg"
+            | "hameau"
+            | "impasse"
+            | "lieu-dit"
+            | "parvis"
+            | "passage"
+            | "place"
+            | "promenade"
+            | "quai"
+            | "résidence"
+            | "rond-point"
+            | "route"
+            | "rue"
+            | "ruelle"
+            | "sentier"
+            | "square"
+            | "voie")
+    )
+}
+
+/// [`is_fr_type`] for a word of ASCII lower-case letters (the common case in prose).
+fn is_fr_type_ascii(word: &[u8]) -> bool {
+    matches!(
+        word,
+        b"allee"
+            | b"av"
+            | b"avenue"
+            | b"bd"
+            | b"boulevard"
+            | b"chemin"
+            | b"cours"
+            | b"esplanade"
+            | b"faubourg"
+            | b"hameau"
+            | b"impasse"
+            | b"parvis"
+            | b"passage"
+            | b"place"
+            | b"promenade"
+            | b"quai"
+            | b"route"
+            | b"rue"
+            | b"ruelle"
+            | b"sentier"
+            | b"square"
+            | b"voie"
+    )
+}
+
+/// Words inside a French street name that are not capitalised.
+const FR_PARTICLES: &[&str] = &[
+    "au", "aux", "d", "de", "des", "du", "en", "et", "l", "la", "le", "les", "sous", "sur",
+];
+
+/// German street word endings, lower case (`Schillerstraße`, `Am-See-Weg`).
+const DE_SUFFIXES: &[&str] = &[
+    "straße",
+    "strasse",
+    "str",
+    "weg",
+    "platz",
+    "allee",
+    "gasse",
+    "ring",
+    "damm",
+    "ufer",
+    "chaussee",
+    "pfad",
+    "steig",
+    "stieg",
+    "markt",
+    "kamp",
+    "promenade",
+];
+
+/// English words that end like a German street word.
+const DE_NOT_STREETS: &[&str] = &[
+    "bring",
+    "during",
+    "keyring",
+    "offspring",
+    "ring",
+    "spring",
+    "string",
+    "substring",
+];
+
+/// A token: a word of letters (Latin or CJK, inner `-` `'` `.` kept for `St.`-less forms is
+/// not: the dot is a separate byte), or a number.
+#[derive(Debug, Clone, Copy)]
+struct Tok {
+    start: usize,
+    end: usize,
+    kind: Kind,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// Letters; `capital` when the first is upper case or has no case (CJK).
+    Word { capital: bool },
+    /// Digits, optionally one trailing letter (`70E`, `12a`).
+    Number { digits: usize },
+}
+
+struct Cursor<'t> {
+    text: &'t str,
+}
+
+impl<'t> Cursor<'t> {
+    fn byte(&self, i: usize) -> u8 {
+        self.text.as_bytes().get(i).copied().unwrap_or(0)
+    }
+
+    fn char_at(&self, i: usize) -> Option<char> {
+        self.text.get(i..).and_then(|r| r.chars().next())
+    }
+
+    fn char_before(&self, i: usize) -> Option<char> {
+        self.text.get(..i).and_then(|r| r.chars().next_back())
+    }
+
+    fn slice(&self, t: Tok) -> &'t str {
+        self.text.get(t.start..t.end).unwrap_or_default()
+    }
+
+    /// The token starting exactly at `i`.
+    fn tok(&self, i: usize) -> Option<Tok> {
+        let c = self.char_at(i)?;
+        if c.is_ascii_digit() {
+            let mut e = i;
+            while self.byte(e).is_ascii_digit() && e - i < 8 {
+                e += 1;
+            }
+            let digits = e - i;
+            if self.byte(e).is_ascii_digit() {
+                return None; // too long for a house number
+            }
+            if self.byte(e).is_ascii_alphabetic() && !self.byte(e + 1).is_ascii_alphanumeric() {
+                e += 1;
+            }
+            return Some(Tok {
+                start: i,
+                end: e,
+                kind: Kind::Number { digits },
+            });
+        }
+        if !c.is_alphabetic() {
+            return None;
+        }
+        let capital = c.is_uppercase() || !(c.is_lowercase());
+        // ASCII letters, the common case
+        let b = self.text.as_bytes();
+        let ascii = b.get(i..).map_or(0, |r| {
+            r.iter()
+                .take(41)
+                .take_while(|c| c.is_ascii_alphabetic())
+                .count()
+        });
+        let e = i + ascii;
+        if ascii <= 40 && !matches!(self.byte(e), b'-' | b'\'' | 0x80..=0xFF) {
+            return Some(Tok {
+                start: i,
+                end: e,
+                kind: Kind::Word { capital },
+            });
+        }
+        let mut e = i;
+        let mut n = 0;
+        while let Some(d) = self.char_at(e) {
+            let inner = matches!(d, '-' | '\'' | '’')
+                && self
+                    .char_at(e + d.len_utf8())
+                    .is_some_and(char::is_alphabetic);
+            if !(d.is_alphabetic() || inner) {
+                break;
+            }
+            e += d.len_utf8();
+            n += 1;
+            if n > 40 {
+                return None;
+            }
+        }
+        Some(Tok {
+            start: i,
+            end: e,
+            kind: Kind::Word { capital },
+        })
+    }
+
+    /// Position after spaces and tabs (at most 3) from `i`.
+    fn spaces(&self, i: usize) -> Option<usize> {
+        let mut e = i;
+        while matches!(self.byte(e), b' ' | b'\t') && e - i < 3 {
+            e += 1;
+        }
+        (e > i).then_some(e)
+    }
+
+    /// Position after a separator between address lines: `,` and spaces, or one line
+    /// break (with spaces).
+    fn line_sep(&self, i: usize) -> Option<usize> {
+        let comma = self.byte(i) == b',';
+        let mut e = i + usize::from(comma);
+        let mut breaks = 0;
+        let mut n = 0;
+        while matches!(self.byte(e), b' ' | b'\t' | b'\n' | b'\r') && n < 6 {
+            if self.byte(e) == b'\n' {
+                breaks += 1;
+            }
+            e += 1;
+            n += 1;
+        }
+        (breaks <= 1 && ((comma && n > 0) || breaks == 1)).then_some(e)
+    }
+
+    /// Whether word `t` is in `list` (lower case; the word's ASCII letters in any case).
+    fn word_lower_is(&self, t: Tok, list: &[&str]) -> bool {
+        matches!(t.kind, Kind::Word { .. }) && {
+            let w = self.slice(t);
+            w.len() <= 12 && list.iter().any(|x| w.eq_ignore_ascii_case(x))
+        }
+    }
+}
+
+fn latin_addresses(text: &str, found: &mut dyn FnMut(Range<usize>)) {
+    let cur = Cursor { text };
+    let mut i = 0;
+    while i < text.len() {
+        let c = cur.byte(i);
+        if c < 0x80 && !c.is_ascii_alphanumeric() {
+            i += 1;
+            continue;
+        }
+        let prev = cur.byte(i.wrapping_sub(1));
+        if i > 0
+            && prev < 0x80
+            && (prev.is_ascii_alphanumeric() || matches!(prev, b'.' | b'-' | b'_'))
+        {
+            // inside a word or number: skip the rest of it at once
+            i += ascii_alnum_run(text, i).max(1);
+            continue;
+        }
+        let step = cur.char_at(i).map_or(1, char::len_utf8);
+        if c.is_ascii_lowercase() {
+            // a lower-case word can only start a French street (`rue …`): most words of
+            // prose are ruled out by their letters without decoding anything
+            let n = ascii_alnum_run(text, i).max(1);
+            let after = cur.byte(i + n);
+            let plain = after < 0x80 && !matches!(after, b'-' | b'\'');
+            let word = text.as_bytes().get(i..i + n).unwrap_or_default();
+            if plain && !is_fr_type_ascii(word) {
+                i += n;
+                continue;
+            }
+        }
+        let boundary = prev < 0x80
+            || cur
+                .char_before(i)
+                .is_none_or(|p| !(p.is_alphanumeric() || p == '-' || p == '_'));
+        let Some(t) = cur.tok(i).filter(|_| boundary) else {
+            i += step;
+            continue;
+        };
+        // each scanner only where its first token can start it
+        let end = match t.kind {
+            Kind::Number { .. } => en_street(&cur, i).or_else(|| fr_street(&cur, i)),
+            Kind::Word { capital } => {
+                let word = cur.slice(t);
+                let de = capital && de_suffix(word).is_some();
+                let fr = is_fr_type(word);
+                let flat = matches!(word, "Flat" | "Studio" | "Apartment" | "Unit");
+                let upper = c.is_ascii_uppercase() && word.len() <= 3;
+                None.or_else(|| de.then(|| de_street(&cur, i)).flatten())
+                    .or_else(|| fr.then(|| fr_street(&cur, i)).flatten())
+                    .or_else(|| flat.then(|| flat_street(&cur, i)).flatten())
+                    .or_else(|| upper.then(|| uk_postcode(&cur, i)).flatten())
+                    .or_else(|| upper.then(|| military(&cur, i)).flatten())
+            }
+        };
+        match end {
+            Some(end) => {
+                found(i..end);
+                i = end;
+            }
+            None => i = t.end.max(i + step),
+        }
+    }
+}
+
+/// Length of the run of ASCII letters and digits at `i`.
+fn ascii_alnum_run(text: &str, i: usize) -> usize {
+    text.as_bytes().get(i..).map_or(0, |r| {
+        r.iter().take_while(|c| c.is_ascii_alphanumeric()).count()
+    })
+}
+
+/// The German street suffix `word` ends with (ASCII letters in any case).
+fn de_suffix(word: &str) -> Option<&'static str> {
+    DE_SUFFIXES.iter().copied().find(|s| {
+        word.len()
+            .checked_sub(s.len())
+            .and_then(|at| word.get(at..))
+            .is_some_and(|tail| tail.eq_ignore_ascii_case(s))
+    })
+}
+
+/// `8353 Kathleen Highway Apt. 681\nLake Victoria, VI 39349`.
+fn en_street(cur: &Cursor, i: usize) -> Option<usize> {
+    let num = cur.tok(i)?;
+    let Kind::Number { digits } = num.kind else {
+        return None;
+    };
+    if digits > 6 {
+        return None;
+    }
+    let end = street_words(cur, cur.spaces(num.end)?)?;
+    Some(en_tail(cur, end))
+}
+
+/// Capitalised street name words then an English street type; the end of the type.
+fn street_words(cur: &Cursor, mut p: usize) -> Option<usize> {
+    for names in 0..5 {
+        let w = cur.tok(p)?;
+        let Kind::Word { capital } = w.kind else {
+            return None;
+        };
+        if names > 0 && capital && cur.word_lower_is(w, EN_TYPES) {
+            let mut end = w.end;
+            if cur.byte(end) == b'.' {
+                end += 1;
+            }
+            // the type ends the street: not followed by more of a name
+            let after = cur.char_at(w.end);
+            if after.is_some_and(|a| a.is_alphanumeric()) {
+                return None;
+            }
+            return Some(end);
+        }
+        if !capital {
+            return None;
+        }
+        p = cur.spaces(w.end)?;
+    }
+    None
+}
+
+/// Unit, then `City, ST 12345` or a UK town and postcode, when present.
+fn en_tail(cur: &Cursor, mut end: usize) -> usize {
+    // unit
+    if let Some(p) = cur.line_sep(end).or_else(|| cur.spaces(end)) {
+        if let Some(u) = cur.tok(p) {
+            if cur.word_lower_is(u, EN_UNITS) {
+                let mut q = u.end;
+                if cur.byte(q) == b'.' {
+                    q += 1;
+                }
+                if let Some(q) = cur.spaces(q) {
+                    let q = if cur.byte(q) == b'#' { q + 1 } else { q };
+                    if let Some(n) = cur.tok(q).filter(|n| matches!(n.kind, Kind::Number { .. })) {
+                        end = n.end;
+                    }
+                }
+            }
+        }
+    }
+    // city, state and ZIP
+    if let Some(p) = cur.line_sep(end) {
+        let mut q = p;
+        let mut words = 0;
+        while words < 4 {
+            let Some(w) = cur.tok(q) else { break };
+            if !matches!(w.kind, Kind::Word { capital: true }) {
+                break;
+            }
+            words += 1;
+            q = w.end;
+            if cur.byte(q) == b',' {
+                break;
+            }
+            match cur.spaces(q) {
+                Some(s) => q = s,
+                None => break,
+            }
+        }
+        if words > 0 {
+            let city_end = q;
+            // `, ST 12345`
+            if cur.byte(q) == b',' && cur.byte(q + 1) == b' ' {
+                let s = q + 2;
+                if cur.byte(s).is_ascii_uppercase()
+                    && cur.byte(s + 1).is_ascii_uppercase()
+                    && cur.byte(s + 2) == b' '
+                {
+                    if let Some(z) = zip(cur, s + 3) {
+                        return z;
+                    }
+                }
+            }
+            // UK: town, then postcode
+            if let Some(s) = cur.line_sep(city_end) {
+                if let Some(e) = uk_postcode(cur, s) {
+                    return e;
+                }
+            }
+        }
+        if let Some(e) = uk_postcode(cur, p) {
+            return e;
+        }
+    }
+    end
+}
+
+fn zip(cur: &Cursor, s: usize) -> Option<usize> {
+    let e = (s..s + 5)
+        .all(|k| cur.byte(k).is_ascii_digit())
+        .then_some(s + 5)?;
+    if cur.byte(e).is_ascii_alphanumeric() {
+        return None;
+    }
+    if cur.byte(e) == b'-' && (e + 1..e + 5).all(|k| cur.byte(k).is_ascii_digit()) {
+        return Some(e + 5);
+    }
+    Some(e)
+}
+
+/// `Flat 37\nBennett Mall`, `Studio 69, Catherine Gardens`.
+fn flat_street(cur: &Cursor, i: usize) -> Option<usize> {
+    let w = cur.tok(i)?;
+    if !matches!(cur.slice(w), "Flat" | "Studio" | "Apartment" | "Unit") {
+        return None;
+    }
+    let n = cur.tok(cur.spaces(w.end)?)?;
+    if !matches!(n.kind, Kind::Number { .. }) {
+        return None;
+    }
+    let p = cur.line_sep(n.end).or_else(|| cur.spaces(n.end))?;
+    // a house number may come before the street too
+    let p = match cur.tok(p) {
+        Some(t) if matches!(t.kind, Kind::Number { .. }) => cur.spaces(t.end)?,
+        _ => p,
+    };
+    let end = street_words(cur, p)?;
+    Some(en_tail(cur, end))
+}
+
+/// A UK postcode (`SW1A 1AA`, `N8 8HN`, `L0U 8XJ`), upper case, standing alone.
+fn uk_postcode(cur: &Cursor, i: usize) -> Option<usize> {
+    let b = |k: usize| cur.byte(i + k);
+    if !b(0).is_ascii_uppercase() {
+        return None;
+    }
+    // outward code: A9, A99, AA9, AA99, A9A, AA9A
+    let mut k = 1;
+    if b(k).is_ascii_uppercase() {
+        k += 1;
+    }
+    if !b(k).is_ascii_digit() {
+        return None;
+    }
+    k += 1;
+    if b(k).is_ascii_digit() || b(k).is_ascii_uppercase() {
+        k += 1;
+    }
+    if b(k) != b' ' {
+        return None;
+    }
+    k += 1;
+    let inward = b(k).is_ascii_digit()
+        && b(k + 1).is_ascii_uppercase()
+        && b(k + 2).is_ascii_uppercase()
+        && !b"CIKMOV".contains(&b(k + 1))
+        && !b"CIKMOV".contains(&b(k + 2));
+    if !inward || cur.byte(i + k + 3).is_ascii_alphanumeric() {
+        return None;
+    }
+    Some(i + k + 3)
+}
+
+/// `APO AE 09123`, `FPO AP 96612`.
+fn military(cur: &Cursor, i: usize) -> Option<usize> {
+    let w = cur.tok(i)?;
+    if !matches!(cur.slice(w), "APO" | "FPO" | "DPO") || cur.byte(w.end) != b' ' {
+        return None;
+    }
+    let s = w.end + 1;
+    if !matches!(cur.text.get(s..s + 2), Some("AA" | "AE" | "AP")) || cur.byte(s + 2) != b' ' {
+        return None;
+    }
+    zip(cur, s + 3)
+}
+
+/// `Schaafstraße 1-8\n66258 Brand`, `Anna-Marie-Wulff-Weg 6607`, `Weberstr. 5`.
+fn de_street(cur: &Cursor, i: usize) -> Option<usize> {
+    let w = cur.tok(i)?;
+    if !matches!(w.kind, Kind::Word { capital: true }) {
+        return None;
+    }
+    let word = cur.slice(w);
+    let suffix = de_suffix(word)?;
+    if DE_NOT_STREETS.iter().any(|n| word.eq_ignore_ascii_case(n)) {
+        return None;
+    }
+    // a stem before the suffix, or a hyphenated name (`Sabine-Junck-Gasse`)
+    let last_part = word.rsplit('-').next().unwrap_or_default();
+    if !(word.len() > suffix.len() + 2
+        || last_part.eq_ignore_ascii_case(suffix) && word.contains('-'))
+    {
+        return None;
+    }
+    let mut p = w.end;
+    if suffix == "str" {
+        if cur.byte(p) != b'.' {
+            return None;
+        }
+        p += 1;
+    }
+    let p = cur.spaces(p)?;
+    let mut end = house_number(cur, p)?;
+    // PLZ and town
+    if let Some(q) = cur.line_sep(end).or_else(|| cur.spaces(end)) {
+        if (q..q + 5).all(|k| cur.byte(k).is_ascii_digit()) && cur.byte(q + 5) == b' ' {
+            if let Some(t) = cur
+                .tok(q + 6)
+                .filter(|t| matches!(t.kind, Kind::Word { capital: true }))
+            {
+                end = t.end;
+            }
+        }
+    }
+    Some(end)
+}
+
+/// `12`, `12a`, `1-8`, `97/14`: up to 4 digits, a letter, a range.
+fn house_number(cur: &Cursor, p: usize) -> Option<usize> {
+    let n = cur.tok(p)?;
+    let Kind::Number { digits } = n.kind else {
+        return None;
+    };
+    if digits > 4 {
+        return None;
+    }
+    let mut end = n.end;
+    if matches!(cur.byte(end), b'-' | b'/') {
+        if let Some(m) = cur.tok(end + 1) {
+            if matches!(m.kind, Kind::Number { digits: 1..=4 }) {
+                end = m.end;
+            }
+        }
+    }
+    // not a date, a decimal or a longer number
+    if cur.byte(end).is_ascii_alphanumeric()
+        || (matches!(cur.byte(end), b'.' | b',' | b':') && cur.byte(end + 1).is_ascii_digit())
+    {
+        return None;
+    }
+    Some(end)
+}
+
+/// `29, rue Alphonse Michel\n83654 Sainte Marianne`, `9 bis avenue de la Paix`; without a
+/// number only when a code postal and town follow (`avenue Richard\n26691 Delmas`).
+fn fr_street(cur: &Cursor, i: usize) -> Option<usize> {
+    let num = cur.tok(i)?;
+    if matches!(num.kind, Kind::Word { .. }) && is_fr_type(cur.slice(num)) {
+        let (name_end, town_end) = fr_name_and_town(cur, num.end)?;
+        return (town_end > name_end).then_some(town_end);
+    }
+    if !matches!(num.kind, Kind::Number { digits: 1..=4 }) {
+        return None;
+    }
+    let mut p = num.end;
+    if cur.byte(p) == b',' {
+        p += 1;
+    }
+    p = cur.spaces(p)?;
+    if let Some(t) = cur.tok(p) {
+        if matches!(cur.slice(t), "bis" | "ter" | "quater") {
+            p = cur.spaces(t.end)?;
+            if cur.byte(p) == b',' {
+                p = cur.spaces(p + 1)?;
+            }
+        }
+    }
+    let ty = cur.tok(p)?;
+    if !(matches!(ty.kind, Kind::Word { .. }) && is_fr_type(cur.slice(ty))) {
+        return None;
+    }
+    fr_name_and_town(cur, ty.end).map(|(_, end)| end)
+}
+
+/// After a French street type: the end of the street name, and the end of the address
+/// (after the code postal and town if they follow, else the name's end).
+fn fr_name_and_town(cur: &Cursor, type_end: usize) -> Option<(usize, usize)> {
+    let mut q = type_end;
+    if cur.byte(q) == b'.' {
+        q += 1;
+    }
+    // the name: particles and capitalised words, ending on a capitalised word
+    let mut end = None;
+    let mut q = cur.spaces(q)?;
+    for _ in 0..8 {
+        let Some(w) = cur.tok(q) else { break };
+        let word = cur.slice(w);
+        // `l'Opéra`, `d’Alsace`: the elided article, then the name
+        let name = ["l'", "d'", "l’", "d’"]
+            .iter()
+            .find_map(|a| word.strip_prefix(a))
+            .unwrap_or(word);
+        let capital = name.chars().next().is_some_and(char::is_uppercase);
+        let particle = FR_PARTICLES.iter().any(|p| word.eq_ignore_ascii_case(p));
+        if capital && !particle {
+            end = Some(w.end);
+        } else if !particle {
+            break;
+        }
+        let mut next = w.end;
+        if matches!(cur.byte(next), b'\'')
+            || cur.text.get(next..).is_some_and(|r| r.starts_with('’'))
+        {
+            next += cur.char_at(next).map_or(1, char::len_utf8);
+            q = next;
+            continue;
+        }
+        match cur.spaces(next) {
+            Some(s) => q = s,
+            None => break,
+        }
+    }
+    let name_end = end?;
+    let mut end = name_end;
+    // code postal and town
+    if let Some(q) = cur.line_sep(end).or_else(|| cur.spaces(end)) {
+        if (q..q + 5).all(|k| cur.byte(k).is_ascii_digit()) && cur.byte(q + 5) == b' ' {
+            let mut t_end = None;
+            let mut r = q + 6;
+            for _ in 0..4 {
+                let Some(t) = cur
+                    .tok(r)
+                    .filter(|t| matches!(t.kind, Kind::Word { capital: true }))
+                else {
+                    break;
+                };
+                t_end = Some(t.end);
+                match cur.spaces(t.end) {
+                    Some(s) => r = s,
+                    None => break,
+                }
+            }
+            if let Some(t) = t_end {
+                end = t;
+            }
+        }
+    }
+    Some((name_end, end))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn addresses(text: &str) -> Vec<&str> {
+        let mut out = Vec::new();
+        find(text, &mut |r| out.push(&text[r]));
+        out
+    }
+
+    #[test]
+    fn english() {
+        assert_eq!(
+            addresses("Ship to 8353 Kathleen Highway Apt. 681\nLake Victoria, VI 39349 today"),
+            ["8353 Kathleen Highway Apt. 681\nLake Victoria, VI 39349"]
+        );
+        assert_eq!(
+            addresses("at 123 Main St. and 4890 Bowers View Apt. 883, and 75983 Washington Knolls Suite 508"),
+            ["123 Main St.", "4890 Bowers View Apt. 883", "75983 Washington Knolls Suite 508"]
+        );
+        assert_eq!(
+            addresses("Flat 37\nBennett Mall\nEast Harrietport\nN8 8HN"),
+            ["Flat 37\nBennett Mall\nEast Harrietport\nN8 8HN"]
+        );
+        assert_eq!(addresses("postcode SW1A 1AA."), ["SW1A 1AA"]);
+        assert_eq!(
+            addresses("PSC 0008, Box 0636\nAPO AP 04307"),
+            ["APO AP 04307"]
+        );
+    }
+
+    #[test]
+    fn german_and_french() {
+        assert_eq!(
+            addresses("Schaafstraße 1-8\n66258 Brand und Anna-Marie-Wulff-Weg 6607, Weberstr. 5"),
+            [
+                "Schaafstraße 1-8\n66258 Brand",
+                "Anna-Marie-Wulff-Weg 6607",
+                "Weberstr. 5"
+            ]
+        );
+        assert_eq!(
+            addresses("29, rue Alphonse Michel\n83654 Sainte Marianne; 865, rue de Lelièvre"),
+            [
+                "29, rue Alphonse Michel\n83654 Sainte Marianne",
+                "865, rue de Lelièvre"
+            ]
+        );
+        assert_eq!(
+            addresses("au 12 bis avenue de l'Opéra"),
+            ["12 bis avenue de l'Opéra"]
+        );
+    }
+
+    #[test]
+    fn chinese_and_japanese() {
+        assert_eq!(
+            addresses("地址：广西壮族自治区天津市江北蒋路H座 477835，谢谢"),
+            ["广西壮族自治区天津市江北蒋路H座 477835"]
+        );
+        assert_eq!(addresses("送到朝阳区建国路88号"), ["朝阳区建国路88号"]);
+        assert_eq!(
+            addresses("住所は福島県横浜市泉区西神田2丁目1番1号 コート手岡360です"),
+            ["福島県横浜市泉区西神田2丁目1番1号"]
+        );
+        assert_eq!(addresses("〒123-4567"), ["〒123-4567"]);
+    }
+
+    #[test]
+    fn french_types() {
+        for t in FR_TYPES {
+            assert!(is_fr_type(t), "{t}");
+            let plain = t.bytes().all(|b| b.is_ascii_lowercase());
+            assert_eq!(is_fr_type_ascii(t.as_bytes()), plain, "{t}");
+            assert!(is_fr_type(&t.to_ascii_uppercase()) || !t.is_ascii(), "{t}");
+        }
+        assert!(!is_fr_type("rues") && !is_fr_type("the") && !is_fr_type(""));
+    }
+
+    #[test]
+    fn negatives() {
+        for text in [
+            "Order 12345 shipped on 2024-05-01 12:30, version 3 Main release",
+            "We have 3 New Features and 2 Docker Compose files",
+            "Spring 2024 and String 5",
+            "我知道了，道理很简单",
+            "价格 99.5 元，版本 1.2.3",
+            "Call 555 now at 10 Downing",
+        ] {
+            assert_eq!(addresses(text), Vec::<&str>::new(), "{text}");
+        }
+    }
+}
