@@ -95,13 +95,14 @@ fn read(b: &[u8], i: usize) -> Option<(Shape, usize)> {
         }
     }
     let mut sep = 0u8;
-    let mut end;
+    let mut end = i;
     loop {
         let paren = at(b, p) == b'(';
         if paren {
             p += 1;
         }
         let from = p;
+        let n_before = s.n;
         while is_digit(at(b, p)) {
             let slot = s.digits.get_mut(s.n)?;
             *slot = at(b, p);
@@ -109,13 +110,16 @@ fn read(b: &[u8], i: usize) -> Option<(Shape, usize)> {
             p += 1;
         }
         let len = p - from;
-        if len == 0 {
-            return None;
-        }
-        if paren {
-            if at(b, p) != b')' {
+        let closed = !paren || at(b, p) == b')';
+        if len == 0 || !closed {
+            // not a group (` (verified by phone)`, `(see`): the candidate ends before it
+            if s.g == 0 {
                 return None;
             }
+            s.n = n_before;
+            break;
+        }
+        if paren {
             p += 1;
         }
         *s.groups.get_mut(s.g)? = u8::try_from(len).ok()?;
@@ -501,6 +505,40 @@ mod tests {
             let text = format!("Call me at {number}, thanks.");
             assert_eq!(hits(&text), [*number], "in {text:?}");
         }
+    }
+
+    #[test]
+    fn a_parenthesis_after_the_number_is_not_a_group() {
+        for (text, number) in [
+            (
+                "phone number: (0151) 4960812 (verified by phone).",
+                "(0151) 4960812",
+            ),
+            ("phone: +44(0)151 496 0489 (verified)", "+44(0)151 496 0489"),
+            (
+                "Telefonnummer: (06030) 620278 (telefonisch)",
+                "(06030) 620278",
+            ),
+            (
+                "indique 01 44 43 41 92 (numéro de téléphone)",
+                "01 44 43 41 92",
+            ),
+            (
+                "phone number: 351.839.6937 (verified by phone).",
+                "351.839.6937",
+            ),
+            (
+                "phone number: 01144960552 (verified by phone).",
+                "01144960552",
+            ),
+        ] {
+            assert_eq!(hits(text), [number], "in {text:?}");
+        }
+        // an unclosed or empty parenthesis still ends the number before it
+        assert_eq!(hits("call 020 7946 0958 (ext"), ["020 7946 0958"]);
+        assert_eq!(hits("call 020 7946 0958 ()"), ["020 7946 0958"]);
+        // but a bare parenthesis with no number before it is nothing
+        assert!(hits("see (note) 12").is_empty());
     }
 
     #[test]

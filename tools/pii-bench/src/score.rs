@@ -128,6 +128,8 @@ pub struct Tally {
     /// first few per type and name).
     pub missed: BTreeMap<String, Vec<String>>,
     pub wrong: BTreeMap<String, Vec<String>>,
+    /// Most examples kept per type and name (0: the default, 5).
+    pub examples: usize,
 }
 
 /// Where one placeholder name's masks fell.
@@ -148,9 +150,9 @@ impl MaskCount {
 
 const EXAMPLES: usize = 5;
 
-fn example(list: &mut BTreeMap<String, Vec<String>>, key: &str, what: String) {
+fn example(list: &mut BTreeMap<String, Vec<String>>, limit: usize, key: &str, what: String) {
     let entry = list.entry(key.to_owned()).or_default();
-    if entry.len() < EXAMPLES {
+    if entry.len() < if limit == 0 { EXAMPLES } else { limit } {
         entry.push(what);
     }
 }
@@ -201,6 +203,7 @@ impl Tally {
             if !caught {
                 example(
                     &mut self.missed,
+                    self.examples,
                     &v.kind,
                     format!("{} `{}`", record.id, v.value),
                 );
@@ -235,6 +238,7 @@ impl Tally {
                 let masked = record.text.get(mask.span.clone()).unwrap_or_default();
                 example(
                     &mut self.wrong,
+                    self.examples,
                     &mask.name,
                     format!("{} `{masked}`", record.id),
                 );
