@@ -365,6 +365,19 @@ pub(crate) fn context_before(b: &[u8], i: usize, words: &[&[u8]], window: usize)
     })
 }
 
+/// Whether one of `words` (lower case) starts a word in the `window` bytes after `end` (the
+/// same comparison as [`context_before`]): "5272868387 is the phone number",
+/// "…は昨日伺ったマイナンバーです". Reads at most `window` bytes per word.
+pub(crate) fn context_after(b: &[u8], end: usize, words: &[&[u8]], window: usize) -> bool {
+    (end..end.saturating_add(window).min(b.len())).any(|k| {
+        !before(b, k).is_ascii_alphabetic()
+            && words.iter().any(|w| {
+                b.get(k..k + w.len())
+                    .is_some_and(|win| win.eq_ignore_ascii_case(w))
+            })
+    })
+}
+
 /// Words before a number that say it is a reference, not personal data (lower case).
 pub(crate) const REFERENCE_WORDS: [&[u8]; 17] = [
     b"order",

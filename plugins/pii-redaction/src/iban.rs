@@ -4,7 +4,14 @@
 //! the end and letters as 10..35 leaves 1). Written compact (`DE89370400440532013000`) or in
 //! groups of four split by single spaces (`DE89 3704 0044 0532 0130 00`).
 //!
-//! The lengths are those of the SWIFT IBAN registry.
+//! The lengths are those of the SWIFT IBAN registry. A value of another length between 15
+//! and 34 characters (the ISO 13616 bounds), with the same shape (a registry country, check
+//! digits 02–98, upper-case letters and digits, compact or in groups of four) that passes the
+//! mod-97 check is taken too: it is an IBAN with a wrong length (a typo, or a test generator
+//! that writes 21-character GB values, as Faker's default bank provider does), still a bank
+//! account the user meant to give. Anything else with that shape passes mod 97 by chance one
+//! time in 97, and the shape itself (two capitals, two digits, eleven or more capitals and
+//! digits as one token) is rare outside bank details.
 
 use crate::detect::{at, before, Step};
 
@@ -137,6 +144,18 @@ pub(crate) fn iban(b: &[u8], i: usize) -> Step {
     else {
         return Step::No;
     };
+    // check digits 00, 01 and 99 are never issued (ISO 7064 MOD 97-10 gives 02..98)
+    if matches!(b.get(i + 2..i + 4), Some(b"00" | b"01" | b"99")) {
+        return Step::No;
+    }
+    match exact(b, i, len) {
+        Step::Match(end) => Step::Match(end),
+        _ => any_length(b, i),
+    }
+}
+
+/// The IBAN at `i` with the registry length `len` of its country.
+fn exact(b: &[u8], i: usize, len: usize) -> Step {
     let mut compact = [0u8; 34];
     let mut n = 0;
     let mut p = i;
@@ -164,6 +183,45 @@ pub(crate) fn iban(b: &[u8], i: usize) -> Step {
     }
     let next = at(b, p);
     if next.is_ascii_alphanumeric() || next == b'_' {
+        return Step::No;
+    }
+    if mod97(compact.get(..n).unwrap_or_default()) {
+        Step::Match(p)
+    } else {
+        Step::No
+    }
+}
+
+/// The longest IBAN-shaped token at `i` (at most 34 characters, compact or in groups of four
+/// with a shorter last group), if it is 15 to 34 characters long and passes mod 97.
+fn any_length(b: &[u8], i: usize) -> Step {
+    let mut compact = [0u8; 34];
+    let mut n = 0;
+    let mut p = i;
+    let mut grouped = None; // decided at the first group boundary
+    while n < compact.len() {
+        if n > 0 && n % 4 == 0 {
+            let gap = at(b, p) == b' ' && is_alnum_upper(at(b, p + 1));
+            if *grouped.get_or_insert(gap) {
+                if !gap {
+                    break;
+                }
+                p += 1;
+            }
+        }
+        let c = at(b, p);
+        let Some(slot) = compact.get_mut(n) else {
+            break;
+        };
+        if !is_alnum_upper(c) {
+            break;
+        }
+        *slot = c;
+        n += 1;
+        p += 1;
+    }
+    let next = at(b, p);
+    if n < 15 || next.is_ascii_alphanumeric() || next == b'_' {
         return Step::No;
     }
     if mod97(compact.get(..n).unwrap_or_default()) {
@@ -213,15 +271,40 @@ mod tests {
             "DE89370400440532013001",       // check fails
             "DE8937040044053201300",        // one short
             "DE893704004405320130000",      // one long
-            "GB45ROQI0057566828233",        // 21 characters: GB has 22
             "XX89370400440532013000",       // no such country
             "DE89 3704 0044 0532 013000",   // grouping broken
             "DE89  3704 0044 0532 0130 00", // two spaces
             "de89370400440532013000",       // lower case
             "ADE89370400440532013000",
             "DE89370400440532013000X",
+            "GB01ROQI00575668282331", // check digits 01 are never issued
+            "DE8937040044053",        // too short for any IBAN
+            "DE89 3704 0044 0532 0130 0000 0000 0000 0000", // too long
+            "DE89 3704 0044 05320 130 00", // a group of five
         ] {
             assert_eq!(hits(no), Vec::<&str>::new(), "{no}");
         }
+    }
+
+    #[test]
+    fn a_valid_check_with_another_length_is_taken() {
+        // Faker's default bank provider writes GB IBANs of 21 characters (GB has 22)
+        for iban in [
+            "GB54ESZY1417776317066",
+            "GB85 EDQY 5182 2225 4189 4",
+            "GB34AZUN9005929224469",
+        ] {
+            let text = format!("麻烦核对一下{iban}是否一致");
+            assert_eq!(hits(&text), [iban], "{iban}");
+        }
+        // the same shape failing mod 97 is not one
+        for no in ["GB54ESZY1417776317067", "GB85 EDQY 5182 2225 4189 5"] {
+            assert!(hits(no).is_empty(), "{no}");
+        }
+        // a registry-length IBAN followed by a word in capitals ends at its length
+        assert_eq!(
+            hits("ES91 2100 0418 4502 0005 1332 EUR"),
+            ["ES91 2100 0418 4502 0005 1332"]
+        );
     }
 }

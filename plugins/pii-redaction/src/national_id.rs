@@ -15,10 +15,15 @@
 //!   `12 345 678 901`.
 //! * Japanese My Number (個人番号): 12 digits, the last a check digit (weights 2–7, 2–6 from
 //!   the right, mod 11); `1234 5678 9012` (spaces or dashes), or 12 bare digits after "My
-//!   Number", "マイナンバー" or "個人番号" within the 32 bytes before (one random 12-digit
-//!   number in ten passes the check) and whose first eight digits are not a date `YYYYMMDD`.
+//!   Number", "マイナンバー" or "個人番号" within the 32 bytes before or the 48 after (one
+//!   random 12-digit number in ten passes the check) and whose first eight digits are not a
+//!   date `YYYYMMDD`. The grouped form is not taken after a word for a reference ("Tracking
+//!   2449 7616 7909", "order #", "注文") unless a word for a My Number is there too.
 
-use crate::detect::{at, before, context_before, digits_from, is_digit, is_word, Step};
+use crate::detect::{
+    at, before, context_after, context_before, digits_from, is_digit, is_word, Step,
+    REFERENCE_WORDS,
+};
 
 fn starts_clean(b: &[u8], i: usize) -> bool {
     let prev = before(b, i);
@@ -322,7 +327,7 @@ pub(crate) fn my_number_jp(b: &[u8], i: usize) -> Step {
     let end = match run - i {
         12 => {
             number.copy_from_slice(b.get(i..run).unwrap_or(&[0; 12]));
-            if looks_like_date(&number) || !context_before(b, i, &MY_NUMBER_WORDS, 32) {
+            if looks_like_date(&number) || !named_my_number(b, i, run) {
                 return Step::No;
             }
             run
@@ -348,6 +353,10 @@ pub(crate) fn my_number_jp(b: &[u8], i: usize) -> Step {
                 }
                 p = e;
             }
+            // "Tracking 2449 7616 7909": a reference, unless the text names a My Number
+            if context_before(b, i, &REFERENCE_WORDS, 24) && !named_my_number(b, i, p) {
+                return Step::No;
+            }
             p
         }
         _ => return Step::Skip(digits_from(b, i, usize::MAX)),
@@ -367,6 +376,12 @@ const MY_NUMBER_WORDS: [&[u8]; 5] = [
     "マイナンバー".as_bytes(),
     "個人番号".as_bytes(),
 ];
+
+/// Whether the text names a My Number around the number at `i..end`: a word for it in the
+/// 32 bytes before, or in the 48 after ("…は昨日お客様から伺ったマイナンバーです").
+fn named_my_number(b: &[u8], i: usize, end: usize) -> bool {
+    context_before(b, i, &MY_NUMBER_WORDS, 32) || context_after(b, end, &MY_NUMBER_WORDS, 48)
+}
 
 /// `YYYYMMDD` with a year 1900–2099: the head of a timestamp.
 fn looks_like_date(d: &[u8]) -> bool {
@@ -553,7 +568,30 @@ mod tests {
                 "個人番号 202412011030", // a timestamp YYYYMMDDhhmm
                 "order 123456789018",    // bare, no word for a My Number
                 "A123456789018",
+                "Tracking 2449 7616 7909 is in transit.", // a reference before
+                "Tracking 1048 6936 2956 is in transit.",
+                "注文番号 1234-5678-9018",
+                "order # 1234 5678 9018",
+                "123456789018は注文番号です。", // a word after, not for a My Number
+                // the word for a My Number too far after
+                "123456789018は昨日お客様から電話で伺った内容と一致する会員のマイナンバー",
             ],
+        );
+        // a word for a My Number after the bare number, or next to a reference word
+        assert_eq!(
+            hits(
+                Builtin::MyNumberJp,
+                "123456789018は昨日お客様から伺ったマイナンバーです。"
+            ),
+            ["123456789018"]
+        );
+        assert_eq!(
+            hits(Builtin::MyNumberJp, "My Number (ID): 1234 5678 9018"),
+            ["1234 5678 9018"]
+        );
+        assert_eq!(
+            hits(Builtin::MyNumberJp, "Tracking 2449 7616 7909 (My Number)"),
+            ["2449 7616 7909"]
         );
     }
 }
