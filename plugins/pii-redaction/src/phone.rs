@@ -30,7 +30,9 @@
 //! hex, versions `1.2.3.4`, prices `1 234,50`), dates (`01.12.2024`), times (`10:30`).
 //! Each try reads at most a few dozen bytes, so the scan stays linear.
 
-use crate::detect::{at, before, context_before, is_digit, is_word, Step, REFERENCE_WORDS};
+use crate::detect::{
+    at, before, context_after, context_before, is_digit, is_word, Step, REFERENCE_WORDS,
+};
 
 /// Most digits in a candidate: `00` + a 3-digit country code + 12 national digits.
 const MAX_DIGITS: usize = 17;
@@ -197,7 +199,9 @@ pub(crate) fn phone(b: &[u8], i: usize) -> Step {
         None => return Step::No,
     };
     let bare = shape.g == 1;
-    let found = plausible(&shape) || (bare && bare_with_context(&shape, b, i));
+    let found = plausible(&shape)
+        || (bare && bare_with_context(&shape, b, i, end))
+        || (!bare && grouped_with_context(&shape, b, i));
     // a bare number after "order", "ticket", "id"… is a reference ("order number …")
     if found && !(bare && context_before(b, i, &REFERENCE_WORDS, 24)) {
         Step::Match(end)
@@ -241,15 +245,28 @@ const PHONE_WORDS: [&[u8]; 31] = [
     "연락처".as_bytes(),
 ];
 
-/// A bare run of digits after a word for a phone: a North American number with valid area
-/// and exchange codes, or a trunk `0`, a non-zero digit and 9 to 12 digits in all.
-fn bare_with_context(s: &Shape, b: &[u8], i: usize) -> bool {
+/// A bare run of digits with a word for a phone in the 32 bytes before or the 24 after ("5272868387 is
+/// the phone number"): a North American number with valid area and exchange codes, or a trunk
+/// `0`, a non-zero digit and 9 to 12 digits in all.
+fn bare_with_context(s: &Shape, b: &[u8], i: usize, end: usize) -> bool {
     let d = s.digits();
     let nanp =
         d.len() == 10 && (b'2'..=b'9').contains(&s.digit(0)) && (b'2'..=b'9').contains(&s.digit(3));
     let trunk =
         (9..=12).contains(&d.len()) && s.digit(0) == b'0' && (b'1'..=b'9').contains(&s.digit(1));
-    (nanp || trunk) && context_before(b, i, &PHONE_WORDS, 32)
+    (nanp || trunk)
+        && (context_before(b, i, &PHONE_WORDS, 32) || context_after(b, end, &PHONE_WORDS, 24))
+}
+
+/// A 2-4-4 number joined by dashes after a word for a phone, whatever its area code
+/// ("電話番号は90-3289-2184": a Japanese mobile written without its trunk 0), unless a word
+/// for a reference is there too ("order number 20-2024-0001").
+fn grouped_with_context(s: &Shape, b: &[u8], i: usize) -> bool {
+    s.groups() == [2, 4, 4]
+        && s.seps_all(b'-')
+        && s.digit(0) != b'0'
+        && context_before(b, i, &PHONE_WORDS, 32)
+        && !context_before(b, i, &REFERENCE_WORDS, 32)
 }
 
 /// Whether the shape is a phone number of some numbering plan.
@@ -258,7 +275,7 @@ fn plausible(s: &Shape) -> bool {
         return international(s, 0);
     }
     let d = s.digits();
-    if d.starts_with(b"00") {
+    if d.starts_with(b"00") && s.sep(0) != b'(' {
         // `00` + country code in the first group, then a separator
         return s.g >= 2 && international(s, 2);
     }
@@ -439,6 +456,18 @@ fn national(s: &Shape) -> bool {
     if nanp(0) || (groups.first() == Some(&1) && first == b'1' && nanp(1)) {
         return true;
     }
+    // an area code in parentheses with its trunk `0`, then one group: `(03944) 11771`, and
+    // `(00492) 58991` (no such area code, but the parentheses say phone)
+    if first == b'0'
+        && s.g == 2
+        && s.sep(0) == b'('
+        && (3..=6).contains(&s.group(0))
+        && s.sep(1) == b' '
+        && (9..=12).contains(&n)
+        && s.group(1) >= 4
+    {
+        return true;
+    }
     // trunk `0` then a non-zero digit
     if first == b'0' {
         if !(b'1'..=b'9').contains(&second) {
@@ -539,6 +568,39 @@ mod tests {
         assert_eq!(hits("call 020 7946 0958 ()"), ["020 7946 0958"]);
         // but a bare parenthesis with no number before it is nothing
         assert!(hits("see (note) 12").is_empty());
+    }
+
+    #[test]
+    fn words_for_a_phone_after_a_bare_number_or_before_a_2_4_4_one() {
+        for (text, number) in [
+            (
+                "5272868387 is the phone number the customer gave",
+                "5272868387",
+            ),
+            (
+                "The form lists 3662218131 as the phone number",
+                "3662218131",
+            ),
+            ("私の電話番号は90-3289-2184です。", "90-3289-2184"),
+            ("Unter (00695) 848304 haben wir", "(00695) 848304"),
+            (
+                "Im Formular steht (00492) 58991 als Telefonnummer",
+                "(00492) 58991",
+            ),
+        ] {
+            assert_eq!(hits(text), [number], "in {text:?}");
+        }
+        for no in [
+            "5272868387 is the order reference", // no word for a phone
+            "5272868387 was logged; long after that the phone rang", // the word too far
+            "1272868387 is the phone number",    // no such area code
+            "90-3289-2184 rows were copied",     // 2-4-4 without a word for a phone
+            "phone order number 20-2024-0001",   // a reference word too
+            "(00695)848304",                     // no space after the parenthesis
+            "(00695) 848",                       // too short
+        ] {
+            assert!(hits(no).is_empty(), "{no:?}: {:?}", hits(no));
+        }
     }
 
     #[test]
