@@ -160,7 +160,9 @@ pub(crate) fn card(b: &[u8], i: usize) -> Step {
     if sep == 0 && context_before(b, i, &REFERENCE_WORDS, 24) && !card_word() {
         return Step::Skip(end);
     }
-    let cued = || sep != 0 || card_word();
+    // a short Maestro length is cued by grouping or a word for a card; grouping alone is no
+    // cue after "Tracking", "order #"… ("Tracking 6173 6599 6652")
+    let cued = || card_word() || (sep != 0 && !context_before(b, i, &REFERENCE_WORDS, 24));
     let brand = fits(&RANGES, digits) || (fits(&MAESTRO_SHORT, digits) && cued());
     if brand && luhn(digits) {
         Step::Match(end)
@@ -222,6 +224,18 @@ mod tests {
             ["4929650670629"]
         );
         assert_eq!(hits("6759649826438453"), ["6759649826438453"]);
+        // grouped after a reference word: a tracking number, unless a card is named
+        assert_eq!(
+            hits("Tracking 6173 6599 6652 is in transit."),
+            Vec::<&str>::new()
+        );
+        assert_eq!(hits("order # 5018-0000-0009"), Vec::<&str>::new());
+        assert_eq!(
+            hits("order paid by card 5018 0000 0009"),
+            ["5018 0000 0009"]
+        );
+        // a full-length card stays a card after a reference word
+        assert_eq!(hits("account 4111 1111 1111 1111"), ["4111 1111 1111 1111"]);
     }
 
     #[test]

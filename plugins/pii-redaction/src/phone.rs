@@ -201,7 +201,7 @@ pub(crate) fn phone(b: &[u8], i: usize) -> Step {
     let bare = shape.g == 1;
     let found = plausible(&shape)
         || (bare && bare_with_context(&shape, b, i, end))
-        || (!bare && grouped_with_context(&shape, b, i));
+        || (!bare && grouped_with_context(&shape, b, i, end));
     // a bare number after "order", "ticket", "id"… is a reference ("order number …")
     if found && !(bare && context_before(b, i, &REFERENCE_WORDS, 24)) {
         Step::Match(end)
@@ -258,14 +258,15 @@ fn bare_with_context(s: &Shape, b: &[u8], i: usize, end: usize) -> bool {
         && (context_before(b, i, &PHONE_WORDS, 32) || context_after(b, end, &PHONE_WORDS, 24))
 }
 
-/// A 2-4-4 number joined by dashes after a word for a phone, whatever its area code
-/// ("電話番号は90-3289-2184": a Japanese mobile written without its trunk 0), unless a word
-/// for a reference is there too ("order number 20-2024-0001").
-fn grouped_with_context(s: &Shape, b: &[u8], i: usize) -> bool {
+/// A 2-4-4 number joined by dashes with a word for a phone in the 32 bytes before or the 48
+/// after, whatever its area code ("電話番号は90-3289-2184", "50-7529-1703は昨日お客様から伺った
+/// 電話番号です": Japanese mobiles written without their trunk 0), unless a word for a
+/// reference is before it ("order number 20-2024-0001").
+fn grouped_with_context(s: &Shape, b: &[u8], i: usize, end: usize) -> bool {
     s.groups() == [2, 4, 4]
         && s.seps_all(b'-')
         && s.digit(0) != b'0'
-        && context_before(b, i, &PHONE_WORDS, 32)
+        && (context_before(b, i, &PHONE_WORDS, 32) || context_after(b, end, &PHONE_WORDS, 48))
         && !context_before(b, i, &REFERENCE_WORDS, 32)
 }
 
@@ -431,7 +432,9 @@ fn international(s: &Shape, skip: usize) -> bool {
         nsn -= 1;
         nsn_first = s.digit(skip + cc_len + 1);
     }
-    if nsn_first == b'0' && cc != 39 {
+    // a national number never starts with 0 (Italy's keeps its landline 0), except written
+    // after an explicit `(0)`: `+49(0) 014122775` is no valid number but clearly a phone
+    if nsn_first == b'0' && cc != 39 && nsn == d.len() - skip - cc_len {
         return false;
     }
     let (min, max) = NSN_LENGTHS.iter().find(|&&(code, _, _)| code == cc).map_or(
@@ -584,6 +587,11 @@ mod tests {
             ("私の電話番号は90-3289-2184です。", "90-3289-2184"),
             ("Unter (00695) 848304 haben wir", "(00695) 848304"),
             (
+                "50-7529-1703は昨日お客様から伺った電話番号です。",
+                "50-7529-1703",
+            ),
+            ("oder +49(0) 014122775 wegen", "+49(0) 014122775"),
+            (
                 "Im Formular steht (00492) 58991 als Telefonnummer",
                 "(00492) 58991",
             ),
@@ -597,6 +605,7 @@ mod tests {
             "90-3289-2184 rows were copied",     // 2-4-4 without a word for a phone
             "phone order number 20-2024-0001",   // a reference word too
             "(00695)848304",                     // no space after the parenthesis
+            "+49 014122775",                     // a 0 after the country code, no (0)
             "(00695) 848",                       // too short
         ] {
             assert!(hits(no).is_empty(), "{no:?}: {:?}", hits(no));
