@@ -20,9 +20,16 @@
 //!   `612 34 56 78` (3-2-2-2), `612 345 678` (mobiles 6/7), Italy mobile `342 0837783`,
 //!   India mobile `98765 43210`.
 //!
-//! * Bare digits with a word for a phone in the 32 bytes before ("phone", "tel", "call",
-//!   "number", "mobile", "电话", "電話"…): North American 10 digits (area and exchange 2–9), or a trunk
-//!   `0` and 9 to 12 digits.
+//! * Bare digits with a word for a phone in the 32 bytes before or the 24 after ("phone",
+//!   "tel", "call", "number", "mobile", "电话", "電話"…): North American 10 digits (area and
+//!   exchange 2–9), or a trunk `0` and 9 to 12 digits.
+//! * 2-4-4 joined by dashes, any area code (`90-3289-2184`: a Japanese mobile without its
+//!   trunk 0), with a word for a phone in the 32 bytes before or the 48 after, none for a
+//!   reference before.
+//! * An area code in parentheses with its trunk `0` and one group (`(00492) 58991`).
+//!
+//! A parenthesis after the number that opens no group of digits (` (verified by phone)`) ends
+//! the candidate.
 //!
 //! What is never a phone here: a bare run of digits after "order", "invoice", "tracking",
 //! "ref", "ticket", "account", "id", "#", "订单"… (within 24 bytes); a bare run without a trunk `0`, the Chinese mobile
