@@ -31,7 +31,7 @@ OUT = pathlib.Path(__file__).resolve().parent.parent / "plugins" / "pii-redactio
 SURNAMES = 40_000
 # The SSA file's long tail is mostly one-off spellings; names given to fewer babies than
 # this over 1880-2017 are left out.
-SSA_MIN = 100
+SSA_MIN = 500
 SPECIAL = {"ß": "ss", "æ": "ae", "ø": "o", "œ": "oe", "ł": "l", "đ": "d", "ð": "d", "þ": "th"}
 
 # Words that begin sentences, name weekdays, months, products or places more often than
