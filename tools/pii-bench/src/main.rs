@@ -1,10 +1,11 @@
-//! `pii-bench [--corpus FILE] [--config FILE] [--out FILE] [--passes N]`: scores the corpus
+//! `pii-bench [--corpus FILE] [--config FILE] [--out FILE] [--passes N] [--examples N]`: scores the corpus
 //! that tools/pii-bench/generate.py wrote, writes the report and prints it (see lib.rs).
 //!   --corpus  the JSONL corpus (target/bench/pii-corpus.jsonl)
 //!   --config  a gateway YAML (its pii-redaction filter) or a JSON config
 //!             (envoy-config/gateway.yaml); e.g. tools/pii-bench/all-detectors.json
 //!   --out     the report (target/bench/pii.md)
 //!   --passes  timed passes over the corpus for the throughput (30)
+//!   --examples  missed values and wrong masks listed per type and name (5)
 
 use pii_bench::config::load;
 use pii_bench::report::{render, Context};
@@ -20,6 +21,7 @@ struct Args {
     config: String,
     out: String,
     passes: usize,
+    examples: usize,
 }
 
 fn args() -> Result<Args, String> {
@@ -28,6 +30,7 @@ fn args() -> Result<Args, String> {
         config: "envoy-config/gateway.yaml".into(),
         out: "target/bench/pii.md".into(),
         passes: 30,
+        examples: pii_bench::score::EXAMPLES,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -37,6 +40,7 @@ fn args() -> Result<Args, String> {
             "--config" => a.config = value,
             "--out" => a.out = value,
             "--passes" => a.passes = value.parse().map_err(|_| "--passes: a number")?,
+            "--examples" => a.examples = value.parse().map_err(|_| "--examples: a number")?,
             _ => return Err(format!("unknown option {flag}")),
         }
     }
@@ -80,7 +84,10 @@ fn run() -> Result<(), String> {
         .collect::<Result<Vec<_>, _>>()?;
     let bodies: Vec<Vec<u8>> = records.iter().map(|r| chat_body(&r.text)).collect();
 
-    let mut tally = Tally::default();
+    let mut tally = Tally {
+        examples: Some(a.examples),
+        ..Tally::default()
+    };
     for (record, body) in records.iter().zip(&bodies) {
         let mut map = PlaceholderMap::default();
         let redaction = redact_body(&loaded.config, Api::Chat, body, &mut map);

@@ -128,6 +128,8 @@ pub struct Tally {
     /// first few per type and name).
     pub missed: BTreeMap<String, Vec<String>>,
     pub wrong: BTreeMap<String, Vec<String>>,
+    /// How many examples to keep per type and name (`None`: [`EXAMPLES`]).
+    pub examples: Option<usize>,
 }
 
 /// Where one placeholder name's masks fell.
@@ -146,11 +148,11 @@ impl MaskCount {
     }
 }
 
-const EXAMPLES: usize = 5;
+pub const EXAMPLES: usize = 5;
 
-fn example(list: &mut BTreeMap<String, Vec<String>>, key: &str, what: String) {
+fn example(list: &mut BTreeMap<String, Vec<String>>, limit: usize, key: &str, what: String) {
     let entry = list.entry(key.to_owned()).or_default();
-    if entry.len() < EXAMPLES {
+    if entry.len() < limit {
         entry.push(what);
     }
 }
@@ -201,6 +203,7 @@ impl Tally {
             if !caught {
                 example(
                     &mut self.missed,
+                    self.examples.unwrap_or(EXAMPLES),
                     &v.kind,
                     format!("{} `{}`", record.id, v.value),
                 );
@@ -235,6 +238,7 @@ impl Tally {
                 let masked = record.text.get(mask.span.clone()).unwrap_or_default();
                 example(
                     &mut self.wrong,
+                    self.examples.unwrap_or(EXAMPLES),
                     &mask.name,
                     format!("{} `{masked}`", record.id),
                 );
