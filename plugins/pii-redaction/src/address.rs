@@ -15,7 +15,8 @@
 //!   and a block number (`丁目`, `番地`, `番`, `号`).
 //!
 //! The Latin scanners read a bounded number of tokens from each token start; the CJK forms
-//! are `regex-lite` patterns (no backtracking), run only when the text has CJK characters.
+//! are `regex-lite` patterns (no backtracking), run only on the runs of characters they can
+//! match that hold a zh or ja anchor (`路`, `街`…; `〒`, `市`/`区`/`町` and a digit).
 //! Spans start and end on `char` boundaries.
 
 use crate::names::has_cjk;
@@ -27,14 +28,7 @@ pub fn find(text: &str, found: &mut dyn FnMut(Range<usize>)) {
     let mut spans = Vec::new();
     latin_addresses(text, &mut |r| spans.push(r));
     if has_cjk(text) {
-        for re in cjk_patterns() {
-            for m in re.find_iter(text) {
-                let span = trim_lead(text, m.range());
-                if !span.is_empty() {
-                    spans.push(span);
-                }
-            }
-        }
+        cjk_addresses(text, &mut |r| spans.push(r));
     }
     spans.sort_by(|a, b| a.start.cmp(&b.start).then(b.end.cmp(&a.end)));
     let mut end = 0;
@@ -80,8 +74,61 @@ fn trim_lead(text: &str, mut span: Range<usize>) -> Range<usize> {
     span
 }
 
-fn cjk_patterns() -> &'static [regex_lite::Regex] {
-    static PATTERNS: OnceLock<Vec<regex_lite::Regex>> = OnceLock::new();
+/// Whether the CJK patterns can match `c`: no match crosses another character, so the text is
+/// cut at those and only the pieces with a zh or ja anchor are searched (most CJK prose has
+/// none: the patterns' cost is then a scan of the bytes).
+fn in_cjk_address(c: char) -> bool {
+    matches!(c,
+        '\u{4E00}'..='\u{9FFF}' | '\u{3041}'..='\u{30FF}' | 'Ａ'..='Ｚ' | 'ａ'..='ｚ' | '０'..='９'
+        | '－' | '〒' | '-' | ' ' | '\u{3000}')
+        || c.is_ascii_alphanumeric()
+}
+
+/// The zh form ends its street on `路`, `街`, `巷`, `弄`, `胡同`, `大道`.
+fn zh_anchor(c: char) -> bool {
+    matches!(c, '路' | '街' | '巷' | '弄' | '同' | '道')
+}
+
+/// The ja form needs `〒`, or a city/ward character and a digit.
+fn ja_anchor(c: char) -> bool {
+    matches!(c, '〒' | '市' | '区' | '町' | '村' | '郡')
+}
+
+fn cjk_addresses(text: &str, found: &mut dyn FnMut(Range<usize>)) {
+    let (zh_re, ja_re) = cjk_patterns();
+    let mut start = None;
+    let (mut zh, mut ja, mut digit) = (false, false, false);
+    for (i, c) in text
+        .char_indices()
+        .chain(std::iter::once((text.len(), '\n')))
+    {
+        if in_cjk_address(c) && i < text.len() {
+            start.get_or_insert(i);
+            zh |= zh_anchor(c);
+            ja |= ja_anchor(c);
+            digit |= c.is_ascii_digit() || ('０'..='９').contains(&c);
+            continue;
+        }
+        if let Some(from) = start.take() {
+            let piece = text.get(from..i).unwrap_or_default();
+            let wanted = [(zh, zh_re), ((ja && digit) || piece.contains('〒'), ja_re)];
+            for re in wanted.iter().filter(|w| w.0).filter_map(|w| w.1.as_ref()) {
+                for m in re.find_iter(piece) {
+                    let span = trim_lead(text, m.start() + from..m.end() + from);
+                    if !span.is_empty() {
+                        found(span);
+                    }
+                }
+            }
+        }
+        (zh, ja, digit) = (false, false, false);
+    }
+}
+
+/// The zh and the ja pattern (`None` if one did not compile, which a test rules out).
+fn cjk_patterns() -> &'static (Option<regex_lite::Regex>, Option<regex_lite::Regex>) {
+    static PATTERNS: OnceLock<(Option<regex_lite::Regex>, Option<regex_lite::Regex>)> =
+        OnceLock::new();
     PATTERNS.get_or_init(|| {
         const HAN: &str = "[\u{4E00}-\u{9FFF}]";
         let admin = format!("{HAN}{{1,6}}?(?:省|自治区|特别行政区|市|州|盟|区|县|旗|镇|乡)");
@@ -96,10 +143,10 @@ fn cjk_patterns() -> &'static [regex_lite::Regex] {
         let ja = format!(
             "(?:〒[ \u{3000}]?[0-9]{{3}}-[0-9]{{4}}[ \u{3000}]?)?(?:{HAN}{{1,3}}?(?:都|道|府|県))?(?:{HAN}[\u{4E00}-\u{9FFF}{kana}]{{0,5}}?(?:市|区|町|村|郡)){{1,3}}[\u{4E00}-\u{9FFF}{kana}Ａ-Ｚａ-ｚA-Za-z]{{0,16}}?{digits}(?:丁目|番地|番|号|-|－)(?:{digits}(?:丁目|番地|番|号|-|－)?){{0,3}}|〒[ \u{3000}]?[0-9]{{3}}-[0-9]{{4}}"
         );
-        [zh, ja]
-            .iter()
-            .filter_map(|p| regex_lite::Regex::new(p).ok())
-            .collect()
+        (
+            regex_lite::Regex::new(&zh).ok(),
+            regex_lite::Regex::new(&ja).ok(),
+        )
     })
 }
 
@@ -1062,6 +1109,23 @@ mod tests {
         let mut out = Vec::new();
         find(text, &mut |r| out.push(&text[r]));
         out
+    }
+
+    #[test]
+    fn cjk_patterns_compile_and_are_searched_only_in_anchored_runs() {
+        let (zh, ja) = cjk_patterns();
+        assert!(zh.is_some() && ja.is_some());
+        // the same address whole, after prose without anchors, and cut from it by punctuation
+        assert_eq!(
+            addresses("我们明天见面。地址是北京市朝阳区建国路88号，谢谢"),
+            ["北京市朝阳区建国路88号"]
+        );
+        assert_eq!(addresses("北京市朝阳区建国门外"), Vec::<&str>::new());
+        assert_eq!(
+            addresses("今日は晴れ。住所：東京都新宿区西新宿2丁目8-1です"),
+            ["東京都新宿区西新宿2丁目8-1"]
+        );
+        assert_eq!(addresses("〒100-0001、よろしく"), ["〒100-0001"]);
     }
 
     #[test]

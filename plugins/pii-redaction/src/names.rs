@@ -22,6 +22,7 @@
 //! logarithmic in a fixed list.
 
 use std::ops::Range;
+use std::sync::OnceLock;
 
 const GIVEN_NAMES: &str = include_str!("../data/given_names.txt");
 const SURNAMES: &str = include_str!("../data/surnames.txt");
@@ -738,7 +739,7 @@ fn name_at(text: &str, words: &[Word], i: usize, cue: Cue, fold: &mut String) ->
         let next_text = word_text(text, next);
         if next.capital {
             fold_into(next_text, fold)?;
-            if NOT_SURNAME.contains(&fold.as_str()) {
+            if NOT_SURNAME.contains(&fold.as_str()) || german_compound_noun(fold) {
                 break;
             }
             last = k + 1;
@@ -759,6 +760,26 @@ fn name_at(text: &str, words: &[Word], i: usize, cue: Cue, fold: &mut String) ->
     } else {
         None
     }
+}
+
+/// Ends of German compound nouns that are capitalised like names (`Telefonnummer`,
+/// `Kartennummer`, `Steuer-ID`, `Lieferadresse`): such a word is not a surname.
+const GERMAN_NOUN_ENDS: &[&str] = &[
+    "nummer",
+    "adresse",
+    "karte",
+    "konto",
+    "-id",
+    "daten",
+    "rechnung",
+    "vertrag",
+    "anschrift",
+];
+
+fn german_compound_noun(folded: &str) -> bool {
+    GERMAN_NOUN_ENDS
+        .iter()
+        .any(|e| folded.len() > e.len() + 2 && folded.ends_with(e))
 }
 
 fn is_given(folded: &str) -> bool {
@@ -858,6 +879,12 @@ const CN_BEFORE: &[&str] = &[
     "员工",
     "学生",
     "签名",
+    "通过",
+    "改成",
+    "改为",
+    "核对一下",
+    "确认一下",
+    "查一下",
 ];
 
 /// Chinese words right after a name.
@@ -869,7 +896,7 @@ const CN_AFTER: &[&str] = &[
     "认为", "觉得", "希望", "告诉", "给", "向", "对", "把", "让", "刚", "正在", "目前", "最近",
     "先", "又", "再", "不", "没", "很", "申请", "提出", "报名", "购买", "下单", "投诉", "开会",
     "参加", "同意", "拒绝", "发送", "寄", "退", "买", "卖", "做", "看", "听", "用", "请", "了",
-    "从", "于",
+    "从", "于", "是否",
 ];
 
 /// Words after a name that make it one with no cue before it (`请总结杨旭的投诉`).
@@ -988,8 +1015,55 @@ fn han_at(chars: &[Ch], k: usize) -> bool {
     chars.get(k).is_some_and(|c| is_han(c.c))
 }
 
+/// A set of Han characters (U+4E00..=U+9FFF) as bits, for the lookups made at every Han
+/// character of a text: one bit test instead of a bisection of a list.
+struct HanSet([u64; HAN_WORDS]);
+
+const HAN_FIRST: u32 = 0x4E00;
+const HAN_WORDS: usize = (0xA000 - 0x4E00) / 64;
+
+impl HanSet {
+    /// The first character of every entry of a newline-separated list.
+    fn first_chars(list: &str) -> HanSet {
+        let mut set = HanSet([0; HAN_WORDS]);
+        for c in list.lines().filter_map(|l| l.chars().next()) {
+            if let Some(word) = (c as u32)
+                .checked_sub(HAN_FIRST)
+                .and_then(|i| set.0.get_mut(i as usize / 64).map(|w| (w, i % 64)))
+            {
+                *word.0 |= 1 << word.1;
+            }
+        }
+        set
+    }
+
+    fn has(&self, c: char) -> bool {
+        (c as u32)
+            .checked_sub(HAN_FIRST)
+            .and_then(|i| self.0.get(i as usize / 64).map(|w| w >> (i % 64) & 1 == 1))
+            .unwrap_or(false)
+    }
+}
+
+/// The first characters of the Chinese and of the Japanese surnames, and the Chinese
+/// given-name characters (built on the first text with Han characters, 8 KB).
+fn han_sets() -> &'static [HanSet; 3] {
+    static SETS: OnceLock<[HanSet; 3]> = OnceLock::new();
+    SETS.get_or_init(|| {
+        [
+            HanSet::first_chars(CN_SURNAMES),
+            HanSet::first_chars(JA_SURNAMES),
+            HanSet::first_chars(CN_GIVEN_CHARS),
+        ]
+    })
+}
+
 /// Length in chars of a Chinese name at `k`.
 fn chinese_at(text: &str, chars: &[Ch], k: usize, run_start: bool) -> Option<usize> {
+    let [cn_first, _, cn_given] = han_sets();
+    if !chars.get(k).is_some_and(|c| cn_first.has(c.c)) {
+        return None;
+    }
     let surname_len = [2, 1].into_iter().find(|&n| {
         (0..n).all(|j| han_at(chars, k + j)) && listed(CN_SURNAMES, slice(text, chars, k, n))
     })?;
@@ -999,11 +1073,7 @@ fn chinese_at(text: &str, chars: &[Ch], k: usize, run_start: bool) -> Option<usi
     let before = run_start || cue_before;
     for given in [2, 1] {
         let g = k + surname_len;
-        let all_given = (0..given).all(|j| {
-            chars.get(g + j).is_some_and(|c| {
-                is_han(c.c) && listed(CN_GIVEN_CHARS, c.c.encode_utf8(&mut [0; 4]))
-            })
-        });
+        let all_given = (0..given).all(|j| chars.get(g + j).is_some_and(|c| cn_given.has(c.c)));
         // `韩国`, `王国`: a state or kingdom, not a one-character given name
         if !all_given || (given == 1 && chars.get(g).is_some_and(|c| c.c == '国')) {
             continue;
@@ -1054,6 +1124,9 @@ fn ja_particle(c: char) -> bool {
 
 /// Length in chars (the space included) of a Japanese name at `k`.
 fn japanese_at(text: &str, chars: &[Ch], k: usize, run_start: bool) -> Option<usize> {
+    if !chars.get(k).is_some_and(|c| han_sets()[1].has(c.c)) {
+        return None;
+    }
     let surname_len = [3, 2, 1].into_iter().find(|&n| {
         (0..n).all(|j| han_at(chars, k + j)) && listed(JA_SURNAMES, slice(text, chars, k, n))
     })?;
@@ -1145,6 +1218,22 @@ mod tests {
     }
 
     #[test]
+    fn han_sets_hold_exactly_the_listed_first_characters() {
+        let [cn_first, ja_first, cn_given] = han_sets();
+        let starts = |list: &str, c: char| list.lines().any(|l| l.starts_with(c));
+        for c in ('\u{4DFF}'..='\u{A000}').chain(['a', '〒']) {
+            let mut buf = [0; 4];
+            assert_eq!(
+                cn_given.has(c),
+                listed(CN_GIVEN_CHARS, c.encode_utf8(&mut buf)),
+                "{c}"
+            );
+            assert_eq!(cn_first.has(c), starts(CN_SURNAMES, c), "{c}");
+            assert_eq!(ja_first.has(c), starts(JA_SURNAMES, c), "{c}");
+        }
+    }
+
+    #[test]
     fn folding() {
         let mut s = String::new();
         fold_into("Jürgen", &mut s).unwrap();
@@ -1181,6 +1270,21 @@ mod tests {
             names("April Griffin and Will Smith"),
             ["April Griffin", "Will Smith"]
         );
+    }
+
+    #[test]
+    fn german_nouns_are_not_names() {
+        for text in [
+            "Meine Telefonnummer ist 030 1234567.",
+            "Meine Kartennummer lautet 4111 1111 1111 1111.",
+            "Meine Steuer-ID ist 12345678901.",
+            "Ihre Lieferadresse wurde geändert.",
+            "Der Vorstand tagt morgen.",
+            "Anna Kundennummer 4711",
+        ] {
+            assert_eq!(names(text), Vec::<&str>::new(), "{text}");
+        }
+        assert_eq!(names("Anna Schmidt ruft an."), ["Anna Schmidt"]);
     }
 
     #[test]
@@ -1224,6 +1328,10 @@ mod tests {
         assert_eq!(names("客户：刘娜 电话"), ["刘娜"]);
         assert_eq!(names("欧阳娜娜女士"), ["欧阳娜娜"]);
         assert_eq!(names("高明先生来了"), ["高明"]);
+        // cues: `通过` (through), `改成`/`改为` (change to), `确认一下` (check); `是否` after
+        assert_eq!(names("我们通过李明联系了客户。"), ["李明"]);
+        assert_eq!(names("请把负责人改为王芳。"), ["王芳"]);
+        assert_eq!(names("确认一下张伟是否到了"), ["张伟"]);
         for text in [
             "我们的时间很紧",
             "这个方法很好用",

@@ -1,12 +1,11 @@
-//! `pii-bench [--corpus FILE] [--config FILE] [--out FILE] [--passes N]
-//! [--examples N]`: scores the corpus
+//! `pii-bench [--corpus FILE] [--config FILE] [--out FILE] [--passes N] [--examples N]`: scores the corpus
 //! that tools/pii-bench/generate.py wrote, writes the report and prints it (see lib.rs).
 //!   --corpus  the JSONL corpus (target/bench/pii-corpus.jsonl)
 //!   --config  a gateway YAML (its pii-redaction filter) or a JSON config
 //!             (envoy-config/gateway.yaml); e.g. tools/pii-bench/all-detectors.json
 //!   --out     the report (target/bench/pii.md)
 //!   --passes  timed passes over the corpus for the throughput (30)
-//!   --examples  misses and misplaced masks listed per type and name (5)
+//!   --examples  missed values and wrong masks listed per type and name (5)
 
 use pii_bench::config::load;
 use pii_bench::report::{render, Context};
@@ -31,7 +30,7 @@ fn args() -> Result<Args, String> {
         config: "envoy-config/gateway.yaml".into(),
         out: "target/bench/pii.md".into(),
         passes: 30,
-        examples: 5,
+        examples: pii_bench::score::EXAMPLES,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -41,9 +40,7 @@ fn args() -> Result<Args, String> {
             "--config" => a.config = value,
             "--out" => a.out = value,
             "--passes" => a.passes = value.parse().map_err(|_| "--passes: a number")?,
-            "--examples" => {
-                a.examples = value.parse().map_err(|_| "--examples: a number")?;
-            }
+            "--examples" => a.examples = value.parse().map_err(|_| "--examples: a number")?,
             _ => return Err(format!("unknown option {flag}")),
         }
     }
@@ -88,7 +85,7 @@ fn run() -> Result<(), String> {
     let bodies: Vec<Vec<u8>> = records.iter().map(|r| chat_body(&r.text)).collect();
 
     let mut tally = Tally {
-        examples: a.examples,
+        examples: Some(a.examples),
         ..Tally::default()
     };
     for (record, body) in records.iter().zip(&bodies) {

@@ -128,8 +128,8 @@ pub struct Tally {
     /// first few per type and name).
     pub missed: BTreeMap<String, Vec<String>>,
     pub wrong: BTreeMap<String, Vec<String>>,
-    /// Most examples kept per type and name (0: the default, 5).
-    pub examples: usize,
+    /// How many examples to keep per type and name (`None`: [`EXAMPLES`]).
+    pub examples: Option<usize>,
 }
 
 /// Where one placeholder name's masks fell.
@@ -148,11 +148,11 @@ impl MaskCount {
     }
 }
 
-const EXAMPLES: usize = 5;
+pub const EXAMPLES: usize = 5;
 
 fn example(list: &mut BTreeMap<String, Vec<String>>, limit: usize, key: &str, what: String) {
     let entry = list.entry(key.to_owned()).or_default();
-    if entry.len() < if limit == 0 { EXAMPLES } else { limit } {
+    if entry.len() < limit {
         entry.push(what);
     }
 }
@@ -203,7 +203,7 @@ impl Tally {
             if !caught {
                 example(
                     &mut self.missed,
-                    self.examples,
+                    self.examples.unwrap_or(EXAMPLES),
                     &v.kind,
                     format!("{} `{}`", record.id, v.value),
                 );
@@ -238,7 +238,7 @@ impl Tally {
                 let masked = record.text.get(mask.span.clone()).unwrap_or_default();
                 example(
                     &mut self.wrong,
-                    self.examples,
+                    self.examples.unwrap_or(EXAMPLES),
                     &mask.name,
                     format!("{} `{masked}`", record.id),
                 );
