@@ -65,7 +65,7 @@ const MAESTRO_SHORT: [Row; 3] = [
 ];
 
 /// Words for a card, lower case (ASCII compared ignoring case).
-const CARD_WORDS: [&[u8]; 12] = [
+pub(crate) const CARD_WORDS: [&[u8]; 12] = [
     b"card",
     b"maestro",
     b"karte",

@@ -20,10 +20,21 @@
 //!   date `YYYYMMDD`. The grouped form is not taken after a word for a reference ("Tracking
 //!   2449 7616 7909", "order #", "注文") unless a word for a My Number is there too.
 
+use crate::card::CARD_WORDS;
 use crate::detect::{
     at, before, context_after, context_before, digits_from, is_digit, is_word, Step,
     REFERENCE_WORDS,
 };
+use crate::phone::PHONE_WORDS;
+
+/// Words for a German tax id (lower case; ASCII ignoring case).
+pub(crate) const TAX_ID_WORDS: [&[u8]; 5] = [
+    b"steuer",
+    b"idnr",
+    b"id-nr",
+    b"identifikationsnummer",
+    b"tax",
+];
 
 fn starts_clean(b: &[u8], i: usize) -> bool {
     let prev = before(b, i);
@@ -244,6 +255,15 @@ pub(crate) fn tax_id_de(b: &[u8], i: usize) -> Step {
     let end = match run - i {
         11 => {
             id.copy_from_slice(b.get(i..run).unwrap_or(&[0; 11]));
+            // "电话13564087944": a Chinese mobile after a word for a phone, unless a word for
+            // a tax id is there too
+            if matches!(at(b, i + 1), b'3'..=b'9')
+                && at(b, i) == b'1'
+                && context_before(b, i, &PHONE_WORDS, 32)
+                && !context_before(b, i, &TAX_ID_WORDS, 32)
+            {
+                return Step::No;
+            }
             run
         }
         2 => {
@@ -353,8 +373,11 @@ pub(crate) fn my_number_jp(b: &[u8], i: usize) -> Step {
                 }
                 p = e;
             }
-            // "Tracking 2449 7616 7909": a reference, unless the text names a My Number
-            if context_before(b, i, &REFERENCE_WORDS, 24) && !named_my_number(b, i, p) {
+            // "Tracking 2449 7616 7909": a reference, "numéro de carte : 6762 7074 5729": a
+            // card, unless the text names a My Number
+            if (context_before(b, i, &REFERENCE_WORDS, 24) || context_before(b, i, &CARD_WORDS, 32))
+                && !named_my_number(b, i, p)
+            {
                 return Step::No;
             }
             p
@@ -546,7 +569,13 @@ mod tests {
                 "11223456789",  // two digits repeat
                 "860957427190", // 12 digits
                 "86-095-742-719",
+                "电话13564087944", // a Chinese mobile after a word for a phone
             ],
+        );
+        // with a word for a tax id too, it is one
+        assert_eq!(
+            hits(Builtin::TaxIdDe, "Telefon? Nein, Steuer-ID 18026259746"),
+            ["18026259746"]
         );
     }
 
@@ -571,6 +600,7 @@ mod tests {
                 "Tracking 2449 7616 7909 is in transit.", // a reference before
                 "Tracking 1048 6936 2956 is in transit.",
                 "注文番号 1234-5678-9018",
+                "numéro de carte : 1234 5678 9018", // a word for a card before
                 "order # 1234 5678 9018",
                 "123456789018は注文番号です。", // a word after, not for a My Number
                 // the word for a My Number too far after

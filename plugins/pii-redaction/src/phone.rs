@@ -40,6 +40,7 @@
 use crate::detect::{
     at, before, context_after, context_before, is_digit, is_word, Step, REFERENCE_WORDS,
 };
+use crate::national_id::{valid_tax_id_de, TAX_ID_WORDS};
 
 /// Most digits in a candidate: `00` + a 3-digit country code + 12 national digits.
 const MAX_DIGITS: usize = 17;
@@ -209,16 +210,29 @@ pub(crate) fn phone(b: &[u8], i: usize) -> Step {
     let found = plausible(&shape)
         || (bare && bare_with_context(&shape, b, i, end))
         || (!bare && grouped_with_context(&shape, b, i, end));
-    // a bare number after "order", "ticket", "id"… is a reference ("order number …")
-    if found && !(bare && context_before(b, i, &REFERENCE_WORDS, 24)) {
+    // a bare number after "order", "ticket", "id"… is a reference ("order number …"); a
+    // bare German tax id shaped like a Chinese mobile, named as such, is the tax id's
+    if found
+        && !(bare
+            && (context_before(b, i, &REFERENCE_WORDS, 24) || named_tax_id(&shape, b, i, end)))
+    {
         Step::Match(end)
     } else {
         Step::No
     }
 }
 
+/// "18026259746 als Steuer-ID": 11 digits that are a valid German tax id with a word for one
+/// in the 32 bytes before or the 24 after.
+fn named_tax_id(s: &Shape, b: &[u8], i: usize, end: usize) -> bool {
+    s.digits()
+        .try_into()
+        .is_ok_and(|id: [u8; 11]| valid_tax_id_de(&id))
+        && (context_before(b, i, &TAX_ID_WORDS, 32) || context_after(b, end, &TAX_ID_WORDS, 24))
+}
+
 /// Words for a phone, lower case (ASCII compared ignoring case).
-const PHONE_WORDS: [&[u8]; 31] = [
+pub(crate) const PHONE_WORDS: [&[u8]; 31] = [
     b"phone",
     b"tel", // tel, telephone, Telefon, teléfono, telefono
     b"call",
@@ -598,6 +612,7 @@ mod tests {
                 "50-7529-1703",
             ),
             ("oder +49(0) 014122775 wegen", "+49(0) 014122775"),
+            ("电话18026259746", "18026259746"), // a valid tax id too, but no word for one
             (
                 "Im Formular steht (00492) 58991 als Telefonnummer",
                 "(00492) 58991",
@@ -611,9 +626,11 @@ mod tests {
             "1272868387 is the phone number",    // no such area code
             "90-3289-2184 rows were copied",     // 2-4-4 without a word for a phone
             "phone order number 20-2024-0001",   // a reference word too
-            "(00695)848304",                     // no space after the parenthesis
-            "+49 014122775",                     // a 0 after the country code, no (0)
-            "(00695) 848",                       // too short
+            "Im Formular steht 18026259746 als Steuer-ID", // a valid tax id, named
+            "Steuer-IdNr. 18026259746",
+            "(00695)848304", // no space after the parenthesis
+            "+49 014122775", // a 0 after the country code, no (0)
+            "(00695) 848",   // too short
         ] {
             assert!(hits(no).is_empty(), "{no:?}: {:?}", hits(no));
         }
