@@ -350,13 +350,40 @@ fn is_key_char(c: u8) -> bool {
     c.is_ascii_alphanumeric() || c == b'_' || c == b'-'
 }
 
+/// The bytes the context words begin with (both cases of an ASCII letter): a window position
+/// whose byte is not one of them starts no word, whatever the list.
+struct FirstBytes([u64; 4]);
+
+impl FirstBytes {
+    fn of(words: &[&[u8]]) -> FirstBytes {
+        let mut set = FirstBytes([0; 4]);
+        for c in words.iter().filter_map(|w| w.first().copied()) {
+            for c in [c.to_ascii_lowercase(), c.to_ascii_uppercase()] {
+                if let Some(bits) = set.0.get_mut(usize::from(c >> 6)) {
+                    *bits |= 1 << (c & 63);
+                }
+            }
+        }
+        set
+    }
+
+    fn has(&self, c: u8) -> bool {
+        self.0
+            .get(usize::from(c >> 6))
+            .is_some_and(|bits| bits & (1 << (c & 63)) != 0)
+    }
+}
+
 /// Whether one of `words` (lower case) starts a word in the `window` bytes before `i`: ASCII
 /// letters compared ignoring case, and no ASCII letter right before it (so `tel` is found
 /// in "Tel." and "telephone", not in "hotel"). Reads at most `window` bytes per word.
 pub(crate) fn context_before(b: &[u8], i: usize, words: &[&[u8]], window: usize) -> bool {
+    let firsts = FirstBytes::of(words);
     (i.saturating_sub(window)..i).any(|k| {
-        // most positions are inside a word: one test rules them out
-        !before(b, k).is_ascii_alphabetic()
+        // most positions are inside a word or start no listed word: two bit tests rule
+        // them out before any word is compared
+        firsts.has(at(b, k))
+            && !before(b, k).is_ascii_alphabetic()
             && words.iter().any(|w| {
                 k + w.len() <= i
                     && b.get(k..k + w.len())
@@ -369,8 +396,10 @@ pub(crate) fn context_before(b: &[u8], i: usize, words: &[&[u8]], window: usize)
 /// same comparison as [`context_before`]): "5272868387 is the phone number",
 /// "…は昨日伺ったマイナンバーです". Reads at most `window` bytes per word.
 pub(crate) fn context_after(b: &[u8], end: usize, words: &[&[u8]], window: usize) -> bool {
+    let firsts = FirstBytes::of(words);
     (end..end.saturating_add(window).min(b.len())).any(|k| {
-        !before(b, k).is_ascii_alphabetic()
+        firsts.has(at(b, k))
+            && !before(b, k).is_ascii_alphabetic()
             && words.iter().any(|w| {
                 b.get(k..k + w.len())
                     .is_some_and(|win| win.eq_ignore_ascii_case(w))
