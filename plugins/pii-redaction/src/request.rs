@@ -97,21 +97,16 @@ pub enum Api {
 }
 
 impl Api {
-    /// The API of a `:path` (query ignored).
+    /// The API of a `:path` (query ignored), as every plugin reads it
+    /// ([`llm_gateway_shared::usage::Api::from_path`]): the preamble goes where that API
+    /// keeps its instructions.
     pub fn from_path(path: &str) -> Api {
-        let path = path
-            .split('?')
-            .next()
-            .unwrap_or_default()
-            .trim_end_matches('/');
-        if path.ends_with("/chat/completions") {
-            Api::Chat
-        } else if path.ends_with("/responses") {
-            Api::Responses
-        } else if path.ends_with("/messages") {
-            Api::Anthropic
-        } else {
-            Api::Other
+        use llm_gateway_shared::usage::Api as Shared;
+        match Shared::from_path(path) {
+            Some(Shared::ChatCompletions) => Api::Chat,
+            Some(Shared::Responses) => Api::Responses,
+            Some(Shared::AnthropicMessages) => Api::Anthropic,
+            Some(Shared::Embeddings) | None => Api::Other,
         }
     }
 }
