@@ -176,9 +176,7 @@ mod tests {
     use crate::detect::Builtin;
 
     fn hits(text: &str) -> Vec<&str> {
-        let mut out = Vec::new();
-        Builtin::Card.find(text, &mut |r| out.push(&text[r]));
-        out
+        crate::detect::tests::hits(Builtin::Card, text)
     }
 
     #[test]

@@ -878,10 +878,11 @@ fn private_key(text: &str, found: &mut dyn FnMut(Range<usize>)) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn hits(b: Builtin, text: &str) -> Vec<&str> {
+    /// The text of every match of `b` in `text` (the detector modules' tests use it too).
+    pub(crate) fn hits(b: Builtin, text: &str) -> Vec<&str> {
         let mut out = Vec::new();
         b.find(text, &mut |r| out.push(&text[r]));
         out

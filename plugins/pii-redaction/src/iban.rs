@@ -236,9 +236,7 @@ mod tests {
     use crate::detect::Builtin;
 
     fn hits(text: &str) -> Vec<&str> {
-        let mut out = Vec::new();
-        Builtin::Iban.find(text, &mut |r| out.push(&text[r]));
-        out
+        crate::detect::tests::hits(Builtin::Iban, text)
     }
 
     #[test]

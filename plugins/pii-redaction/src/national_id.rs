@@ -437,13 +437,8 @@ pub fn valid_my_number(d: &[u8; 12]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::detect::tests::hits;
     use crate::detect::Builtin;
-
-    fn hits(b: Builtin, text: &str) -> Vec<&str> {
-        let mut out = Vec::new();
-        b.find(text, &mut |r| out.push(&text[r]));
-        out
-    }
 
     fn none(b: Builtin, texts: &[&str]) {
         for text in texts {

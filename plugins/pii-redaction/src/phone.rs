@@ -548,9 +548,7 @@ mod tests {
     use crate::detect::Builtin;
 
     fn hits(text: &str) -> Vec<&str> {
-        let mut out = Vec::new();
-        Builtin::Phone.find(text, &mut |r| out.push(&text[r]));
-        out
+        crate::detect::tests::hits(Builtin::Phone, text)
     }
 
     fn all_found(numbers: &[&str]) {

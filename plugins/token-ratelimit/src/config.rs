@@ -35,6 +35,7 @@
 use llm_gateway_shared::config::{self, validate_name, ConfigError};
 use llm_gateway_shared::route_info::Price;
 use llm_gateway_shared::rules::RuleSet;
+use llm_gateway_shared::webdis::{Endpoint, TransportName};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 use std::collections::HashMap;
@@ -382,7 +383,7 @@ struct RawBudget {
 #[serde(deny_unknown_fields)]
 struct RawRedis {
     #[serde(default)]
-    transport: RawTransport,
+    transport: TransportName,
     #[serde(default)]
     service: Option<String>,
     #[serde(default)]
@@ -395,14 +396,6 @@ struct RawRedis {
     password: Option<String>,
     #[serde(default = "default_timeout")]
     timeout_ms: u32,
-}
-
-#[derive(Deserialize, Default, PartialEq, Eq)]
-#[serde(rename_all = "snake_case")]
-enum RawTransport {
-    #[default]
-    Higress,
-    Http,
 }
 
 #[derive(Deserialize)]
@@ -466,72 +459,41 @@ fn parse_redis(r: RawRedis) -> Result<RedisConfig, ConfigError> {
             "must be between 1 and 60000",
         ));
     }
-    match r.transport {
-        RawTransport::Higress => {
-            if !REDIS_TRANSPORT {
-                return Err(ConfigError::new(
-                    "redis",
-                    "this build has no Higress Redis calls (plain Envoy): use `\"transport\": \"http\"` with a webdis cluster, the Higress build (dist/higress/token-ratelimit.wasm), or remove `redis` to keep limits and budgets per instance",
-                ));
-            }
-            if r.cluster.is_some() || r.auth.is_some() {
-                return Err(ConfigError::new(
-                    "redis.transport",
-                    "`cluster` and `auth` belong to `\"transport\": \"http\"`",
-                ));
-            }
-            let service = r.service.unwrap_or_default();
-            if service.is_empty() {
-                return Err(ConfigError::new("redis.service", "must not be empty"));
-            }
-            Ok(RedisConfig {
+    if r.transport == TransportName::Higress && !REDIS_TRANSPORT {
+        return Err(ConfigError::new(
+            "redis",
+            "this build has no Higress Redis calls (plain Envoy): use `\"transport\": \"http\"` with a webdis cluster, the Higress build (dist/higress/token-ratelimit.wasm), or remove `redis` to keep limits and budgets per instance",
+        ));
+    }
+    let credentials = r.username.is_some() || r.password.is_some();
+    Ok(
+        match Endpoint::parse(
+            "redis",
+            r.transport,
+            r.service,
+            credentials,
+            r.cluster,
+            r.auth,
+        )? {
+            Endpoint::Higress { service } => RedisConfig {
                 service,
                 transport: RedisTransport::Higress,
                 username: r.username.filter(|u| !u.is_empty()),
                 password: r.password.filter(|p| !p.is_empty()),
                 timeout_ms: r.timeout_ms,
-            })
-        }
-        RawTransport::Http => {
-            if r.service.is_some() || r.username.is_some() || r.password.is_some() {
-                return Err(ConfigError::new(
-                    "redis.transport",
-                    "`service`, `username` and `password` belong to `\"transport\": \"higress\"`; over HTTP name the webdis `cluster` and its `auth`",
-                ));
-            }
-            let cluster = r.cluster.unwrap_or_default();
-            if cluster.is_empty() || cluster.len() > 256 {
-                return Err(ConfigError::new(
-                    "redis.cluster",
-                    "must be the webdis cluster's name (1 to 256 characters)",
-                ));
-            }
-            let authorization = match r.auth {
-                None => None,
-                Some(auth) => {
-                    let valid = auth
-                        .split_once(':')
-                        .is_some_and(|(user, _)| !user.is_empty())
-                        && !auth.bytes().any(|b| b.is_ascii_control());
-                    if !valid {
-                        // the value is a secret: not echoed
-                        return Err(ConfigError::new(
-                            "redis.auth",
-                            "must be `user:password`, as in webdis's `http_basic_auth`",
-                        ));
-                    }
-                    Some(llm_gateway_shared::webdis::basic_auth(&auth))
-                }
-            };
-            Ok(RedisConfig {
+            },
+            Endpoint::Http {
+                cluster,
+                authorization,
+            } => RedisConfig {
                 service: cluster,
                 transport: RedisTransport::Http { authorization },
                 username: None,
                 password: None,
                 timeout_ms: r.timeout_ms,
-            })
-        }
-    }
+            },
+        },
+    )
 }
 
 fn default_timeout() -> u32 {

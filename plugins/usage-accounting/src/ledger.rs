@@ -16,6 +16,7 @@
 //! logged, the record still being in the access log and the log line.
 
 use llm_gateway_shared::config::ConfigError;
+use llm_gateway_shared::webdis::{Endpoint, TransportName};
 
 /// This build has Higress's Redis calls (cargo feature `higress`, which turns on
 /// `shared::host::redis`). Without them a `ledger` over the Higress transport is refused
@@ -59,7 +60,7 @@ pub struct LedgerConfig {
 #[serde(deny_unknown_fields)]
 struct RawLedger {
     #[serde(default)]
-    transport: RawTransport,
+    transport: TransportName,
     #[serde(default)]
     service: Option<String>,
     #[serde(default)]
@@ -78,14 +79,6 @@ struct RawLedger {
     password: Option<String>,
 }
 
-#[derive(Deserialize, Default, PartialEq, Eq)]
-#[serde(rename_all = "snake_case")]
-enum RawTransport {
-    #[default]
-    Higress,
-    Http,
-}
-
 fn default_stream() -> String {
     "llm:usage".into()
 }
@@ -99,52 +92,21 @@ fn default_timeout() -> u32 {
 /// Parses the `ledger` member.
 pub fn parse_ledger(value: &Value) -> Result<LedgerConfig, ConfigError> {
     let raw: RawLedger = llm_gateway_shared::config::from_value("ledger", value.clone())?;
-    let (service, transport) = match raw.transport {
-        RawTransport::Higress => {
-            if raw.cluster.is_some() || raw.auth.is_some() {
-                return Err(ConfigError::new(
-                    "ledger.transport",
-                    "`cluster` and `auth` belong to `\"transport\": \"http\"`",
-                ));
-            }
-            let service = raw.service.unwrap_or_default();
-            if service.is_empty() {
-                return Err(ConfigError::new("ledger.service", "must not be empty"));
-            }
-            (service, LedgerTransport::Higress)
-        }
-        RawTransport::Http => {
-            if raw.service.is_some() || raw.username.is_some() || raw.password.is_some() {
-                return Err(ConfigError::new(
-                    "ledger.transport",
-                    "`service`, `username` and `password` belong to `\"transport\": \"higress\"`; over HTTP name the webdis `cluster` and its `auth`",
-                ));
-            }
-            let cluster = raw.cluster.unwrap_or_default();
-            if cluster.is_empty() || cluster.len() > 256 {
-                return Err(ConfigError::new(
-                    "ledger.cluster",
-                    "must be the webdis cluster's name (1 to 256 characters)",
-                ));
-            }
-            let authorization = match raw.auth {
-                None => None,
-                Some(auth) => {
-                    let valid = auth
-                        .split_once(':')
-                        .is_some_and(|(user, _)| !user.is_empty())
-                        && !auth.bytes().any(|b| b.is_ascii_control());
-                    if !valid {
-                        return Err(ConfigError::new(
-                            "ledger.auth",
-                            "must be `user:password`, as in webdis's `http_basic_auth`",
-                        ));
-                    }
-                    Some(llm_gateway_shared::webdis::basic_auth(&auth))
-                }
-            };
-            (cluster, LedgerTransport::Http { authorization })
-        }
+    let credentials = raw.username.is_some() || raw.password.is_some();
+    let endpoint = Endpoint::parse(
+        "ledger",
+        raw.transport,
+        raw.service,
+        credentials,
+        raw.cluster,
+        raw.auth,
+    )?;
+    let (service, transport) = match endpoint {
+        Endpoint::Higress { service } => (service, LedgerTransport::Higress),
+        Endpoint::Http {
+            cluster,
+            authorization,
+        } => (cluster, LedgerTransport::Http { authorization }),
     };
     if raw.stream.is_empty() || raw.stream.len() > 256 {
         return Err(ConfigError::new(

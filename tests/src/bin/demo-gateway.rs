@@ -7,7 +7,7 @@
 use llm_gateway_tests::demo::{Demo, FleetDemo};
 use std::process::ExitCode;
 use std::time::Duration;
-use tokio::signal::unix::{signal, SignalKind};
+use tokio::signal::unix::{signal, Signal, SignalKind};
 
 const USAGE: &str = "usage: demo-gateway [--port N] [--fleet]";
 
@@ -33,6 +33,20 @@ fn args() -> Result<(u16, bool), String> {
     }
 }
 
+/// Ctrl-C and SIGTERM, which stop the demo; `None` (said on stderr) if they cannot be caught.
+fn stop_signals() -> Option<(Signal, Signal)> {
+    match (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) {
+        (Ok(interrupt), Ok(terminate)) => Some((interrupt, terminate)),
+        _ => {
+            eprintln!("cannot install signal handlers");
+            None
+        }
+    }
+}
+
 /// `--fleet`: runs until Ctrl-C or SIGTERM.
 async fn run_fleet(port: u16) -> ExitCode {
     let mut fleet = match FleetDemo::start(port).await {
@@ -43,11 +57,7 @@ async fn run_fleet(port: u16) -> ExitCode {
         }
     };
     println!("{}", fleet.banner());
-    let (Ok(mut interrupt), Ok(mut terminate)) = (
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::terminate()),
-    ) else {
-        eprintln!("cannot install signal handlers");
+    let Some((mut interrupt, mut terminate)) = stop_signals() else {
         return ExitCode::FAILURE;
     };
     let mut watch = tokio::time::interval(Duration::from_millis(300));
@@ -94,11 +104,7 @@ async fn main() -> ExitCode {
     };
     println!("{}", demo.banner());
 
-    let (Ok(mut interrupt), Ok(mut terminate)) = (
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::terminate()),
-    ) else {
-        eprintln!("cannot install signal handlers");
+    let Some((mut interrupt, mut terminate)) = stop_signals() else {
         return ExitCode::FAILURE;
     };
     let mut watch = tokio::time::interval(Duration::from_millis(300));
