@@ -29,6 +29,7 @@ pub mod json;
 pub mod pending;
 pub mod reentry;
 pub mod reject;
+pub mod request;
 pub mod resp;
 pub mod route_info;
 pub mod rules;

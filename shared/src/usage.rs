@@ -43,21 +43,11 @@ pub enum Api {
 }
 
 impl Api {
-    /// The API a request path addresses (query string ignored); `None` for anything else.
+    /// The API a request path addresses (query string ignored); `None` for anything else,
+    /// token counting included. The one classification of paths is
+    /// [`crate::request::Endpoint::from_path`]; this is its API part.
     pub fn from_path(path: &str) -> Option<Api> {
-        let path = path.split(['?', '#']).next().unwrap_or_default();
-        let path = path.trim_end_matches('/');
-        if path.ends_with("/chat/completions") {
-            Some(Api::ChatCompletions)
-        } else if path.ends_with("/responses") {
-            Some(Api::Responses)
-        } else if path.ends_with("/messages") {
-            Some(Api::AnthropicMessages)
-        } else if path.ends_with("/embeddings") {
-            Some(Api::Embeddings)
-        } else {
-            None
-        }
+        crate::request::Endpoint::from_path(path).and_then(crate::request::Endpoint::api)
     }
 
     /// Name in records and metrics.

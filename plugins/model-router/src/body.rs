@@ -6,34 +6,22 @@
 
 use llm_gateway_shared::json::{self, quote, scan_object, Edits, Limits, Object};
 use llm_gateway_shared::reject::Reject;
+use llm_gateway_shared::request::Endpoint;
 use std::ops::Range;
 
-/// The endpoints the router handles (path without the query).
-pub const ENDPOINTS: [&str; 5] = [
-    "/v1/chat/completions",
-    "/v1/responses",
-    "/v1/messages",
-    COUNT_TOKENS,
-    "/v1/embeddings",
-];
-
-/// Anthropic's token counting (Claude Code calls it): routed to the group's Anthropic
-/// deployment only (`plan::Request::anthropic_only`); it generates nothing, so later filters
-/// count it as a request and charge it no tokens (it is no API of `shared::usage::Api`).
-pub const COUNT_TOKENS: &str = "/v1/messages/count_tokens";
-
-fn without_query(path: &str) -> &str {
-    path.split(['?', '#']).next().unwrap_or_default()
-}
-
-/// True if `path` (with or without a query) is one of [`ENDPOINTS`].
+/// True if the router plans `path` (with or without a query): every endpoint of
+/// [`Endpoint::from_path`], the prefixed forms (`/openai/v1/chat/completions`) included, so
+/// that what the other filters count and redact is also routed.
 pub fn is_routed_path(path: &str) -> bool {
-    ENDPOINTS.contains(&without_query(path))
+    Endpoint::from_path(path).is_some()
 }
 
-/// True if `path` (with or without a query) is [`COUNT_TOKENS`].
+/// True if `path` (with or without a query) is Anthropic's token counting
+/// (`/v1/messages/count_tokens`): routed to the group's Anthropic deployment only
+/// (`plan::Request::anthropic_only`); it generates nothing, so later filters count it as a
+/// request and charge it no tokens (it is no API of `shared::usage::Api`).
 pub fn is_count_tokens(path: &str) -> bool {
-    without_query(path) == COUNT_TOKENS
+    Endpoint::from_path(path) == Some(Endpoint::CountTokens)
 }
 
 /// A parsed request body.
@@ -371,6 +359,10 @@ mod tests {
         assert!(!is_routed_path("/v1/messages/batches"));
         assert!(!is_routed_path("/v1/models"));
         assert!(!is_routed_path("/v1/chat/completions/x"));
+        // the prefixed forms other filters count and redact are routed too
+        assert!(is_routed_path("/openai/v1/chat/completions"));
+        assert!(is_count_tokens("/anthropic/v1/messages/count_tokens"));
+        assert!(!is_routed_path("/v1/threads/t1/messages"));
     }
 
     #[test]

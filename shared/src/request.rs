@@ -1,0 +1,252 @@
+//! One view of a request for every filter: which endpoint its path addresses, and its headers
+//! read once into plain values.
+//!
+//! Every plugin used to answer "which API is this?" on its own, and the answers disagreed: the
+//! accounting and redaction matched any path *ending* in `/chat/completions`, the router only
+//! the exact `/v1/…` paths, so `/openai/v1/chat/completions` (a Higress route with a provider
+//! prefix) was counted and redacted but never routed. [`Endpoint::from_path`] is now the one
+//! answer, and every plugin takes it.
+//!
+//! The accepted forms: the path without its query and fragment (and without trailing `/`) ends
+//! in `/v1/<endpoint>`, where `<endpoint>` is one of `chat/completions`, `responses`,
+//! `messages`, `messages/count_tokens`, `embeddings`; anything may come before the `/v1` (a
+//! route prefix such as `/openai` or `/anthropic`). The `/v1/` segment is required: it is what
+//! tells an API call from another resource whose path merely ends in the same word (OpenAI's
+//! `/v1/threads/{id}/messages`, a site's own `/chat/completions` page).
+//!
+//! [`RequestHead`] holds the request headers after one host read (one `get_header_map_pairs`
+//! instead of one call per header), with the values every filter asks for already parsed.
+
+use crate::headers;
+use crate::usage::Api;
+
+/// What a request path addresses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    /// An API whose usage is read, charged and recorded.
+    Api(Api),
+    /// Anthropic's `POST /v1/messages/count_tokens`: routed like a message (to an Anthropic
+    /// deployment), but it generates nothing, so it is counted as a request and charged no
+    /// tokens.
+    CountTokens,
+}
+
+/// The endpoint suffixes after `/v1`, longest first where one ends another.
+const SUFFIXES: [(&str, Endpoint); 5] = [
+    ("/v1/chat/completions", Endpoint::Api(Api::ChatCompletions)),
+    ("/v1/responses", Endpoint::Api(Api::Responses)),
+    ("/v1/messages/count_tokens", Endpoint::CountTokens),
+    ("/v1/messages", Endpoint::Api(Api::AnthropicMessages)),
+    ("/v1/embeddings", Endpoint::Api(Api::Embeddings)),
+];
+
+impl Endpoint {
+    /// The endpoint `path` addresses (query and fragment ignored); `None` for anything else.
+    pub fn from_path(path: &str) -> Option<Endpoint> {
+        let path = path.split(['?', '#']).next().unwrap_or_default();
+        let path = path.trim_end_matches('/');
+        SUFFIXES
+            .iter()
+            .find(|(suffix, _)| path.ends_with(suffix))
+            .map(|(_, endpoint)| *endpoint)
+    }
+
+    /// The API whose usage the request produces; `None` for token counting.
+    pub fn api(self) -> Option<Api> {
+        match self {
+            Endpoint::Api(api) => Some(api),
+            Endpoint::CountTokens => None,
+        }
+    }
+}
+
+/// The request headers of one request, read once.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RequestHead {
+    /// Every header as the host gave it (Envoy: lowercase names), values as bytes.
+    pairs: Vec<(String, Vec<u8>)>,
+    /// `:method`.
+    pub method: String,
+    /// `:path`, query included.
+    pub path: String,
+    /// `:authority` (the rule matcher's domain).
+    pub authority: String,
+    /// What the path addresses.
+    pub endpoint: Option<Endpoint>,
+    /// `content-length`, when it is a number.
+    pub content_length: Option<u64>,
+    /// The logical request id (`x-llm-request-id`), when present and not empty.
+    pub request_id: Option<String>,
+    /// A verified re-entry of the same logical request (`x-llm-reentry` present).
+    pub reentry: bool,
+}
+
+impl RequestHead {
+    /// The view of `pairs` (the request's headers as the host lists them).
+    pub fn new(pairs: Vec<(String, Vec<u8>)>) -> RequestHead {
+        let mut head = RequestHead::default();
+        for (name, value) in &pairs {
+            let text = || String::from_utf8_lossy(value).into_owned();
+            match name.as_str() {
+                ":method" => head.method = text(),
+                ":path" => head.path = text(),
+                ":authority" => head.authority = text(),
+                "content-length" => {
+                    head.content_length = std::str::from_utf8(value)
+                        .ok()
+                        .and_then(|v| v.trim().parse().ok())
+                }
+                headers::REQUEST_ID if !value.is_empty() => head.request_id = Some(text()),
+                headers::REENTRY => head.reentry = true,
+                _ => {}
+            }
+        }
+        head.endpoint = Endpoint::from_path(&head.path);
+        head.pairs = pairs;
+        head
+    }
+
+    /// The API of the request; `None` for token counting and any other path.
+    pub fn api(&self) -> Option<Api> {
+        self.endpoint.and_then(Endpoint::api)
+    }
+
+    /// The first value of `name` (lowercase), as bytes.
+    pub fn get(&self, name: &str) -> Option<&[u8]> {
+        self.pairs
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_slice())
+    }
+
+    /// The first value of `name` (lowercase) when it is UTF-8.
+    pub fn text(&self, name: &str) -> Option<&str> {
+        self.get(name).and_then(|v| std::str::from_utf8(v).ok())
+    }
+
+    /// True if `name` (lowercase) is present.
+    pub fn has(&self, name: &str) -> bool {
+        self.pairs.iter().any(|(n, _)| n == name)
+    }
+
+    /// Every header, in the host's order.
+    pub fn pairs(&self) -> &[(String, Vec<u8>)] {
+        &self.pairs
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn endpoint(path: &str) -> Option<Endpoint> {
+        Endpoint::from_path(path)
+    }
+
+    #[test]
+    fn the_v1_paths_and_their_prefixed_forms() {
+        for prefix in ["", "/openai", "/anthropic", "/tenant-a/llm"] {
+            let chat = format!("{prefix}/v1/chat/completions");
+            assert_eq!(
+                endpoint(&chat),
+                Some(Endpoint::Api(Api::ChatCompletions)),
+                "{chat}"
+            );
+            let responses = format!("{prefix}/v1/responses?stream=1");
+            assert_eq!(
+                endpoint(&responses),
+                Some(Endpoint::Api(Api::Responses)),
+                "{responses}"
+            );
+            let messages = format!("{prefix}/v1/messages?beta=true");
+            assert_eq!(
+                endpoint(&messages),
+                Some(Endpoint::Api(Api::AnthropicMessages)),
+                "{messages}"
+            );
+            let count = format!("{prefix}/v1/messages/count_tokens?beta=true");
+            assert_eq!(endpoint(&count), Some(Endpoint::CountTokens), "{count}");
+            let embeddings = format!("{prefix}/v1/embeddings/");
+            assert_eq!(
+                endpoint(&embeddings),
+                Some(Endpoint::Api(Api::Embeddings)),
+                "{embeddings}"
+            );
+        }
+    }
+
+    #[test]
+    fn other_resources_are_no_endpoint() {
+        for path in [
+            "/",
+            "",
+            "/v1/models",
+            "/v1/messages/batches",
+            "/v1/chat/completions/abc",
+            "/v1/threads/thread_1/messages",
+            "/chat/completions",
+            "/openai/deployments/gpt-4o/chat/completions?api-version=2024-10-21",
+            "/v1/chat/completionsx",
+            "/v2/chat/completions",
+            "/v1/responses/resp_1",
+            "?/v1/chat/completions",
+            "/x#/v1/messages",
+        ] {
+            assert_eq!(endpoint(path), None, "{path}");
+        }
+    }
+
+    #[test]
+    fn token_counting_has_no_api() {
+        assert_eq!(Endpoint::CountTokens.api(), None);
+        assert_eq!(Endpoint::Api(Api::Responses).api(), Some(Api::Responses));
+    }
+
+    fn pairs(list: &[(&str, &[u8])]) -> Vec<(String, Vec<u8>)> {
+        list.iter()
+            .map(|(n, v)| (n.to_string(), v.to_vec()))
+            .collect()
+    }
+
+    #[test]
+    fn the_head_parses_what_every_filter_asks_for() {
+        let head = RequestHead::new(pairs(&[
+            (":method", b"POST"),
+            (":path", b"/openai/v1/chat/completions?x=1"),
+            (":authority", b"gw.example"),
+            ("content-length", b" 2048 "),
+            ("x-llm-request-id", b"req-1"),
+            ("x-llm-reentry", b""),
+            ("x-project", b"alpha"),
+            ("x-bad", &[0xff, 0xfe]),
+        ]));
+        assert_eq!(head.method, "POST");
+        assert_eq!(head.path, "/openai/v1/chat/completions?x=1");
+        assert_eq!(head.authority, "gw.example");
+        assert_eq!(head.content_length, Some(2048));
+        assert_eq!(head.request_id.as_deref(), Some("req-1"));
+        assert!(head.reentry);
+        assert_eq!(head.api(), Some(Api::ChatCompletions));
+        assert_eq!(head.text("x-project"), Some("alpha"));
+        assert_eq!(head.get("x-bad"), Some(&[0xff, 0xfe][..]));
+        assert_eq!(head.text("x-bad"), None);
+        assert!(head.has("x-llm-reentry"));
+        assert!(!head.has("x-missing"));
+        assert_eq!(head.pairs().len(), 8);
+    }
+
+    #[test]
+    fn missing_or_bad_values_are_absent() {
+        let head = RequestHead::new(pairs(&[
+            (":path", b"/v1/models"),
+            ("content-length", b"12x"),
+            ("x-llm-request-id", b""),
+        ]));
+        assert_eq!(head.method, "");
+        assert_eq!(head.content_length, None);
+        assert_eq!(head.request_id, None);
+        assert!(!head.reentry);
+        assert_eq!(head.endpoint, None);
+        assert_eq!(RequestHead::new(Vec::new()), RequestHead::default());
+    }
+}
