@@ -101,8 +101,13 @@ impl Api {
     /// ([`llm_gateway_shared::usage::Api::from_path`]): the preamble goes where that API
     /// keeps its instructions.
     pub fn from_path(path: &str) -> Api {
+        Api::from_shared(llm_gateway_shared::usage::Api::from_path(path))
+    }
+
+    /// This plugin's view of the shared classification.
+    pub fn from_shared(api: Option<llm_gateway_shared::usage::Api>) -> Api {
         use llm_gateway_shared::usage::Api as Shared;
-        match Shared::from_path(path) {
+        match api {
             Some(Shared::ChatCompletions) => Api::Chat,
             Some(Shared::Responses) => Api::Responses,
             Some(Shared::AnthropicMessages) => Api::Anthropic,

@@ -1,21 +1,17 @@
-//! The proxy-wasm adapter: reads bodies from the host, calls the pure core
-//! ([`crate::request::redact_body`], [`crate::response`]), writes the results back. Every host
-//! call goes through `llm_gateway_shared::host`; nothing here decides what is personal data.
+//! The proxy-wasm adapter: copies what the host says into the stage core ([`crate::core`]) and
+//! carries its commands out. Every host call goes through `llm_gateway_shared::host`; nothing
+//! here decides what is personal data, what is refused or what is restored.
 //!
-//! The placeholder map lives in the HTTP context and goes away with it — except when an
-//! internal redirect supersedes the pass (`llm_gateway_shared::reentry`): `on_log` then
-//! stashes it in the VM under `x-llm-request-id`, and the pass that re-enters with
-//! `x-llm-reentry` takes it back ([`crate::request::redact_pass`]). Logs and metrics carry
-//! rule names and counts, never a value.
+//! The placeholder map lives in the core's exchange and goes away with the HTTP context —
+//! except when an internal redirect supersedes the pass (`llm_gateway_shared::reentry`): the
+//! core then stashes it in the worker under `x-llm-request-id`, and the pass that re-enters
+//! with `x-llm-reentry` takes it back. Logs and metrics carry rule names and counts, never a
+//! value.
 
-use crate::config::{parse_document, BodyScope, Oversize, PiiConfig};
-use crate::mask::{Action, PlaceholderMap};
-use crate::request::{redact_pass, Api, Carried, Redaction};
-use crate::response::{redact_output_body, restore_body, SseRestorer};
-use llm_gateway_shared::headers;
-use llm_gateway_shared::host::{self, Buffer, HeaderMap, LogLevel, Metric};
-use llm_gateway_shared::reentry::{is_superseded, Pass, Stash};
-use llm_gateway_shared::reject::{ErrorType, Reject};
+use crate::config::{parse_document, PiiConfig};
+use crate::core::{counters, Command, Counter, Exchange, Flow, Input, Level, Worker};
+use llm_gateway_shared::host::{self, Buffer, HeaderMap, HostResult, LogLevel, Metric};
+use llm_gateway_shared::reentry::is_superseded;
 use llm_gateway_shared::rules::RuleSet;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action as Next, ContextType};
@@ -38,73 +34,24 @@ pub fn root_context(_context_id: u32) -> Box<dyn RootContext> {
     Box::new(Root::default())
 }
 
-/// Counters (Envoy stats `wasmcustom.llm_gateway.pii.*`): matches and blocks per rule name,
-/// and the outcomes of the size policy and of restoring.
-struct Metrics {
-    matches: HashMap<String, Metric>,
-    output_matches: HashMap<String, Metric>,
-    blocked: HashMap<String, Metric>,
-    redacted: Option<Metric>,
-    oversize_passed: Option<Metric>,
-    oversize_rejected: Option<Metric>,
-    invalid_json: Option<Metric>,
-    restored: Option<Metric>,
-    restore_skipped: Option<Metric>,
-}
+/// The counters ([`crate::core::counters`]), defined once per configuration.
+struct Metrics(HashMap<Counter, Metric>);
 
 impl Metrics {
     fn define(rules: &RuleSet<Rc<PiiConfig>>) -> Self {
-        let counter = |name: &str| Metric::counter(name).ok();
-        let mut matches = HashMap::new();
-        let mut blocked = HashMap::new();
-        let mut output_matches = HashMap::new();
-        for config in rules.configs() {
-            for rule in config.output.iter().flat_map(|o| o.rules()) {
-                if !output_matches.contains_key(&rule.name) {
-                    let metric_name = rule.name.to_ascii_lowercase();
-                    if let Some(m) =
-                        counter(&format!("llm_gateway.pii.output_matches.{metric_name}"))
-                    {
-                        output_matches.insert(rule.name.clone(), m);
-                    }
-                }
-            }
-            for rule in config.redactor.rules() {
-                let metric_name = rule.name.to_ascii_lowercase();
-                let table = if rule.action == Action::Block {
-                    &mut blocked
-                } else {
-                    &mut matches
-                };
-                if !table.contains_key(&rule.name) {
-                    let kind = if rule.action == Action::Block {
-                        "blocked"
-                    } else {
-                        "matches"
-                    };
-                    if let Some(m) = counter(&format!("llm_gateway.pii.{kind}.{metric_name}")) {
-                        table.insert(rule.name.clone(), m);
-                    }
-                }
-            }
-        }
-        Metrics {
-            matches,
-            output_matches,
-            blocked,
-            redacted: counter("llm_gateway.pii.requests_redacted"),
-            oversize_passed: counter("llm_gateway.pii.oversize_passed"),
-            oversize_rejected: counter("llm_gateway.pii.oversize_rejected"),
-            invalid_json: counter("llm_gateway.pii.invalid_json"),
-            restored: counter("llm_gateway.pii.responses_restored"),
-            restore_skipped: counter("llm_gateway.pii.restore_skipped_encoded"),
-        }
+        let configs: Vec<&PiiConfig> = rules.configs().map(|c| c.as_ref()).collect();
+        Metrics(
+            counters(configs)
+                .into_iter()
+                .filter_map(|(counter, name)| Some((counter, Metric::counter(&name).ok()?)))
+                .collect(),
+        )
     }
-}
 
-fn bump(metric: Option<&Metric>, delta: u64) {
-    if let Some(m) = metric {
-        let _ = m.increment(i64::try_from(delta).unwrap_or(i64::MAX));
+    fn count(&self, counter: &Counter, delta: u64) {
+        if let Some(metric) = self.0.get(counter) {
+            let _ = metric.increment(i64::try_from(delta).unwrap_or(i64::MAX));
+        }
     }
 }
 
@@ -116,8 +63,7 @@ struct Root {
 struct State {
     rules: RuleSet<Rc<PiiConfig>>,
     metrics: Metrics,
-    /// Maps of superseded passes, waiting for their re-entering pass (never logged).
-    stash: RefCell<Stash<Carried>>,
+    worker: RefCell<Worker>,
 }
 
 impl Context for Root {}
@@ -136,7 +82,7 @@ impl RootContext for Root {
         self.state = Some(Rc::new(State {
             rules,
             metrics,
-            stash: RefCell::default(),
+            worker: RefCell::default(),
         }));
         true
     }
@@ -144,15 +90,7 @@ impl RootContext for Root {
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
         Some(Box::new(Request {
             state: self.state.clone(),
-            config: None,
-            api: Api::Other,
-            scan: false,
-            map: PlaceholderMap::default(),
-            counted: HashMap::new(),
-            response: Response::Pass,
-            logical_id: None,
-            carried: None,
-            forwarded: None,
+            exchange: Exchange::default(),
         }))
     }
 
@@ -161,376 +99,188 @@ impl RootContext for Root {
     }
 }
 
-enum Response {
-    /// Nothing to restore (or cannot: encoded body).
-    Pass,
-    /// A JSON body, restored whole at its end.
-    Json,
-    /// An SSE stream, restored chunk by chunk.
-    Sse(Box<SseRestorer>),
-}
-
 struct Request {
     state: Option<Rc<State>>,
-    config: Option<Rc<PiiConfig>>,
-    api: Api,
-    /// The request body is read and redacted.
-    scan: bool,
-    map: PlaceholderMap,
-    /// Matches per rule name counted on the request side (the rest are output matches).
-    counted: HashMap<String, u64>,
-    response: Response,
-    /// `x-llm-request-id`: where `on_log` stashes the map if the pass is superseded.
-    logical_id: Option<String>,
-    /// The fingerprint the superseded pass forwarded (this pass re-entered).
-    carried: Option<u64>,
-    /// The fingerprint of what this pass forwards.
-    forwarded: Option<u64>,
+    exchange: Exchange,
 }
 
 impl Context for Request {}
 
-impl HttpContext for Request {
-    fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Next {
-        let Some(state) = self.state.clone() else {
-            return refuse(&Reject::internal("pii-redaction is not configured"));
+impl Request {
+    /// Hands `input` to the core and carries out its commands; the callback's action.
+    fn run(&mut self, input: Input<'_>) -> Next {
+        let mut flow = match &self.state {
+            Some(state) => {
+                let mut worker = state.worker.borrow_mut();
+                self.exchange.handle(&mut worker, now_ms(), input)
+            }
+            None => self
+                .exchange
+                .handle(&mut Worker::default(), now_ms(), input),
         };
-        let Some(config) = host::select_config(&state.rules, None).cloned() else {
-            return Next::Continue;
-        };
-        self.config = Some(Rc::clone(&config));
-        let header = |name: &str| {
-            host::header(HeaderMap::RequestHeaders, name)
-                .ok()
-                .flatten()
-                .and_then(|v| String::from_utf8(v).ok())
-        };
-        self.adopt(
-            &state,
-            &config,
-            header(headers::REQUEST_ID),
-            header(headers::REENTRY).is_some(),
-        );
-        if end_of_stream {
-            return Next::Continue; // no body
-        }
-        self.api = Api::from_path(&header(":path").unwrap_or_default());
-        if config.scope == BodyScope::Messages {
-            // multipart uploads and other non-JSON bodies carry no chat messages
-            let content_type = header("content-type").unwrap_or_default();
-            if !content_type.is_empty() && !content_type.to_ascii_lowercase().contains("json") {
-                return Next::Continue;
+        while let Some(command) = self.exchange.poll() {
+            if let Err(err) = self.execute(&command) {
+                let failed = Input::Failed {
+                    command,
+                    error: err.to_string(),
+                };
+                let after = match &self.state {
+                    Some(state) => {
+                        self.exchange
+                            .handle(&mut state.worker.borrow_mut(), now_ms(), failed)
+                    }
+                    None => self
+                        .exchange
+                        .handle(&mut Worker::default(), now_ms(), failed),
+                };
+                if after != Flow::Continue {
+                    flow = after;
+                }
             }
         }
-        let declared = header("content-length").and_then(|v| v.trim().parse::<usize>().ok());
-        if declared.is_some_and(|len| len > config.max_body_bytes) {
-            return self.oversize(&state, &config);
-        }
-        // A compressed answer could not be restored.
-        let restores = config.output.is_some()
-            || config
-                .redactor
-                .rules()
-                .iter()
-                .any(|r| r.action == Action::Mask { restore: true });
-        let mut remove = Vec::with_capacity(2);
-        if restores {
-            remove.push("accept-encoding");
-        }
-        // The body may be rewritten. Held headers get the new length later; headers that go
-        // on now must not announce the old one.
-        if !config.hold_headers {
-            remove.push("content-length");
-        }
-        for name in remove {
-            if let Err(err) = host::remove_header(HeaderMap::RequestHeaders, name) {
-                host::log(
-                    LogLevel::Error,
-                    &format!("pii-redaction: cannot remove {name}: {err}"),
-                );
-                return refuse(&Reject::internal("cannot prepare the request"));
-            }
-        }
-        self.scan = true;
-        if config.hold_headers {
-            Next::Pause
-        } else {
-            Next::Continue
+        match flow {
+            Flow::Continue => Next::Continue,
+            Flow::Pause | Flow::Refused => Next::Pause,
         }
     }
 
-    fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Next {
-        if !self.scan {
-            return Next::Continue;
+    fn execute(&self, command: &Command) -> HostResult<()> {
+        match command {
+            Command::RemoveRequestHeader(name) => {
+                host::remove_header(HeaderMap::RequestHeaders, name)
+            }
+            // held headers get the new length; otherwise `content-length` is gone already
+            Command::ReplaceRequestBody { size, body, frame } => match frame {
+                true => host::replace_request_body(*size, body),
+                false => host::set_buffer(Buffer::RequestBody, 0, *size, body),
+            },
+            Command::RemoveResponseHeader(name) => {
+                host::remove_header(HeaderMap::ResponseHeaders, name)
+            }
+            Command::ReplaceResponseBody { size, body } => {
+                host::set_buffer(Buffer::ResponseBody, 0, *size, body)
+            }
+            Command::Refuse(refusal) => host::send_reject(PLUGIN, &refusal.reject()),
+            Command::Count(counter, delta) => {
+                if let Some(state) = &self.state {
+                    state.metrics.count(counter, *delta);
+                }
+                Ok(())
+            }
+            Command::Log(level, line) => {
+                let level = match level {
+                    Level::Info => LogLevel::Info,
+                    Level::Warn => LogLevel::Warn,
+                    Level::Error => LogLevel::Error,
+                };
+                host::log(level, line);
+                Ok(())
+            }
         }
-        let (Some(state), Some(config)) = (self.state.clone(), self.config.clone()) else {
+    }
+}
+
+impl HttpContext for Request {
+    fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Next {
+        let Some(state) = self.state.clone() else {
+            return self.run(Input::RequestHeaders {
+                configured: false,
+                config: None,
+                head: &Default::default(),
+                end_of_stream,
+            });
+        };
+        // unreadable headers read as absent ones: the body is still scanned
+        let head = host::request_head().unwrap_or_default();
+        let Some(config) = host::select_config(&state.rules, Some(&head.authority)).cloned() else {
             return Next::Continue;
         };
-        if body_size > config.max_body_bytes {
-            self.scan = false;
-            return self.oversize(&state, &config);
+        self.run(Input::RequestHeaders {
+            configured: true,
+            config: Some(config),
+            head: &head,
+            end_of_stream,
+        })
+    }
+
+    fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Next {
+        if !self.exchange.wants_request_body(body_size, end_of_stream) {
+            return self.run(Input::RequestBody {
+                size: body_size,
+                end_of_stream,
+                body: None,
+            });
         }
-        if !end_of_stream {
-            return Next::Pause; // buffer until the whole body is here
-        }
-        self.scan = false;
-        let body = match host::buffer(Buffer::RequestBody, 0, body_size) {
-            Ok(body) => body,
+        match host::buffer(Buffer::RequestBody, 0, body_size) {
+            Ok(body) => self.run(Input::RequestBody {
+                size: body_size,
+                end_of_stream,
+                body: Some(&body),
+            }),
             Err(err) => {
                 host::log(
                     LogLevel::Error,
                     &format!("pii-redaction: cannot read the request body: {err}"),
                 );
-                return refuse(&Reject::internal("cannot read the request"));
-            }
-        };
-        // a re-entering pass's map already counted the first pass's matches
-        let before: HashMap<String, u64> = self
-            .map
-            .counts()
-            .map(|(name, count)| (name.to_owned(), count))
-            .collect();
-        let (outcome, forwarded) =
-            redact_pass(&config, self.api, &body, &mut self.map, self.carried);
-        self.forwarded = forwarded;
-        for (name, count) in self.map.counts() {
-            let new = count.saturating_sub(before.get(name).copied().unwrap_or(0));
-            bump(state.metrics.matches.get(name), new);
-            self.counted.insert(name.to_owned(), count);
-        }
-        match outcome {
-            Redaction::Unchanged => Next::Continue,
-            Redaction::Rewritten(new_body) => {
-                bump(state.metrics.redacted.as_ref(), 1);
-                // held headers get the new length; otherwise `content-length` is gone already
-                let replaced = if config.hold_headers {
-                    host::replace_request_body(body_size, &new_body)
-                } else {
-                    host::set_buffer(Buffer::RequestBody, 0, body_size, &new_body)
-                };
-                match replaced {
-                    Ok(()) => Next::Continue,
-                    Err(err) => {
-                        // never forward what could not be redacted
-                        host::log(
-                            LogLevel::Error,
-                            &format!("pii-redaction: cannot replace the request body: {err}"),
-                        );
-                        refuse(&Reject::internal("cannot redact the request"))
-                    }
-                }
-            }
-            Redaction::Blocked(blocked) => {
-                bump(state.metrics.blocked.get(&blocked.rule), 1);
-                host::log(
-                    LogLevel::Info,
-                    &format!("pii-redaction: blocked by rule {}", blocked.rule),
-                );
-                refuse(&Reject::bad_request(
-                    format!("pii_blocked_{}", blocked.rule.to_ascii_lowercase()),
-                    format!(
-                        "the request contains data that rule {} does not allow to be sent",
-                        blocked.rule
-                    ),
-                ))
-            }
-            Redaction::Invalid(err) => {
-                bump(state.metrics.invalid_json.as_ref(), 1);
-                refuse(&Reject::bad_request(
-                    "invalid_json",
-                    format!("the request body is not valid JSON: {err}"),
-                ))
+                self.run(Input::RequestBodyUnreadable)
             }
         }
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Next {
-        let output = self.config.as_ref().and_then(|c| c.output.clone());
-        if end_of_stream || !(self.map.has_restorable() || output.is_some()) {
-            return Next::Continue;
-        }
         let header = |name: &str| {
             host::header(HeaderMap::ResponseHeaders, name)
                 .ok()
                 .flatten()
-                .map(|v| String::from_utf8_lossy(&v).to_ascii_lowercase())
+                .map(|v| String::from_utf8_lossy(&v).into_owned())
         };
-        if header("content-encoding").is_some_and(|e| e.trim() != "identity") {
-            if let Some(state) = &self.state {
-                bump(state.metrics.restore_skipped.as_ref(), 1);
-            }
+        if end_of_stream || !self.exchange.may_restore() {
             return Next::Continue;
         }
-        let content_type = header("content-type").unwrap_or_default();
-        self.response = if content_type.contains("text/event-stream") {
-            Response::Sse(Box::new(SseRestorer::with_output(output)))
-        } else if content_type.contains("json") {
-            Response::Json
-        } else {
-            return Next::Continue;
-        };
-        if let Err(err) = host::remove_header(HeaderMap::ResponseHeaders, "content-length") {
-            host::log(
-                LogLevel::Warn,
-                &format!("pii-redaction: cannot remove content-length, not restoring: {err}"),
-            );
-            self.response = Response::Pass;
-        }
-        Next::Continue
+        let encoding = header("content-encoding");
+        let content_type = header("content-type");
+        self.run(Input::ResponseHeaders {
+            content_encoding: encoding.as_deref(),
+            content_type: content_type.as_deref(),
+            end_of_stream,
+        })
     }
 
     fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Next {
-        match &mut self.response {
-            Response::Pass => Next::Continue,
-            Response::Json => {
-                if !end_of_stream {
-                    return Next::Pause;
-                }
-                let Ok(body) = host::buffer(Buffer::ResponseBody, 0, body_size) else {
-                    return Next::Continue;
-                };
-                let output = self.config.as_ref().and_then(|c| c.output.as_ref());
-                let redacted =
-                    output.and_then(|output| redact_output_body(output, &mut self.map, &body));
-                let restored = match restore_body(&self.map, redacted.as_deref().unwrap_or(&body)) {
-                    Some(restored) => Some(restored),
-                    None => redacted,
-                };
-                if let Some(restored) = restored {
-                    if host::set_buffer(Buffer::ResponseBody, 0, body_size, &restored).is_ok() {
-                        if let Some(state) = &self.state {
-                            bump(state.metrics.restored.as_ref(), 1);
-                        }
-                    }
-                }
-                self.count_output();
-                Next::Continue
-            }
-            Response::Sse(restorer) => {
-                let chunk = if body_size == 0 {
-                    Vec::new()
-                } else {
-                    match host::buffer(Buffer::ResponseBody, 0, body_size) {
-                        Ok(chunk) => chunk,
-                        Err(_) => return Next::Continue,
-                    }
-                };
-                let mut out = restorer.push(&mut self.map, &chunk);
-                if end_of_stream {
-                    out.extend(restorer.finish(&mut self.map));
-                    if let Some(state) = &self.state {
-                        bump(state.metrics.restored.as_ref(), 1);
-                    }
-                    self.count_output();
-                }
-                if out != chunk {
-                    if let Err(err) = host::set_buffer(Buffer::ResponseBody, 0, body_size, &out) {
-                        host::log(
-                            LogLevel::Warn,
-                            &format!("pii-redaction: cannot rewrite a stream chunk: {err}"),
-                        );
-                    }
-                }
-                Next::Continue
-            }
+        if !self.exchange.wants_response_body(end_of_stream) {
+            return self.run(Input::ResponseBody {
+                end_of_stream,
+                chunk: None,
+            });
         }
+        let chunk = if body_size == 0 {
+            Vec::new()
+        } else {
+            match host::buffer(Buffer::ResponseBody, 0, body_size) {
+                Ok(chunk) => chunk,
+                // unreadable data passes as it is (nothing of the request is in it)
+                Err(_) => return Next::Continue,
+            }
+        };
+        self.run(Input::ResponseBody {
+            end_of_stream,
+            chunk: Some(&chunk),
+        })
     }
 
     fn on_log(&mut self) {
+        if !self.exchange.stashes_when_superseded() {
+            return;
+        }
         let details = host::property_string(&["response", "code_details"])
             .ok()
             .flatten();
-        if !is_superseded(details.as_deref()) {
-            return;
-        }
-        let (Some(state), Some(id)) = (&self.state, self.logical_id.as_deref()) else {
-            return;
-        };
-        let carried = Carried {
-            map: std::mem::take(&mut self.map),
-            forwarded: self.forwarded,
-        };
-        let _ = state.stash.borrow_mut().put(id, carried, now_ms());
+        self.run(Input::Log {
+            superseded: is_superseded(details.as_deref()),
+        });
     }
 }
 
 fn now_ms() -> u64 {
     host::now_nanos().map_or(0, |n| n / 1_000_000)
-}
-
-impl Request {
-    /// Where this pass starts: afresh, or — re-entering after an internal redirect — from
-    /// the map the superseded pass stashed.
-    fn adopt(&mut self, state: &State, config: &PiiConfig, id: Option<String>, reentry: bool) {
-        let id = id.filter(|id| !id.is_empty());
-        let adopted =
-            state
-                .stash
-                .borrow_mut()
-                .adopt(reentry, id.as_deref().unwrap_or_default(), now_ms());
-        self.logical_id = id;
-        match adopted {
-            Pass::Reentry(carried) => {
-                self.map = match config.scope {
-                    BodyScope::RawBody => carried.map.carried_over(),
-                    BodyScope::Messages => carried.map,
-                };
-                self.carried = carried.forwarded;
-            }
-            Pass::Lost => host::log(
-                LogLevel::Warn,
-                "pii-redaction: re-entered request without a stashed map: masked afresh",
-            ),
-            Pass::First => {}
-        }
-    }
-
-    /// Counts the matches of output rules (those not counted on the request side).
-    fn count_output(&self) {
-        let Some(state) = &self.state else { return };
-        for (name, count) in self.map.counts() {
-            let before = self.counted.get(name).copied().unwrap_or(0);
-            bump(
-                state.metrics.output_matches.get(name),
-                count.saturating_sub(before),
-            );
-        }
-    }
-
-    /// The size policy for a body above `max_body_bytes`.
-    fn oversize(&mut self, state: &State, config: &PiiConfig) -> Next {
-        match config.oversize {
-            Oversize::Reject => {
-                bump(state.metrics.oversize_rejected.as_ref(), 1);
-                refuse(&Reject::new(
-                    413,
-                    ErrorType::InvalidRequest,
-                    "request_too_large",
-                    format!(
-                        "the request body is larger than {} bytes, the most the gateway scans for personal data",
-                        config.max_body_bytes
-                    ),
-                ))
-            }
-            Oversize::Pass => {
-                bump(state.metrics.oversize_passed.as_ref(), 1);
-                host::log(
-                    LogLevel::Warn,
-                    "pii-redaction: body above max_body_bytes forwarded unscanned (oversize: pass)",
-                );
-                Next::Continue
-            }
-        }
-    }
-}
-
-/// Sends the local reply and stops the filter chain.
-fn refuse(reject: &Reject) -> Next {
-    if let Err(err) = host::send_reject(PLUGIN, reject) {
-        host::log(
-            LogLevel::Error,
-            &format!("pii-redaction: cannot send the local reply: {err}"),
-        );
-    }
-    Next::Pause
 }

@@ -113,6 +113,11 @@ pub enum HeaderMap {
     HttpCallResponseHeaders = 6,
 }
 
+/// The request headers read once (one host call), as the view every filter shares.
+pub fn request_head() -> HostResult<crate::request::RequestHead> {
+    headers(HeaderMap::RequestHeaders).map(crate::request::RequestHead::new)
+}
+
 /// Every header of `map`, names as the host gives them (Envoy: lowercase), values as bytes.
 pub fn headers(map: HeaderMap) -> HostResult<Vec<(String, Vec<u8>)>> {
     let mut data = null_mut();

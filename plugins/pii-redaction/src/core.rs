@@ -1,0 +1,1244 @@
+//! The stage core: what pii-redaction does with one request, without a host (sans-I/O, in
+//! quinn-proto's shape).
+//!
+//! The shell (or any driver that runs the stage, such as a module fusing the chain) copies
+//! what the host says into an [`Input`] and hands it to [`Exchange::handle`], which answers
+//! whether the callback continues or pauses; then it takes the [`Command`]s from
+//! [`Exchange::poll`] in order and carries them out. A command whose failure changes the
+//! outcome (removing a header before the body is rewritten, replacing the body) is reported
+//! back as [`Input::Failed`]: the request is then refused, never forwarded unredacted.
+//!
+//! The per-worker state ([`Worker`]: the maps of superseded passes waiting for their
+//! re-entering pass) is passed in; the clock is an argument.
+
+use crate::config::{BodyScope, Oversize, PiiConfig};
+use crate::mask::{Action, PlaceholderMap};
+use crate::request::{redact_pass, Api, Carried, Redaction};
+use crate::response::{redact_output_body, restore_body, SseRestorer};
+use llm_gateway_shared::reentry::{Pass, Stash};
+use llm_gateway_shared::reject::{ErrorType, Reject};
+use llm_gateway_shared::request::RequestHead;
+use std::collections::{HashMap, VecDeque};
+use std::rc::Rc;
+
+/// What one worker keeps across requests.
+#[derive(Default)]
+pub struct Worker {
+    /// Maps of superseded passes, waiting for their re-entering pass (never logged).
+    stash: Stash<Carried>,
+}
+
+/// Whether the host callback goes on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flow {
+    /// Let the data (or headers) go on.
+    Continue,
+    /// Hold: the host buffers the body, or the headers wait for it.
+    Pause,
+    /// A local reply was asked for ([`Command::Refuse`]); the request goes no further.
+    Refused,
+}
+
+/// One event of the request, with the host's data copied in.
+#[derive(Debug)]
+pub enum Input<'a> {
+    /// The request headers. `config`: the configuration the request's route selects (`None`:
+    /// the plugin does nothing for it). `configured`: false when the plugin has no valid
+    /// configuration at all (it then refuses, never lets a request pass unscanned).
+    RequestHeaders {
+        configured: bool,
+        config: Option<Rc<PiiConfig>>,
+        head: &'a RequestHead,
+        end_of_stream: bool,
+    },
+    /// Request body data arrived; `size` bytes are buffered so far. `body` is the whole
+    /// buffered body when [`Exchange::wants_request_body`] said so, and `None` otherwise.
+    RequestBody {
+        size: usize,
+        end_of_stream: bool,
+        body: Option<&'a [u8]>,
+    },
+    /// The buffered request body could not be read.
+    RequestBodyUnreadable,
+    /// The response headers: `content-encoding` and `content-type` as sent.
+    ResponseHeaders {
+        content_encoding: Option<&'a str>,
+        content_type: Option<&'a str>,
+        end_of_stream: bool,
+    },
+    /// Response body data: `chunk` is the data of this callback when
+    /// [`Exchange::wants_response_body`] said so (the whole buffered body at the end of a JSON
+    /// response, each chunk of a stream), `None` otherwise.
+    ResponseBody {
+        end_of_stream: bool,
+        chunk: Option<&'a [u8]>,
+    },
+    /// The request is over; `superseded`: an internal redirect replaced this pass (its map
+    /// waits for the re-entering pass).
+    Log { superseded: bool },
+    /// A command could not be carried out.
+    Failed {
+        /// The command.
+        command: Command,
+        /// The host's reason (no value of the request in it).
+        error: String,
+    },
+}
+
+/// A counter of `wasmcustom.llm_gateway.pii.*`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Counter {
+    /// Request-side matches of a rule (by rule name).
+    Matches(String),
+    /// Matches of an output rule (by rule name).
+    OutputMatches(String),
+    /// Requests a `block` rule refused (by rule name).
+    Blocked(String),
+    /// Request bodies rewritten.
+    Redacted,
+    /// Bodies above `max_body_bytes` forwarded unscanned.
+    OversizePassed,
+    /// Bodies above `max_body_bytes` refused.
+    OversizeRejected,
+    /// `messages` scope bodies that were not JSON.
+    InvalidJson,
+    /// Responses restored.
+    Restored,
+    /// Responses not restored because they were compressed.
+    RestoreSkipped,
+}
+
+/// Every counter `configs` can count and its stat name (without Envoy's `wasmcustom.`):
+/// matches and blocks per rule name, matches per output rule, and the outcomes of the size
+/// policy and of restoring. A rule name appears once however many configs have it.
+pub fn counters<'a>(configs: impl IntoIterator<Item = &'a PiiConfig>) -> Vec<(Counter, String)> {
+    let mut all: Vec<(Counter, String)> = Vec::new();
+    let mut add = |counter: Counter, name: String| {
+        if !all.iter().any(|(c, _)| *c == counter) {
+            all.push((counter, name));
+        }
+    };
+    for config in configs {
+        for rule in config.output.iter().flat_map(|o| o.rules()) {
+            let metric = rule.name.to_ascii_lowercase();
+            add(
+                Counter::OutputMatches(rule.name.clone()),
+                format!("llm_gateway.pii.output_matches.{metric}"),
+            );
+        }
+        for rule in config.redactor.rules() {
+            let metric = rule.name.to_ascii_lowercase();
+            if rule.action == Action::Block {
+                add(
+                    Counter::Blocked(rule.name.clone()),
+                    format!("llm_gateway.pii.blocked.{metric}"),
+                );
+            } else {
+                add(
+                    Counter::Matches(rule.name.clone()),
+                    format!("llm_gateway.pii.matches.{metric}"),
+                );
+            }
+        }
+    }
+    for (counter, name) in [
+        (Counter::Redacted, "requests_redacted"),
+        (Counter::OversizePassed, "oversize_passed"),
+        (Counter::OversizeRejected, "oversize_rejected"),
+        (Counter::InvalidJson, "invalid_json"),
+        (Counter::Restored, "responses_restored"),
+        (Counter::RestoreSkipped, "restore_skipped_encoded"),
+    ] {
+        add(counter, format!("llm_gateway.pii.{name}"));
+    }
+    all
+}
+
+/// A log line's level.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Level {
+    /// Info.
+    Info,
+    /// Warn.
+    Warn,
+    /// Error.
+    Error,
+}
+
+/// Why a request is refused; [`Refusal::reject`] is the one mapping to the OpenAI error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// The plugin has no valid configuration.
+    NotConfigured,
+    /// A header could not be removed before the body was rewritten.
+    CannotPrepare,
+    /// The request body could not be read.
+    CannotRead,
+    /// The redacted body could not replace the original.
+    CannotRedact,
+    /// A `block` rule matched.
+    Blocked {
+        /// The rule's name.
+        rule: String,
+    },
+    /// `messages` scope and the body is not JSON (the parser's reason).
+    InvalidJson(String),
+    /// The body is above `max_body_bytes` and the policy is `reject`.
+    TooLarge {
+        /// The configured maximum.
+        max_body_bytes: usize,
+    },
+}
+
+impl Refusal {
+    /// The local reply.
+    pub fn reject(&self) -> Reject {
+        match self {
+            Refusal::NotConfigured => Reject::internal("pii-redaction is not configured"),
+            Refusal::CannotPrepare => Reject::internal("cannot prepare the request"),
+            Refusal::CannotRead => Reject::internal("cannot read the request"),
+            Refusal::CannotRedact => Reject::internal("cannot redact the request"),
+            Refusal::Blocked { rule } => Reject::bad_request(
+                format!("pii_blocked_{}", rule.to_ascii_lowercase()),
+                format!("the request contains data that rule {rule} does not allow to be sent"),
+            ),
+            Refusal::InvalidJson(err) => Reject::bad_request(
+                "invalid_json",
+                format!("the request body is not valid JSON: {err}"),
+            ),
+            Refusal::TooLarge { max_body_bytes } => Reject::new(
+                413,
+                ErrorType::InvalidRequest,
+                "request_too_large",
+                format!(
+                    "the request body is larger than {max_body_bytes} bytes, the most the gateway scans for personal data"
+                ),
+            ),
+        }
+    }
+}
+
+/// What the host is asked to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Command {
+    /// Remove a request header (its failure refuses the request).
+    RemoveRequestHeader(&'static str),
+    /// Replace the buffered request body of `size` bytes; `frame`: the headers were held, so
+    /// `content-length` becomes the new length (otherwise it was removed already).
+    ReplaceRequestBody {
+        /// Bytes buffered now.
+        size: usize,
+        /// The new body.
+        body: Vec<u8>,
+        /// Set `content-length` to the new length.
+        frame: bool,
+    },
+    /// Remove a response header (its failure turns restoring off).
+    RemoveResponseHeader(&'static str),
+    /// Replace this callback's response data (`size` bytes) with `body`.
+    ReplaceResponseBody {
+        /// Bytes of this callback's data.
+        size: usize,
+        /// The new data.
+        body: Vec<u8>,
+    },
+    /// Send the local reply and stop the request.
+    Refuse(Refusal),
+    /// Add to a counter.
+    Count(Counter, u64),
+    /// Write a log line (rule names and counts, never a value).
+    Log(Level, String),
+}
+
+/// How the response is restored.
+enum Response {
+    /// Nothing to restore (or cannot: encoded body).
+    Pass,
+    /// A JSON body, restored whole at its end.
+    Json,
+    /// An SSE stream, restored chunk by chunk.
+    Sse(Box<SseRestorer>),
+}
+
+/// One request's stage state.
+pub struct Exchange {
+    config: Option<Rc<PiiConfig>>,
+    api: Api,
+    /// The request body is to be read and redacted.
+    scan: bool,
+    map: PlaceholderMap,
+    /// Matches per rule name counted on the request side (the rest are output matches).
+    counted: HashMap<String, u64>,
+    response: Response,
+    /// `x-llm-request-id`: where the map is stashed if the pass is superseded.
+    logical_id: Option<String>,
+    /// The fingerprint the superseded pass forwarded (this pass re-entered).
+    carried: Option<u64>,
+    /// The fingerprint of what this pass forwards.
+    forwarded: Option<u64>,
+    commands: VecDeque<Command>,
+}
+
+impl Default for Exchange {
+    fn default() -> Self {
+        Exchange {
+            config: None,
+            api: Api::Other,
+            scan: false,
+            map: PlaceholderMap::default(),
+            counted: HashMap::new(),
+            response: Response::Pass,
+            logical_id: None,
+            carried: None,
+            forwarded: None,
+            commands: VecDeque::new(),
+        }
+    }
+}
+
+impl Exchange {
+    /// The next command to carry out, in order.
+    pub fn poll(&mut self) -> Option<Command> {
+        self.commands.pop_front()
+    }
+
+    /// True if the next [`Input::RequestBody`] (of `end_of_stream`) needs the whole buffered
+    /// body: only the last one of a body that is scanned.
+    pub fn wants_request_body(&self, size: usize, end_of_stream: bool) -> bool {
+        self.scan
+            && end_of_stream
+            && self
+                .config
+                .as_ref()
+                .is_some_and(|c| size <= c.max_body_bytes)
+    }
+
+    /// True if the response may be restored or redacted (placeholders to put back, or output
+    /// rules): otherwise its headers need not be read.
+    pub fn may_restore(&self) -> bool {
+        self.map.has_restorable() || self.config.as_ref().is_some_and(|c| c.output.is_some())
+    }
+
+    /// True if [`Input::Log`] may stash the map (the request has a logical id): otherwise
+    /// whether the pass was superseded need not be asked.
+    pub fn stashes_when_superseded(&self) -> bool {
+        self.logical_id.is_some()
+    }
+
+    /// True if the next [`Input::ResponseBody`] needs its data.
+    pub fn wants_response_body(&self, end_of_stream: bool) -> bool {
+        match self.response {
+            Response::Pass => false,
+            Response::Json => end_of_stream,
+            Response::Sse(_) => true,
+        }
+    }
+
+    /// Takes one event; the commands it produced wait in [`Exchange::poll`].
+    pub fn handle(&mut self, worker: &mut Worker, now_ms: u64, input: Input<'_>) -> Flow {
+        match input {
+            Input::RequestHeaders {
+                configured,
+                config,
+                head,
+                end_of_stream,
+            } => self.request_headers(worker, now_ms, configured, config, head, end_of_stream),
+            Input::RequestBody {
+                size,
+                end_of_stream,
+                body,
+            } => self.request_body(size, end_of_stream, body),
+            Input::RequestBodyUnreadable => {
+                self.scan = false;
+                self.refuse(Refusal::CannotRead)
+            }
+            Input::ResponseHeaders {
+                content_encoding,
+                content_type,
+                end_of_stream,
+            } => self.response_headers(content_encoding, content_type, end_of_stream),
+            Input::ResponseBody {
+                end_of_stream,
+                chunk,
+            } => self.response_body(end_of_stream, chunk),
+            Input::Log { superseded } => {
+                self.log(worker, now_ms, superseded);
+                Flow::Continue
+            }
+            Input::Failed { command, error } => self.failed(command, error),
+        }
+    }
+
+    fn push(&mut self, command: Command) {
+        self.commands.push_back(command);
+    }
+
+    fn count(&mut self, counter: Counter, delta: u64) {
+        if delta > 0 {
+            self.push(Command::Count(counter, delta));
+        }
+    }
+
+    fn refuse(&mut self, refusal: Refusal) -> Flow {
+        self.push(Command::Refuse(refusal));
+        Flow::Refused
+    }
+
+    fn request_headers(
+        &mut self,
+        worker: &mut Worker,
+        now_ms: u64,
+        configured: bool,
+        config: Option<Rc<PiiConfig>>,
+        head: &RequestHead,
+        end_of_stream: bool,
+    ) -> Flow {
+        if !configured {
+            return self.refuse(Refusal::NotConfigured);
+        }
+        let Some(config) = config else {
+            return Flow::Continue;
+        };
+        self.config = Some(Rc::clone(&config));
+        self.adopt(worker, now_ms, &config, head);
+        if end_of_stream {
+            return Flow::Continue; // no body
+        }
+        self.api = Api::from_head(head);
+        if config.scope == BodyScope::Messages {
+            // multipart uploads and other non-JSON bodies carry no chat messages
+            let content_type = head.text("content-type").unwrap_or_default();
+            if !content_type.is_empty() && !content_type.to_ascii_lowercase().contains("json") {
+                return Flow::Continue;
+            }
+        }
+        if head
+            .content_length
+            .is_some_and(|len| len > config.max_body_bytes as u64)
+        {
+            return self.oversize(&config);
+        }
+        // A compressed answer could not be restored.
+        let restores = config.output.is_some()
+            || config
+                .redactor
+                .rules()
+                .iter()
+                .any(|r| r.action == Action::Mask { restore: true });
+        if restores {
+            self.push(Command::RemoveRequestHeader("accept-encoding"));
+        }
+        // The body may be rewritten. Held headers get the new length later; headers that go
+        // on now must not announce the old one.
+        if !config.hold_headers {
+            self.push(Command::RemoveRequestHeader("content-length"));
+        }
+        self.scan = true;
+        if config.hold_headers {
+            Flow::Pause
+        } else {
+            Flow::Continue
+        }
+    }
+
+    /// Where this pass starts: afresh, or — re-entering after an internal redirect — from
+    /// the map the superseded pass stashed.
+    fn adopt(&mut self, worker: &mut Worker, now_ms: u64, config: &PiiConfig, head: &RequestHead) {
+        let id = head.request_id.clone();
+        let adopted = worker
+            .stash
+            .adopt(head.reentry, id.as_deref().unwrap_or_default(), now_ms);
+        self.logical_id = id;
+        match adopted {
+            Pass::Reentry(carried) => {
+                self.map = match config.scope {
+                    BodyScope::RawBody => carried.map.carried_over(),
+                    BodyScope::Messages => carried.map,
+                };
+                self.carried = carried.forwarded;
+            }
+            Pass::Lost => self.push(Command::Log(
+                Level::Warn,
+                "pii-redaction: re-entered request without a stashed map: masked afresh".into(),
+            )),
+            Pass::First => {}
+        }
+    }
+
+    fn request_body(&mut self, size: usize, end_of_stream: bool, body: Option<&[u8]>) -> Flow {
+        if !self.scan {
+            return Flow::Continue;
+        }
+        let Some(config) = self.config.clone() else {
+            return Flow::Continue;
+        };
+        if size > config.max_body_bytes {
+            self.scan = false;
+            return self.oversize(&config);
+        }
+        if !end_of_stream {
+            return Flow::Pause; // buffer until the whole body is here
+        }
+        self.scan = false;
+        let Some(body) = body else {
+            // the driver did not hand the body over: never forward what was not scanned
+            return self.refuse(Refusal::CannotRead);
+        };
+        // a re-entering pass's map already counted the first pass's matches
+        let before: HashMap<String, u64> = self
+            .map
+            .counts()
+            .map(|(name, count)| (name.to_owned(), count))
+            .collect();
+        let (outcome, forwarded) =
+            redact_pass(&config, self.api, body, &mut self.map, self.carried);
+        self.forwarded = forwarded;
+        let counts: Vec<(String, u64)> = self
+            .map
+            .counts()
+            .map(|(name, count)| (name.to_owned(), count))
+            .collect();
+        for (name, count) in counts {
+            let new = count.saturating_sub(before.get(&name).copied().unwrap_or(0));
+            self.count(Counter::Matches(name.clone()), new);
+            self.counted.insert(name, count);
+        }
+        match outcome {
+            Redaction::Unchanged => Flow::Continue,
+            Redaction::Rewritten(new_body) => {
+                self.count(Counter::Redacted, 1);
+                self.push(Command::ReplaceRequestBody {
+                    size,
+                    body: new_body,
+                    frame: config.hold_headers,
+                });
+                Flow::Continue
+            }
+            Redaction::Blocked(blocked) => {
+                self.count(Counter::Blocked(blocked.rule.clone()), 1);
+                self.push(Command::Log(
+                    Level::Info,
+                    format!("pii-redaction: blocked by rule {}", blocked.rule),
+                ));
+                self.refuse(Refusal::Blocked { rule: blocked.rule })
+            }
+            Redaction::Invalid(err) => {
+                self.count(Counter::InvalidJson, 1);
+                self.refuse(Refusal::InvalidJson(err.to_string()))
+            }
+        }
+    }
+
+    /// The size policy for a body above `max_body_bytes`.
+    fn oversize(&mut self, config: &PiiConfig) -> Flow {
+        match config.oversize {
+            Oversize::Reject => {
+                self.count(Counter::OversizeRejected, 1);
+                self.refuse(Refusal::TooLarge {
+                    max_body_bytes: config.max_body_bytes,
+                })
+            }
+            Oversize::Pass => {
+                self.count(Counter::OversizePassed, 1);
+                self.push(Command::Log(
+                    Level::Warn,
+                    "pii-redaction: body above max_body_bytes forwarded unscanned (oversize: pass)"
+                        .into(),
+                ));
+                Flow::Continue
+            }
+        }
+    }
+
+    fn response_headers(
+        &mut self,
+        content_encoding: Option<&str>,
+        content_type: Option<&str>,
+        end_of_stream: bool,
+    ) -> Flow {
+        let output = self.config.as_ref().and_then(|c| c.output.clone());
+        if end_of_stream || !(self.map.has_restorable() || output.is_some()) {
+            return Flow::Continue;
+        }
+        if content_encoding.is_some_and(|e| !e.trim().eq_ignore_ascii_case("identity")) {
+            self.count(Counter::RestoreSkipped, 1);
+            return Flow::Continue;
+        }
+        let content_type = content_type.unwrap_or_default().to_ascii_lowercase();
+        self.response = if content_type.contains("text/event-stream") {
+            Response::Sse(Box::new(SseRestorer::with_output(output)))
+        } else if content_type.contains("json") {
+            Response::Json
+        } else {
+            return Flow::Continue;
+        };
+        self.push(Command::RemoveResponseHeader("content-length"));
+        Flow::Continue
+    }
+
+    fn response_body(&mut self, end_of_stream: bool, chunk: Option<&[u8]>) -> Flow {
+        match &mut self.response {
+            Response::Pass => Flow::Continue,
+            Response::Json => {
+                if !end_of_stream {
+                    return Flow::Pause;
+                }
+                let Some(body) = chunk else {
+                    return Flow::Continue;
+                };
+                let output = self.config.as_ref().and_then(|c| c.output.as_ref());
+                let redacted =
+                    output.and_then(|output| redact_output_body(output, &mut self.map, body));
+                let restored = match restore_body(&self.map, redacted.as_deref().unwrap_or(body)) {
+                    Some(restored) => Some(restored),
+                    None => redacted,
+                };
+                if let Some(restored) = restored {
+                    self.push(Command::ReplaceResponseBody {
+                        size: body.len(),
+                        body: restored,
+                    });
+                    self.count(Counter::Restored, 1);
+                }
+                self.count_output();
+                Flow::Continue
+            }
+            Response::Sse(restorer) => {
+                let chunk = chunk.unwrap_or_default();
+                let mut out = restorer.push(&mut self.map, chunk);
+                let ended = end_of_stream;
+                if ended {
+                    out.extend(restorer.finish(&mut self.map));
+                }
+                if out != chunk {
+                    self.push(Command::ReplaceResponseBody {
+                        size: chunk.len(),
+                        body: out,
+                    });
+                }
+                if ended {
+                    self.count(Counter::Restored, 1);
+                    self.count_output();
+                }
+                Flow::Continue
+            }
+        }
+    }
+
+    /// Counts the matches of output rules (those not counted on the request side).
+    fn count_output(&mut self) {
+        let counts: Vec<(String, u64)> = self
+            .map
+            .counts()
+            .map(|(name, count)| {
+                let before = self.counted.get(name).copied().unwrap_or(0);
+                (name.to_owned(), count.saturating_sub(before))
+            })
+            .collect();
+        for (name, delta) in counts {
+            self.count(Counter::OutputMatches(name), delta);
+        }
+    }
+
+    fn log(&mut self, worker: &mut Worker, now_ms: u64, superseded: bool) {
+        if !superseded {
+            return;
+        }
+        let Some(id) = self.logical_id.clone() else {
+            return;
+        };
+        let carried = Carried {
+            map: std::mem::take(&mut self.map),
+            forwarded: self.forwarded,
+        };
+        // a map the stash evicts or that expires belonged to a pass nobody re-enters: dropped
+        let _evicted = worker.stash.put(&id, carried, now_ms);
+    }
+
+    fn failed(&mut self, command: Command, error: String) -> Flow {
+        match command {
+            Command::RemoveRequestHeader(name) => {
+                self.scan = false;
+                self.commands.clear();
+                self.push(Command::Log(
+                    Level::Error,
+                    format!("pii-redaction: cannot remove {name}: {error}"),
+                ));
+                self.refuse(Refusal::CannotPrepare)
+            }
+            Command::ReplaceRequestBody { .. } => {
+                // never forward what could not be redacted
+                self.commands.clear();
+                self.push(Command::Log(
+                    Level::Error,
+                    format!("pii-redaction: cannot replace the request body: {error}"),
+                ));
+                self.refuse(Refusal::CannotRedact)
+            }
+            Command::RemoveResponseHeader(name) => {
+                self.push(Command::Log(
+                    Level::Warn,
+                    format!("pii-redaction: cannot remove {name}, not restoring: {error}"),
+                ));
+                self.response = Response::Pass;
+                Flow::Continue
+            }
+            Command::ReplaceResponseBody { .. } => {
+                // the restored count of this response does not stand
+                self.commands
+                    .retain(|c| *c != Command::Count(Counter::Restored, 1));
+                self.push(Command::Log(
+                    Level::Warn,
+                    format!("pii-redaction: cannot rewrite the response: {error}"),
+                ));
+                Flow::Continue
+            }
+            Command::Refuse(_) => {
+                self.push(Command::Log(
+                    Level::Error,
+                    format!("pii-redaction: cannot send the local reply: {error}"),
+                ));
+                Flow::Refused
+            }
+            Command::Count(..) | Command::Log(..) => Flow::Continue,
+        }
+    }
+}
+
+impl Api {
+    /// The API of a request (where a preamble goes), from its one classification.
+    pub fn from_head(head: &RequestHead) -> Api {
+        Api::from_shared(head.api())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::parse_document;
+
+    const EMAIL_RULES: &str = r#"{"rules":[{"detector":"email"},{"name":"CODE","words":["falcon"],"action":"block"}],"preamble":"keep"}"#;
+
+    fn config(doc: &str) -> Rc<PiiConfig> {
+        parse_document(doc.as_bytes())
+            .unwrap()
+            .global()
+            .cloned()
+            .unwrap()
+    }
+
+    fn head(list: &[(&str, &str)]) -> RequestHead {
+        RequestHead::new(
+            list.iter()
+                .map(|(n, v)| (n.to_string(), v.as_bytes().to_vec()))
+                .collect(),
+        )
+    }
+
+    fn chat_head() -> RequestHead {
+        head(&[
+            (":method", "POST"),
+            (":path", "/v1/chat/completions"),
+            ("content-type", "application/json"),
+            ("x-llm-request-id", "req-1"),
+        ])
+    }
+
+    fn drain(exchange: &mut Exchange) -> Vec<Command> {
+        std::iter::from_fn(|| exchange.poll()).collect()
+    }
+
+    const BODY: &[u8] =
+        br#"{"model":"fast","messages":[{"role":"user","content":"write to ann@example.com"}]}"#;
+
+    /// Headers then the whole body; the commands of both.
+    fn request(
+        worker: &mut Worker,
+        exchange: &mut Exchange,
+        doc: &str,
+        head: &RequestHead,
+        body: &[u8],
+    ) -> (Flow, Vec<Command>) {
+        let flow = exchange.handle(
+            worker,
+            0,
+            Input::RequestHeaders {
+                configured: true,
+                config: Some(config(doc)),
+                head,
+                end_of_stream: false,
+            },
+        );
+        let mut commands = drain(exchange);
+        if flow == Flow::Refused {
+            return (flow, commands);
+        }
+        assert!(exchange.wants_request_body(body.len(), true));
+        let flow = exchange.handle(
+            worker,
+            0,
+            Input::RequestBody {
+                size: body.len(),
+                end_of_stream: true,
+                body: Some(body),
+            },
+        );
+        commands.extend(drain(exchange));
+        (flow, commands)
+    }
+
+    fn replaced_body(commands: &[Command]) -> Option<(Vec<u8>, bool)> {
+        commands.iter().find_map(|c| match c {
+            Command::ReplaceRequestBody { body, frame, .. } => Some((body.clone(), *frame)),
+            _ => None,
+        })
+    }
+
+    fn refusal(commands: &[Command]) -> Option<Refusal> {
+        commands.iter().find_map(|c| match c {
+            Command::Refuse(r) => Some(r.clone()),
+            _ => None,
+        })
+    }
+
+    #[test]
+    fn a_body_with_an_email_is_rewritten_and_counted() {
+        let (mut worker, mut exchange) = (Worker::default(), Exchange::default());
+        let (flow, commands) = request(&mut worker, &mut exchange, EMAIL_RULES, &chat_head(), BODY);
+        assert_eq!(flow, Flow::Continue);
+        // restoring needs an uncompressed answer; the body's length changes
+        assert_eq!(commands[0], Command::RemoveRequestHeader("accept-encoding"));
+        assert_eq!(commands[1], Command::RemoveRequestHeader("content-length"));
+        assert!(commands.contains(&Command::Count(Counter::Matches("EMAIL".into()), 1)));
+        assert!(commands.contains(&Command::Count(Counter::Redacted, 1)));
+        let (body, frame) = replaced_body(&commands).unwrap();
+        assert!(!frame);
+        let text = String::from_utf8(body).unwrap();
+        assert!(
+            text.contains("[EMAIL_1]") && !text.contains("ann@example.com"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn held_headers_pause_and_the_new_body_is_framed() {
+        let doc = r#"{"rules":[{"detector":"email"}],"hold_headers":true}"#;
+        let (mut worker, mut exchange) = (Worker::default(), Exchange::default());
+        let flow = exchange.handle(
+            &mut worker,
+            0,
+            Input::RequestHeaders {
+                configured: true,
+                config: Some(config(doc)),
+                head: &chat_head(),
+                end_of_stream: false,
+            },
+        );
+        assert_eq!(flow, Flow::Pause);
+        let commands = drain(&mut exchange);
+        assert!(!commands.contains(&Command::RemoveRequestHeader("content-length")));
+        // a partial body is buffered, not read
+        assert!(!exchange.wants_request_body(10, false));
+        let partial = Input::RequestBody {
+            size: 10,
+            end_of_stream: false,
+            body: None,
+        };
+        assert_eq!(exchange.handle(&mut worker, 0, partial), Flow::Pause);
+        let last = Input::RequestBody {
+            size: BODY.len(),
+            end_of_stream: true,
+            body: Some(BODY),
+        };
+        assert_eq!(exchange.handle(&mut worker, 0, last), Flow::Continue);
+        let (_, frame) = replaced_body(&drain(&mut exchange)).unwrap();
+        assert!(frame);
+    }
+
+    #[test]
+    fn what_is_not_scanned_passes_without_commands() {
+        let mut worker = Worker::default();
+        // no config for the route
+        let mut exchange = Exchange::default();
+        let none = Input::RequestHeaders {
+            configured: true,
+            config: None,
+            head: &chat_head(),
+            end_of_stream: false,
+        };
+        assert_eq!(exchange.handle(&mut worker, 0, none), Flow::Continue);
+        assert!(drain(&mut exchange).is_empty());
+        assert!(!exchange.wants_request_body(BODY.len(), true));
+        // a multipart upload in messages scope
+        let mut exchange = Exchange::default();
+        let upload = head(&[
+            (":path", "/v1/files"),
+            ("content-type", "multipart/form-data"),
+        ]);
+        let input = Input::RequestHeaders {
+            configured: true,
+            config: Some(config(EMAIL_RULES)),
+            head: &upload,
+            end_of_stream: false,
+        };
+        assert_eq!(exchange.handle(&mut worker, 0, input), Flow::Continue);
+        assert!(drain(&mut exchange).is_empty());
+        assert!(!exchange.wants_request_body(BODY.len(), true));
+        // a body without the detector's data is left alone
+        let mut exchange = Exchange::default();
+        let clean = br#"{"model":"fast","messages":[{"role":"user","content":"hello"}]}"#;
+        let (flow, commands) =
+            request(&mut worker, &mut exchange, EMAIL_RULES, &chat_head(), clean);
+        assert_eq!(flow, Flow::Continue);
+        assert_eq!(replaced_body(&commands), None);
+        assert!(!exchange.may_restore());
+    }
+
+    #[test]
+    fn refusals_map_to_their_errors() {
+        let mut worker = Worker::default();
+        // not configured at all: 500, never an unscanned request
+        let mut exchange = Exchange::default();
+        let input = Input::RequestHeaders {
+            configured: false,
+            config: None,
+            head: &chat_head(),
+            end_of_stream: false,
+        };
+        assert_eq!(exchange.handle(&mut worker, 0, input), Flow::Refused);
+        assert_eq!(refusal(&drain(&mut exchange)).unwrap().reject().status, 500);
+        // a block rule: 400 naming the rule, counted
+        let mut exchange = Exchange::default();
+        let blocked = br#"{"messages":[{"role":"user","content":"Project Falcon"}]}"#;
+        let (flow, commands) = request(
+            &mut worker,
+            &mut exchange,
+            EMAIL_RULES,
+            &chat_head(),
+            blocked,
+        );
+        assert_eq!(flow, Flow::Refused);
+        let reject = refusal(&commands).unwrap().reject();
+        assert_eq!(
+            (reject.status, reject.code.as_ref()),
+            (400, "pii_blocked_code")
+        );
+        assert!(commands.contains(&Command::Count(Counter::Blocked("CODE".into()), 1)));
+        assert_eq!(replaced_body(&commands), None);
+        // not JSON in messages scope
+        let mut exchange = Exchange::default();
+        let (flow, commands) = request(
+            &mut worker,
+            &mut exchange,
+            EMAIL_RULES,
+            &chat_head(),
+            b"{\"messages\":[",
+        );
+        assert_eq!(flow, Flow::Refused);
+        assert_eq!(refusal(&commands).unwrap().reject().code, "invalid_json");
+        assert!(commands.contains(&Command::Count(Counter::InvalidJson, 1)));
+        // the body was not handed over: never forwarded unscanned
+        let mut exchange = Exchange::default();
+        let headers = Input::RequestHeaders {
+            configured: true,
+            config: Some(config(EMAIL_RULES)),
+            head: &chat_head(),
+            end_of_stream: false,
+        };
+        exchange.handle(&mut worker, 0, headers);
+        let missing = Input::RequestBody {
+            size: 5,
+            end_of_stream: true,
+            body: None,
+        };
+        assert_eq!(exchange.handle(&mut worker, 0, missing), Flow::Refused);
+        assert_eq!(refusal(&drain(&mut exchange)), Some(Refusal::CannotRead));
+    }
+
+    #[test]
+    fn oversize_bodies_follow_the_policy() {
+        let mut worker = Worker::default();
+        let big = head(&[(":path", "/v1/chat/completions"), ("content-length", "100")]);
+        for (policy, flow) in [("reject", Flow::Refused), ("pass", Flow::Continue)] {
+            let doc = format!(
+                r#"{{"rules":[{{"detector":"email"}}],"max_body_bytes":10,"oversize":"{policy}"}}"#
+            );
+            // announced by content-length
+            let mut exchange = Exchange::default();
+            let input = Input::RequestHeaders {
+                configured: true,
+                config: Some(config(&doc)),
+                head: &big,
+                end_of_stream: false,
+            };
+            assert_eq!(exchange.handle(&mut worker, 0, input), flow, "{policy}");
+            let commands = drain(&mut exchange);
+            if policy == "reject" {
+                let reject = refusal(&commands).unwrap().reject();
+                assert_eq!(
+                    (reject.status, reject.code.as_ref()),
+                    (413, "request_too_large")
+                );
+                assert!(commands.contains(&Command::Count(Counter::OversizeRejected, 1)));
+            } else {
+                assert!(commands.contains(&Command::Count(Counter::OversizePassed, 1)));
+                assert_eq!(refusal(&commands), None);
+            }
+            // found while buffering (no content-length)
+            let mut exchange = Exchange::default();
+            let input = Input::RequestHeaders {
+                configured: true,
+                config: Some(config(&doc)),
+                head: &chat_head(),
+                end_of_stream: false,
+            };
+            exchange.handle(&mut worker, 0, input);
+            drain(&mut exchange);
+            assert!(!exchange.wants_request_body(11, true));
+            let body = Input::RequestBody {
+                size: 11,
+                end_of_stream: false,
+                body: None,
+            };
+            assert_eq!(exchange.handle(&mut worker, 0, body), flow, "{policy}");
+        }
+    }
+
+    #[test]
+    fn a_failed_header_removal_or_body_replace_refuses() {
+        let mut worker = Worker::default();
+        let mut exchange = Exchange::default();
+        let input = Input::RequestHeaders {
+            configured: true,
+            config: Some(config(EMAIL_RULES)),
+            head: &chat_head(),
+            end_of_stream: false,
+        };
+        exchange.handle(&mut worker, 0, input);
+        let first = exchange.poll().unwrap();
+        let failed = Input::Failed {
+            command: first,
+            error: "bad argument".into(),
+        };
+        assert_eq!(exchange.handle(&mut worker, 0, failed), Flow::Refused);
+        let commands = drain(&mut exchange);
+        // the rest of the queue is dropped: nothing else happens to this request
+        assert!(!commands.contains(&Command::RemoveRequestHeader("content-length")));
+        assert_eq!(refusal(&commands), Some(Refusal::CannotPrepare));
+        assert!(!exchange.wants_request_body(BODY.len(), true));
+
+        let mut exchange = Exchange::default();
+        let (_, commands) = request(&mut worker, &mut exchange, EMAIL_RULES, &chat_head(), BODY);
+        let replace = commands
+            .into_iter()
+            .find(|c| matches!(c, Command::ReplaceRequestBody { .. }))
+            .unwrap();
+        let failed = Input::Failed {
+            command: replace,
+            error: "bad argument".into(),
+        };
+        assert_eq!(exchange.handle(&mut worker, 0, failed), Flow::Refused);
+        let reject = refusal(&drain(&mut exchange)).unwrap().reject();
+        assert_eq!(reject.status, 500);
+    }
+
+    fn response_headers(exchange: &mut Exchange, worker: &mut Worker, ty: &str, enc: Option<&str>) {
+        let input = Input::ResponseHeaders {
+            content_encoding: enc,
+            content_type: Some(ty),
+            end_of_stream: false,
+        };
+        assert_eq!(exchange.handle(worker, 0, input), Flow::Continue);
+    }
+
+    fn replaced_response(commands: &[Command]) -> Vec<u8> {
+        commands
+            .iter()
+            .filter_map(|c| match c {
+                Command::ReplaceResponseBody { body, .. } => Some(body.clone()),
+                _ => None,
+            })
+            .flatten()
+            .collect()
+    }
+
+    #[test]
+    fn a_json_answer_gets_its_originals_back() {
+        let (mut worker, mut exchange) = (Worker::default(), Exchange::default());
+        request(&mut worker, &mut exchange, EMAIL_RULES, &chat_head(), BODY);
+        assert!(exchange.may_restore());
+        response_headers(&mut exchange, &mut worker, "application/json", None);
+        assert_eq!(
+            drain(&mut exchange),
+            vec![Command::RemoveResponseHeader("content-length")]
+        );
+        assert!(!exchange.wants_response_body(false));
+        let part = Input::ResponseBody {
+            end_of_stream: false,
+            chunk: None,
+        };
+        assert_eq!(exchange.handle(&mut worker, 0, part), Flow::Pause);
+        assert!(exchange.wants_response_body(true));
+        let answer = br#"{"choices":[{"message":{"content":"sent to [EMAIL_1]"}}]}"#;
+        let last = Input::ResponseBody {
+            end_of_stream: true,
+            chunk: Some(answer),
+        };
+        assert_eq!(exchange.handle(&mut worker, 0, last), Flow::Continue);
+        let commands = drain(&mut exchange);
+        let restored = String::from_utf8(replaced_response(&commands)).unwrap();
+        assert!(restored.contains("sent to ann@example.com"), "{restored}");
+        assert!(commands.contains(&Command::Count(Counter::Restored, 1)));
+    }
+
+    #[test]
+    fn a_stream_is_restored_across_chunks_and_a_failed_rewrite_is_not_counted() {
+        let (mut worker, mut exchange) = (Worker::default(), Exchange::default());
+        request(&mut worker, &mut exchange, EMAIL_RULES, &chat_head(), BODY);
+        response_headers(&mut exchange, &mut worker, "text/event-stream", None);
+        drain(&mut exchange);
+        let stream: &[u8] = b"data: {\"choices\":[{\"delta\":{\"content\":\"to [EMAIL_1] ok\"}}]}\n\ndata: [DONE]\n\n";
+        let (a, b) = stream.split_at(44); // inside the placeholder
+        let mut out = Vec::new();
+        for (chunk, end) in [(a, false), (b, true)] {
+            assert!(exchange.wants_response_body(end));
+            let input = Input::ResponseBody {
+                end_of_stream: end,
+                chunk: Some(chunk),
+            };
+            assert_eq!(exchange.handle(&mut worker, 0, input), Flow::Continue);
+            let commands = drain(&mut exchange);
+            out.extend(replaced_response(&commands));
+            if end {
+                assert!(commands.contains(&Command::Count(Counter::Restored, 1)));
+            }
+        }
+        let text = String::from_utf8(out).unwrap();
+        assert!(
+            text.contains("to ann@example.com ok") && text.ends_with("data: [DONE]\n\n"),
+            "{text}"
+        );
+
+        // a JSON answer whose rewrite fails is not counted as restored
+        let (mut worker, mut exchange) = (Worker::default(), Exchange::default());
+        request(&mut worker, &mut exchange, EMAIL_RULES, &chat_head(), BODY);
+        response_headers(&mut exchange, &mut worker, "application/json", None);
+        drain(&mut exchange);
+        let last = Input::ResponseBody {
+            end_of_stream: true,
+            chunk: Some(br#"{"x":"[EMAIL_1]"}"#),
+        };
+        exchange.handle(&mut worker, 0, last);
+        let replace = exchange.poll().unwrap();
+        assert!(matches!(replace, Command::ReplaceResponseBody { .. }));
+        let failed = Input::Failed {
+            command: replace,
+            error: "bad argument".into(),
+        };
+        assert_eq!(exchange.handle(&mut worker, 0, failed), Flow::Continue);
+        assert!(!drain(&mut exchange).contains(&Command::Count(Counter::Restored, 1)));
+    }
+
+    #[test]
+    fn compressed_or_unheadered_answers_are_not_restored() {
+        let (mut worker, mut exchange) = (Worker::default(), Exchange::default());
+        request(&mut worker, &mut exchange, EMAIL_RULES, &chat_head(), BODY);
+        response_headers(&mut exchange, &mut worker, "application/json", Some("gzip"));
+        assert_eq!(
+            drain(&mut exchange),
+            vec![Command::Count(Counter::RestoreSkipped, 1)]
+        );
+        assert!(!exchange.wants_response_body(true));
+        // `identity` is no encoding
+        let (mut worker, mut exchange) = (Worker::default(), Exchange::default());
+        request(&mut worker, &mut exchange, EMAIL_RULES, &chat_head(), BODY);
+        response_headers(
+            &mut exchange,
+            &mut worker,
+            "text/event-stream",
+            Some(" Identity "),
+        );
+        assert!(exchange.wants_response_body(false));
+        // content-length that cannot be removed: not restored
+        let (mut worker, mut exchange) = (Worker::default(), Exchange::default());
+        request(&mut worker, &mut exchange, EMAIL_RULES, &chat_head(), BODY);
+        response_headers(&mut exchange, &mut worker, "application/json", None);
+        let remove = exchange.poll().unwrap();
+        let failed = Input::Failed {
+            command: remove,
+            error: "bad argument".into(),
+        };
+        assert_eq!(exchange.handle(&mut worker, 0, failed), Flow::Continue);
+        assert!(!exchange.wants_response_body(true));
+    }
+
+    #[test]
+    fn a_superseded_pass_hands_its_map_to_the_re_entering_one() {
+        let mut worker = Worker::default();
+        let mut first = Exchange::default();
+        let (_, commands) = request(&mut worker, &mut first, EMAIL_RULES, &chat_head(), BODY);
+        let (forwarded, _) = replaced_body(&commands).unwrap();
+        assert!(first.stashes_when_superseded());
+        first.handle(&mut worker, 5, Input::Log { superseded: true });
+        // the re-entering pass sends the original body again: the same placeholders
+        let reentry = head(&[
+            (":path", "/v1/chat/completions"),
+            ("content-type", "application/json"),
+            ("x-llm-request-id", "req-1"),
+            ("x-llm-reentry", "1"),
+        ]);
+        let mut second = Exchange::default();
+        let (_, commands) = request(&mut worker, &mut second, EMAIL_RULES, &reentry, BODY);
+        assert!(
+            !commands.iter().any(|c| matches!(c, Command::Log(..))),
+            "{commands:?}"
+        );
+        let (again, _) = replaced_body(&commands).unwrap();
+        assert_eq!(again, forwarded);
+        // a re-entry nothing was stashed for is masked afresh, with a warning
+        let lost = head(&[
+            (":path", "/v1/chat/completions"),
+            ("x-llm-request-id", "req-2"),
+            ("x-llm-reentry", "1"),
+        ]);
+        let mut third = Exchange::default();
+        let (_, commands) = request(&mut worker, &mut third, EMAIL_RULES, &lost, BODY);
+        assert!(commands
+            .iter()
+            .any(|c| matches!(c, Command::Log(Level::Warn, _))));
+        assert!(replaced_body(&commands).is_some());
+        // a pass that was not superseded stashes nothing
+        let mut fourth = Exchange::default();
+        request(&mut worker, &mut fourth, EMAIL_RULES, &chat_head(), BODY);
+        fourth.handle(&mut worker, 6, Input::Log { superseded: false });
+        let mut fifth = Exchange::default();
+        let (_, commands) = request(&mut worker, &mut fifth, EMAIL_RULES, &reentry, BODY);
+        assert!(commands
+            .iter()
+            .any(|c| matches!(c, Command::Log(Level::Warn, _))));
+    }
+
+    #[test]
+    fn every_counter_has_one_stat_name() {
+        let configs = [
+            config(EMAIL_RULES),
+            config(r#"{"rules":[{"detector":"email"}],"output_rules":[{"detector":"ipv4"}]}"#),
+        ];
+        let all = counters(configs.iter().map(|c| c.as_ref()));
+        let names: Vec<&str> = all.iter().map(|(_, n)| n.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "llm_gateway.pii.matches.email",
+                "llm_gateway.pii.blocked.code",
+                "llm_gateway.pii.output_matches.ip",
+                "llm_gateway.pii.requests_redacted",
+                "llm_gateway.pii.oversize_passed",
+                "llm_gateway.pii.oversize_rejected",
+                "llm_gateway.pii.invalid_json",
+                "llm_gateway.pii.responses_restored",
+                "llm_gateway.pii.restore_skipped_encoded",
+            ]
+        );
+    }
+}
