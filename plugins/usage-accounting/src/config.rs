@@ -28,6 +28,7 @@ use llm_gateway_shared::rules::RuleSet;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 use std::collections::HashMap;
+use std::rc::Rc;
 
 /// The validated configuration for one scope.
 #[derive(Debug, Clone)]
@@ -121,6 +122,11 @@ fn default_max_event_bytes() -> usize {
 /// Parses a whole configuration document (plain JSON or Higress form).
 pub fn parse_document(document: &[u8]) -> Result<RuleSet<UsageConfig>, ConfigError> {
     RuleSet::parse(document, |fields, _scope| parse_scope(fields))
+}
+
+/// [`parse_document`] with each configuration shared (requests hold it without a copy).
+pub fn parse_shared(document: &[u8]) -> Result<RuleSet<Rc<UsageConfig>>, ConfigError> {
+    RuleSet::parse(document, |fields, _scope| parse_scope(fields).map(Rc::new))
 }
 
 fn parse_scope(fields: &Map<String, Value>) -> Result<UsageConfig, ConfigError> {

@@ -26,6 +26,7 @@
 
 pub mod chunk;
 pub mod config;
+pub mod core;
 pub mod exchange;
 pub mod ledger;
 pub mod metrics;

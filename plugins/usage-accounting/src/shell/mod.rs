@@ -1,0 +1,328 @@
+//! The proxy-wasm adapter: copies host data into the stage core ([`crate::core`]) and carries
+//! its commands out: header and body edits, the record published to filter state, the log,
+//! the metrics and the ledger (Higress's Redis calls or webdis). Every host call goes through
+//! `llm_gateway_shared::host`; nothing here decides.
+
+use crate::config::{parse_shared, UsageConfig};
+use crate::core::{Command, Flow, Input, Level, Lookup, Stage, Worker};
+use crate::exchange::{RouteInfo, ROUTER_PROPERTY};
+use crate::metrics::{label_suffix, values, Kind, MAX_LABEL_SETS, SERIES};
+use crate::record::Record;
+use llm_gateway_shared::host::{self, Buffer, HeaderMap, HostError, LogLevel, Metric};
+use llm_gateway_shared::reentry::is_superseded;
+use llm_gateway_shared::rules::RuleSet;
+use proxy_wasm::traits::{Context, HttpContext, RootContext};
+use proxy_wasm::types::{Action, ContextType};
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+
+// The standalone module's entry point; a module holding several plugins (`plugins/bundle`)
+// turns the `standalone` feature off and creates this plugin's root context with
+// [`root_context`].
+#[cfg(feature = "standalone")]
+proxy_wasm::main! {{
+    proxy_wasm::set_root_context(root_context);
+}}
+
+/// A root context of this plugin (what the standalone module creates for every `root_id`).
+pub fn root_context(_context_id: u32) -> Box<dyn RootContext> {
+    Box::new(Root::default())
+}
+
+#[derive(Default)]
+struct Root {
+    state: Option<Rc<State>>,
+}
+
+struct State {
+    rules: RuleSet<Rc<UsageConfig>>,
+    /// The metrics of each label set seen so far in this VM ([`SERIES`] order).
+    series: RefCell<HashMap<String, [Option<Metric>; SERIES.len()]>>,
+    /// `llm_gateway.usage.ledger_errors`: ledger appends that failed (Higress build).
+    #[cfg_attr(not(feature = "higress"), allow(dead_code))]
+    ledger_errors: Option<Metric>,
+    /// What superseded passes left for their re-entering pass (the core's per-worker state).
+    worker: RefCell<Worker>,
+}
+
+impl State {
+    fn record_metrics(&self, record: &Record, config: &UsageConfig) {
+        let mut labels = label_suffix(record, config.consumer_label);
+        let mut series = self.series.borrow_mut();
+        if series.len() >= MAX_LABEL_SETS && !series.contains_key(&labels) {
+            labels = ".tenant._other.model_group._other.deployment._other".into();
+        }
+        let metrics = series.entry(labels).or_insert_with_key(|labels| {
+            SERIES.map(|(base, kind)| {
+                let name = format!("{base}{labels}");
+                match kind {
+                    Kind::Counter => Metric::counter(&name),
+                    Kind::Histogram => Metric::histogram(&name),
+                }
+                .ok()
+            })
+        });
+        for ((metric, (_, kind)), value) in metrics.iter().zip(SERIES).zip(values(record)) {
+            let (Some(metric), Some(value)) = (metric, value) else {
+                continue;
+            };
+            let _ = match kind {
+                Kind::Counter => metric.increment(i64::try_from(value).unwrap_or(i64::MAX)),
+                Kind::Histogram => metric.record(value),
+            };
+        }
+    }
+}
+
+impl Context for Root {}
+
+impl RootContext for Root {
+    fn on_configure(&mut self, _size: usize) -> bool {
+        let Some(rules) = host::load_config("usage-accounting", parse_shared) else {
+            return false;
+        };
+        let prices = rules.global().map_or(0, |c| c.prices.len());
+        host::log(
+            LogLevel::Info,
+            &format!("usage-accounting: configured with {prices} prices"),
+        );
+        let ledger_errors = Metric::counter("llm_gateway.usage.ledger_errors").ok();
+        if !ledger::init(&rules, ledger_errors) {
+            return false;
+        }
+        self.state = Some(Rc::new(State {
+            rules,
+            series: RefCell::new(HashMap::new()),
+            ledger_errors,
+            worker: RefCell::default(),
+        }));
+        true
+    }
+
+    fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
+        Some(Box::new(Request {
+            state: self.state.clone(),
+            stage: Stage::default(),
+        }))
+    }
+
+    fn get_type(&self) -> Option<ContextType> {
+        Some(ContextType::HttpContext)
+    }
+}
+
+struct Request {
+    state: Option<Rc<State>>,
+    stage: Stage,
+}
+
+fn now_ms() -> u64 {
+    host::now_nanos().map_or(0, |n| n / 1_000_000)
+}
+
+/// The host values the core reads only when it needs them.
+struct Host;
+
+impl Lookup for Host {
+    fn now_ms(&mut self) -> u64 {
+        now_ms()
+    }
+
+    /// The router's view of the request: its filter state `wasm.llm_route` when it runs in
+    /// the chain (deployment that answered, attempts, price); otherwise empty (the
+    /// `x-llm-deployment` / `x-llm-model-group` headers and the plugin's own price table).
+    fn route(&mut self, status: u16) -> RouteInfo {
+        host::property(&[ROUTER_PROPERTY])
+            .ok()
+            .flatten()
+            .and_then(|bytes| RouteInfo::from_router_json(&bytes, status))
+            .unwrap_or_default()
+    }
+
+    fn host_request_id(&mut self) -> Option<String> {
+        host::property_string(&["request", "id"]).ok().flatten()
+    }
+}
+
+impl Request {
+    /// Hands `input` to the core and carries out its commands; the callback's action.
+    fn run(&mut self, input: Input<'_>) -> Action {
+        let Some(state) = self.state.clone() else {
+            return Action::Continue;
+        };
+        let flow = self
+            .stage
+            .handle(&mut state.worker.borrow_mut(), &mut Host, input);
+        while let Some(command) = self.stage.poll() {
+            if let Err(err) = execute(&state, &command) {
+                let failed = Input::Failed {
+                    command,
+                    error: err.to_string(),
+                };
+                self.stage
+                    .handle(&mut state.worker.borrow_mut(), &mut Host, failed);
+            }
+        }
+        match flow {
+            Flow::Continue => Action::Continue,
+            Flow::Pause => Action::Pause,
+        }
+    }
+}
+
+fn execute(state: &State, command: &Command) -> Result<(), HostError> {
+    match command {
+        Command::RemoveRequestHeader(name) => host::remove_header(HeaderMap::RequestHeaders, name),
+        Command::ReplaceRequestBody { size, body } => host::replace_request_body(*size, body),
+        Command::RemoveResponseHeader(name) => {
+            host::remove_header(HeaderMap::ResponseHeaders, name)
+        }
+        Command::SetResponseHeader(name, value) => {
+            host::set_header(HeaderMap::ResponseHeaders, name, value.as_bytes())
+        }
+        Command::ReplaceResponseBody { size, body } => {
+            host::set_buffer(Buffer::ResponseBody, 0, *size, body)
+        }
+        Command::Publish {
+            record,
+            json,
+            config,
+        } => {
+            let published = host::set_property(&[config.filter_state.as_str()], json.as_bytes());
+            if config.log_records {
+                host::log(LogLevel::Info, &format!("usage_record: {json}"));
+            }
+            state.record_metrics(record, config);
+            if let Some(ledger) = &config.ledger {
+                ledger::append(ledger, json, state.ledger_errors);
+            }
+            published
+        }
+        Command::Log(level, line) => {
+            let level = match level {
+                Level::Info => LogLevel::Info,
+                Level::Warn => LogLevel::Warn,
+            };
+            host::log(level, line);
+            Ok(())
+        }
+    }
+}
+
+fn header_text(name: &str) -> Option<String> {
+    host::header(HeaderMap::ResponseHeaders, name)
+        .ok()
+        .flatten()
+        .map(|v| String::from_utf8_lossy(&v).into_owned())
+}
+
+impl Context for Request {
+    fn on_http_call_response(
+        &mut self,
+        _token_id: u32,
+        _num_headers: usize,
+        body_size: usize,
+        _num_trailers: usize,
+    ) {
+        // the only calls this plugin makes are ledger appends over HTTP
+        if let Some(state) = &self.state {
+            ledger::http_reply(body_size, state.ledger_errors);
+        }
+    }
+}
+
+impl HttpContext for Request {
+    fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
+        let Some(state) = self.state.clone() else {
+            return Action::Continue;
+        };
+        let Ok(head) = host::request_head() else {
+            return Action::Continue;
+        };
+        let config = host::select_config(&state.rules, Some(&head.authority)).cloned();
+        self.run(Input::RequestHeaders {
+            config,
+            head: &head,
+            end_of_stream,
+        })
+    }
+
+    fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        if !self.stage.is_active() {
+            return Action::Continue;
+        }
+        let body = if self.stage.wants_request_body(end_of_stream) {
+            host::buffer(Buffer::RequestBody, 0, body_size).ok()
+        } else {
+            None
+        };
+        self.run(Input::RequestBody {
+            size: body_size,
+            end_of_stream,
+            body: body.as_deref(),
+        })
+    }
+
+    fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
+        if !self.stage.is_active() {
+            return Action::Continue;
+        }
+        let status = header_text(":status").and_then(|v| v.parse::<u16>().ok());
+        let content_type = header_text("content-type").unwrap_or_default();
+        let content_length = header_text("content-length").and_then(|v| v.trim().parse().ok());
+        let encoded = header_text("content-encoding")
+            .is_some_and(|v| !v.is_empty() && !v.eq_ignore_ascii_case("identity"));
+        self.run(Input::ResponseHeaders {
+            status: status.unwrap_or(0),
+            content_type: &content_type,
+            content_length,
+            encoded,
+            end_of_stream,
+        })
+    }
+
+    fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+        if !self.stage.is_active() {
+            return Action::Continue;
+        }
+        let body = if self.stage.wants_response_body(end_of_stream) {
+            host::buffer(Buffer::ResponseBody, 0, body_size).ok()
+        } else {
+            None
+        };
+        self.run(Input::ResponseBody {
+            size: body_size,
+            end_of_stream,
+            body: body.as_deref(),
+        })
+    }
+
+    fn on_http_response_trailers(&mut self, _num_trailers: usize) -> Action {
+        if !self.stage.is_active() {
+            return Action::Continue;
+        }
+        let body = if self.stage.wants_body_at_trailers() {
+            host::buffer(Buffer::ResponseBody, 0, usize::MAX).ok()
+        } else {
+            None
+        };
+        self.run(Input::ResponseTrailers {
+            body: body.as_deref(),
+        })
+    }
+
+    fn on_log(&mut self) {
+        if !self.stage.is_active() {
+            return;
+        }
+        let details = host::property_string(&["response", "code_details"])
+            .ok()
+            .flatten();
+        self.run(Input::Log {
+            superseded: is_superseded(details.as_deref()),
+        });
+    }
+}
+
+mod ledger;
