@@ -22,6 +22,7 @@
     )
 )]
 
+pub mod chain;
 pub mod roots;
 
 #[cfg(target_arch = "wasm32")]

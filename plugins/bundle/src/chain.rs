@@ -1,0 +1,663 @@
+//! The engine of the fused filter: several stages run inside one HTTP context in the order,
+//! and with the pauses, that Envoy's filter manager gives separate filters.
+//!
+//! Why the order matters: a stage reads what the stages before it wrote, and some write late.
+//! The model router sets the route's headers only once it read the body's `model`, so it holds
+//! the request headers until the body is complete; usage-accounting, after it, reads those
+//! headers in its own header step. Run side by side, usage-accounting would account the
+//! request to no deployment. So, as Envoy does when a filter returns `StopIteration` on
+//! headers and `StopIterationAndBuffer` on data, a stage that holds runs its data step on the
+//! whole body first, and only then do the stages after it take their header steps. The
+//! response runs the stages in reverse order the same way, and `on_log` runs in chain order.
+//!
+//! The contract with a stage: **a stage that needs the whole body says so at its header
+//! step** ([`Step::Buffer`]). Then:
+//! * the stages before it have continued their headers; the host buffers the body; at its end
+//!   the holding stage takes its data step on all of it, and each later stage takes its header
+//!   step, then its data step on that whole body, in turn;
+//! * if no stage holds, each chunk passes every stage's data step as it comes (a stream).
+//!
+//! A stage may also answer [`Step::Wait`] (it sent a Redis script: nothing runs until
+//! [`Engine::resume`]) or [`Step::Stop`] (it sent a local reply: no stage takes another step;
+//! `log` still runs).
+//!
+//! The engine is pure: the driver holds the request (headers read once, the body read once,
+//! the current data) and the stages; the engine only decides which stage takes which step
+//! next and what the host callback returns ([`Outcome`]).
+
+/// A stage's answer to one step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Go on: the next stage takes the step.
+    Continue,
+    /// (A header step's answer.) Hold: this stage takes its data step on the whole body.
+    Buffer,
+    /// An asynchronous call is out: hold until [`Engine::resume`].
+    Wait,
+    /// A local reply was sent: the request goes no further.
+    Stop,
+}
+
+/// What the host callback returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Let the headers or data go on (after the driver wrote what the stages changed).
+    Continue,
+    /// Hold (keep the headers, buffer the body, or wait for a reply).
+    Pause,
+    /// A local reply was sent.
+    Stop,
+}
+
+/// The request or the response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    /// Downstream to upstream: chain order.
+    Request,
+    /// Upstream to downstream: reverse order.
+    Response,
+}
+
+/// A stage of the chain, as the engine drives it. `X` is the driver's exchange (headers,
+/// body, the current data); every step reads and edits it.
+pub trait Stage<X> {
+    /// The headers of `direction` (`end_of_stream`: no body follows).
+    fn headers(&mut self, x: &mut X, direction: Direction, end_of_stream: bool) -> Step;
+    /// Data of `direction`: the current chunk while the direction streams, or the whole body
+    /// once a stage held (`end_of_stream` is then true).
+    fn data(&mut self, x: &mut X, direction: Direction, end_of_stream: bool) -> Step;
+    /// The request is over (every stage, in chain order, whatever happened).
+    fn log(&mut self, x: &mut X);
+}
+
+/// How far a direction is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Regime {
+    /// Header steps run as the headers arrive.
+    Headers,
+    /// The stage at `pos` held: the body is being buffered.
+    Hold,
+    /// The body is complete: from `pos` on, each stage takes its data step on the whole body
+    /// (after its header step, for the stages after the one that held).
+    Whole,
+    /// Every stage continued its headers: each chunk passes every stage.
+    Stream,
+    /// Nothing more to run for this direction.
+    Done,
+}
+
+/// Which step of the stage at `pos` is next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sub {
+    Headers,
+    Data,
+}
+
+/// Where one direction is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Cursor {
+    regime: Regime,
+    /// A position in the direction's order.
+    pos: usize,
+    sub: Sub,
+    /// The stage at `pos` waits for a reply to its step.
+    waiting: bool,
+    /// The headers did not end the stream.
+    has_body: bool,
+    /// The whole body is here (or there is none).
+    ended: bool,
+}
+
+impl Cursor {
+    fn start(end_of_stream: bool) -> Cursor {
+        Cursor {
+            regime: Regime::Headers,
+            pos: 0,
+            sub: Sub::Headers,
+            waiting: false,
+            has_body: !end_of_stream,
+            ended: end_of_stream,
+        }
+    }
+}
+
+/// The sequencing state of one HTTP context.
+#[derive(Debug, Clone)]
+pub struct Engine {
+    stages: usize,
+    request: Cursor,
+    response: Cursor,
+    stopped: bool,
+}
+
+impl Engine {
+    /// An engine for `stages` stages.
+    pub fn new(stages: usize) -> Engine {
+        Engine {
+            stages,
+            request: Cursor::start(false),
+            response: Cursor::start(false),
+            stopped: false,
+        }
+    }
+
+    /// True once a stage stopped the request.
+    pub fn stopped(&self) -> bool {
+        self.stopped
+    }
+
+    /// True while a stage of `direction` waits for a reply.
+    pub fn waiting(&self, direction: Direction) -> bool {
+        self.cursor(direction).waiting
+    }
+
+    /// True once every stage continued `direction`'s headers: the driver writes the header
+    /// edits to the host before the callback continues (after that they cannot change).
+    pub fn headers_done(&self, direction: Direction) -> bool {
+        matches!(self.cursor(direction).regime, Regime::Stream | Regime::Done)
+    }
+
+    fn cursor(&self, direction: Direction) -> &Cursor {
+        match direction {
+            Direction::Request => &self.request,
+            Direction::Response => &self.response,
+        }
+    }
+
+    fn cursor_mut(&mut self, direction: Direction) -> &mut Cursor {
+        match direction {
+            Direction::Request => &mut self.request,
+            Direction::Response => &mut self.response,
+        }
+    }
+
+    /// The headers of `direction` arrived.
+    pub fn headers<X>(
+        &mut self,
+        stages: &mut [&mut dyn Stage<X>],
+        x: &mut X,
+        direction: Direction,
+        end_of_stream: bool,
+    ) -> Outcome {
+        *self.cursor_mut(direction) = Cursor::start(end_of_stream);
+        self.run(stages, x, direction)
+    }
+
+    /// Data of `direction` arrived; `end_of_stream`: the body is complete. The driver's
+    /// current data is this chunk while the direction streams, and the whole buffered body
+    /// once a stage held.
+    pub fn data<X>(
+        &mut self,
+        stages: &mut [&mut dyn Stage<X>],
+        x: &mut X,
+        direction: Direction,
+        end_of_stream: bool,
+    ) -> Outcome {
+        if self.stopped {
+            return Outcome::Stop;
+        }
+        let cursor = self.cursor_mut(direction);
+        cursor.ended |= end_of_stream;
+        if cursor.waiting {
+            return Outcome::Pause; // the host buffers; the waiting stage goes on later
+        }
+        match cursor.regime {
+            Regime::Hold if cursor.ended => self.run(stages, x, direction),
+            Regime::Headers | Regime::Hold | Regime::Whole => Outcome::Pause,
+            Regime::Stream => {
+                cursor.pos = 0;
+                self.run(stages, x, direction)
+            }
+            Regime::Done => Outcome::Continue,
+        }
+    }
+
+    /// The reply a waiting stage of `direction` waited for was taken; `step` is that stage's
+    /// answer to the step it was taking. `Outcome::Continue`: the driver resumes the host's
+    /// stream.
+    pub fn resume<X>(
+        &mut self,
+        stages: &mut [&mut dyn Stage<X>],
+        x: &mut X,
+        direction: Direction,
+        step: Step,
+    ) -> Outcome {
+        if self.stopped {
+            return Outcome::Stop;
+        }
+        let cursor = self.cursor_mut(direction);
+        if !cursor.waiting {
+            return Outcome::Pause; // nothing waits
+        }
+        cursor.waiting = false;
+        match self.answer(direction, step) {
+            Some(outcome) => outcome,
+            None => self.run(stages, x, direction),
+        }
+    }
+
+    /// `on_log`: every stage in chain order.
+    pub fn log<X>(&mut self, stages: &mut [&mut dyn Stage<X>], x: &mut X) {
+        for stage in stages.iter_mut() {
+            stage.log(x);
+        }
+    }
+
+    /// Moves past the current step, answered with `step`; `Some` if the callback must return
+    /// now.
+    fn answer(&mut self, direction: Direction, step: Step) -> Option<Outcome> {
+        let cursor = self.cursor_mut(direction);
+        match step {
+            Step::Stop => {
+                self.stopped = true;
+                return Some(Outcome::Stop);
+            }
+            Step::Wait => {
+                cursor.waiting = true;
+                return Some(Outcome::Pause);
+            }
+            Step::Continue | Step::Buffer => {}
+        }
+        match (cursor.regime, cursor.sub) {
+            (Regime::Headers, _) => {
+                if step == Step::Buffer && cursor.has_body {
+                    cursor.regime = Regime::Hold;
+                    cursor.sub = Sub::Data;
+                    if !cursor.ended {
+                        return Some(Outcome::Pause);
+                    }
+                } else {
+                    cursor.pos += 1;
+                }
+            }
+            (Regime::Whole, Sub::Headers) => cursor.sub = Sub::Data,
+            (Regime::Whole, Sub::Data) => {
+                cursor.pos += 1;
+                cursor.sub = Sub::Headers;
+            }
+            (Regime::Stream, _) => cursor.pos += 1,
+            (Regime::Hold | Regime::Done, _) => {}
+        }
+        None
+    }
+
+    /// Runs steps until a stage holds or waits, or every stage went on.
+    fn run<X>(
+        &mut self,
+        stages: &mut [&mut dyn Stage<X>],
+        x: &mut X,
+        direction: Direction,
+    ) -> Outcome {
+        let count = self.stages.min(stages.len());
+        loop {
+            if self.stopped {
+                return Outcome::Stop;
+            }
+            let cursor = *self.cursor(direction);
+            if cursor.waiting {
+                return Outcome::Pause;
+            }
+            if cursor.regime == Regime::Hold {
+                if !cursor.ended {
+                    return Outcome::Pause;
+                }
+                let c = self.cursor_mut(direction);
+                c.regime = Regime::Whole;
+                c.sub = Sub::Data;
+                continue;
+            }
+            if cursor.pos >= count {
+                let c = self.cursor_mut(direction);
+                c.regime = match c.regime {
+                    Regime::Headers if c.has_body && !c.ended => Regime::Stream,
+                    Regime::Stream if !c.ended => Regime::Stream,
+                    _ => Regime::Done,
+                };
+                c.pos = 0;
+                return Outcome::Continue;
+            }
+            let index = match direction {
+                Direction::Request => cursor.pos,
+                Direction::Response => count - 1 - cursor.pos,
+            };
+            let Some(stage) = stages.get_mut(index) else {
+                return Outcome::Continue;
+            };
+            let step = match (cursor.regime, cursor.sub) {
+                (Regime::Headers, _) => stage.headers(x, direction, !cursor.has_body),
+                (Regime::Whole, Sub::Headers) => stage.headers(x, direction, false),
+                (Regime::Whole, Sub::Data) => stage.data(x, direction, true),
+                (Regime::Stream, _) => stage.data(x, direction, cursor.ended),
+                (Regime::Hold | Regime::Done, _) => return Outcome::Continue,
+            };
+            if let Some(outcome) = self.answer(direction, step) {
+                return outcome;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the stages did, in order: `"<stage> <step>"`.
+    type Trace = Vec<String>;
+
+    /// A stage that answers from a script per step kind and writes what it did.
+    struct Scripted {
+        name: &'static str,
+        headers: Vec<Step>,
+        data: Vec<Step>,
+    }
+
+    impl Scripted {
+        fn new(name: &'static str) -> Scripted {
+            Scripted {
+                name,
+                headers: Vec::new(),
+                data: Vec::new(),
+            }
+        }
+        fn headers(mut self, steps: &[Step]) -> Scripted {
+            self.headers = steps.to_vec();
+            self
+        }
+        fn data(mut self, steps: &[Step]) -> Scripted {
+            self.data = steps.to_vec();
+            self
+        }
+    }
+
+    fn next(script: &mut Vec<Step>) -> Step {
+        if script.is_empty() {
+            Step::Continue
+        } else {
+            script.remove(0)
+        }
+    }
+
+    fn arrow(direction: Direction) -> &'static str {
+        match direction {
+            Direction::Request => "req",
+            Direction::Response => "resp",
+        }
+    }
+
+    impl Stage<Trace> for Scripted {
+        fn headers(&mut self, x: &mut Trace, direction: Direction, end: bool) -> Step {
+            let end = if end { " end" } else { "" };
+            x.push(format!("{} {} headers{end}", self.name, arrow(direction)));
+            next(&mut self.headers)
+        }
+        fn data(&mut self, x: &mut Trace, direction: Direction, end: bool) -> Step {
+            let end = if end { " end" } else { "" };
+            x.push(format!("{} {} data{end}", self.name, arrow(direction)));
+            next(&mut self.data)
+        }
+        fn log(&mut self, x: &mut Trace) {
+            x.push(format!("{} log", self.name));
+        }
+    }
+
+    fn run(
+        stages: &mut [Scripted],
+        f: impl FnOnce(&mut Engine, &mut [&mut dyn Stage<Trace>], &mut Trace),
+    ) -> Trace {
+        let mut engine = Engine::new(stages.len());
+        let mut refs: Vec<&mut dyn Stage<Trace>> = stages
+            .iter_mut()
+            .map(|s| s as &mut dyn Stage<Trace>)
+            .collect();
+        let mut trace = Trace::new();
+        f(&mut engine, &mut refs, &mut trace);
+        trace
+    }
+
+    use Direction::{Request, Response};
+
+    #[test]
+    fn a_stage_that_holds_runs_on_the_whole_body_before_the_next_one_sees_headers() {
+        let mut stages = [
+            Scripted::new("auth"),
+            Scripted::new("router").headers(&[Step::Buffer]),
+            Scripted::new("pii").headers(&[Step::Buffer]),
+            Scripted::new("usage"),
+        ];
+        let trace = run(&mut stages, |engine, stages, x| {
+            assert_eq!(engine.headers(stages, x, Request, false), Outcome::Pause);
+            assert!(!engine.headers_done(Request));
+            // chunks are buffered by the host: nobody looks at them yet
+            assert_eq!(engine.data(stages, x, Request, false), Outcome::Pause);
+            x.push("--- end of body".into());
+            assert_eq!(engine.data(stages, x, Request, true), Outcome::Continue);
+            assert!(engine.headers_done(Request));
+            // nothing else runs for this direction
+            assert_eq!(engine.data(stages, x, Request, true), Outcome::Continue);
+        });
+        assert_eq!(
+            trace,
+            [
+                "auth req headers",
+                "router req headers",
+                "--- end of body",
+                "router req data end",
+                "pii req headers",
+                "pii req data end",
+                "usage req headers",
+                "usage req data end",
+            ]
+        );
+    }
+
+    #[test]
+    fn without_a_hold_chunks_stream_through_every_stage() {
+        let mut stages = [Scripted::new("a"), Scripted::new("b")];
+        let trace = run(&mut stages, |engine, stages, x| {
+            assert_eq!(engine.headers(stages, x, Request, false), Outcome::Continue);
+            assert!(engine.headers_done(Request));
+            assert_eq!(engine.data(stages, x, Request, false), Outcome::Continue);
+            assert_eq!(engine.data(stages, x, Request, true), Outcome::Continue);
+        });
+        assert_eq!(
+            trace,
+            [
+                "a req headers",
+                "b req headers",
+                "a req data",
+                "b req data",
+                "a req data end",
+                "b req data end",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_request_without_body_takes_header_steps_only_and_buffer_means_nothing() {
+        let mut stages = [
+            Scripted::new("a").headers(&[Step::Buffer]),
+            Scripted::new("b"),
+        ];
+        let trace = run(&mut stages, |engine, stages, x| {
+            assert_eq!(engine.headers(stages, x, Request, true), Outcome::Continue);
+            assert!(engine.headers_done(Request));
+        });
+        assert_eq!(trace, ["a req headers end", "b req headers end"]);
+    }
+
+    #[test]
+    fn the_response_runs_in_reverse_order_and_streams() {
+        let mut stages = [
+            Scripted::new("router"),
+            Scripted::new("pii"),
+            Scripted::new("usage"),
+        ];
+        let trace = run(&mut stages, |engine, stages, x| {
+            assert_eq!(
+                engine.headers(stages, x, Response, false),
+                Outcome::Continue
+            );
+            assert_eq!(engine.data(stages, x, Response, false), Outcome::Continue);
+            assert_eq!(engine.data(stages, x, Response, true), Outcome::Continue);
+            engine.log(stages, x);
+        });
+        assert_eq!(
+            trace,
+            [
+                "usage resp headers",
+                "pii resp headers",
+                "router resp headers",
+                "usage resp data",
+                "pii resp data",
+                "router resp data",
+                "usage resp data end",
+                "pii resp data end",
+                "router resp data end",
+                "router log",
+                "pii log",
+                "usage log",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_held_response_reaches_later_stages_whole() {
+        // usage holds the response headers to add the cost headers
+        let mut stages = [
+            Scripted::new("pii"),
+            Scripted::new("usage").headers(&[Step::Buffer]),
+        ];
+        let trace = run(&mut stages, |engine, stages, x| {
+            assert_eq!(engine.headers(stages, x, Response, false), Outcome::Pause);
+            assert_eq!(engine.data(stages, x, Response, false), Outcome::Pause);
+            assert_eq!(engine.data(stages, x, Response, true), Outcome::Continue);
+        });
+        assert_eq!(
+            trace,
+            [
+                "usage resp headers",
+                "usage resp data end",
+                "pii resp headers",
+                "pii resp data end",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_waiting_stage_holds_everything_until_resumed() {
+        let mut stages = [
+            Scripted::new("router").headers(&[Step::Buffer]),
+            Scripted::new("ratelimit").data(&[Step::Wait]),
+            Scripted::new("after"),
+        ];
+        let trace = run(&mut stages, |engine, stages, x| {
+            engine.headers(stages, x, Request, false);
+            assert_eq!(engine.data(stages, x, Request, true), Outcome::Pause);
+            assert!(engine.waiting(Request));
+            // more host callbacks while the reply is out change nothing
+            assert_eq!(engine.data(stages, x, Request, true), Outcome::Pause);
+            x.push("--- reply".into());
+            assert_eq!(
+                engine.resume(stages, x, Request, Step::Continue),
+                Outcome::Continue
+            );
+            assert!(!engine.waiting(Request));
+            // a second resume finds nothing waiting
+            assert_eq!(
+                engine.resume(stages, x, Request, Step::Continue),
+                Outcome::Pause
+            );
+        });
+        assert_eq!(
+            trace,
+            [
+                "router req headers",
+                "router req data end",
+                "ratelimit req headers",
+                "ratelimit req data end",
+                "--- reply",
+                "after req headers",
+                "after req data end",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_wait_at_a_header_step_and_a_refusal_after_it() {
+        let mut stages = [
+            Scripted::new("a").headers(&[Step::Wait]),
+            Scripted::new("b"),
+        ];
+        let trace = run(&mut stages, |engine, stages, x| {
+            assert_eq!(engine.headers(stages, x, Request, true), Outcome::Pause);
+            // the reply says no: a local reply went out
+            assert_eq!(engine.resume(stages, x, Request, Step::Stop), Outcome::Stop);
+            assert!(engine.stopped());
+            assert_eq!(engine.data(stages, x, Request, true), Outcome::Stop);
+            engine.log(stages, x);
+        });
+        assert_eq!(trace, ["a req headers end", "a log", "b log"]);
+    }
+
+    #[test]
+    fn a_stop_ends_every_later_step_but_log() {
+        let mut stages = [
+            Scripted::new("auth").headers(&[Step::Stop]),
+            Scripted::new("router"),
+        ];
+        let trace = run(&mut stages, |engine, stages, x| {
+            assert_eq!(engine.headers(stages, x, Request, false), Outcome::Stop);
+            assert_eq!(engine.data(stages, x, Request, true), Outcome::Stop);
+            assert_eq!(engine.headers(stages, x, Response, false), Outcome::Stop);
+            engine.log(stages, x);
+        });
+        assert_eq!(trace, ["auth req headers", "auth log", "router log"]);
+    }
+
+    #[test]
+    fn a_wait_on_a_streamed_chunk_resumes_with_the_next_stage() {
+        let mut stages = [Scripted::new("a").data(&[Step::Wait]), Scripted::new("b")];
+        let trace = run(&mut stages, |engine, stages, x| {
+            engine.headers(stages, x, Request, false);
+            assert_eq!(engine.data(stages, x, Request, false), Outcome::Pause);
+            assert_eq!(
+                engine.resume(stages, x, Request, Step::Continue),
+                Outcome::Continue
+            );
+            assert_eq!(engine.data(stages, x, Request, true), Outcome::Continue);
+        });
+        assert_eq!(
+            trace,
+            [
+                "a req headers",
+                "b req headers",
+                "a req data",
+                "b req data",
+                "a req data end",
+                "b req data end",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_hold_after_the_body_is_whole_runs_its_data_step_at_once() {
+        // the second hold comes after the first one: the body is complete by then
+        let mut stages = [
+            Scripted::new("a").headers(&[Step::Buffer]),
+            Scripted::new("b").headers(&[Step::Buffer]),
+        ];
+        let trace = run(&mut stages, |engine, stages, x| {
+            engine.headers(stages, x, Request, false);
+            assert_eq!(engine.data(stages, x, Request, true), Outcome::Continue);
+        });
+        assert_eq!(
+            trace,
+            [
+                "a req headers",
+                "a req data end",
+                "b req headers",
+                "b req data end",
+            ]
+        );
+    }
+}
