@@ -23,6 +23,7 @@
     )
 )]
 
+pub mod chain;
 pub mod config;
 pub mod headers;
 pub mod json;

@@ -22,7 +22,6 @@
     )
 )]
 
-pub mod chain;
 pub mod roots;
 
 #[cfg(target_arch = "wasm32")]

@@ -29,4 +29,4 @@ pub mod rfc3339;
 #[cfg(target_arch = "wasm32")]
 mod shell;
 #[cfg(target_arch = "wasm32")]
-pub use shell::root_context;
+pub use shell::{root_context, Fused, FusedStage};

@@ -1,10 +1,11 @@
 //! The proxy-wasm adapter: copies host data in, calls [`crate::auth::authenticate`], applies
-//! the plan. Every host call goes through `llm_gateway_shared::host`; nothing here decides.
+//! the plan (to the host, or to the fused filter's exchange). Every host call goes through `llm_gateway_shared::host`; nothing here decides.
 
 use crate::auth::{authenticate_pass, DenyReason, Outcome, Pass, Plan};
 use crate::config::{parse_document, KeyAuthConfig};
 use crate::reentry::{self, Secret};
-use llm_gateway_shared::host::{self, HeaderMap, LogLevel, Metric};
+use llm_gateway_shared::chain::{self, Direction, Step};
+use llm_gateway_shared::host::{self, HeaderMap, HostError, LogLevel, Metric};
 use llm_gateway_shared::reject::Reject;
 use llm_gateway_shared::rules::RuleSet;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
@@ -134,81 +135,127 @@ impl HttpContext for Request {
                 return refuse(&Reject::internal("cannot read the request"));
             }
         };
-        // every header is at hand: no need for the host to fetch `:authority` again
-        let authority = headers
-            .iter()
-            .find(|(name, _)| name == ":authority")
-            .and_then(|(_, value)| std::str::from_utf8(value).ok())
-            .unwrap_or_default();
-        let config = host::select_config(&state.rules, Some(authority));
-        let now = if config.is_some_and(KeyAuthConfig::needs_clock) {
-            match host::now_nanos() {
-                Ok(nanos) => i64::try_from(nanos / 1_000_000_000).unwrap_or(i64::MAX),
-                Err(_) => i64::MAX, // no clock: every expiring key counts as expired
-            }
-        } else {
-            0 // no key expires: the time is not looked at
-        };
-        let envoy_request_id = headers
-            .iter()
-            .find(|(name, _)| name == "x-request-id")
-            .and_then(|(_, value)| std::str::from_utf8(value).ok())
-            .unwrap_or_default();
-        let pass = Pass {
-            secret: &state.secret,
-            envoy_request_id,
-        };
-        let plan = authenticate_pass(config, &headers, now, Some(pass));
-        state.metrics.count(&plan.outcome);
-        apply(plan)
+        let plan = decide(&state, &headers);
+        match apply(plan, &mut Target::Host) {
+            Ok(()) => Action::Continue,
+            Err(reject) => refuse(&reject),
+        }
     }
 }
 
-fn apply(plan: Plan) -> Action {
-    for name in &plan.remove {
-        if let Err(err) = host::remove_header(HeaderMap::RequestHeaders, name) {
-            // An internal header we cannot remove could carry a spoofed identity: fail closed.
-            host::log(
-                LogLevel::Error,
-                &format!("key-auth: cannot remove header {name}: {err}"),
-            );
-            return refuse(&Reject::internal("cannot sanitize the request"));
+/// Authenticates the request whose headers are `headers`; counts the outcome.
+fn decide(state: &State, headers: &[(String, Vec<u8>)]) -> Plan {
+    // every header is at hand: no need for the host to fetch `:authority` again
+    let text = |name: &str| {
+        headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .and_then(|(_, value)| std::str::from_utf8(value).ok())
+            .unwrap_or_default()
+    };
+    let config = host::select_config(&state.rules, Some(text(":authority")));
+    let now = if config.is_some_and(KeyAuthConfig::needs_clock) {
+        match host::now_nanos() {
+            Ok(nanos) => i64::try_from(nanos / 1_000_000_000).unwrap_or(i64::MAX),
+            Err(_) => i64::MAX, // no clock: every expiring key counts as expired
         }
+    } else {
+        0 // no key expires: the time is not looked at
+    };
+    let pass = Pass {
+        secret: &state.secret,
+        envoy_request_id: text("x-request-id"),
+    };
+    let plan = authenticate_pass(config, headers, now, Some(pass));
+    state.metrics.count(&plan.outcome);
+    plan
+}
+
+/// Where the plan's header edits go: the host (this plugin as its own filter), or the fused
+/// filter's exchange, which its driver writes to the host once.
+enum Target<'a> {
+    Host,
+    Fused(&'a mut chain::Headers),
+}
+
+impl Target<'_> {
+    fn remove(&mut self, name: &str) -> Result<(), HostError> {
+        match self {
+            Target::Host => host::remove_header(HeaderMap::RequestHeaders, name),
+            Target::Fused(headers) => {
+                headers.remove(name);
+                Ok(())
+            }
+        }
+    }
+
+    fn set(&mut self, name: &str, value: &str) -> Result<(), HostError> {
+        match self {
+            Target::Host => host::set_header(HeaderMap::RequestHeaders, name, value.as_bytes()),
+            Target::Fused(headers) => {
+                headers.set(name, value.as_bytes());
+                Ok(())
+            }
+        }
+    }
+
+    fn add(&mut self, name: &str, value: &str) -> Result<(), HostError> {
+        match self {
+            Target::Host => host::add_header(HeaderMap::RequestHeaders, name, value.as_bytes()),
+            Target::Fused(headers) => {
+                headers.add(name, value.as_bytes());
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Carries the plan out; the refusal to send if the request must not go on.
+fn apply(plan: Plan, target: &mut Target<'_>) -> Result<(), Reject> {
+    let fail = |what: &str, err: HostError, reply: &'static str| {
+        host::log(LogLevel::Error, &format!("key-auth: {what}: {err}"));
+        Reject::internal(reply)
+    };
+    for name in &plan.remove {
+        // An internal header we cannot remove could carry a spoofed identity: fail closed.
+        target.remove(name).map_err(|err| {
+            fail(
+                &format!("cannot remove header {name}"),
+                err,
+                "cannot sanitize the request",
+            )
+        })?;
     }
     if let Some(path) = &plan.path {
-        if let Err(err) = host::set_header(HeaderMap::RequestHeaders, ":path", path.as_bytes()) {
-            host::log(
-                LogLevel::Error,
-                &format!("key-auth: cannot strip the key from the path: {err}"),
-            );
-            return refuse(&Reject::internal("cannot sanitize the request"));
-        }
+        target.set(":path", path).map_err(|err| {
+            fail(
+                "cannot strip the key from the path",
+                err,
+                "cannot sanitize the request",
+            )
+        })?;
     }
     match plan.outcome {
-        Outcome::Skip => Action::Continue,
+        Outcome::Skip => Ok(()),
         Outcome::Allow { identity, .. } => {
             // Every internal header was removed above, so adding cannot leave a second value.
             for (name, value) in &identity {
-                if let Err(err) =
-                    host::add_header(HeaderMap::RequestHeaders, name, value.as_bytes())
-                {
-                    host::log(
-                        LogLevel::Error,
-                        &format!("key-auth: cannot set {name}: {err}"),
-                    );
-                    return refuse(&Reject::internal("cannot set the consumer identity"));
-                }
+                target.add(name, value).map_err(|err| {
+                    fail(
+                        &format!("cannot set {name}"),
+                        err,
+                        "cannot set the consumer identity",
+                    )
+                })?;
             }
             for (name, value) in &plan.restore {
-                if let Err(err) =
-                    host::set_header(HeaderMap::RequestHeaders, name, value.as_bytes())
-                {
-                    host::log(
-                        LogLevel::Error,
-                        &format!("key-auth: cannot restore {name} of a re-entered request: {err}"),
-                    );
-                    return refuse(&Reject::internal("cannot resume the request"));
-                }
+                target.set(name, value).map_err(|err| {
+                    fail(
+                        &format!("cannot restore {name} of a re-entered request"),
+                        err,
+                        "cannot resume the request",
+                    )
+                })?;
             }
             if let Some(ticket) = &plan.ticket {
                 // Without it a redirected request would be refused (no key): worth a log line,
@@ -220,7 +267,7 @@ fn apply(plan: Plan) -> Action {
                     );
                 }
             }
-            Action::Continue
+            Ok(())
         }
         Outcome::Deny {
             reason,
@@ -235,7 +282,7 @@ fn apply(plan: Plan) -> Action {
                     key_id.as_deref().unwrap_or("-")
                 ),
             );
-            refuse(&reject)
+            Err(reject)
         }
     }
 }
@@ -249,4 +296,52 @@ fn refuse(reject: &Reject) -> Action {
         );
     }
     Action::Pause
+}
+
+// ---------------------------------------------------------------------------------------
+// The fused filter (plugins/bundle): the same state, the first stage of its chain
+
+/// This plugin configured from its section of the fused filter's configuration.
+pub struct Fused(Rc<State>);
+
+impl Fused {
+    /// Parses the section; `None` (logged) if it is invalid.
+    pub fn configure(document: &[u8]) -> Option<Fused> {
+        let rules = host::parse_config("key-auth", document, parse_document)?;
+        Some(Fused(Rc::new(State {
+            rules,
+            metrics: Metrics::define(),
+            secret: random_secret(),
+        })))
+    }
+
+    /// The stage of one request.
+    pub fn stage(&self) -> FusedStage {
+        FusedStage(Rc::clone(&self.0))
+    }
+}
+
+/// One request's key-auth stage in the fused filter: authenticates at the request headers.
+pub struct FusedStage(Rc<State>);
+
+impl chain::Stage<chain::Exchange> for FusedStage {
+    fn headers(&mut self, x: &mut chain::Exchange, direction: Direction, _end: bool) -> Step {
+        if direction == Direction::Response {
+            return Step::Continue;
+        }
+        let plan = decide(&self.0, x.request.pairs());
+        match apply(plan, &mut Target::Fused(&mut x.request)) {
+            Ok(()) => Step::Continue,
+            Err(reject) => {
+                refuse(&reject);
+                Step::Stop
+            }
+        }
+    }
+
+    fn data(&mut self, _x: &mut chain::Exchange, _direction: Direction, _end: bool) -> Step {
+        Step::Continue
+    }
+
+    fn log(&mut self, _x: &mut chain::Exchange) {}
 }

@@ -313,6 +313,11 @@ impl Exchange {
                 .is_some_and(|c| size <= c.max_body_bytes)
     }
 
+    /// True while the request body is to be scanned: it is read whole at its end.
+    pub fn scans_request_body(&self) -> bool {
+        self.scan
+    }
+
     /// True if the response may be restored or redacted (placeholders to put back, or output
     /// rules): otherwise its headers need not be read.
     pub fn may_restore(&self) -> bool {
@@ -323,6 +328,11 @@ impl Exchange {
     /// whether the pass was superseded need not be asked.
     pub fn stashes_when_superseded(&self) -> bool {
         self.logical_id.is_some()
+    }
+
+    /// True if the response is a JSON answer, restored whole at its end.
+    pub fn restores_whole_response(&self) -> bool {
+        matches!(self.response, Response::Json)
     }
 
     /// True if the next [`Input::ResponseBody`] needs its data.
@@ -806,6 +816,7 @@ mod tests {
         let (mut worker, mut exchange) = (Worker::default(), Exchange::default());
         let (flow, commands) = request(&mut worker, &mut exchange, EMAIL_RULES, &chat_head(), BODY);
         assert_eq!(flow, Flow::Continue);
+        assert!(!exchange.scans_request_body(), "scanned once");
         // restoring needs an uncompressed answer; the body's length changes
         assert_eq!(commands[0], Command::RemoveRequestHeader("accept-encoding"));
         assert_eq!(commands[1], Command::RemoveRequestHeader("content-length"));
@@ -835,6 +846,7 @@ mod tests {
             },
         );
         assert_eq!(flow, Flow::Pause);
+        assert!(exchange.scans_request_body());
         let commands = drain(&mut exchange);
         assert!(!commands.contains(&Command::RemoveRequestHeader("content-length")));
         // a partial body is buffered, not read
@@ -1073,6 +1085,7 @@ mod tests {
             vec![Command::RemoveResponseHeader("content-length")]
         );
         assert!(!exchange.wants_response_body(false));
+        assert!(exchange.restores_whole_response());
         let part = Input::ResponseBody {
             end_of_stream: false,
             chunk: None,
@@ -1097,6 +1110,7 @@ mod tests {
         request(&mut worker, &mut exchange, EMAIL_RULES, &chat_head(), BODY);
         response_headers(&mut exchange, &mut worker, "text/event-stream", None);
         drain(&mut exchange);
+        assert!(!exchange.restores_whole_response());
         let stream: &[u8] = b"data: {\"choices\":[{\"delta\":{\"content\":\"to [EMAIL_1] ok\"}}]}\n\ndata: [DONE]\n\n";
         let (a, b) = stream.split_at(44); // inside the placeholder
         let mut out = Vec::new();

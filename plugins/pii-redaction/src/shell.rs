@@ -10,8 +10,10 @@
 
 use crate::config::{parse_document, PiiConfig};
 use crate::core::{counters, Command, Counter, Exchange, Flow, Input, Level, Worker};
+use llm_gateway_shared::chain::{self, Direction, Step};
 use llm_gateway_shared::host::{self, Buffer, HeaderMap, HostResult, LogLevel, Metric};
 use llm_gateway_shared::reentry::is_superseded;
+use llm_gateway_shared::request::RequestHead;
 use llm_gateway_shared::rules::RuleSet;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action as Next, ContextType};
@@ -106,76 +108,105 @@ struct Request {
 
 impl Context for Request {}
 
+/// Where the core's header and body edits go: the host (this plugin as its own filter), or
+/// the fused filter's exchange, which its driver writes to the host once.
+enum Target<'a> {
+    Host,
+    Fused(&'a mut chain::Exchange),
+}
+
+/// Hands `input` to the core and carries out its commands; the core's flow.
+fn drive(
+    state: Option<&State>,
+    exchange: &mut Exchange,
+    input: Input<'_>,
+    target: &mut Target<'_>,
+) -> Flow {
+    let mut fallback = Worker::default();
+    let mut flow = match state {
+        Some(state) => exchange.handle(&mut state.worker.borrow_mut(), now_ms(), input),
+        None => exchange.handle(&mut fallback, now_ms(), input),
+    };
+    while let Some(command) = exchange.poll() {
+        if let Err(err) = execute(state, &command, target) {
+            let failed = Input::Failed {
+                command,
+                error: err.to_string(),
+            };
+            let after = match state {
+                Some(state) => exchange.handle(&mut state.worker.borrow_mut(), now_ms(), failed),
+                None => exchange.handle(&mut fallback, now_ms(), failed),
+            };
+            if after != Flow::Continue {
+                flow = after;
+            }
+        }
+    }
+    flow
+}
+
+fn execute(state: Option<&State>, command: &Command, target: &mut Target<'_>) -> HostResult<()> {
+    match (command, target) {
+        (Command::RemoveRequestHeader(name), Target::Host) => {
+            host::remove_header(HeaderMap::RequestHeaders, name)
+        }
+        (Command::RemoveRequestHeader(name), Target::Fused(x)) => {
+            x.request.remove(name);
+            Ok(())
+        }
+        // held headers get the new length; otherwise `content-length` is gone already
+        (Command::ReplaceRequestBody { size, body, frame }, Target::Host) => match frame {
+            true => host::replace_request_body(*size, body),
+            false => host::set_buffer(Buffer::RequestBody, 0, *size, body),
+        },
+        (Command::RemoveResponseHeader(name), Target::Host) => {
+            host::remove_header(HeaderMap::ResponseHeaders, name)
+        }
+        (Command::RemoveResponseHeader(name), Target::Fused(x)) => {
+            x.response.remove(name);
+            Ok(())
+        }
+        (Command::ReplaceResponseBody { size, body }, Target::Host) => {
+            host::set_buffer(Buffer::ResponseBody, 0, *size, body)
+        }
+        // the fused driver writes the data back once, with the length fixed
+        (
+            Command::ReplaceRequestBody { body, .. } | Command::ReplaceResponseBody { body, .. },
+            Target::Fused(x),
+        ) => {
+            x.replace_data(body.clone());
+            Ok(())
+        }
+        (Command::Refuse(refusal), _) => host::send_reject(PLUGIN, &refusal.reject()),
+        (Command::Count(counter, delta), _) => {
+            if let Some(state) = state {
+                state.metrics.count(counter, *delta);
+            }
+            Ok(())
+        }
+        (Command::Log(level, line), _) => {
+            let level = match level {
+                Level::Info => LogLevel::Info,
+                Level::Warn => LogLevel::Warn,
+                Level::Error => LogLevel::Error,
+            };
+            host::log(level, line);
+            Ok(())
+        }
+    }
+}
+
 impl Request {
     /// Hands `input` to the core and carries out its commands; the callback's action.
     fn run(&mut self, input: Input<'_>) -> Next {
-        let mut flow = match &self.state {
-            Some(state) => {
-                let mut worker = state.worker.borrow_mut();
-                self.exchange.handle(&mut worker, now_ms(), input)
-            }
-            None => self
-                .exchange
-                .handle(&mut Worker::default(), now_ms(), input),
-        };
-        while let Some(command) = self.exchange.poll() {
-            if let Err(err) = self.execute(&command) {
-                let failed = Input::Failed {
-                    command,
-                    error: err.to_string(),
-                };
-                let after = match &self.state {
-                    Some(state) => {
-                        self.exchange
-                            .handle(&mut state.worker.borrow_mut(), now_ms(), failed)
-                    }
-                    None => self
-                        .exchange
-                        .handle(&mut Worker::default(), now_ms(), failed),
-                };
-                if after != Flow::Continue {
-                    flow = after;
-                }
-            }
-        }
-        match flow {
+        match drive(
+            self.state.as_deref(),
+            &mut self.exchange,
+            input,
+            &mut Target::Host,
+        ) {
             Flow::Continue => Next::Continue,
             Flow::Pause | Flow::Refused => Next::Pause,
-        }
-    }
-
-    fn execute(&self, command: &Command) -> HostResult<()> {
-        match command {
-            Command::RemoveRequestHeader(name) => {
-                host::remove_header(HeaderMap::RequestHeaders, name)
-            }
-            // held headers get the new length; otherwise `content-length` is gone already
-            Command::ReplaceRequestBody { size, body, frame } => match frame {
-                true => host::replace_request_body(*size, body),
-                false => host::set_buffer(Buffer::RequestBody, 0, *size, body),
-            },
-            Command::RemoveResponseHeader(name) => {
-                host::remove_header(HeaderMap::ResponseHeaders, name)
-            }
-            Command::ReplaceResponseBody { size, body } => {
-                host::set_buffer(Buffer::ResponseBody, 0, *size, body)
-            }
-            Command::Refuse(refusal) => host::send_reject(PLUGIN, &refusal.reject()),
-            Command::Count(counter, delta) => {
-                if let Some(state) = &self.state {
-                    state.metrics.count(counter, *delta);
-                }
-                Ok(())
-            }
-            Command::Log(level, line) => {
-                let level = match level {
-                    Level::Info => LogLevel::Info,
-                    Level::Warn => LogLevel::Warn,
-                    Level::Error => LogLevel::Error,
-                };
-                host::log(level, line);
-                Ok(())
-            }
         }
     }
 }
@@ -283,4 +314,166 @@ impl HttpContext for Request {
 
 fn now_ms() -> u64 {
     host::now_nanos().map_or(0, |n| n / 1_000_000)
+}
+
+// ---------------------------------------------------------------------------------------
+// The fused filter (plugins/bundle): the same state and core, one stage of its chain
+
+/// This plugin configured from its section of the fused filter's configuration (the same
+/// document its own filter takes).
+pub struct Fused(Rc<State>);
+
+impl Fused {
+    /// Parses the section; `None` (logged) if it is invalid.
+    pub fn configure(document: &[u8]) -> Option<Fused> {
+        let rules = host::parse_config("pii-redaction", document, parse_document)?;
+        let metrics = Metrics::define(&rules);
+        Some(Fused(Rc::new(State {
+            rules,
+            metrics,
+            worker: RefCell::default(),
+        })))
+    }
+
+    /// The stage of one request.
+    pub fn stage(&self) -> FusedStage {
+        FusedStage {
+            state: Rc::clone(&self.0),
+            exchange: Exchange::default(),
+        }
+    }
+}
+
+/// One request's pii-redaction stage in the fused filter.
+pub struct FusedStage {
+    state: Rc<State>,
+    exchange: Exchange,
+}
+
+impl FusedStage {
+    fn drive(&mut self, x: &mut chain::Exchange, input: Input<'_>) -> Flow {
+        drive(
+            Some(&self.state),
+            &mut self.exchange,
+            input,
+            &mut Target::Fused(x),
+        )
+    }
+}
+
+impl chain::Stage<chain::Exchange> for FusedStage {
+    fn headers(&mut self, x: &mut chain::Exchange, direction: Direction, end: bool) -> Step {
+        let flow = match direction {
+            Direction::Request => {
+                let head = RequestHead::new(x.request.pairs().to_vec());
+                let Some(config) =
+                    host::select_config(&self.state.rules, Some(&head.authority)).cloned()
+                else {
+                    return Step::Continue;
+                };
+                let input = Input::RequestHeaders {
+                    configured: true,
+                    config: Some(config),
+                    head: &head,
+                    end_of_stream: end,
+                };
+                let flow = self.drive(x, input);
+                // the body is scanned whole: the stage holds it
+                if flow != Flow::Refused && self.exchange.scans_request_body() {
+                    return Step::Buffer;
+                }
+                flow
+            }
+            Direction::Response => {
+                if end || !self.exchange.may_restore() {
+                    return Step::Continue;
+                }
+                let encoding = x.response.text("content-encoding").map(str::to_owned);
+                let content_type = x.response.text("content-type").map(str::to_owned);
+                let input = Input::ResponseHeaders {
+                    content_encoding: encoding.as_deref(),
+                    content_type: content_type.as_deref(),
+                    end_of_stream: end,
+                };
+                let flow = self.drive(x, input);
+                // a JSON answer is restored whole
+                if flow != Flow::Refused
+                    && self.exchange.wants_response_body(true)
+                    && !self.exchange.wants_response_body(false)
+                {
+                    return Step::Buffer;
+                }
+                flow
+            }
+        };
+        step(flow)
+    }
+
+    fn data(&mut self, x: &mut chain::Exchange, direction: Direction, end: bool) -> Step {
+        let flow = match direction {
+            Direction::Request => {
+                if !self.exchange.wants_request_body(x.data.len(), end) {
+                    let input = Input::RequestBody {
+                        size: x.data.len(),
+                        end_of_stream: end,
+                        body: None,
+                    };
+                    self.drive(x, input)
+                } else {
+                    let body = std::mem::take(&mut x.data);
+                    let input = Input::RequestBody {
+                        size: body.len(),
+                        end_of_stream: end,
+                        body: Some(&body),
+                    };
+                    let flow = self.drive(x, input);
+                    if !x.data_changed {
+                        x.data = body;
+                    }
+                    flow
+                }
+            }
+            Direction::Response => {
+                if !self.exchange.wants_response_body(end) {
+                    Flow::Continue
+                } else {
+                    let chunk = std::mem::take(&mut x.data);
+                    let input = Input::ResponseBody {
+                        end_of_stream: end,
+                        chunk: Some(&chunk),
+                    };
+                    let flow = self.drive(x, input);
+                    if !x.data_changed {
+                        x.data = chunk;
+                    }
+                    flow
+                }
+            }
+        };
+        step(flow)
+    }
+
+    fn log(&mut self, x: &mut chain::Exchange) {
+        if !self.exchange.stashes_when_superseded() {
+            return;
+        }
+        let details = host::property_string(&["response", "code_details"])
+            .ok()
+            .flatten();
+        self.drive(
+            x,
+            Input::Log {
+                superseded: is_superseded(details.as_deref()),
+            },
+        );
+    }
+}
+
+/// A step's answer from the core's flow (a data step that pauses holds for the whole body).
+fn step(flow: Flow) -> Step {
+    match flow {
+        Flow::Continue => Step::Continue,
+        Flow::Pause => Step::Buffer,
+        Flow::Refused => Step::Stop,
+    }
 }

@@ -186,6 +186,13 @@ impl Stage {
         self.active.is_some()
     }
 
+    /// True if the request body is read whole at its end (it may get `include_usage`).
+    pub fn holds_request_body(&self) -> bool {
+        self.active
+            .as_ref()
+            .is_some_and(|a| a.exchange.may_rewrite_body(&a.config))
+    }
+
     /// True if the next [`Input::RequestBody`] needs its data.
     pub fn wants_request_body(&self, end_of_stream: bool) -> bool {
         self.active.as_ref().is_some_and(|a| {
@@ -752,6 +759,7 @@ mod tests {
             "{commands:?}"
         );
         // a partial body is buffered, not read
+        assert!(stage.holds_request_body());
         assert!(!stage.wants_request_body(false));
         let partial = Input::RequestBody {
             size: 10,

@@ -185,6 +185,24 @@ pub fn remove_header(map: HeaderMap, name: &str) -> HostResult<()> {
     }
 }
 
+/// Writes the header edits of a fused context ([`crate::chain::Headers::take_edits`]) in
+/// order; the first failure stops and is returned with the header's name.
+pub fn write_edits(
+    map: HeaderMap,
+    edits: &[crate::chain::Edit],
+) -> Result<(), (String, HostError)> {
+    use crate::chain::Edit;
+    for edit in edits {
+        let (name, written) = match edit {
+            Edit::Set(name, value) => (name, set_header(map, name, value)),
+            Edit::Add(name, value) => (name, add_header(map, name, value)),
+            Edit::Remove(name) => (name, remove_header(map, name)),
+        };
+        written.map_err(|err| (name.clone(), err))?;
+    }
+    Ok(())
+}
+
 // ---------------------------------------------------------------------------------------
 // Buffers (bodies, configuration, call responses)
 
@@ -345,7 +363,17 @@ pub fn load_config<T>(
             return None;
         }
     };
-    match parse(&document) {
+    parse_config(plugin, &document, parse)
+}
+
+/// `document` parsed by `parse`; on error logs `"<plugin>: <why>"` and returns `None` (the
+/// fused filter's sections: each plugin's configuration, unchanged).
+pub fn parse_config<T>(
+    plugin: &str,
+    document: &[u8],
+    parse: impl FnOnce(&[u8]) -> Result<T, ConfigError>,
+) -> Option<T> {
+    match parse(document) {
         Ok(config) => Some(config),
         Err(err) => {
             log(LogLevel::Error, &format!("{plugin}: {err}"));

@@ -8,8 +8,10 @@ use crate::core::{Command, Flow, Input, Level, Lookup, Stage, Worker};
 use crate::exchange::{RouteInfo, ROUTER_PROPERTY};
 use crate::metrics::{label_suffix, values, Kind, MAX_LABEL_SETS, SERIES};
 use crate::record::Record;
+use llm_gateway_shared::chain::{self, Direction, Step};
 use llm_gateway_shared::host::{self, Buffer, HeaderMap, HostError, LogLevel, Metric};
 use llm_gateway_shared::reentry::is_superseded;
+use llm_gateway_shared::request::RequestHead;
 use llm_gateway_shared::rules::RuleSet;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType};
@@ -145,50 +147,86 @@ impl Lookup for Host {
     }
 }
 
+/// Where the core's header and body edits go: the host (this plugin as its own filter), or
+/// the fused filter's exchange, which its driver writes to the host once.
+enum Target<'a> {
+    Host,
+    Fused(&'a mut chain::Exchange),
+}
+
+/// Hands `input` to the core and carries out its commands; the core's flow.
+fn drive(state: &State, stage: &mut Stage, input: Input<'_>, target: &mut Target<'_>) -> Flow {
+    let flow = stage.handle(&mut state.worker.borrow_mut(), &mut Host, input);
+    while let Some(command) = stage.poll() {
+        if let Err(err) = execute(state, &command, target) {
+            let failed = Input::Failed {
+                command,
+                error: err.to_string(),
+            };
+            stage.handle(&mut state.worker.borrow_mut(), &mut Host, failed);
+        }
+    }
+    flow
+}
+
 impl Request {
     /// Hands `input` to the core and carries out its commands; the callback's action.
     fn run(&mut self, input: Input<'_>) -> Action {
         let Some(state) = self.state.clone() else {
             return Action::Continue;
         };
-        let flow = self
-            .stage
-            .handle(&mut state.worker.borrow_mut(), &mut Host, input);
-        while let Some(command) = self.stage.poll() {
-            if let Err(err) = execute(&state, &command) {
-                let failed = Input::Failed {
-                    command,
-                    error: err.to_string(),
-                };
-                self.stage
-                    .handle(&mut state.worker.borrow_mut(), &mut Host, failed);
-            }
-        }
-        match flow {
+        match drive(&state, &mut self.stage, input, &mut Target::Host) {
             Flow::Continue => Action::Continue,
             Flow::Pause => Action::Pause,
         }
     }
 }
 
-fn execute(state: &State, command: &Command) -> Result<(), HostError> {
-    match command {
-        Command::RemoveRequestHeader(name) => host::remove_header(HeaderMap::RequestHeaders, name),
-        Command::ReplaceRequestBody { size, body } => host::replace_request_body(*size, body),
-        Command::RemoveResponseHeader(name) => {
+fn execute(state: &State, command: &Command, target: &mut Target<'_>) -> Result<(), HostError> {
+    match (command, target) {
+        (Command::RemoveRequestHeader(name), Target::Host) => {
+            host::remove_header(HeaderMap::RequestHeaders, name)
+        }
+        (Command::RemoveRequestHeader(name), Target::Fused(x)) => {
+            x.request.remove(name);
+            Ok(())
+        }
+        (Command::ReplaceRequestBody { size, body }, Target::Host) => {
+            host::replace_request_body(*size, body)
+        }
+        (Command::RemoveResponseHeader(name), Target::Host) => {
             host::remove_header(HeaderMap::ResponseHeaders, name)
         }
-        Command::SetResponseHeader(name, value) => {
+        (Command::RemoveResponseHeader(name), Target::Fused(x)) => {
+            x.response.remove(name);
+            Ok(())
+        }
+        (Command::SetResponseHeader(name, value), Target::Host) => {
             host::set_header(HeaderMap::ResponseHeaders, name, value.as_bytes())
         }
-        Command::ReplaceResponseBody { size, body } => {
+        (Command::SetResponseHeader(name, value), Target::Fused(x)) => {
+            x.response.set(name, value.as_bytes());
+            Ok(())
+        }
+        (Command::ReplaceResponseBody { size, body }, Target::Host) => {
             host::set_buffer(Buffer::ResponseBody, 0, *size, body)
         }
-        Command::Publish {
-            record,
-            json,
-            config,
-        } => {
+        // the fused driver writes the data back once, with the length fixed
+        (
+            Command::ReplaceRequestBody { body, .. } | Command::ReplaceResponseBody { body, .. },
+            Target::Fused(x),
+        ) => {
+            x.replace_data(body.clone());
+            Ok(())
+        }
+        (
+            Command::Publish {
+                record,
+                json,
+                config,
+            },
+            _,
+        ) => {
             let published = host::set_property(&[config.filter_state.as_str()], json.as_bytes());
             if config.log_records {
                 host::log(LogLevel::Info, &format!("usage_record: {json}"));
@@ -199,7 +237,7 @@ fn execute(state: &State, command: &Command) -> Result<(), HostError> {
             }
             published
         }
-        Command::Log(level, line) => {
+        (Command::Log(level, line), _) => {
             let level = match level {
                 Level::Info => LogLevel::Info,
                 Level::Warn => LogLevel::Warn,
@@ -322,6 +360,159 @@ impl HttpContext for Request {
         self.run(Input::Log {
             superseded: is_superseded(details.as_deref()),
         });
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The fused filter (plugins/bundle): the same state and core, one stage of its chain
+
+/// This plugin configured from its section of the fused filter's configuration (the same
+/// document its own filter takes; a ledger only over HTTP to webdis: the fused filter is for
+/// plain Envoy).
+pub struct Fused(Rc<State>);
+
+impl Fused {
+    /// Parses the section; `None` (logged) if it is invalid.
+    pub fn configure(document: &[u8]) -> Option<Fused> {
+        let rules = host::parse_config("usage-accounting", document, parse_shared)?;
+        let ledger_errors = Metric::counter("llm_gateway.usage.ledger_errors").ok();
+        if !ledger::init(&rules, ledger_errors) {
+            return None;
+        }
+        Some(Fused(Rc::new(State {
+            rules,
+            series: RefCell::new(HashMap::new()),
+            ledger_errors,
+            worker: RefCell::default(),
+        })))
+    }
+
+    /// The stage of one request.
+    pub fn stage(&self) -> FusedStage {
+        FusedStage {
+            state: Rc::clone(&self.0),
+            stage: Stage::default(),
+        }
+    }
+
+    /// A webdis answer to a ledger append sent by one of this plugin's stages.
+    pub fn ledger_reply(&self, body_size: usize) {
+        ledger::http_reply(body_size, self.0.ledger_errors);
+    }
+}
+
+/// One request's usage-accounting stage in the fused filter.
+pub struct FusedStage {
+    state: Rc<State>,
+    stage: Stage,
+}
+
+impl FusedStage {
+    fn drive(&mut self, x: &mut chain::Exchange, input: Input<'_>) -> Flow {
+        drive(&self.state, &mut self.stage, input, &mut Target::Fused(x))
+    }
+}
+
+impl chain::Stage<chain::Exchange> for FusedStage {
+    fn headers(&mut self, x: &mut chain::Exchange, direction: Direction, end: bool) -> Step {
+        match direction {
+            Direction::Request => {
+                let head = RequestHead::new(x.request.pairs().to_vec());
+                let config = host::select_config(&self.state.rules, Some(&head.authority)).cloned();
+                let input = Input::RequestHeaders {
+                    config,
+                    head: &head,
+                    end_of_stream: end,
+                };
+                let flow = self.drive(x, input);
+                // a body that may get `include_usage` is read whole
+                if flow == Flow::Pause || self.stage.holds_request_body() {
+                    Step::Buffer
+                } else {
+                    Step::Continue
+                }
+            }
+            Direction::Response => {
+                if !self.stage.is_active() {
+                    return Step::Continue;
+                }
+                let status = x
+                    .response
+                    .text(":status")
+                    .and_then(|v| v.parse::<u16>().ok());
+                let content_type = x
+                    .response
+                    .text("content-type")
+                    .unwrap_or_default()
+                    .to_owned();
+                let content_length = x
+                    .response
+                    .text("content-length")
+                    .and_then(|v| v.trim().parse().ok());
+                let encoded = x
+                    .response
+                    .get("content-encoding")
+                    .is_some_and(|v| !v.is_empty() && !v.eq_ignore_ascii_case(b"identity"));
+                let input = Input::ResponseHeaders {
+                    status: status.unwrap_or(0),
+                    content_type: &content_type,
+                    content_length,
+                    encoded,
+                    end_of_stream: end,
+                };
+                match self.drive(x, input) {
+                    Flow::Continue => Step::Continue,
+                    Flow::Pause => Step::Buffer,
+                }
+            }
+        }
+    }
+
+    fn data(&mut self, x: &mut chain::Exchange, direction: Direction, end: bool) -> Step {
+        if !self.stage.is_active() {
+            return Step::Continue;
+        }
+        let wants = match direction {
+            Direction::Request => self.stage.wants_request_body(end),
+            Direction::Response => self.stage.wants_response_body(end),
+        };
+        let data = std::mem::take(&mut x.data);
+        let body = wants.then_some(data.as_slice());
+        let input = match direction {
+            Direction::Request => Input::RequestBody {
+                size: data.len(),
+                end_of_stream: end,
+                body,
+            },
+            Direction::Response => Input::ResponseBody {
+                size: data.len(),
+                end_of_stream: end,
+                body,
+            },
+        };
+        let flow = self.drive(x, input);
+        if !x.data_changed {
+            x.data = data;
+        }
+        match flow {
+            Flow::Continue => Step::Continue,
+            Flow::Pause => Step::Buffer,
+        }
+    }
+
+    fn log(&mut self, x: &mut chain::Exchange) {
+        if !self.stage.is_active() {
+            return;
+        }
+        let details = host::property_string(&["response", "code_details"])
+            .ok()
+            .flatten();
+        self.drive(
+            x,
+            Input::Log {
+                superseded: is_superseded(details.as_deref()),
+            },
+        );
     }
 }
 

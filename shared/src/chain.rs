@@ -151,6 +151,20 @@ impl Engine {
         self.cursor(direction).waiting
     }
 
+    /// True if the next data of `direction` (`end_of_stream`: the last) is looked at: the
+    /// driver reads it from the host only then (a chunk while the direction streams, the whole
+    /// body at the end of a hold).
+    pub fn wants_data(&self, direction: Direction, end_of_stream: bool) -> bool {
+        let cursor = self.cursor(direction);
+        !self.stopped
+            && !cursor.waiting
+            && match cursor.regime {
+                Regime::Stream => true,
+                Regime::Hold => end_of_stream,
+                Regime::Headers | Regime::Whole | Regime::Done => false,
+            }
+    }
+
     /// True once every stage continued `direction`'s headers: the driver writes the header
     /// edits to the host before the callback continues (after that they cannot change).
     pub fn headers_done(&self, direction: Direction) -> bool {
@@ -174,7 +188,7 @@ impl Engine {
     /// The headers of `direction` arrived.
     pub fn headers<X>(
         &mut self,
-        stages: &mut [&mut dyn Stage<X>],
+        stages: &mut [Box<dyn Stage<X>>],
         x: &mut X,
         direction: Direction,
         end_of_stream: bool,
@@ -188,7 +202,7 @@ impl Engine {
     /// once a stage held.
     pub fn data<X>(
         &mut self,
-        stages: &mut [&mut dyn Stage<X>],
+        stages: &mut [Box<dyn Stage<X>>],
         x: &mut X,
         direction: Direction,
         end_of_stream: bool,
@@ -217,7 +231,7 @@ impl Engine {
     /// stream.
     pub fn resume<X>(
         &mut self,
-        stages: &mut [&mut dyn Stage<X>],
+        stages: &mut [Box<dyn Stage<X>>],
         x: &mut X,
         direction: Direction,
         step: Step,
@@ -237,7 +251,7 @@ impl Engine {
     }
 
     /// `on_log`: every stage in chain order.
-    pub fn log<X>(&mut self, stages: &mut [&mut dyn Stage<X>], x: &mut X) {
+    pub fn log<X>(&mut self, stages: &mut [Box<dyn Stage<X>>], x: &mut X) {
         for stage in stages.iter_mut() {
             stage.log(x);
         }
@@ -284,7 +298,7 @@ impl Engine {
     /// Runs steps until a stage holds or waits, or every stage went on.
     fn run<X>(
         &mut self,
-        stages: &mut [&mut dyn Stage<X>],
+        stages: &mut [Box<dyn Stage<X>>],
         x: &mut X,
         direction: Direction,
     ) -> Outcome {
@@ -334,6 +348,120 @@ impl Engine {
                 return outcome;
             }
         }
+    }
+}
+
+/// One header edit, in the order the stages made them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Edit {
+    /// Replace every value of the header with this one (add it if absent).
+    Set(String, Vec<u8>),
+    /// Add a value.
+    Add(String, Vec<u8>),
+    /// Remove every value.
+    Remove(String),
+}
+
+/// Headers as the stages of one context see them: read from the host once, edited in memory
+/// (each stage sees what the stages before it changed), the edits written to the host once.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Headers {
+    pairs: Vec<(String, Vec<u8>)>,
+    edits: Vec<Edit>,
+}
+
+impl Headers {
+    /// The headers as the host listed them.
+    pub fn new(pairs: Vec<(String, Vec<u8>)>) -> Headers {
+        Headers {
+            pairs,
+            edits: Vec::new(),
+        }
+    }
+
+    /// Every header now, in order.
+    pub fn pairs(&self) -> &[(String, Vec<u8>)] {
+        &self.pairs
+    }
+
+    /// The first value of `name` (lowercase).
+    pub fn get(&self, name: &str) -> Option<&[u8]> {
+        self.pairs
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_slice())
+    }
+
+    /// The first value of `name` when it is UTF-8.
+    pub fn text(&self, name: &str) -> Option<&str> {
+        self.get(name).and_then(|v| std::str::from_utf8(v).ok())
+    }
+
+    /// Replaces every value of `name` with `value`.
+    pub fn set(&mut self, name: &str, value: &[u8]) {
+        match self.pairs.iter().position(|(n, _)| n == name) {
+            Some(first) => {
+                if let Some(pair) = self.pairs.get_mut(first) {
+                    pair.1 = value.to_vec();
+                }
+                let mut index = 0;
+                self.pairs.retain(|(n, _)| {
+                    let keep = index <= first || n != name;
+                    index += 1;
+                    keep
+                });
+            }
+            None => self.pairs.push((name.to_string(), value.to_vec())),
+        }
+        self.edits.push(Edit::Set(name.to_string(), value.to_vec()));
+    }
+
+    /// Adds a value of `name`.
+    pub fn add(&mut self, name: &str, value: &[u8]) {
+        self.pairs.push((name.to_string(), value.to_vec()));
+        self.edits.push(Edit::Add(name.to_string(), value.to_vec()));
+    }
+
+    /// Removes every value of `name`.
+    pub fn remove(&mut self, name: &str) {
+        let before = self.pairs.len();
+        self.pairs.retain(|(n, _)| n != name);
+        if self.pairs.len() != before {
+            self.edits.push(Edit::Remove(name.to_string()));
+        }
+    }
+
+    /// The edits not yet written to the host, in order (and forgets them).
+    pub fn take_edits(&mut self) -> Vec<Edit> {
+        std::mem::take(&mut self.edits)
+    }
+
+    /// True if some edit waits to be written.
+    pub fn edited(&self) -> bool {
+        !self.edits.is_empty()
+    }
+}
+
+/// What the stages of one HTTP context share: the request and response headers, and the data
+/// of the step being taken.
+#[derive(Debug, Clone, Default)]
+pub struct Exchange {
+    /// The request headers.
+    pub request: Headers,
+    /// The response headers.
+    pub response: Headers,
+    /// The data of the current step: a chunk while a direction streams, the whole body once a
+    /// stage held. A stage that changes it sets `data_changed`.
+    pub data: Vec<u8>,
+    /// The data differs from what the host holds: the driver writes it back.
+    pub data_changed: bool,
+}
+
+impl Exchange {
+    /// Replaces the current data.
+    pub fn replace_data(&mut self, data: Vec<u8>) {
+        self.data = data;
+        self.data_changed = true;
     }
 }
 
@@ -401,13 +529,13 @@ mod tests {
     }
 
     fn run(
-        stages: &mut [Scripted],
-        f: impl FnOnce(&mut Engine, &mut [&mut dyn Stage<Trace>], &mut Trace),
+        stages: &mut Vec<Scripted>,
+        f: impl FnOnce(&mut Engine, &mut [Box<dyn Stage<Trace>>], &mut Trace),
     ) -> Trace {
         let mut engine = Engine::new(stages.len());
-        let mut refs: Vec<&mut dyn Stage<Trace>> = stages
-            .iter_mut()
-            .map(|s| s as &mut dyn Stage<Trace>)
+        let mut refs: Vec<Box<dyn Stage<Trace>>> = std::mem::take(stages)
+            .into_iter()
+            .map(|s| Box::new(s) as Box<dyn Stage<Trace>>)
             .collect();
         let mut trace = Trace::new();
         f(&mut engine, &mut refs, &mut trace);
@@ -418,7 +546,7 @@ mod tests {
 
     #[test]
     fn a_stage_that_holds_runs_on_the_whole_body_before_the_next_one_sees_headers() {
-        let mut stages = [
+        let mut stages = vec![
             Scripted::new("auth"),
             Scripted::new("router").headers(&[Step::Buffer]),
             Scripted::new("pii").headers(&[Step::Buffer]),
@@ -427,6 +555,9 @@ mod tests {
         let trace = run(&mut stages, |engine, stages, x| {
             assert_eq!(engine.headers(stages, x, Request, false), Outcome::Pause);
             assert!(!engine.headers_done(Request));
+            // only the end of the held body is read
+            assert!(!engine.wants_data(Request, false));
+            assert!(engine.wants_data(Request, true));
             // chunks are buffered by the host: nobody looks at them yet
             assert_eq!(engine.data(stages, x, Request, false), Outcome::Pause);
             x.push("--- end of body".into());
@@ -452,10 +583,11 @@ mod tests {
 
     #[test]
     fn without_a_hold_chunks_stream_through_every_stage() {
-        let mut stages = [Scripted::new("a"), Scripted::new("b")];
+        let mut stages = vec![Scripted::new("a"), Scripted::new("b")];
         let trace = run(&mut stages, |engine, stages, x| {
             assert_eq!(engine.headers(stages, x, Request, false), Outcome::Continue);
             assert!(engine.headers_done(Request));
+            assert!(engine.wants_data(Request, false));
             assert_eq!(engine.data(stages, x, Request, false), Outcome::Continue);
             assert_eq!(engine.data(stages, x, Request, true), Outcome::Continue);
         });
@@ -474,7 +606,7 @@ mod tests {
 
     #[test]
     fn a_request_without_body_takes_header_steps_only_and_buffer_means_nothing() {
-        let mut stages = [
+        let mut stages = vec![
             Scripted::new("a").headers(&[Step::Buffer]),
             Scripted::new("b"),
         ];
@@ -487,7 +619,7 @@ mod tests {
 
     #[test]
     fn the_response_runs_in_reverse_order_and_streams() {
-        let mut stages = [
+        let mut stages = vec![
             Scripted::new("router"),
             Scripted::new("pii"),
             Scripted::new("usage"),
@@ -523,7 +655,7 @@ mod tests {
     #[test]
     fn a_held_response_reaches_later_stages_whole() {
         // usage holds the response headers to add the cost headers
-        let mut stages = [
+        let mut stages = vec![
             Scripted::new("pii"),
             Scripted::new("usage").headers(&[Step::Buffer]),
         ];
@@ -545,7 +677,7 @@ mod tests {
 
     #[test]
     fn a_waiting_stage_holds_everything_until_resumed() {
-        let mut stages = [
+        let mut stages = vec![
             Scripted::new("router").headers(&[Step::Buffer]),
             Scripted::new("ratelimit").data(&[Step::Wait]),
             Scripted::new("after"),
@@ -554,6 +686,7 @@ mod tests {
             engine.headers(stages, x, Request, false);
             assert_eq!(engine.data(stages, x, Request, true), Outcome::Pause);
             assert!(engine.waiting(Request));
+            assert!(!engine.wants_data(Request, true));
             // more host callbacks while the reply is out change nothing
             assert_eq!(engine.data(stages, x, Request, true), Outcome::Pause);
             x.push("--- reply".into());
@@ -584,7 +717,7 @@ mod tests {
 
     #[test]
     fn a_wait_at_a_header_step_and_a_refusal_after_it() {
-        let mut stages = [
+        let mut stages = vec![
             Scripted::new("a").headers(&[Step::Wait]),
             Scripted::new("b"),
         ];
@@ -601,7 +734,7 @@ mod tests {
 
     #[test]
     fn a_stop_ends_every_later_step_but_log() {
-        let mut stages = [
+        let mut stages = vec![
             Scripted::new("auth").headers(&[Step::Stop]),
             Scripted::new("router"),
         ];
@@ -616,7 +749,7 @@ mod tests {
 
     #[test]
     fn a_wait_on_a_streamed_chunk_resumes_with_the_next_stage() {
-        let mut stages = [Scripted::new("a").data(&[Step::Wait]), Scripted::new("b")];
+        let mut stages = vec![Scripted::new("a").data(&[Step::Wait]), Scripted::new("b")];
         let trace = run(&mut stages, |engine, stages, x| {
             engine.headers(stages, x, Request, false);
             assert_eq!(engine.data(stages, x, Request, false), Outcome::Pause);
@@ -642,7 +775,7 @@ mod tests {
     #[test]
     fn a_hold_after_the_body_is_whole_runs_its_data_step_at_once() {
         // the second hold comes after the first one: the body is complete by then
-        let mut stages = [
+        let mut stages = vec![
             Scripted::new("a").headers(&[Step::Buffer]),
             Scripted::new("b").headers(&[Step::Buffer]),
         ];
@@ -659,5 +792,47 @@ mod tests {
                 "b req data end",
             ]
         );
+    }
+
+    #[test]
+    fn header_edits_are_seen_at_once_and_written_in_order() {
+        let mut headers = Headers::new(vec![
+            (":path".into(), b"/v1/chat/completions".to_vec()),
+            ("x-llm-consumer".into(), b"spoofed".to_vec()),
+            ("accept".into(), b"a".to_vec()),
+            ("accept".into(), b"b".to_vec()),
+        ]);
+        headers.remove("x-llm-consumer");
+        headers.add("x-llm-consumer", b"team-a");
+        headers.set("accept", b"c");
+        headers.set("x-llm-model-group", b"fast");
+        assert_eq!(headers.text("x-llm-consumer"), Some("team-a"));
+        assert_eq!(headers.get("accept"), Some(&b"c"[..]));
+        assert_eq!(
+            headers
+                .pairs()
+                .iter()
+                .filter(|(n, _)| n == "accept")
+                .count(),
+            1
+        );
+        assert_eq!(headers.text("x-llm-model-group"), Some("fast"));
+        assert!(headers.edited());
+        assert_eq!(
+            headers.take_edits(),
+            [
+                Edit::Remove("x-llm-consumer".into()),
+                Edit::Add("x-llm-consumer".into(), b"team-a".to_vec()),
+                Edit::Set("accept".into(), b"c".to_vec()),
+                Edit::Set("x-llm-model-group".into(), b"fast".to_vec()),
+            ]
+        );
+        assert!(!headers.edited());
+        // removing what is not there writes nothing
+        headers.remove("x-absent");
+        assert!(headers.take_edits().is_empty());
+        let mut x = Exchange::default();
+        x.replace_data(b"new".to_vec());
+        assert!(x.data_changed);
     }
 }
