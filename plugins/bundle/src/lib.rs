@@ -22,7 +22,10 @@
     )
 )]
 
+pub mod fused_config;
 pub mod roots;
 
+#[cfg(target_arch = "wasm32")]
+mod fused;
 #[cfg(target_arch = "wasm32")]
 mod shell;

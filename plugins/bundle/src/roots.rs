@@ -13,19 +13,22 @@ pub enum Plugin {
     UsageAccounting,
     /// `plugins/token-ratelimit` (with the tokenizer).
     TokenRatelimit,
+    /// The fused filter: every plugin's stage in one filter context ([`crate::fused_config`]).
+    Fused,
 }
 
 /// The root ids the bundle knows and the plugin each one selects: the root ids of
 /// `envoy-config/gateway.yaml`, in chain order. `model-router-upstream` is the router's
 /// upstream filter; like the standalone module, the router takes its role from its
 /// configuration's `"role"`, not from the root id.
-pub const ROOT_IDS: [(&str, Plugin); 6] = [
+pub const ROOT_IDS: [(&str, Plugin); 7] = [
     ("key-auth", Plugin::KeyAuth),
     ("model-router", Plugin::ModelRouter),
     ("model-router-upstream", Plugin::ModelRouter),
     ("pii-redaction", Plugin::PiiRedaction),
     ("usage-accounting", Plugin::UsageAccounting),
     ("token-ratelimit", Plugin::TokenRatelimit),
+    ("llm-gateway", Plugin::Fused),
 ];
 
 /// Longest root id quoted in a log line (a root id is the operator's, not a secret, but a log
@@ -73,6 +76,7 @@ mod tests {
         assert_eq!(plugin("pii-redaction"), Some(Plugin::PiiRedaction));
         assert_eq!(plugin("usage-accounting"), Some(Plugin::UsageAccounting));
         assert_eq!(plugin("token-ratelimit"), Some(Plugin::TokenRatelimit));
+        assert_eq!(plugin("llm-gateway"), Some(Plugin::Fused));
     }
 
     #[test]

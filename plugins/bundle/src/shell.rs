@@ -22,6 +22,7 @@ fn root_context(context_id: u32) -> Box<dyn RootContext> {
         Some(Plugin::PiiRedaction) => pii_redaction::root_context(context_id),
         Some(Plugin::UsageAccounting) => usage_accounting::root_context(context_id),
         Some(Plugin::TokenRatelimit) => token_ratelimit::root_context(context_id),
+        Some(Plugin::Fused) => Box::<crate::fused::Root>::default(),
         None => Box::new(Unknown { root_id }),
     }
 }
