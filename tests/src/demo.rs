@@ -23,11 +23,14 @@ pub const CONFIG: &str = "gateway.yaml";
 /// internal redirect.
 pub const CONFIG_136: &str = "gateway-1.36.yaml";
 
-/// The bootstrap the fixtures' Envoy takes: [`CONFIG_136`] under `LLM_GATEWAY_ENVOY=1.36`,
-/// else [`CONFIG`].
+/// The bootstrap the fixtures' Envoy takes: [`CONFIG_136`] under `LLM_GATEWAY_ENVOY=1.36`;
+/// the fused build's (`gateway-fused.yaml`, [`crate::fused::CONFIG`]) under
+/// `LLM_GATEWAY_FORM=fused`; else [`CONFIG`].
 pub fn config() -> &'static str {
     if crate::workspace::envoy_136() {
         CONFIG_136
+    } else if std::env::var("LLM_GATEWAY_FORM").is_ok_and(|form| form == "fused") {
+        crate::fused::CONFIG
     } else {
         CONFIG
     }

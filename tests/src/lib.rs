@@ -31,6 +31,7 @@ pub mod bench;
 pub mod bundle;
 pub mod demo;
 pub mod envoy;
+pub mod fused;
 #[cfg(feature = "harness")]
 pub mod harness;
 pub mod http;
