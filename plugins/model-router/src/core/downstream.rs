@@ -171,7 +171,7 @@ impl Core {
         let allowed = header_string(view, headers::GROUPS);
         match models::answer(config, listing, allowed.as_deref(), self.configured_at) {
             Ok(body) => {
-                self.count("models_answered".to_string());
+                self.count("models_answered");
                 self.push(
                     super::Command::Reply {
                         status: 200,
@@ -241,12 +241,12 @@ impl Core {
                         on_failure,
                     );
                 }
-                self.set_header(Map::Request, "x-api-key", credential, on_failure);
+                self.set_header(Map::Request, "x-api-key", credential.as_str(), on_failure);
             }
             Provider::Openai | Provider::OpenaiCompatible => self.set_header(
                 Map::Request,
                 "authorization",
-                &format!("Bearer {credential}"),
+                format!("Bearer {credential}"),
                 on_failure,
             ),
         }
@@ -372,13 +372,13 @@ impl Core {
             self.set_header(
                 Map::Request,
                 MAX_RETRIES_HEADER,
-                &plan.deployments.len().saturating_sub(1).to_string(),
+                plan.deployments.len().saturating_sub(1).to_string(),
                 must,
             );
             for (slot, index) in plan.deployments.iter().enumerate() {
                 if let Some(deployment) = config.deployments.get(*index) {
                     self.set_property(
-                        &try_property(slot),
+                        try_property(slot),
                         deployment.cluster.as_bytes().to_vec(),
                         must,
                     );
@@ -494,7 +494,7 @@ impl Core {
         );
         self.set_property(ROUTE_PROPERTY, info.to_json(), must);
         self.push(super::Command::ClearRouteCache, must);
-        self.count("fallbacks".to_string());
+        self.count("fallbacks");
         self.log(
             Level::Info,
             format!(
@@ -613,7 +613,7 @@ impl Core {
                 routed.group = switched.group;
                 routed.deployments = switched.deployments;
                 routed.switched_to = Some(taken);
-                self.count("budget_fallbacks".to_string());
+                self.count("budget_fallbacks");
             }
         }
         let attempts = routed
@@ -632,14 +632,24 @@ impl Core {
             .and_then(|s| s.parse::<u16>().ok());
         let note = OnFailure::Log(Level::Warn, "cannot change a response header");
         self.remove_header(Map::Response, FALLBACK_HEADER, note);
-        self.set_header(Map::Response, headers::MODEL_GROUP, &routed.group, note);
-        self.set_header(Map::Response, ATTEMPTS, &attempts.to_string(), note);
-        self.set_header(Map::Response, ROUTE_VERSION, &config.version, note);
+        self.set_header(
+            Map::Response,
+            headers::MODEL_GROUP,
+            routed.group.as_str(),
+            note,
+        );
+        self.set_header(Map::Response, ATTEMPTS, attempts.to_string(), note);
+        self.set_header(Map::Response, ROUTE_VERSION, config.version.as_str(), note);
         if let Some(group) = &routed.switched_to {
-            self.set_header(Map::Response, BUDGET_FALLBACK_HEADER, group, note);
+            self.set_header(Map::Response, BUDGET_FALLBACK_HEADER, group.as_str(), note);
         }
         if let Some(deployment) = served {
-            self.set_header(Map::Response, headers::DEPLOYMENT, &deployment.name, note);
+            self.set_header(
+                Map::Response,
+                headers::DEPLOYMENT,
+                deployment.name.as_str(),
+                note,
+            );
             // Attempt k went to the plan's k-th deployment (the route's slot k-1).
             let tried = routed
                 .deployments
@@ -674,7 +684,7 @@ impl Core {
             // superseded pass is told from the one that answers
             pass.status = status;
             if attempts > 1 {
-                self.count("fallbacks.answered".to_string());
+                self.count("fallbacks.answered");
             }
             return Some(status);
         }
@@ -694,7 +704,7 @@ impl Core {
             }
         }
         if attempts > 1 {
-            self.count("fallbacks".to_string());
+            self.count("fallbacks");
         }
         Some(status)
     }
@@ -772,7 +782,7 @@ impl Core {
                 Level::Warn,
                 "stream ended without its terminator: error event sent".to_string(),
             );
-            self.count("stream_interrupted".to_string());
+            self.count("stream_interrupted");
         }
         Flow::Continue
     }

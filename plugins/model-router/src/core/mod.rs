@@ -31,8 +31,10 @@ use crate::config::{Role, RouterConfig};
 use crate::ids::IdSource;
 use llm_gateway_shared::reject::Reject;
 use llm_gateway_shared::rules::{MatchInput, RuleSet};
+use std::borrow::Cow;
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::rc::Rc;
 
 pub use breakers::{Store, StoreError};
@@ -45,6 +47,36 @@ pub const PLUGIN: &str = "model_router";
 /// Envoy runs them in one VM per worker; the deployments are configured once, in the
 /// listener's document).
 pub type ListenerRules = Rc<RefCell<Option<Rc<RuleSet<RouterConfig>>>>>;
+
+/// A header, property or metric name: nearly always a constant, so no allocation.
+pub type Name = Cow<'static, str>;
+
+/// Hashes a context id with one multiplication (std's SipHash costs more than the rest of a
+/// streamed event's callback). Context ids come from the host, not from a client: nothing to
+/// defend against flooding.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct ContextIdHasher(u64);
+
+const GOLDEN: u64 = 0x9e37_79b9_7f4a_7c15;
+
+impl Hasher for ContextIdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for byte in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(*byte)).wrapping_mul(GOLDEN);
+        }
+    }
+
+    fn write_u32(&mut self, n: u32) {
+        self.0 = (self.0 ^ u64::from(n)).wrapping_mul(GOLDEN);
+    }
+}
+
+/// Per-request state by context id.
+pub(crate) type ByContext<V> = HashMap<u32, V, BuildHasherDefault<ContextIdHasher>>;
 
 /// A header map.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -154,7 +186,7 @@ pub enum Command {
         /// Request or response headers.
         map: Map,
         /// Lowercase name.
-        name: String,
+        name: Name,
         /// Value.
         value: Vec<u8>,
     },
@@ -163,7 +195,7 @@ pub enum Command {
         /// Request or response headers.
         map: Map,
         /// Lowercase name.
-        name: String,
+        name: Name,
     },
     /// Replace the whole request body (`size` bytes) and keep `content-length` true when the
     /// request has one (`host::replace_request_body`).
@@ -186,7 +218,7 @@ pub enum Command {
     /// Filter state `wasm.<name>`.
     SetProperty {
         /// One path segment.
-        name: String,
+        name: Name,
         /// Value.
         value: Vec<u8>,
     },
@@ -213,7 +245,7 @@ pub enum Command {
     /// Refuse with the OpenAI-shaped error (`host::send_reject`).
     Refuse(Reject),
     /// Add one to counter `llm_gateway.model_router.<name>`.
-    Count(String),
+    Count(Name),
     /// Log a line (never a credential, a key or a prompt).
     Log(Level, String),
 }
@@ -250,8 +282,8 @@ pub struct Core {
     configured_at: u64,
     ids: IdSource,
     listener: ListenerRules,
-    downstream: HashMap<u32, downstream::Exchange>,
-    upstream: HashMap<u32, upstream::Attempt>,
+    downstream: ByContext<downstream::Exchange>,
+    upstream: ByContext<upstream::Attempt>,
     queue: VecDeque<Effect>,
 }
 
@@ -265,8 +297,8 @@ impl Core {
             configured_at: 0,
             ids: IdSource::new(seed),
             listener,
-            downstream: HashMap::new(),
-            upstream: HashMap::new(),
+            downstream: ByContext::default(),
+            upstream: ByContext::default(),
             queue: VecDeque::new(),
         }
     }
@@ -384,8 +416,8 @@ impl Core {
         self.push(Command::Log(level, message), OnFailure::Ignore);
     }
 
-    fn count(&mut self, name: String) {
-        self.push(Command::Count(name), OnFailure::Ignore);
+    fn count(&mut self, name: impl Into<Name>) {
+        self.push(Command::Count(name.into()), OnFailure::Ignore);
     }
 
     /// Refuses with `reject`: counted, sent, the callback pauses.
@@ -398,31 +430,37 @@ impl Core {
         Flow::Pause
     }
 
-    fn set_header(&mut self, map: Map, name: &str, value: &str, on_failure: OnFailure) {
+    fn set_header(
+        &mut self,
+        map: Map,
+        name: impl Into<Name>,
+        value: impl Into<Vec<u8>>,
+        on_failure: OnFailure,
+    ) {
         self.push(
             Command::SetHeader {
                 map,
-                name: name.to_string(),
-                value: value.as_bytes().to_vec(),
+                name: name.into(),
+                value: value.into(),
             },
             on_failure,
         );
     }
 
-    fn remove_header(&mut self, map: Map, name: &str, on_failure: OnFailure) {
+    fn remove_header(&mut self, map: Map, name: impl Into<Name>, on_failure: OnFailure) {
         self.push(
             Command::RemoveHeader {
                 map,
-                name: name.to_string(),
+                name: name.into(),
             },
             on_failure,
         );
     }
 
-    fn set_property(&mut self, name: &str, value: Vec<u8>, on_failure: OnFailure) {
+    fn set_property(&mut self, name: impl Into<Name>, value: Vec<u8>, on_failure: OnFailure) {
         self.push(
             Command::SetProperty {
-                name: name.to_string(),
+                name: name.into(),
                 value,
             },
             on_failure,

@@ -75,7 +75,7 @@ impl Core {
             Ok(all) => {
                 for (name, _) in all {
                     if name.starts_with("x-envoy-") {
-                        self.remove_header(Map::Request, &name, on_failure);
+                        self.remove_header(Map::Request, name, on_failure);
                     }
                 }
             }
@@ -242,7 +242,7 @@ impl Core {
                 "context_length_exceeded",
                 OnFailure::Log(Level::Error, "cannot mark a context-length error"),
             );
-            self.count("context_length_fallbacks".to_string());
+            self.count("context_length_fallbacks");
         }
         Flow::Continue
     }
