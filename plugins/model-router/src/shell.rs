@@ -69,6 +69,7 @@ impl RootContext for Root {
         Some(Box::new(Exchange {
             core: Rc::clone(&self.core),
             id: context_id,
+            skip_response_body: false,
         }))
     }
 
@@ -81,10 +82,12 @@ impl RootContext for Root {
 struct Exchange {
     core: Rc<RefCell<Core>>,
     id: u32,
+    /// The core said it would ignore the rest of the response body ([`Flow`]).
+    skip_response_body: bool,
 }
 
 impl Exchange {
-    fn run(&self, input: Input) -> Action {
+    fn run(&mut self, input: Input) -> Action {
         let flow = match self.core.try_borrow_mut() {
             Ok(mut core) => core.handle(self.id, input, &HostView, &HostStore),
             Err(_) => {
@@ -98,6 +101,10 @@ impl Exchange {
         match drain(&self.core, self.id, flow) {
             Flow::Continue => Action::Continue,
             Flow::Pause => Action::Pause,
+            Flow::ContinueSkipResponseBody => {
+                self.skip_response_body = true;
+                Action::Continue
+            }
         }
     }
 }
@@ -129,6 +136,9 @@ impl HttpContext for Exchange {
     }
 
     fn on_http_response_body(&mut self, size: usize, end_of_stream: bool) -> Action {
+        if self.skip_response_body {
+            return Action::Continue;
+        }
         self.run(Input::ResponseBody {
             size,
             end_of_stream,

@@ -579,7 +579,7 @@ impl Core {
             .get_mut(&context)
             .and_then(|e| e.routed.take())
         else {
-            return Flow::Continue;
+            return Flow::ContinueSkipResponseBody;
         };
         let rules = Rc::clone(&routed.rules);
         let flow = match rules.configs().nth(routed.config_index) {
@@ -587,13 +587,13 @@ impl Core {
             None => None,
         };
         let Some(exchange) = self.downstream.get_mut(&context) else {
-            return Flow::Continue;
+            return Flow::ContinueSkipResponseBody;
         };
         exchange.routed = Some(routed);
-        if let Some(status) = flow {
-            self.watch_stream(context, status, view);
+        match flow {
+            Some(status) if self.watch_stream(context, status, view) => Flow::Continue,
+            _ => Flow::ContinueSkipResponseBody,
         }
-        Flow::Continue
     }
 
     /// The response of a routed request: follows a budget switch, adds the `x-llm-*` headers,
@@ -727,7 +727,8 @@ impl Core {
     }
 
     /// Guards a 200 event stream: it gets an error event if it ends without its terminator.
-    fn watch_stream(&mut self, context: u32, status: Option<u16>, view: &dyn View) {
+    /// True if guarded.
+    fn watch_stream(&mut self, context: u32, status: Option<u16>, view: &dyn View) -> bool {
         let event_stream = view
             .response_header("content-type")
             .and_then(|v| String::from_utf8(v).ok())
@@ -741,8 +742,10 @@ impl Core {
             );
             if let Some(exchange) = self.downstream.get_mut(&context) {
                 exchange.watcher = Some(StreamWatcher::default());
+                return true;
             }
         }
+        false
     }
 
     fn response_body(
@@ -753,11 +756,11 @@ impl Core {
         view: &dyn View,
     ) -> Flow {
         let Some(exchange) = self.downstream.get_mut(&context) else {
-            return Flow::Continue;
+            return Flow::ContinueSkipResponseBody;
         };
         let anthropic = exchange.routed.as_ref().is_some_and(|r| r.anthropic_api);
         let Some(watcher) = exchange.watcher.as_mut() else {
-            return Flow::Continue;
+            return Flow::ContinueSkipResponseBody;
         };
         if size > 0 {
             if let Some(chunk) = view.response_body(size) {
@@ -767,7 +770,7 @@ impl Core {
         if watcher.finished() {
             // the terminator went by: nothing later can cut this stream short
             exchange.watcher = None;
-            return Flow::Continue;
+            return Flow::ContinueSkipResponseBody;
         }
         if end_of_stream {
             exchange.watcher = None;
@@ -783,6 +786,7 @@ impl Core {
                 "stream ended without its terminator: error event sent".to_string(),
             );
             self.count("stream_interrupted");
+            return Flow::ContinueSkipResponseBody;
         }
         Flow::Continue
     }

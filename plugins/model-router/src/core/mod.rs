@@ -176,6 +176,10 @@ pub enum Flow {
     Continue,
     /// Hold them (more body to come, or a local reply was sent).
     Pause,
+    /// Let them go on; and the core would ignore every later response-body event of this
+    /// request (no stream to guard, no error body to classify), so the driver need not feed
+    /// them (it still feeds [`Input::Log`]). Saves a lookup per streamed event.
+    ContinueSkipResponseBody,
 }
 
 /// One thing for the driver to do.

@@ -204,7 +204,7 @@ impl Core {
     fn attempt_response(&mut self, context: u32, end_of_stream: bool, view: &dyn View) -> Flow {
         self.publish_answer(context, view);
         let Some(attempt) = self.upstream.get_mut(&context) else {
-            return Flow::Continue;
+            return Flow::ContinueSkipResponseBody;
         };
         let status = view.response_header(":status");
         if status.as_deref() == Some(b"400".as_slice()) && attempt.has_next && !end_of_stream {
@@ -212,7 +212,7 @@ impl Core {
             attempt.inspecting = true;
             return Flow::Pause;
         }
-        Flow::Continue
+        Flow::ContinueSkipResponseBody
     }
 
     fn attempt_response_body(
@@ -223,10 +223,10 @@ impl Core {
         view: &dyn View,
     ) -> Flow {
         let Some(attempt) = self.upstream.get_mut(&context) else {
-            return Flow::Continue;
+            return Flow::ContinueSkipResponseBody;
         };
         if !attempt.inspecting {
-            return Flow::Continue;
+            return Flow::ContinueSkipResponseBody;
         }
         if !end_of_stream && size < MAX_ERROR_BODY {
             return Flow::Pause;
@@ -244,6 +244,6 @@ impl Core {
             );
             self.count("context_length_fallbacks");
         }
-        Flow::Continue
+        Flow::ContinueSkipResponseBody
     }
 }
