@@ -1,8 +1,8 @@
 //! The router's sans-I/O core: every decision of both roles, with no host call.
 //!
-//! Shaped like quinn-proto's `Connection`: the driver (the proxy-wasm [`crate`] shell, or a
+//! Shaped like quinn-proto's `Connection`: the driver (the proxy-wasm shell, or a
 //! fused filter running several plugins' cores) feeds one event at a time into
-//! [`Core::handle`] with the clock as an argument, then drains [`Core::poll`] and carries out
+//! [`Core::handle`] (the host's data, the clock included, behind a [`View`]), then drains [`Core::poll`] and carries out
 //! each [`Effect`] in order: set or remove a header, replace the body, publish filter state,
 //! clear the route cache, refuse, answer locally, count a metric, log a line. An effect whose
 //! failure changes the outcome names what the core does then ([`OnFailure`]); the driver hands
@@ -19,6 +19,21 @@
 //!
 //! One core serves every request of a root context: per-request state is keyed by the HTTP
 //! context id, and [`Core::forget`] drops it when the context goes.
+//!
+//! A driver's loop for one callback (the shell's `Exchange::run` and `drain`):
+//!
+//! ```text
+//! let mut flow = core.handle(context, input, &view, &store);
+//! while let Some(Effect { command, on_failure }) = core.poll() {
+//!     if let Err(err) = carry_out(command) {
+//!         flow = core.failed(context, on_failure, &err).unwrap_or(flow);
+//!     }
+//! }
+//! // Flow::ContinueSkipResponseBody: continue, and feed no more response-body events
+//! ```
+//!
+//! The core is not borrowed while an effect runs (a local reply re-enters the response
+//! callbacks of the same request).
 
 pub mod breakers;
 mod downstream;
