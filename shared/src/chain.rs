@@ -18,8 +18,9 @@
 //! * if no stage holds, each chunk passes every stage's data step as it comes (a stream).
 //!
 //! A stage may also answer [`Step::Wait`] (it sent a Redis script: nothing runs until
-//! [`Engine::resume`]) or [`Step::Stop`] (it sent a local reply: no stage takes another step;
-//! `log` still runs).
+//! [`Engine::resume`]) or [`Step::Stop`] (it sent a local reply: no stage takes another step
+//! of that direction; the local reply itself comes back as the response, which every stage
+//! sees, as every filter does in Envoy; `log` still runs).
 //!
 //! The engine is pure: the driver holds the request (headers read once, the body read once,
 //! the current data) and the stages; the engine only decides which stage takes which step
@@ -106,6 +107,11 @@ struct Cursor {
     has_body: bool,
     /// The whole body is here (or there is none).
     ended: bool,
+    /// A stage stopped this direction (a local reply went out).
+    stopped: bool,
+    /// The position of the stage that held: the stages up to it took their header steps
+    /// already, so in [`Regime::Whole`] they take only their data step.
+    held_at: usize,
 }
 
 impl Cursor {
@@ -117,6 +123,8 @@ impl Cursor {
             waiting: false,
             has_body: !end_of_stream,
             ended: end_of_stream,
+            stopped: false,
+            held_at: 0,
         }
     }
 }
@@ -127,7 +135,6 @@ pub struct Engine {
     stages: usize,
     request: Cursor,
     response: Cursor,
-    stopped: bool,
 }
 
 impl Engine {
@@ -137,13 +144,12 @@ impl Engine {
             stages,
             request: Cursor::start(false),
             response: Cursor::start(false),
-            stopped: false,
         }
     }
 
-    /// True once a stage stopped the request.
+    /// True once a stage stopped the request (sent a local reply while it was decoded).
     pub fn stopped(&self) -> bool {
-        self.stopped
+        self.request.stopped
     }
 
     /// True while a stage of `direction` waits for a reply.
@@ -156,7 +162,7 @@ impl Engine {
     /// body at the end of a hold).
     pub fn wants_data(&self, direction: Direction, end_of_stream: bool) -> bool {
         let cursor = self.cursor(direction);
-        !self.stopped
+        !cursor.stopped
             && !cursor.waiting
             && match cursor.regime {
                 Regime::Stream => true,
@@ -207,10 +213,10 @@ impl Engine {
         direction: Direction,
         end_of_stream: bool,
     ) -> Outcome {
-        if self.stopped {
+        let cursor = self.cursor_mut(direction);
+        if cursor.stopped {
             return Outcome::Stop;
         }
-        let cursor = self.cursor_mut(direction);
         cursor.ended |= end_of_stream;
         if cursor.waiting {
             return Outcome::Pause; // the host buffers; the waiting stage goes on later
@@ -236,10 +242,10 @@ impl Engine {
         direction: Direction,
         step: Step,
     ) -> Outcome {
-        if self.stopped {
+        let cursor = self.cursor_mut(direction);
+        if cursor.stopped {
             return Outcome::Stop;
         }
-        let cursor = self.cursor_mut(direction);
         if !cursor.waiting {
             return Outcome::Pause; // nothing waits
         }
@@ -263,7 +269,7 @@ impl Engine {
         let cursor = self.cursor_mut(direction);
         match step {
             Step::Stop => {
-                self.stopped = true;
+                cursor.stopped = true;
                 return Some(Outcome::Stop);
             }
             Step::Wait => {
@@ -276,6 +282,7 @@ impl Engine {
             (Regime::Headers, _) => {
                 if step == Step::Buffer && cursor.has_body {
                     cursor.regime = Regime::Hold;
+                    cursor.held_at = cursor.pos;
                     cursor.sub = Sub::Data;
                     if !cursor.ended {
                         return Some(Outcome::Pause);
@@ -287,7 +294,11 @@ impl Engine {
             (Regime::Whole, Sub::Headers) => cursor.sub = Sub::Data,
             (Regime::Whole, Sub::Data) => {
                 cursor.pos += 1;
-                cursor.sub = Sub::Headers;
+                cursor.sub = if cursor.pos <= cursor.held_at {
+                    Sub::Data
+                } else {
+                    Sub::Headers
+                };
             }
             (Regime::Stream, _) => cursor.pos += 1,
             (Regime::Hold | Regime::Done, _) => {}
@@ -304,10 +315,10 @@ impl Engine {
     ) -> Outcome {
         let count = self.stages.min(stages.len());
         loop {
-            if self.stopped {
+            let cursor = *self.cursor(direction);
+            if cursor.stopped {
                 return Outcome::Stop;
             }
-            let cursor = *self.cursor(direction);
             if cursor.waiting {
                 return Outcome::Pause;
             }
@@ -315,8 +326,10 @@ impl Engine {
                 if !cursor.ended {
                     return Outcome::Pause;
                 }
+                // the whole body passes the stages before the one that held as one chunk
                 let c = self.cursor_mut(direction);
                 c.regime = Regime::Whole;
+                c.pos = 0;
                 c.sub = Sub::Data;
                 continue;
             }
@@ -455,6 +468,9 @@ pub struct Exchange {
     pub data: Vec<u8>,
     /// The data differs from what the host holds: the driver writes it back.
     pub data_changed: bool,
+    /// A stage changed what the route depends on: the driver clears the route cache after it
+    /// wrote the header edits.
+    pub clear_route_cache: bool,
 }
 
 impl Exchange {
@@ -462,6 +478,19 @@ impl Exchange {
     pub fn replace_data(&mut self, data: Vec<u8>) {
         self.data = data;
         self.data_changed = true;
+    }
+
+    /// Runs `f` with the current data lent out (so `f` may edit the exchange meanwhile): the
+    /// data comes back unless `f` replaced it.
+    pub fn with_data<R>(&mut self, f: impl FnOnce(&[u8], &mut Exchange) -> R) -> R {
+        let data = std::mem::take(&mut self.data);
+        let changed_before = std::mem::replace(&mut self.data_changed, false);
+        let result = f(&data, self);
+        if !self.data_changed {
+            self.data = data;
+        }
+        self.data_changed |= changed_before;
+        result
     }
 }
 
@@ -572,6 +601,7 @@ mod tests {
                 "auth req headers",
                 "router req headers",
                 "--- end of body",
+                "auth req data end",
                 "router req data end",
                 "pii req headers",
                 "pii req data end",
@@ -727,6 +757,7 @@ mod tests {
             assert_eq!(engine.resume(stages, x, Request, Step::Stop), Outcome::Stop);
             assert!(engine.stopped());
             assert_eq!(engine.data(stages, x, Request, true), Outcome::Stop);
+            assert_eq!(engine.resume(stages, x, Request, Step::Continue), Outcome::Stop);
             engine.log(stages, x);
         });
         assert_eq!(trace, ["a req headers end", "a log", "b log"]);
@@ -740,11 +771,23 @@ mod tests {
         ];
         let trace = run(&mut stages, |engine, stages, x| {
             assert_eq!(engine.headers(stages, x, Request, false), Outcome::Stop);
+            assert!(engine.stopped());
+            assert!(!engine.wants_data(Request, true));
             assert_eq!(engine.data(stages, x, Request, true), Outcome::Stop);
-            assert_eq!(engine.headers(stages, x, Response, false), Outcome::Stop);
+            // the local reply is the response: every stage sees it
+            assert_eq!(engine.headers(stages, x, Response, true), Outcome::Continue);
             engine.log(stages, x);
         });
-        assert_eq!(trace, ["auth req headers", "auth log", "router log"]);
+        assert_eq!(
+            trace,
+            [
+                "auth req headers",
+                "router resp headers end",
+                "auth resp headers end",
+                "auth log",
+                "router log"
+            ]
+        );
     }
 
     #[test]
@@ -834,5 +877,17 @@ mod tests {
         let mut x = Exchange::default();
         x.replace_data(b"new".to_vec());
         assert!(x.data_changed);
+        // lent data comes back unless replaced, and an earlier change is not forgotten
+        let len = x.with_data(|data, x| {
+            assert!(x.data.is_empty());
+            data.len()
+        });
+        assert_eq!(
+            (len, x.data.as_slice(), x.data_changed),
+            (3, &b"new"[..], true)
+        );
+        x.data_changed = false;
+        x.with_data(|data, x| x.replace_data([data, b"er"].concat()));
+        assert_eq!((x.data.as_slice(), x.data_changed), (&b"newer"[..], true));
     }
 }

@@ -35,6 +35,8 @@ pub mod fused;
 #[cfg(feature = "harness")]
 pub mod harness;
 pub mod http;
+#[cfg(feature = "harness")]
+pub mod journey;
 pub mod redis;
 pub mod webdis;
 #[cfg(feature = "harness")]

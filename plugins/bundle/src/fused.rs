@@ -21,16 +21,20 @@ const PLUGIN: &str = "llm_gateway";
 #[derive(Default)]
 struct Plugins {
     key_auth: Option<key_auth::Fused>,
+    model_router: Option<model_router::Fused>,
     pii_redaction: Option<pii_redaction::Fused>,
     usage_accounting: Option<usage_accounting::Fused>,
 }
 
 impl Plugins {
     /// One request's stages, in chain order.
-    fn stages(&self) -> Vec<Box<dyn Stage<chain::Exchange>>> {
+    fn stages(&self, context_id: u32) -> Vec<Box<dyn Stage<chain::Exchange>>> {
         let mut stages: Vec<Box<dyn Stage<chain::Exchange>>> = Vec::with_capacity(SECTIONS.len());
         if let Some(p) = &self.key_auth {
             stages.push(Box::new(p.stage()));
+        }
+        if let Some(p) = &self.model_router {
+            stages.push(Box::new(p.stage(context_id)));
         }
         if let Some(p) = &self.pii_redaction {
             stages.push(Box::new(p.stage()));
@@ -62,6 +66,12 @@ impl RootContext for Root {
             };
             plugins.key_auth = Some(p);
         }
+        if let Some(document) = sections.get("model_router") {
+            let Some(p) = model_router::Fused::configure(document) else {
+                return false;
+            };
+            plugins.model_router = Some(p);
+        }
         if let Some(document) = sections.get("pii_redaction") {
             let Some(p) = pii_redaction::Fused::configure(document) else {
                 return false;
@@ -74,7 +84,7 @@ impl RootContext for Root {
             };
             plugins.usage_accounting = Some(p);
         }
-        for section in ["model_router", "token_ratelimit"] {
+        for section in ["token_ratelimit"] {
             if sections.get(section).is_some() {
                 host::log(
                     LogLevel::Error,
@@ -87,11 +97,11 @@ impl RootContext for Root {
         true
     }
 
-    fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
+    fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
         let stages = self
             .plugins
             .as_ref()
-            .map(|p| p.stages())
+            .map(|p| p.stages(context_id))
             .unwrap_or_default();
         Some(Box::new(Fused {
             engine: Engine::new(stages.len()),
@@ -182,6 +192,17 @@ impl Fused {
                     &format!("llm-gateway: cannot write header {name}: {err}"),
                 );
                 return Err(Reject::internal("cannot prepare the request"));
+            }
+        }
+        if self.x.clear_route_cache {
+            // after the headers the route depends on are written
+            self.x.clear_route_cache = false;
+            if let Err(err) = host::clear_route_cache() {
+                host::log(
+                    LogLevel::Error,
+                    &format!("llm-gateway: cannot clear the route cache: {err}"),
+                );
+                return Err(Reject::internal("cannot route the request"));
             }
         }
         if self.x.data_changed {

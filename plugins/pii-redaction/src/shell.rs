@@ -420,33 +420,27 @@ impl chain::Stage<chain::Exchange> for FusedStage {
                     };
                     self.drive(x, input)
                 } else {
-                    let body = std::mem::take(&mut x.data);
-                    let input = Input::RequestBody {
-                        size: body.len(),
-                        end_of_stream: end,
-                        body: Some(&body),
-                    };
-                    let flow = self.drive(x, input);
-                    if !x.data_changed {
-                        x.data = body;
-                    }
-                    flow
+                    x.with_data(|body, x| {
+                        let input = Input::RequestBody {
+                            size: body.len(),
+                            end_of_stream: end,
+                            body: Some(body),
+                        };
+                        self.drive(x, input)
+                    })
                 }
             }
             Direction::Response => {
                 if !self.exchange.wants_response_body(end) {
                     Flow::Continue
                 } else {
-                    let chunk = std::mem::take(&mut x.data);
-                    let input = Input::ResponseBody {
-                        end_of_stream: end,
-                        chunk: Some(&chunk),
-                    };
-                    let flow = self.drive(x, input);
-                    if !x.data_changed {
-                        x.data = chunk;
-                    }
-                    flow
+                    x.with_data(|chunk, x| {
+                        let input = Input::ResponseBody {
+                            end_of_stream: end,
+                            chunk: Some(chunk),
+                        };
+                        self.drive(x, input)
+                    })
                 }
             }
         };

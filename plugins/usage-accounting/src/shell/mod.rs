@@ -476,24 +476,22 @@ impl chain::Stage<chain::Exchange> for FusedStage {
             Direction::Request => self.stage.wants_request_body(end),
             Direction::Response => self.stage.wants_response_body(end),
         };
-        let data = std::mem::take(&mut x.data);
-        let body = wants.then_some(data.as_slice());
-        let input = match direction {
-            Direction::Request => Input::RequestBody {
-                size: data.len(),
-                end_of_stream: end,
-                body,
-            },
-            Direction::Response => Input::ResponseBody {
-                size: data.len(),
-                end_of_stream: end,
-                body,
-            },
-        };
-        let flow = self.drive(x, input);
-        if !x.data_changed {
-            x.data = data;
-        }
+        let flow = x.with_data(|data, x| {
+            let body = wants.then_some(data);
+            let input = match direction {
+                Direction::Request => Input::RequestBody {
+                    size: data.len(),
+                    end_of_stream: end,
+                    body,
+                },
+                Direction::Response => Input::ResponseBody {
+                    size: data.len(),
+                    end_of_stream: end,
+                    body,
+                },
+            };
+            self.drive(x, input)
+        });
         match flow {
             Flow::Continue => Step::Continue,
             Flow::Pause => Step::Buffer,

@@ -1,0 +1,93 @@
+//! The fused filter (root id `llm-gateway` of `dist/llm-gateway.wasm`, `plugins/bundle`) in the
+//! harness: the five listener filters of `envoy-config/gateway.yaml` as one filter whose
+//! configuration holds theirs under the plugins' section names, and the router's upstream
+//! filter after it. On the journey of `e2e_chain` it does what the five standalone modules do —
+//! byte for byte at the upstream and the client, in filter state, in shared data and in
+//! metrics — while Envoy calls one filter per callback instead of five.
+
+use llm_gateway_tests::bundle;
+use llm_gateway_tests::harness::{FilterSpec, Fleet};
+use llm_gateway_tests::journey::{chain_of, journey, metrics, shared_data, Form, EMAIL};
+use serde_json::{json, Value};
+
+/// The journey's summaries, with what necessarily differs between the forms left out: which
+/// filter sent a local reply (one filter here, the refusing plugin's there) and how often each
+/// filter cleared the route cache (counted per filter).
+fn comparable(summaries: Vec<Value>) -> Vec<Value> {
+    summaries
+        .into_iter()
+        .map(|mut s| {
+            if let Some(reply) = s["local_reply"].as_object_mut() {
+                reply.remove("filter");
+            }
+            if let Some(object) = s.as_object_mut() {
+                object.remove("route_cache_cleared");
+            }
+            s
+        })
+        .collect()
+}
+
+fn the_fused_filter_does_what_the_modules_do(without: &[&str]) {
+    let separate = chain_of(Form::Separate, without);
+    let fused = chain_of(Form::Fused, without);
+    let expected = comparable(journey(&separate));
+    let got = comparable(journey(&fused));
+    assert_eq!(got.len(), 6);
+    for (i, (want, have)) in expected.iter().zip(&got).enumerate() {
+        assert_eq!(
+            have,
+            want,
+            "step {i}: the fused filter differs\nfused: {}\nseparate: {}",
+            serde_json::to_string_pretty(have).unwrap(),
+            serde_json::to_string_pretty(want).unwrap()
+        );
+    }
+    // what the journey is, so that equal does not mean equally broken
+    let sent = got[0]["upstream"]["body"].as_str().unwrap();
+    assert!(
+        sent.contains("[EMAIL_1]") && !sent.contains(EMAIL),
+        "{sent}"
+    );
+    let received = got[0]["downstream"]["body"].as_str().unwrap();
+    assert!(
+        received.contains(EMAIL) && received.ends_with("data: [DONE]\n\n"),
+        "{received}"
+    );
+    let record: Value =
+        serde_json::from_str(got[0]["filter_state"]["wasm.llm_usage"].as_str().unwrap()).unwrap();
+    assert_eq!(record["deployment"], "openai-mini", "{record}");
+    for (step, status) in [(3, 401), (4, 403), (5, 404)] {
+        assert_eq!(got[step]["local_reply"]["status"], status, "step {step}");
+    }
+    // the state left and every metric
+    let vm_ids: std::collections::BTreeSet<String> = llm_gateway_tests::journey::gateway_filters()
+        .into_iter()
+        .map(|f| f.vm_id)
+        .collect();
+    let vm_ids: Vec<&str> = vm_ids.iter().map(String::as_str).collect();
+    assert_eq!(
+        shared_data(&fused, &[bundle::VM_ID]),
+        shared_data(&separate, &vm_ids)
+    );
+    assert_eq!(metrics(&fused), metrics(&separate));
+}
+
+#[test]
+fn the_fused_filter_does_what_four_modules_do() {
+    the_fused_filter_does_what_the_modules_do(&["token-ratelimit"]);
+}
+
+#[test]
+fn a_fused_configuration_with_an_unknown_section_fails() {
+    let spec = FilterSpec::plugin(bundle::MODULE, &json!({"pii": {}}))
+        .unwrap()
+        .root_id("llm-gateway")
+        .vm_id(bundle::VM_ID);
+    let Err(err) = Fleet::single(spec) else {
+        panic!("configured");
+    };
+    assert!(err.contains("proxy_on_configure returned false"), "{err}");
+    assert!(err.contains("unknown section"), "{err}");
+}
+
