@@ -16,9 +16,11 @@
 //! /v1/messages/count_tokens` is routed like a model call, to the group's Anthropic
 //! deployments only.
 //!
-//! Decisions live in [`config`], [`plan`], [`models`], [`breaker`], [`body`] and [`stream`] (pure, tested
-//! natively); the proxy-wasm shell is compiled only for `wasm32`. It never logs a credential,
-//! a key or a prompt.
+//! Decisions live in [`core`] (both roles as a sans-I/O state machine: events in, effects out,
+//! clock and shared data behind traits) over [`config`], [`plan`], [`models`], [`breaker`],
+//! [`budget_fallback`], [`redirect`], [`body`] and [`stream`], all compiled and tested natively;
+//! the proxy-wasm shell, compiled only for `wasm32`, copies host data in and carries the
+//! effects out. It never logs a credential, a key or a prompt.
 #![cfg_attr(
     not(test),
     deny(
@@ -33,6 +35,7 @@ pub mod body;
 pub mod breaker;
 pub mod budget_fallback;
 pub mod config;
+pub mod core;
 pub mod ids;
 pub mod models;
 pub mod plan;

@@ -1,0 +1,249 @@
+//! The upstream role (each provider cluster's upstream HTTP filter, once per attempt):
+//! rewrites `model` and the credential for the attempt's deployment, frames the body's
+//! length, publishes the answering deployment, and marks a provider's context-length 400 so
+//! the route retries it on the next deployment (`x-llm-fallback`).
+
+use super::downstream::{attempt_number, FALLBACK_HEADER};
+use super::{property_string, Command, Core, Flow, Input, Level, Map, OnFailure, View};
+use crate::body::{is_context_length_error, rewrite_model};
+use crate::config::{Deployment, RouterConfig};
+use crate::plan::answered_by;
+use llm_gateway_shared::reject::Reject;
+use llm_gateway_shared::route_info::{
+    RouteInfo, ATTEMPT_PROPERTY, PLAN_PROPERTY, PROPERTY as ROUTE_PROPERTY,
+};
+use llm_gateway_shared::rules::RuleSet;
+
+/// Largest error body the upstream role reads to classify a 400.
+pub const MAX_ERROR_BODY: usize = 64 * 1024;
+
+/// One attempt of the upstream role.
+pub(super) struct Attempt {
+    /// The attempt's deployment (resolved once: [`Core::resolve_deployment`]).
+    deployment: Deployment,
+    /// Envoy's attempt number (1 for the first try) and the plan's deployment names.
+    number: u32,
+    plan: String,
+    /// A later deployment exists: a context-length 400 may move there.
+    has_next: bool,
+    /// The response is a 400 held until its body says whether it is a context-length error.
+    inspecting: bool,
+}
+
+impl Core {
+    pub(super) fn handle_upstream(&mut self, context: u32, input: Input, view: &dyn View) -> Flow {
+        match input {
+            Input::RequestHeaders { end_of_stream } => {
+                self.attempt_headers(context, end_of_stream, view)
+            }
+            Input::RequestBody {
+                size,
+                end_of_stream,
+            } => self.attempt_body(context, size, end_of_stream, view),
+            Input::ResponseHeaders { end_of_stream } => {
+                self.attempt_response(context, end_of_stream, view)
+            }
+            Input::ResponseBody {
+                size,
+                end_of_stream,
+            } => self.attempt_response_body(context, size, end_of_stream, view),
+            Input::Log => Flow::Continue,
+        }
+    }
+
+    /// The deployment `name` as the upstream role resolves it: its own document first (the
+    /// older form repeats the deployments there), else the listener role's of this VM.
+    pub fn resolve_deployment(&self, name: &str) -> Option<Deployment> {
+        let find = |rules: &RuleSet<RouterConfig>| {
+            rules
+                .configs()
+                .find_map(|c| c.deployment(name).map(|(_, d)| d.clone()))
+        };
+        self.rules
+            .as_deref()
+            .and_then(find)
+            .or_else(|| self.listener.try_borrow().ok()?.as_deref().and_then(find))
+    }
+
+    /// Removes every `x-envoy-*` request header (Envoy's internals: attempt count, timeouts, a
+    /// client's external address...): a provider gets none of them unless its deployment says
+    /// `forward_envoy_headers`. Header changes of an upstream filter persist into the next
+    /// attempt; Envoy stamps the attempt count again for each one.
+    fn strip_envoy_headers(&mut self, view: &dyn View) {
+        let on_failure = OnFailure::Log(Level::Error, "cannot remove the x-envoy-* headers");
+        match view.request_headers() {
+            Ok(all) => {
+                for (name, _) in all {
+                    if name.starts_with("x-envoy-") {
+                        self.remove_header(Map::Request, name, on_failure);
+                    }
+                }
+            }
+            Err(_) => self.log(
+                Level::Error,
+                "cannot remove the x-envoy-* headers: cannot read the headers".to_string(),
+            ),
+        }
+    }
+
+    fn attempt_headers(&mut self, context: u32, end_of_stream: bool, view: &dyn View) -> Flow {
+        if self.rules.is_none() {
+            return Flow::Continue;
+        }
+        let Some(plan) = property_string(view, &[PLAN_PROPERTY]) else {
+            self.strip_envoy_headers(view); // not a routed request: no deployment to opt in
+            return Flow::Continue;
+        };
+        let attempt = attempt_number(view);
+        // The route's matcher picks the next attempt's slot from this number (a retry re-runs
+        // it before Envoy stamps the next count): filter state, because the header is removed.
+        self.set_property(
+            ATTEMPT_PROPERTY,
+            attempt.to_string().into_bytes(),
+            OnFailure::Log(Level::Error, "cannot publish the attempt number"),
+        );
+        // The attempt number, not the cluster, says which deployment this is: two
+        // deployments of a group may share a cluster (one provider, two models).
+        let name = plan
+            .split(',')
+            .nth(usize::try_from(attempt - 1).unwrap_or(usize::MAX))
+            .unwrap_or_default();
+        let Some(deployment) = self.resolve_deployment(name) else {
+            // Never forward it unchanged (the group's name as model, no credential): the
+            // listener planned a deployment this role cannot resolve.
+            self.log(
+                Level::Error,
+                format!("attempt {attempt}: deployment `{name}` is not configured here; refused"),
+            );
+            return self.refuse(Reject::internal(format!(
+                "the gateway's model router cannot resolve deployment `{name}` for attempt {attempt}"
+            )));
+        };
+        if !deployment.forward_envoy_headers {
+            self.strip_envoy_headers(view);
+        }
+        let credential = OnFailure::Log(Level::Error, "cannot set the credential");
+        if self.set_credential(&deployment, view, credential).is_err() {
+            self.log(
+                Level::Error,
+                "cannot set the credential: cannot read anthropic-version".to_string(),
+            );
+        }
+        let has_next = plan.split(',').count() > usize::try_from(attempt).unwrap_or(usize::MAX);
+        self.upstream.insert(
+            context,
+            Attempt {
+                deployment,
+                number: attempt,
+                plan,
+                has_next,
+                inspecting: false,
+            },
+        );
+        if end_of_stream {
+            Flow::Continue
+        } else {
+            Flow::Pause // hold the headers: the body's length may change
+        }
+    }
+
+    fn attempt_body(
+        &mut self,
+        context: u32,
+        size: usize,
+        end_of_stream: bool,
+        view: &dyn View,
+    ) -> Flow {
+        let Some(attempt) = self.upstream.get(&context) else {
+            return Flow::Continue;
+        };
+        if !end_of_stream {
+            return Flow::Pause;
+        }
+        // The whole body is here and the headers are held: the provider gets the length of
+        // what it receives (rewritten or not), never a chunked body.
+        let rewritten = view
+            .request_body(size)
+            .ok()
+            .and_then(|bytes| rewrite_model(&bytes, &attempt.deployment.model));
+        let mut length = size;
+        if let Some(body) = rewritten {
+            length = body.len();
+            self.push(
+                Command::SetRequestBody { size, body },
+                OnFailure::KeepLength(size),
+            );
+        }
+        self.push(
+            Command::SetRequestLength(length),
+            OnFailure::Log(Level::Error, "cannot set the content-length"),
+        );
+        Flow::Continue
+    }
+
+    /// Publishes this attempt as the one that answered ([`answered_by`]); a later attempt
+    /// that answers publishes itself in turn.
+    fn publish_answer(&mut self, context: u32, view: &dyn View) {
+        let Some(attempt) = self.upstream.get(&context) else {
+            return;
+        };
+        let Some(info) = view
+            .property(&[ROUTE_PROPERTY])
+            .and_then(|bytes| RouteInfo::from_json(&bytes))
+        else {
+            return;
+        };
+        let info = answered_by(info, &attempt.deployment, &attempt.plan, attempt.number);
+        self.set_property(
+            ROUTE_PROPERTY,
+            info.to_json(),
+            OnFailure::Log(Level::Warn, "cannot publish the answering deployment"),
+        );
+    }
+
+    fn attempt_response(&mut self, context: u32, end_of_stream: bool, view: &dyn View) -> Flow {
+        self.publish_answer(context, view);
+        let Some(attempt) = self.upstream.get_mut(&context) else {
+            return Flow::ContinueSkipResponseBody;
+        };
+        let status = view.response_header(":status");
+        if status.as_deref() == Some(b"400".as_slice()) && attempt.has_next && !end_of_stream {
+            // hold the headers until the body tells whether it is a context-length error
+            attempt.inspecting = true;
+            return Flow::Pause;
+        }
+        Flow::ContinueSkipResponseBody
+    }
+
+    fn attempt_response_body(
+        &mut self,
+        context: u32,
+        size: usize,
+        end_of_stream: bool,
+        view: &dyn View,
+    ) -> Flow {
+        let Some(attempt) = self.upstream.get_mut(&context) else {
+            return Flow::ContinueSkipResponseBody;
+        };
+        if !attempt.inspecting {
+            return Flow::ContinueSkipResponseBody;
+        }
+        if !end_of_stream && size < MAX_ERROR_BODY {
+            return Flow::Pause;
+        }
+        attempt.inspecting = false;
+        let body = view
+            .response_body(size.min(MAX_ERROR_BODY))
+            .unwrap_or_default();
+        if is_context_length_error(&body) {
+            self.set_header(
+                Map::Response,
+                FALLBACK_HEADER,
+                "context_length_exceeded",
+                OnFailure::Log(Level::Error, "cannot mark a context-length error"),
+            );
+            self.count("context_length_fallbacks");
+        }
+        Flow::ContinueSkipResponseBody
+    }
+}
