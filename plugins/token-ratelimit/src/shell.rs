@@ -3,29 +3,28 @@
 //!
 //! The Envoy filter needs `allow_on_headers_stop_iteration: true` (headers are held until
 //! the end of the body). Redis commands travel by Higress's Redis calls or over HTTP to
-//! webdis ([`RedisTransport`]); only [`Host::send_redis`] and the two reply entry points know
-//! which.
+//! webdis: only [`transport`] knows which.
 
 use crate::budget::{self, Identity};
-use crate::config::{parse_document, RedisConfig, RedisTransport};
-use crate::core::{Command, Core, Env, Head, Input, LogLevel as CoreLevel, Unanswered};
+use crate::config::parse_document;
+use crate::core::{Command, Core, Env, Head, Input, LogLevel as CoreLevel};
 use llm_gateway_shared::headers;
 use llm_gateway_shared::host::webdis::HttpRedis;
-use llm_gateway_shared::host::{self, Buffer, HeaderMap, HostError, LogLevel, Metric};
+use llm_gateway_shared::host::{self, Buffer, HeaderMap, HostError, HostResult, LogLevel, Metric};
 use llm_gateway_shared::reentry::is_superseded;
 use llm_gateway_shared::reject::Reject;
-use llm_gateway_shared::resp;
 use llm_gateway_shared::route_info::{
     Alternative, RouteInfo, BUDGET_FALLBACK_PROPERTY, PROPERTY as ROUTE_PROPERTY,
 };
 use llm_gateway_shared::usage_record::Record;
-use llm_gateway_shared::webdis::WebdisError;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType};
 use std::borrow::Cow;
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
+
+mod transport;
 
 const PLUGIN: &str = "token_ratelimit";
 const METRIC_PREFIX: &str = "llm_gateway.ratelimit.";
@@ -90,114 +89,118 @@ impl State {
     /// (`None`: the root's): a request the core lets go on is resumed.
     fn run_in(&self, effective: Option<u32>, own: Option<u32>, input: Input) -> Action {
         self.effective.set(effective);
+        let mut now = None; // the clock is read once, and only for an input that uses it
+        let mut feed = |input: Input| {
+            let now = match input.uses_clock() {
+                true => *now.get_or_insert_with(now_ms),
+                false => 0,
+            };
+            self.core.borrow_mut().handle(now, input, self);
+        };
         let mut action = Action::Pause;
-        self.core.borrow_mut().handle(now_ms(), input, self);
+        feed(input);
         loop {
             let command = self.core.borrow_mut().poll();
             let Some(command) = command else { break };
             // a command whose outcome the core needs (a body read or written) answers at once
             if let Some(answer) = self.execute(own, command, &mut action) {
-                self.core.borrow_mut().handle(now_ms(), answer, self);
+                feed(answer);
             }
         }
         action
     }
 
+    /// A host call on request `ctx`.
+    fn at<T>(&self, ctx: u32, call: impl FnOnce() -> HostResult<T>) -> HostResult<T> {
+        if self.enter(ctx) {
+            call()
+        } else {
+            Err(HostError::NotFound)
+        }
+    }
+
+    /// A host call on request `ctx` whose failure the core does not need: logged.
+    fn on(&self, ctx: u32, level: LogLevel, what: &str, call: impl FnOnce() -> HostResult<()>) {
+        if let Err(err) = self.at(ctx, call) {
+            log(level, &format!("cannot {what}: {err}"));
+        }
+    }
+
     /// Carries one command out; the input it produces, if any.
     fn execute(&self, own: Option<u32>, command: Command, action: &mut Action) -> Option<Input> {
+        use LogLevel::{Debug, Error, Warn};
+        const REQUEST: HeaderMap = HeaderMap::RequestHeaders;
         match command {
             Command::Proceed { ctx } if own == Some(ctx) => *action = Action::Continue,
             Command::Proceed { ctx } => {
-                if self.enter(ctx) {
-                    if let Err(err) = host::resume_request() {
-                        log(LogLevel::Warn, &format!("cannot resume a request: {err}"));
-                    }
-                }
+                self.on(ctx, Warn, "resume a request", host::resume_request)
             }
-            Command::Refuse { ctx, reject } => {
-                if own == Some(ctx) || self.enter(ctx) {
-                    refuse(&reject);
-                }
-            }
+            Command::Refuse { ctx, reject } => self.on(ctx, Error, "send the local reply", || {
+                host::send_reject(PLUGIN, &reject)
+            }),
             Command::ReadBody { ctx, size } => {
-                let body = if self.enter(ctx) {
-                    host::buffer(Buffer::RequestBody, 0, size)
-                } else {
-                    Err(HostError::NotFound)
-                };
+                let body = self.at(ctx, || host::buffer(Buffer::RequestBody, 0, size));
                 return Some(Input::Body { ctx, size, body });
             }
             Command::ReplaceBody { ctx, size, body } => {
-                let result = if self.enter(ctx) {
-                    host::replace_request_body(size, &body)
-                } else {
-                    Err(HostError::NotFound)
-                };
+                let result = self.at(ctx, || host::replace_request_body(size, &body));
                 return Some(Input::BodyReplaced { ctx, result });
             }
-            Command::SetProperty { ctx, name, value } => {
-                if self.enter(ctx) {
-                    let _ = host::set_property(&[name.as_str()], &value);
-                }
-            }
-            Command::SetRequestHeader { ctx, name, value } => {
-                if self.enter(ctx) {
-                    let _ = host::set_header(HeaderMap::RequestHeaders, name, value.as_bytes());
-                }
-            }
+            Command::SetProperty { ctx, name, value } => self.on(ctx, Debug, "set", || {
+                host::set_property(&[name.as_str()], &value)
+            }),
+            Command::SetRequestHeader { ctx, name, value } => self.on(ctx, Debug, name, || {
+                host::set_header(REQUEST, name, value.as_bytes())
+            }),
             Command::RemoveRequestHeader { ctx, name } => {
-                if self.enter(ctx) {
-                    let _ = host::remove_header(HeaderMap::RequestHeaders, name);
-                }
+                self.on(ctx, Debug, name, || host::remove_header(REQUEST, name))
             }
             Command::RewriteModel { ctx, model } => {
-                if self.enter(ctx) {
-                    if let Err(err) = rewrite_model(&model) {
-                        log(
-                            LogLevel::Warn,
-                            &format!("budget fallback: cannot rewrite the model: {err}"),
-                        );
-                    }
-                }
+                self.on(ctx, Warn, "rewrite the model (budget fallback)", || {
+                    rewrite_model(&model)
+                })
             }
             Command::ClearRouteCache { ctx } => {
-                if self.enter(ctx) {
-                    let _ = host::clear_route_cache();
-                }
+                self.on(ctx, Debug, "clear the route cache", host::clear_route_cache)
             }
-            Command::SetResponseHeader { ctx, name, value } => {
-                if self.enter(ctx) {
-                    let _ = host::set_header(HeaderMap::ResponseHeaders, name, value.as_bytes());
-                }
-            }
+            Command::SetResponseHeader { ctx, name, value } => self.on(ctx, Debug, name, || {
+                host::set_header(HeaderMap::ResponseHeaders, name, value.as_bytes())
+            }),
             Command::Count { name, delta } => {
-                let mut metrics = self.metrics.borrow_mut();
-                let metric = metrics.entry(name).or_insert_with_key(|name| {
-                    Metric::counter(&format!("{METRIC_PREFIX}{name}")).ok()
-                });
-                if let Some(metric) = metric {
+                if let Some(metric) = self.metric(name, Metric::counter) {
                     let _ = metric.increment(delta);
                 }
             }
             Command::Gauge { name, value } => {
-                let mut metrics = self.metrics.borrow_mut();
-                let metric = metrics
-                    .entry(Cow::Owned(format!("gauge:{name}")))
-                    .or_insert_with(|| Metric::gauge(&format!("{METRIC_PREFIX}{name}")).ok());
-                if let Some(metric) = metric {
+                if let Some(metric) = self.metric(Cow::Owned(format!("gauge:{name}")), |_| {
+                    Metric::gauge(&format!("{METRIC_PREFIX}{name}"))
+                }) {
                     let _ = metric.record(value);
                 }
             }
-            Command::Log { level, message } => {
-                let level = match level {
+            Command::Log { level, message } => log(
+                match level {
                     CoreLevel::Info => LogLevel::Info,
-                    CoreLevel::Warn => LogLevel::Warn,
-                    CoreLevel::Error => LogLevel::Error,
-                };
-                log(level, &message);
-            }
+                    CoreLevel::Warn => Warn,
+                    CoreLevel::Error => Error,
+                },
+                &message,
+            ),
         }
         None
+    }
+
+    /// A metric, defined on first use (`define` gets its full name).
+    fn metric(
+        &self,
+        key: Cow<'static, str>,
+        define: impl FnOnce(&str) -> HostResult<Metric>,
+    ) -> Option<Metric> {
+        let mut metrics = self.metrics.borrow_mut();
+        let metric = metrics
+            .entry(key)
+            .or_insert_with_key(|key| define(&format!("{METRIC_PREFIX}{key}")).ok());
+        *metric
     }
 }
 
@@ -211,28 +214,27 @@ impl Env for State {
     }
 
     fn send_redis(&self, service: &str, args: &[Cow<'_, [u8]>]) -> Result<u32, HostError> {
-        match &self.http {
-            Some(http) => host::webdis::send(http, args),
-            None => redis_call(service, &resp::encode_command(args)),
-        }
+        transport::send(self.http.as_ref(), service, args)
     }
 
     fn route_info(&self, ctx: u32) -> Option<RouteInfo> {
-        self.enter(ctx).then_some(())?;
-        let bytes = host::property(&[ROUTE_PROPERTY]).ok().flatten()?;
-        RouteInfo::from_json(&bytes)
+        self.property(ctx, ROUTE_PROPERTY, RouteInfo::from_json)
     }
 
     fn alternative(&self, ctx: u32) -> Option<Alternative> {
-        self.enter(ctx).then_some(())?;
-        let bytes = host::property(&[BUDGET_FALLBACK_PROPERTY]).ok().flatten()?;
-        Alternative::from_json(&bytes)
+        self.property(ctx, BUDGET_FALLBACK_PROPERTY, Alternative::from_json)
     }
 
     fn usage_record(&self, ctx: u32, property: &str) -> Option<Record> {
-        self.enter(ctx).then_some(())?;
-        let bytes = host::property(&[property]).ok().flatten()?;
-        Record::from_json(&bytes)
+        self.property(ctx, property, Record::from_json)
+    }
+}
+
+impl State {
+    /// A JSON record another filter published for request `ctx`.
+    fn property<T>(&self, ctx: u32, name: &str, parse: fn(&[u8]) -> Option<T>) -> Option<T> {
+        let bytes = self.at(ctx, || host::property(&[name])).ok().flatten()?;
+        parse(&bytes)
     }
 }
 
@@ -267,25 +269,6 @@ fn header_text(name: &str) -> Option<String> {
         .filter(|v| !v.is_empty())
 }
 
-#[cfg(feature = "higress")]
-fn redis_call(service: &str, query: &[u8]) -> Result<u32, HostError> {
-    host::redis::redis_call(service, query)
-}
-
-#[cfg(not(feature = "higress"))]
-fn redis_call(_service: &str, _query: &[u8]) -> Result<u32, HostError> {
-    Err(HostError::Unimplemented)
-}
-
-/// A webdis answer (HTTP transport), in whichever context the SDK delivers it.
-fn on_http_reply(state: &State, effective: Option<u32>, token: u32, body_size: usize) {
-    let reply = host::webdis::reply(body_size).map_err(|err| Unanswered {
-        forbidden: err == WebdisError::Forbidden,
-        why: err.to_string(),
-    });
-    state.run_in(effective, None, Input::Reply { token, reply });
-}
-
 // ---------------------------------------------------------------------------------------
 // Root context
 
@@ -297,7 +280,7 @@ struct Root {
 impl Context for Root {
     fn on_http_call_response(&mut self, token: u32, _: usize, body_size: usize, _: usize) {
         if let Some(state) = &self.state {
-            on_http_reply(state, None, token, body_size);
+            transport::on_http_reply(state, None, token, body_size);
         }
     }
 }
@@ -317,7 +300,7 @@ impl RootContext for Root {
             std::collections::hash_map::RandomState::new()
                 .hash_one(host::now_nanos().unwrap_or_default())
         };
-        let http = http_redis(redis.as_ref());
+        let http = transport::http_redis(redis.as_ref());
         let state = Rc::new(State {
             core: RefCell::new(Core::new(rules, nonce, http.is_some())),
             http,
@@ -325,7 +308,7 @@ impl RootContext for Root {
             effective: Cell::new(None),
         });
         if let Some(redis) = redis {
-            if !init_redis(&state, &redis) {
+            if !transport::connect(&state, &redis) {
                 return false;
             }
             if let Err(err) = host::set_tick_period_ms(period) {
@@ -358,63 +341,6 @@ impl RootContext for Root {
     }
 }
 
-/// The webdis cluster of an HTTP transport.
-fn http_redis(redis: Option<&RedisConfig>) -> Option<HttpRedis> {
-    let redis = redis?;
-    match &redis.transport {
-        RedisTransport::Http { authorization } => Some(HttpRedis {
-            cluster: redis.service.clone(),
-            authorization: authorization.clone(),
-            timeout_ms: redis.timeout_ms,
-        }),
-        RedisTransport::Higress => None,
-    }
-}
-
-fn init_redis(state: &Rc<State>, redis: &RedisConfig) -> bool {
-    match redis.transport {
-        // nothing to connect: each call is an HTTP request to the cluster
-        RedisTransport::Http { .. } => true,
-        RedisTransport::Higress => init_higress_redis(state, redis),
-    }
-}
-
-#[cfg(feature = "higress")]
-fn init_higress_redis(state: &Rc<State>, redis: &RedisConfig) -> bool {
-    use llm_gateway_shared::host::redis::{on_redis_call_response, redis_init, redis_reply};
-    let user = redis.username.as_deref().unwrap_or_default();
-    let password = redis.password.as_deref().unwrap_or_default();
-    if let Err(err) = redis_init(&redis.service, user, password, redis.timeout_ms) {
-        log(
-            LogLevel::Error,
-            &format!("cannot connect Redis service {}: {err}", redis.service),
-        );
-        return false;
-    }
-    let for_replies = Rc::clone(state);
-    on_redis_call_response(move |response| {
-        let reply = if response.answered() {
-            redis_reply(response.size).map_err(|err| Unanswered {
-                why: format!("reply not read: {err}"),
-                forbidden: false,
-            })
-        } else {
-            Err(Unanswered {
-                why: format!("call failed (status {})", response.status),
-                forbidden: false,
-            })
-        };
-        let token = response.token;
-        for_replies.run(None, Input::Reply { token, reply });
-    });
-    true
-}
-
-#[cfg(not(feature = "higress"))]
-fn init_higress_redis(_state: &Rc<State>, _redis: &RedisConfig) -> bool {
-    false // refused by the config parser already
-}
-
 // ---------------------------------------------------------------------------------------
 // HTTP context
 
@@ -426,92 +352,76 @@ struct Limiter {
 impl Context for Limiter {
     fn on_http_call_response(&mut self, token: u32, _: usize, body_size: usize, _: usize) {
         if let Some(state) = &self.state {
-            on_http_reply(state, Some(self.id), token, body_size);
+            transport::on_http_reply(state, Some(self.id), token, body_size);
         }
     }
 
     fn on_done(&mut self) -> bool {
         // Envoy runs on_log before on_done; a request still known here was never settled
         // (a host that skipped on_log): the core settles it rather than leak it.
-        if let Some(state) = &self.state {
-            state.run(Some(self.id), Input::Done { ctx: self.id });
+        let unsettled = self
+            .state
+            .as_ref()
+            .is_some_and(|s| s.core.borrow().unsettled(self.id));
+        if unsettled {
+            self.run(Input::Done { ctx: self.id });
         }
         true
     }
 }
 
+impl Limiter {
+    /// Feeds an event of this request to the core; the action for its callback.
+    fn run(&self, input: Input) -> Action {
+        match &self.state {
+            Some(state) => state.run(Some(self.id), input),
+            None => Action::Continue,
+        }
+    }
+}
+
 impl HttpContext for Limiter {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
-        let Some(state) = self.state.clone() else {
+        let Some(state) = &self.state else {
             refuse(&Reject::internal("token-ratelimit is not configured"));
             return Action::Pause;
         };
         let config = {
             let core = state.core.borrow();
-            let rules = core.rules();
-            host::select_config(rules, None).and_then(|config| {
-                if config.is_empty() {
-                    return None;
-                }
-                Some(
-                    rules
-                        .configs()
-                        .position(|c| std::ptr::eq(c, config))
-                        .unwrap_or(0),
-                )
-            })
+            host::select_config(core.rules(), None).and_then(|c| core.config_index(c))
         };
-        let head = match config {
-            Some(_) => read_head(),
-            None => Head::default(),
-        };
+        let head = config.map(|_| read_head()).unwrap_or_default();
         let ctx = self.id;
-        state.run(
-            Some(ctx),
-            Input::RequestHeaders {
-                ctx,
-                config,
-                head,
-                end_of_stream,
-            },
-        )
+        self.run(Input::RequestHeaders {
+            ctx,
+            config,
+            head,
+            end_of_stream,
+        })
     }
 
     fn on_http_request_body(&mut self, size: usize, end_of_stream: bool) -> Action {
-        let Some(state) = &self.state else {
-            return Action::Continue;
-        };
         let ctx = self.id;
-        state.run(
-            Some(ctx),
-            Input::RequestBody {
-                ctx,
-                size,
-                end_of_stream,
-            },
-        )
+        self.run(Input::RequestBody {
+            ctx,
+            size,
+            end_of_stream,
+        })
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
-        if let Some(state) = &self.state {
-            state.run(Some(self.id), Input::ResponseHeaders { ctx: self.id });
-        }
+        self.run(Input::ResponseHeaders { ctx: self.id });
         Action::Continue
     }
 
     fn on_log(&mut self) {
-        if let Some(state) = &self.state {
-            let details = host::property_string(&["response", "code_details"])
-                .ok()
-                .flatten();
-            let superseded = is_superseded(details.as_deref());
-            state.run(
-                Some(self.id),
-                Input::Log {
-                    ctx: self.id,
-                    superseded,
-                },
-            );
+        if self.state.is_some() {
+            let details = host::property_string(&["response", "code_details"]);
+            let superseded = is_superseded(details.ok().flatten().as_deref());
+            self.run(Input::Log {
+                ctx: self.id,
+                superseded,
+            });
         }
     }
 }

@@ -441,11 +441,33 @@ fn the_third_request_in_a_minute_is_refused_with_429_and_its_state_dropped_at_lo
 }
 
 #[test]
-fn a_request_never_forwarded_gives_its_units_back_at_log() {
+fn a_request_refused_by_a_later_limit_gives_back_what_earlier_limits_took() {
+    let env = Fake::default();
+    let mut core = new_core(
+        r#"{"default_max_tokens":100,"limits":[
+            {"name":"key-rpm","by":["key"],"requests":2,"per":"minute"},
+            {"name":"key-tpm","by":["key"],"tokens":150,"per":"minute"}]}"#,
+        false,
+    );
+    assert!(proceeded(&request(&mut core, &env, T0, 1, head("k")), 1));
+    // the request limit admits the second, the token limit refuses it
+    let out = request(&mut core, &env, T0, 2, head("k"));
+    assert_eq!(counted(&out, "rate_limited.key-tpm"), 1);
+    // its request unit went back: a request that costs no tokens still gets in, once
+    let mut models = head("k");
+    models.path = "/v1/models".into();
+    assert!(proceeded(
+        &request(&mut core, &env, T0, 3, models.clone()),
+        3
+    ));
+    let out = request(&mut core, &env, T0, 4, models);
+    assert_eq!(counted(&out, "rate_limited.key-rpm"), 1);
+}
+
+#[test]
+fn a_body_that_is_not_json_is_refused_before_any_bucket_is_touched() {
     let env = Fake::default();
     let mut core = new_core(LOCAL_RPM, false);
-    // admitted, then the upstream never saw it? no: admitted means forwarded; a refused one
-    // (here by the body check after headers) never took anything
     let out = drive(
         &mut core,
         &env,
@@ -480,6 +502,7 @@ fn a_request_never_forwarded_gives_its_units_back_at_log() {
             superseded: false,
         },
     );
+    assert!(env.data.borrow().is_empty(), "no bucket created");
     // both units still there
     for ctx in 2..=3 {
         assert!(proceeded(
@@ -828,6 +851,62 @@ fn a_lease_error_reply_resumes_the_request_in_emergency_mode_without_a_second_le
     assert!(proceeded(&out, 1));
     assert_eq!(counted(&out, "redis_errors"), 1);
     assert!(env.take_sent().is_empty(), "no second lease");
+}
+
+#[test]
+fn leased_tokens_that_cannot_be_stored_are_counted_and_the_request_leases_again() {
+    let env = Fake::default();
+    let mut core = new_core(REDIS_TPM, false);
+    request(&mut core, &env, T0, 1, head("k"));
+    let lease = env.take_sent();
+    env.cas_losses.set(CAS_ROUNDS);
+    let out = reply(&mut core, &env, T0, lease[0].token, &ints(&[5000, 0, 0]));
+    assert_eq!(counted(&out, "lease_lost"), 1);
+    assert!(
+        !proceeded(&out, 1),
+        "nothing to take: waits for another lease"
+    );
+    let again = env.take_sent();
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].script(), "LEASE");
+    let out = reply(&mut core, &env, T0, again[0].token, &ints(&[5000, 0, 0]));
+    assert!(proceeded(&out, 1));
+}
+
+#[test]
+fn the_clock_is_not_needed_for_a_body_chunk_nor_for_response_headers() {
+    assert!(!Input::ResponseHeaders { ctx: 1 }.uses_clock());
+    assert!(!Input::RequestBody {
+        ctx: 1,
+        size: 1,
+        end_of_stream: true
+    }
+    .uses_clock());
+    // a body chunk fed with the clock at 0 asks for the body all the same
+    let env = Fake::default();
+    let mut core = new_core(LOCAL_RPM, false);
+    drive(
+        &mut core,
+        &env,
+        T0,
+        Input::RequestHeaders {
+            ctx: 1,
+            config: Some(0),
+            head: head("k"),
+            end_of_stream: false,
+        },
+    );
+    core.handle(
+        0,
+        Input::RequestBody {
+            ctx: 1,
+            size: 3,
+            end_of_stream: true,
+        },
+        &env,
+    );
+    assert_eq!(core.poll(), Some(Command::ReadBody { ctx: 1, size: 3 }));
+    assert!(Input::Tick.uses_clock());
 }
 
 #[test]
