@@ -543,14 +543,11 @@ impl Core {
         for taken in flow.taken.drain(..) {
             let spec = spec_of(config, taken.limit);
             let mode = self.mode(env, config, now);
-            settle_bucket(
-                env,
-                &taken.local_key,
-                mode,
-                &spec,
-                i64::try_from(taken.units).unwrap_or(0),
-                now,
-            );
+            let units = i64::try_from(taken.units).unwrap_or(0);
+            if settle_bucket(env, &taken.local_key, mode, &spec, units, now).is_err() {
+                // soft limits are eventually consistent: the bucket refills with its window
+                self.count("bucket_refund_lost", 1);
+            }
         }
         flow.rate.clear();
     }

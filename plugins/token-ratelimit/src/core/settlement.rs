@@ -107,7 +107,9 @@ impl Core {
                 settle::bucket_refund(limit.unit, taken.units, flow.admitted, actual.as_ref());
             if refund != 0 {
                 let spec = spec_of(config, taken.limit);
-                settle_bucket(env, &taken.local_key, mode, &spec, refund, now);
+                if settle_bucket(env, &taken.local_key, mode, &spec, refund, now).is_err() {
+                    self.count("bucket_refund_lost", 1);
+                }
             }
         }
 
@@ -155,7 +157,14 @@ impl Core {
             }),
             Reservation::Local { levels, amounts } => {
                 let actual = actual_of(&levels, &amounts);
-                settle_locally(env, &levels, &amounts, &actual);
+                let lost = settle_locally(env, &levels, &amounts, &actual);
+                if lost > 0 {
+                    self.count("local_budget_lost", lost);
+                    self.log(
+                        LogLevel::Warn,
+                        "a per-instance budget settlement could not be written".into(),
+                    );
+                }
                 None
             }
         }

@@ -69,14 +69,13 @@ pub(super) fn settle_bucket(
     spec: &Spec,
     units: i64,
     now: u64,
-) {
+) -> Result<(), HostError> {
     let seed = Local::new(mode, spec, now).encode();
-    // soft limits are eventually consistent: a refund lost to a contended key is tolerated
-    let _ = update(env, key, &seed, |v| {
+    update(env, key, &seed, |v| {
         let mut local = Local::decode(v).unwrap_or_else(|| Local::new(mode, spec, now));
         local.settle(mode, spec, units, now);
         (Some(local.encode().to_vec()), ())
-    });
+    })
 }
 
 pub(super) fn want(env: &dyn Env, keys: &BucketKeys) {
@@ -126,7 +125,9 @@ pub(super) fn reserve_locally(
             Ok(Err(remaining)) => {
                 for (i, amount) in done {
                     if let Some(level) = levels.get(i) {
-                        add_local(env, level, -i128::from(amount));
+                        // a rollback lost to shared data leaves the level over-counted: the
+                        // safe direction (never oversold)
+                        let _ = add_local(env, level, -i128::from(amount));
                     }
                 }
                 return Err((index, remaining));
@@ -140,21 +141,29 @@ pub(super) fn reserve_locally(
     Ok(spent_after)
 }
 
-pub(super) fn add_local(env: &dyn Env, level: &Level, delta: i128) {
+pub(super) fn add_local(env: &dyn Env, level: &Level, delta: i128) -> Result<(), HostError> {
     let key = format!("{LOCAL_BUDGET_PREFIX}{}", level.key);
-    // no shared data: the per-instance budget fails open, as its reservation did
-    let _ = update(env, &key, &0u64.to_le_bytes(), |v| {
+    update(env, &key, &0u64.to_le_bytes(), |v| {
         let spent = i128::from(decode_u64(v)) + delta;
         let spent = u64::try_from(spent.max(0)).unwrap_or(u64::MAX);
         (Some(spent.to_le_bytes().to_vec()), ())
-    });
+    })
 }
 
-pub(super) fn settle_locally(env: &dyn Env, levels: &[Level], reserved: &[u64], actual: &[u64]) {
+/// Settles a per-instance reservation to what was used; how many levels could not be
+/// written (shared data contended or unavailable).
+pub(super) fn settle_locally(
+    env: &dyn Env,
+    levels: &[Level],
+    reserved: &[u64],
+    actual: &[u64],
+) -> i64 {
+    let mut lost = 0;
     for ((level, reserved), actual) in levels.iter().zip(reserved).zip(actual) {
         let delta = i128::from(*actual) - i128::from(*reserved);
-        if delta != 0 {
-            add_local(env, level, delta);
+        if delta != 0 && add_local(env, level, delta).is_err() {
+            lost += 1;
         }
     }
+    lost
 }

@@ -700,6 +700,32 @@ fn a_local_budget_reserves_the_worst_case_and_settles_to_the_usage_record() {
 }
 
 #[test]
+fn settlements_that_shared_data_refuses_are_counted_not_dropped() {
+    let env = Fake::default();
+    let mut core = new_core(
+        r#"{"default_max_tokens":100,
+        "limits":[{"name":"key-tpm","by":["key"],"tokens":100000,"per":"minute"}],
+        "budgets":[{"name":"tenant-day","by":"tenant","period":"day","tokens":1000}]}"#,
+        false,
+    );
+    assert!(proceeded(&request(&mut core, &env, T0, 1, head("k")), 1));
+    *env.record.borrow_mut() = Some(record(1, 1));
+    env.broken.set(true);
+    let out = drive(
+        &mut core,
+        &env,
+        T0,
+        Input::Log {
+            ctx: 1,
+            superseded: false,
+        },
+    );
+    assert_eq!(counted(&out, "bucket_refund_lost"), 1);
+    assert_eq!(counted(&out, "local_budget_lost"), 1);
+    assert_eq!(core.requests(), 0);
+}
+
+#[test]
 fn a_local_budget_that_cannot_cover_the_request_refuses_with_402() {
     let env = Fake::default();
     let mut core = new_core(
