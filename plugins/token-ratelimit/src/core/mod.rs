@@ -275,7 +275,7 @@ enum Reservation {
 
 /// A request's progress.
 #[derive(Debug, Default)]
-pub struct Flow {
+struct Flow {
     config: usize,
     identity: Identity,
     request_id: String,
@@ -422,11 +422,6 @@ impl Core {
                 .position(|c| std::ptr::eq(c, selected))
                 .unwrap_or(0),
         )
-    }
-
-    /// This VM's nonce.
-    pub fn nonce(&self) -> u64 {
-        self.nonce
     }
 
     /// Requests with state in this core (for tests and leak checks).
