@@ -717,6 +717,8 @@ impl Results {
                 rule.push_str("---:|");
             }
         }
+        head.push_str(" errors |");
+        rule.push_str("---:|");
         let _ = writeln!(o, "{head}\n{rule}");
         let mut rows: Vec<Row> = [Row::Bare, Row::Chain, Row::Bundle, Row::Fused]
             .into_iter()
@@ -773,6 +775,21 @@ impl Results {
                     );
                 }
             }
+            let errors: u64 = run
+                .cells
+                .iter()
+                .filter(|c| c.row == row)
+                .map(|c| c.errors)
+                .sum();
+            let _ = write!(
+                line,
+                " {} |",
+                if errors == 0 {
+                    "0".into()
+                } else {
+                    format!("**{errors}**")
+                }
+            );
             let _ = writeln!(o, "{line}");
         }
         o.push('\n');
@@ -859,6 +876,10 @@ impl Results {
             head.push_str(" C'/C req/s | C'−C p50 |");
             rule.push_str("---:|---:|");
         }
+        if has(Row::Fused) {
+            head.push_str(" F/B req/s | F−B p50 | F/C req/s |");
+            rule.push_str("---:|---:|---:|");
+        }
         head.push_str(" C−A p50 | D−A p50 | C/D req/s | (C−A)/(D−A) |");
         rule.push_str("---:|---:|---:|---:|");
         let _ = writeln!(o, "{head}\n{rule}");
@@ -915,6 +936,16 @@ impl Results {
                     let cmp = get(Row::Compare);
                     let _ = write!(line, " {} | {} |", ratio(cmp, cc, rps, true), diff(cmp, cc));
                 }
+                if has(Row::Fused) {
+                    let f = get(Row::Fused);
+                    let _ = write!(
+                        line,
+                        " {} | {} | {} |",
+                        ratio(f, b, rps, true),
+                        diff(f, b),
+                        ratio(f, cc, rps, true)
+                    );
+                }
                 let share = match (cc, d, a) {
                     (Some(x), Some(y), Some(a)) if y.p50_us > a.p50_us => {
                         format!(
@@ -951,7 +982,7 @@ impl Results {
             self.workloads[s].events
         );
         for &c in &self.connections {
-            for row in [Row::Chain, Row::Bundle, Row::Compare] {
+            for row in [Row::Chain, Row::Bundle, Row::Compare, Row::Fused] {
                 let (Some(x), Some(b)) = (self.cell(row, s, c), self.cell(Row::Bare, s, c)) else {
                     continue;
                 };

@@ -1,16 +1,19 @@
 //! `scripts/bench`: what the gateway costs on the request path, measured side by side in one
-//! run on this machine (issue 9). Rows: A the mock upstream directly; B Envoy 1.40 with the
-//! router only; C Envoy with the five-plugin chain of `envoy-config/gateway.yaml` (one module
-//! per plugin); E the same chain from the bundle module when `dist/llm-gateway.wasm` exists;
-//! D the LiteLLM proxy. Workloads: chat with a 2 KB and a 32 KB prompt, a 200-event stream, at
-//! 1, 16 and 64 connections, in interleaved fixed-length windows (medians). Then a leak check
+//! run on this machine (issues 9 and 19). Rows: A the mock upstream directly; B Envoy 1.40 with
+//! the router only; C Envoy with the five-plugin chain of `envoy-config/gateway.yaml` (one
+//! module per plugin); E the same chain from the bundle module when `dist/llm-gateway.wasm`
+//! exists; F the fused one-filter build when `envoy-config/gateway-fused.yaml` exists; D the
+//! LiteLLM proxy. Workloads: chat with a 2 KB and a 32 KB prompt, a 200-event stream echoing a
+//! prompt with PII, at 1, 16 and 64 connections, in interleaved fixed-length windows
+//! (medians). Then perf's split, the ablation rows (`--ablation`, [`ablation`]), a leak check
 //! through C (and E), the chain in the wasmtime harness on the same workloads, and the
 //! `harness-cost` tables. Writes `target/bench/report.md` and prints it.
 //!
 //! Usage: `bench [--quick] [--window SECS] [--rounds N] [--connections 1,16,64]
 //! [--leak-requests N] [--no-litellm] [--out FILE] [--compare DIR] [--perf | --no-perf]
-//! [--harness]` (`--harness`: only the chain in the wasmtime harness, no Envoy: the per-plugin
-//! fuel and host calls of the report, deterministic, in seconds)
+//! [--ablation | --no-ablation] [--harness]` (`--harness`: only the chain in the wasmtime
+//! harness, no Envoy: the per-plugin fuel and host calls of the report, deterministic, in
+//! seconds)
 //! (`--compare DIR` adds a row C' running the chain with the `.wasm` files of DIR, to measure
 //! a change against the current build in one run).
 
@@ -993,8 +996,9 @@ fn header(args: &Args, load_start: String) -> Vec<String> {
         format!("load: wrk -t1 --latency at {} connections; {} round(s) of one {}-second window per row, workload and connection count, interleaved (round → workload → connections → row); figures are medians over the rounds; 1 s of warm-up per row and workload first", connections.join(", "), args.rounds, args.window),
         "C: `envoy-config/gateway.yaml` as shipped (key-auth → model-router → pii-redaction → usage-accounting → token-ratelimit, model-router-upstream on every provider cluster, its routes, retries and local replies), every provider cluster pointed at the one mock, and only token-ratelimit's amounts raised (limits' requests/tokens, budgets' tokens/money) so no request is refused; they are still evaluated on every request. Derived at run time (tests/src/bench/config.rs); E is the same with every filter in one `llm-gateway` VM of `dist/llm-gateway.wasm`".into(),
         "B: `envoy-config/bench-bare.yaml` (router only). Access log: B and C (and E) write the same line per request, gateway.yaml's JSON file access log, flushed every 100 ms".into(),
-        format!("requests: the demo key (consumer demo, group `fast` → the mock's `/v1/chat/completions`), one user message of prose without personal data; the stream asks the mock for its events with `x-mock-chunks` (checked to arrive through every row before the load); D: LiteLLM {} (PyPI `litellm[proxy]`, `.venv-litellm`), one worker, no database, a master key, `tests/bench/litellm.yaml` (model group `fast` → openai/gpt-4o-mini at the mock's `/v1`; its stream group sets `x-mock-chunks` itself, LiteLLM does not forward client headers)", litellm::VERSION),
+        format!("requests: the demo key (consumer demo, group `fast` → the mock's `/v1/chat/completions`), chat: one user message of prose without personal data; the stream: prose in a system message and a 600-character user message with an e-mail address and a phone number (as long as their placeholders) that the mock echoes back 3 characters per event (`x-mock-echo`: 200 events through every row, checked before the load, with the client's text restored where pii-redaction masked it); D: LiteLLM {} (PyPI `litellm[proxy]`, `.venv-litellm`), one worker, no database, a master key, `tests/bench/litellm.yaml` (model group `fast` → openai/gpt-4o-mini at the mock's `/v1`; its stream group sets `x-mock-chunks` itself, LiteLLM does not forward client headers)", litellm::VERSION),
         format!("LiteLLM under concurrency: a request takes about c × its c=1 latency, longer than a {}-second window for the stream; its windows stretch to twice that (up to 20 s), and a cell that would need more is not run (the table says so)", args.window),
+        "per event: the stream's whole-request proxy CPU over B's, divided by its 200 events (the issue-19 figure); `(row−B) p50 / event` is latency, for comparison with issue 9's".into(),
         format!("leak check: {} requests through C (and E) at 16 connections, RSS sampled every {}; B gets the same as the control", args.leak_requests, (args.leak_requests / 10).max(1)),
     ]
 }
