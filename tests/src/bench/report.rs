@@ -702,6 +702,10 @@ impl Results {
                 ),
             };
         }
+        let _ = writeln!(
+            o,
+            "\nThe stand-ins keep the rest of the chain doing the same work: each writes, once on the request headers, what its plugin writes for these requests, as fixed values derived from the chain's own configs (`tests/src/bench/ablation.rs`, `stand_in_config`). key-auth's: the demo key's `x-llm-consumer`, `x-llm-tenant`, `x-llm-groups`, `x-llm-key-id`, the client's `authorization` removed (wrk still sends the key). model-router's: `x-llm-model-group`, `x-llm-deployment`, `x-llm-cluster`, `x-envoy-max-retries`, a fresh `x-llm-request-id`, filter state `llm_attempt`, `llm_try_<k>`, `llm_route_plan`, `llm_route`, the route cache cleared; its upstream role's: the provider credential, `llm_attempt`; the body already names the deployment's model (wrk sends it). usage-accounting's: a usage record in `llm_usage` (token-ratelimit settles from it, the access log prints it); the stream asks for `include_usage` itself, so the provider still sends its usage chunk. pii-redaction's and token-ratelimit's write nothing (no later filter reads what they write). Metrics off: the plugins still define and increment their metrics (the host calls remain); Envoy keeps no stat for them."
+        );
         o.push('\n');
         let mut head = String::from("| row | ref |");
         let mut rule = String::from("|---|---|");
