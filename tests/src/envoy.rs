@@ -53,6 +53,17 @@ impl Envoy {
 
     /// Like [`Envoy::start`] with chosen [`Options`].
     pub fn start_with(template: &str, vars: &[(&str, String)], options: &Options) -> Result<Envoy> {
+        Envoy::start_with_log_level(template, vars, options, "info")
+    }
+
+    /// Like [`Envoy::start_with`] with Envoy's `--log-level` (`info` there; `scripts/bench`
+    /// measures a chain at `warn`).
+    pub fn start_with_log_level(
+        template: &str,
+        vars: &[(&str, String)],
+        options: &Options,
+        log_level: &str,
+    ) -> Result<Envoy> {
         let dir = TempDir::new("envoy")?;
         let config = Envoy::render(template, vars, &dir)?;
         let config_path = dir.path().join("envoy.yaml");
@@ -68,7 +79,7 @@ impl Envoy {
             .arg("--disable-hot-restart")
             .arg("--admin-address-path")
             .arg(&admin_path)
-            .args(["--log-level", "info"])
+            .args(["--log-level", log_level])
             .args(if options.trace_wasm {
                 &["--component-log-level", "wasm:trace"][..]
             } else {

@@ -12,8 +12,10 @@
 //!
 //! The cost of a request ([`cost`]) is its estimated prompt tokens plus its output cap; the
 //! plugin injects the configured `max_tokens` when the client sent none, so the provider
-//! enforces the cap the reservation assumed. Decisions live in the pure modules; the
-//! proxy-wasm shell is compiled only for `wasm32`.
+//! enforces the cap the reservation assumed. Decisions live in the pure modules and the
+//! state machine in the sans-I/O [`core`] (natively tested with a fake clock and a fake
+//! shared-data store); the proxy-wasm shell, compiled only for `wasm32`, copies host data in
+//! and carries the core's commands out.
 #![cfg_attr(
     not(test),
     deny(
@@ -27,6 +29,7 @@
 pub mod bucket;
 pub mod budget;
 pub mod config;
+pub mod core;
 pub mod cost;
 pub mod decide;
 pub mod reentry;

@@ -136,7 +136,7 @@ fn read_yaml(name: &str) -> crate::Result<Value> {
 }
 
 /// The listener's HTTP connection manager config.
-fn hcm(config: &mut Value) -> crate::Result<&mut Value> {
+pub(crate) fn hcm(config: &mut Value) -> crate::Result<&mut Value> {
     config
         .pointer_mut("/static_resources/listeners/0/filter_chains/0/filters/0/typed_config")
         .ok_or_else(|| "no http_connection_manager in the first listener".to_string())
@@ -189,6 +189,80 @@ pub fn chain_from(mut config: Value, mock_port: u16, build: Build) -> crate::Res
         return Err("gateway.yaml has no token-ratelimit filter".into());
     }
     Ok(config)
+}
+
+/// The fused build's config template (issue 19): the lead's one-filter chain. Row F is measured
+/// when it exists.
+pub const FUSED_TEMPLATE: &str = "gateway-fused.yaml";
+
+/// Row F: `envoy-config/gateway-fused.yaml`, derived as row C is from gateway.yaml (the listener
+/// on port 0, every provider cluster on `mock_port`) with every token-ratelimit amount raised
+/// wherever it sits in a wasm filter's configuration ([`raise_limits_anywhere`]: the fused
+/// filter may hold the plugins' configs in one document). `Ok(None)` when there is no such
+/// template; an error when it has no limit or budget to raise (its requests would be refused).
+pub fn fused(mock_port: u16) -> crate::Result<Option<Value>> {
+    if !crate::workspace::envoy_config(FUSED_TEMPLATE).is_file() {
+        return Ok(None);
+    }
+    fused_from(read_yaml(FUSED_TEMPLATE)?, mock_port).map(Some)
+}
+
+/// [`fused`] from a parsed config.
+pub fn fused_from(mut config: Value, mock_port: u16) -> crate::Result<Value> {
+    for listener in array_mut(&mut config, "/static_resources/listeners")? {
+        listener["address"]["socket_address"]["port_value"] = json!(0);
+    }
+    point_clusters_at(&mut config, mock_port)?;
+    let mut raised = 0;
+    for_each_wasm_filter(&mut config, &mut |filter, _upstream| {
+        let wasm = &mut filter["typed_config"]["config"];
+        let Ok(mut plugin) = plugin_config(wasm) else {
+            return Ok(()); // no JSON configuration: nothing to raise
+        };
+        let n = raise_limits_anywhere(&mut plugin);
+        if n > 0 {
+            wasm["configuration"]["value"] = json!(plugin.to_string());
+            raised += n;
+        }
+        Ok(())
+    })?;
+    if raised == 0 {
+        return Err(format!(
+            "{FUSED_TEMPLATE}: no token-ratelimit limits or budgets found to raise"
+        ));
+    }
+    Ok(config)
+}
+
+/// [`raise_limits`] on every object of `config` (at any depth) that has `limits` or `budgets`
+/// arrays; how many such objects there were.
+pub fn raise_limits_anywhere(config: &mut Value) -> usize {
+    let mut n = 0;
+    if let Some(object) = config.as_object() {
+        if ["limits", "budgets"]
+            .iter()
+            .any(|k| object.get(*k).is_some_and(Value::is_array))
+        {
+            raise_limits(config);
+            n += 1;
+        }
+    }
+    match config {
+        Value::Object(map) => {
+            for (key, value) in map.iter_mut() {
+                if key != "limits" && key != "budgets" {
+                    n += raise_limits_anywhere(value);
+                }
+            }
+        }
+        Value::Array(items) => {
+            for item in items {
+                n += raise_limits_anywhere(item);
+            }
+        }
+        _ => {}
+    }
+    n
 }
 
 /// Raises every amount [`RAISED`] names.
@@ -258,14 +332,17 @@ fn share_router_document(filters: &mut [WasmFilter]) {
 }
 
 /// The plugin configuration of a `envoy.extensions.wasm.v3.PluginConfig` (a JSON string).
-fn plugin_config(wasm: &Value) -> crate::Result<Value> {
+pub(crate) fn plugin_config(wasm: &Value) -> crate::Result<Value> {
     let text = wasm["configuration"]["value"]
         .as_str()
         .ok_or_else(|| format!("filter {}: no configuration string", wasm["name"]))?;
     serde_json::from_str(text).map_err(|e| format!("filter {}: configuration: {e}", wasm["name"]))
 }
 
-fn array_mut<'a>(config: &'a mut Value, pointer: &str) -> crate::Result<&'a mut Vec<Value>> {
+pub(crate) fn array_mut<'a>(
+    config: &'a mut Value,
+    pointer: &str,
+) -> crate::Result<&'a mut Vec<Value>> {
     config
         .pointer_mut(pointer)
         .and_then(Value::as_array_mut)
@@ -274,7 +351,7 @@ fn array_mut<'a>(config: &'a mut Value, pointer: &str) -> crate::Result<&'a mut 
 
 /// Calls `f` on every wasm HTTP filter: the listener's, then the clusters' upstream ones
 /// (`upstream: true`).
-fn for_each_wasm_filter(
+pub(crate) fn for_each_wasm_filter(
     config: &mut Value,
     f: &mut dyn FnMut(&mut Value, bool) -> crate::Result<()>,
 ) -> crate::Result<()> {
@@ -302,7 +379,7 @@ fn for_each_wasm_filter(
 }
 
 /// Points every endpoint of every cluster at `127.0.0.1:port`.
-fn point_clusters_at(config: &mut Value, port: u16) -> crate::Result<()> {
+pub(crate) fn point_clusters_at(config: &mut Value, port: u16) -> crate::Result<()> {
     for cluster in array_mut(config, "/static_resources/clusters")? {
         for locality in cluster["load_assignment"]["endpoints"]
             .as_array_mut()
@@ -472,6 +549,46 @@ mod tests {
         assert_eq!(filters[0]["name"], "envoy.filters.http.router");
         assert_eq!(placeholders(&bare), ["LOG_DIR"]);
         assert!(bare.to_string().contains(&format!("\"port_value\":{MOCK}")));
+    }
+
+    #[test]
+    fn the_fused_row_is_derived_like_the_chain() {
+        // a stand-in for gateway-fused.yaml: gateway.yaml with the ratelimit config nested
+        let mut config = gateway().unwrap();
+        for_each_wasm_filter(&mut config, &mut |f, _| {
+            let wasm = &mut f["typed_config"]["config"];
+            if wasm["root_id"] == "token-ratelimit" {
+                let inner = plugin_config(wasm)?;
+                wasm["configuration"]["value"] =
+                    json!(json!({"stages": {"token-ratelimit": inner}}).to_string());
+            }
+            Ok(())
+        })
+        .unwrap();
+        let derived = fused_from(config, MOCK).unwrap();
+        let filters = wasm_filters(&derived).unwrap();
+        let trl = filters
+            .iter()
+            .find(|f| f.root_id == "token-ratelimit")
+            .unwrap();
+        let inner = &trl.config["stages"]["token-ratelimit"];
+        assert_eq!(inner["limits"][0]["tokens"], json!(RAISED_AMOUNT));
+        assert_eq!(inner["budgets"][0]["money"], json!(RAISED_MONEY));
+        assert_eq!(
+            inner["limits"][0]["per"], "minute",
+            "only the amounts change"
+        );
+        assert!(derived
+            .to_string()
+            .contains(&format!("\"port_value\":{MOCK}")));
+        // a config with nothing to raise is refused
+        let bare = read_yaml("bench-bare.yaml").unwrap();
+        assert!(fused_from(bare, MOCK).is_err());
+        // not built yet: no row F (when the lead adds the file, this is what turns it on)
+        assert_eq!(
+            fused(MOCK).unwrap().is_some(),
+            crate::workspace::envoy_config(FUSED_TEMPLATE).is_file()
+        );
     }
 
     #[test]

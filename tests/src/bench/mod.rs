@@ -4,6 +4,7 @@
 //! [`cost`] runs the chain in the wasmtime harness, [`perf`] splits a proxy's CPU by DSO,
 //! [`report`] writes the markdown.
 
+pub mod ablation;
 pub mod config;
 pub mod cost;
 pub mod litellm;
@@ -15,6 +16,10 @@ pub mod wrk;
 /// A row of the report.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Row {
+    /// F: the fused one-filter build (`envoy-config/gateway-fused.yaml`, when it exists).
+    Fused,
+    /// An ablation row (`--ablation`): C with one part taken away, or B with one plugin.
+    Ablation(ablation::Ablation),
     /// A: the mock upstream directly.
     Mock,
     /// B: Envoy, router only.
@@ -39,7 +44,17 @@ impl Row {
             Row::Compare => "C'",
             Row::Bundle => "E",
             Row::LiteLlm => "D",
+            Row::Fused => "F",
+            Row::Ablation(a) => a.letter(),
         }
+    }
+
+    /// Its letter as a file name part (ASCII).
+    pub fn file_stem(self) -> String {
+        self.letter()
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+            .collect()
     }
 
     /// What it is.
@@ -51,12 +66,17 @@ impl Row {
             Row::Compare => "Envoy + chain, modules of --compare DIR",
             Row::Bundle => "Envoy + five-plugin chain, bundle module (one VM per worker)",
             Row::LiteLlm => "LiteLLM proxy, one worker",
+            Row::Fused => "Envoy + the fused one-filter build (envoy-config/gateway-fused.yaml)",
+            Row::Ablation(a) => a.label(),
         }
     }
 
     /// An Envoy row.
     pub fn is_envoy(self) -> bool {
-        matches!(self, Row::Bare | Row::Chain | Row::Compare | Row::Bundle)
+        matches!(
+            self,
+            Row::Bare | Row::Chain | Row::Compare | Row::Bundle | Row::Fused | Row::Ablation(_)
+        )
     }
 }
 

@@ -57,6 +57,39 @@ impl WorkerMemory {
     }
 }
 
+/// The ablation phase (`--ablation`): rows B, C (E, F) and every
+/// [`crate::bench::ablation::ABLATIONS`] row at one connection count on two workloads.
+#[derive(Debug, Clone, Default)]
+pub struct AblationRun {
+    /// Each ablation row: measured, or why not.
+    pub rows: Vec<(Row, Result<(), String>)>,
+    /// The cells (the reference rows' and the ablation rows').
+    pub cells: Vec<Cell>,
+    /// wrk connections.
+    pub connections: u32,
+    /// Indexes of the workloads measured (the first chat, the stream).
+    pub workloads: Vec<usize>,
+    /// Wall-clock time of the phase, seconds.
+    pub elapsed_s: f64,
+}
+
+impl AblationRun {
+    /// The cell of `row` on workload `w`, if some request completed in it.
+    pub fn cell(&self, row: Row, w: usize) -> Option<&Cell> {
+        self.cells
+            .iter()
+            .find(|x| x.row == row && x.workload == w && x.requests > 0.0)
+    }
+
+    /// The added proxy CPU per event of `row` over B on the stream workload `w` of `events`
+    /// events ([`crate::bench::ablation::per_event_us`]).
+    pub fn per_event_us(&self, row: Row, w: usize, events: u32) -> Option<f64> {
+        let x = self.cell(row, w)?.cpu_us?;
+        let b = self.cell(Row::Bare, w)?.cpu_us?;
+        Some(crate::bench::ablation::per_event_us(x, b, events))
+    }
+}
+
 /// Everything one run measured.
 #[derive(Debug, Clone, Default)]
 pub struct Results {
@@ -89,6 +122,8 @@ pub struct Results {
     pub profiles: Option<Result<crate::bench::perf::RowProfiles, String>>,
     /// Where `harness-cost`'s full tables went, or why they are missing.
     pub harness_tables: Option<Result<String, String>>,
+    /// The ablation phase, when it ran.
+    pub ablation: Option<AblationRun>,
     /// Wall-clock time of the whole run, seconds.
     pub elapsed_s: f64,
 }
@@ -402,6 +437,195 @@ impl Results {
         out
     }
 
+    /// The targets of issue 19, evaluated: the separate chain (C) and the fused build (F)
+    /// against bare Envoy, per-event CPU, each plugin alone, and the plugins' own code.
+    pub fn targets_19(&self) -> Vec<Target> {
+        let mut out = Vec::new();
+        let chat = self.workload_index(false).unwrap_or(0);
+        let stream = self.workload_index(true);
+        let c16 = if self.connections.contains(&16) {
+            16
+        } else {
+            self.connections.iter().copied().max().unwrap_or(1)
+        };
+        let row_missing = |row: Row| -> String {
+            match self.rows.iter().find(|(r, _)| *r == row) {
+                Some((_, Err(why))) => format!("not measured: {why}"),
+                Some((_, Ok(()))) => "not measured: no request completed".into(),
+                None => format!("not measured: row {} not run", row.letter()),
+            }
+        };
+        let share = |row: Row, w: Option<usize>, what: &'static str, min: f64| -> Target {
+            let pair =
+                w.and_then(|w| Some((self.cell(row, w, c16)?, self.cell(Row::Bare, w, c16)?)));
+            match pair {
+                Some((x, b)) if b.rps > 0.0 => {
+                    let ratio = x.rps / b.rps;
+                    Target {
+                        what,
+                        measured: format!(
+                            "{}/B = {:.1} % ({:.0} / {:.0} req/s, c={c16})",
+                            row.letter(),
+                            100.0 * ratio,
+                            x.rps,
+                            b.rps
+                        ),
+                        met: Some(ratio >= min),
+                    }
+                }
+                _ => Target {
+                    what,
+                    measured: row_missing(row),
+                    met: None,
+                },
+            }
+        };
+        out.push(share(
+            Row::Chain,
+            Some(chat),
+            "separate chain (C) chat 2 KB ≥ 25 % of bare Envoy (c=16)",
+            0.25,
+        ));
+        out.push(share(
+            Row::Chain,
+            stream,
+            "separate chain (C) stream ≥ 15 % of bare Envoy (c=16)",
+            0.15,
+        ));
+        const PER_EVENT: &str =
+            "separate chain (C) ≤ 4 µs added CPU per SSE event (whole request's CPU over B / events, c=16)";
+        out.push(
+            match stream.and_then(|s| {
+                let x = self.cell(Row::Chain, s, c16)?.cpu_us?;
+                let b = self.cell(Row::Bare, s, c16)?.cpu_us?;
+                let events = self.workloads.get(s)?.events;
+                Some((
+                    crate::bench::ablation::per_event_us(x, b, events),
+                    x,
+                    b,
+                    events,
+                ))
+            }) {
+                Some((per, x, b, events)) => Target {
+                    what: PER_EVENT,
+                    measured: format!("({x:.0} − {b:.0} µs) / {events} = {per:.2} µs"),
+                    met: Some(per <= 4.0),
+                },
+                None => unmeasured(PER_EVENT),
+            },
+        );
+        out.push(share(
+            Row::Fused,
+            Some(chat),
+            "fused build (F) chat 2 KB ≥ 50 % of bare Envoy (c=16)",
+            0.5,
+        ));
+        out.push(share(
+            Row::Fused,
+            stream,
+            "fused build (F) stream ≥ 40 % of bare Envoy (c=16)",
+            0.4,
+        ));
+        const UNLOADED: &str =
+            "fused build (F) unloaded (c=1) added p50 ≤ 0.25 ms over bare (2 KB)";
+        out.push(
+            match (
+                self.cell(Row::Fused, chat, 1),
+                self.cell(Row::Bare, chat, 1),
+            ) {
+                (Some(f), Some(b)) => Target {
+                    what: UNLOADED,
+                    measured: format!("F−B = {}", us(f.p50_us - b.p50_us)),
+                    met: Some(f.p50_us - b.p50_us <= 250.0),
+                },
+                _ => Target {
+                    what: UNLOADED,
+                    measured: row_missing(Row::Fused),
+                    met: None,
+                },
+            },
+        );
+        for (root, limit, what) in [
+            (
+                "pii-redaction",
+                1.5,
+                "pii-redaction alone ≤ 1.5 µs added CPU per streamed event over B (c=16)",
+            ),
+            (
+                "usage-accounting",
+                0.5,
+                "usage-accounting alone ≤ 0.5 µs added CPU per streamed event over B (c=16)",
+            ),
+        ] {
+            let row = Row::Ablation(crate::bench::ablation::Ablation::Alone(root));
+            let figure = self.ablation.as_ref().and_then(|a| {
+                let s = stream?;
+                let events = self.workloads.get(s)?.events;
+                Some((a.per_event_us(row, s, events)?, events))
+            });
+            out.push(match (figure, &self.ablation) {
+                (Some((per, events)), _) => Target {
+                    what,
+                    measured: format!(
+                        "{}: ({} − B) CPU / {events} = {per:.2} µs",
+                        row.letter(),
+                        row.letter()
+                    ),
+                    met: Some(per <= limit),
+                },
+                (None, None) => Target {
+                    what,
+                    measured: "not measured: the ablation phase did not run (--ablation)".into(),
+                    met: None,
+                },
+                (None, Some(a)) => Target {
+                    what,
+                    measured: match a.rows.iter().find(|(r, _)| *r == row) {
+                        Some((_, Err(why))) => format!("not measured: {why}"),
+                        _ => "not measured: no request completed".into(),
+                    },
+                    met: None,
+                },
+            });
+        }
+        const JIT: &str = "the chain's plugins' own code (perf: V8 JIT share) ≤ 60 µs per 2 KB chat request (C, c=16)";
+        out.push(match &self.profiles {
+            Some(Ok(rows)) => match rows.iter().find(|(r, _)| *r == Row::Chain) {
+                Some((_, Ok(p))) => match p.cpu_per_request_us() {
+                    Some(cpu) => {
+                        let jit = cpu * p.shares[1] / 100.0;
+                        Target {
+                            what: JIT,
+                            measured: format!(
+                                "{jit:.0} µs ({:.1} % of {cpu:.0} µs per request)",
+                                p.shares[1]
+                            ),
+                            met: Some(jit <= 60.0),
+                        }
+                    }
+                    None => unmeasured(JIT),
+                },
+                Some((_, Err(why))) => Target {
+                    what: JIT,
+                    measured: format!("not measured: {why}"),
+                    met: None,
+                },
+                None => unmeasured(JIT),
+            },
+            Some(Err(why)) => Target {
+                what: JIT,
+                measured: format!("not measured: {why}"),
+                met: None,
+            },
+            None => Target {
+                what: JIT,
+                measured: "not measured: no perf run (--perf)".into(),
+                met: None,
+            },
+        });
+        out
+    }
+
     /// The whole report.
     pub fn render(&self) -> String {
         let mut o = String::new();
@@ -435,6 +659,7 @@ impl Results {
         self.render_cells(&mut o);
         self.render_ratios(&mut o);
         self.render_stream(&mut o);
+        self.render_ablation(&mut o);
         self.render_profiles(&mut o);
         self.render_memory(&mut o);
         self.render_harness(&mut o);
@@ -452,21 +677,143 @@ impl Results {
     }
 
     fn render_targets(&self, o: &mut String) {
+        render_target_table(o, "Targets (issue 9)", &self.targets());
+        render_target_table(o, "Targets (issue 19)", &self.targets_19());
+    }
+
+    fn render_ablation(&self, o: &mut String) {
+        let Some(run) = &self.ablation else {
+            return;
+        };
+        let c = run.connections;
         let _ = writeln!(
             o,
-            "## Targets (issue 9)\n\n| target | measured | |\n|---|---|---|"
+            "## Ablation (issue 19): what each part of the chain costs\n\nRow C's config with one part taken away (a plugin replaced by the pass-through stand-in `tests/fixture-plugins/passthrough`, which writes what that plugin would have written for these requests so the rest of the chain does the same work; the access log off; the plugins' metrics off; Envoy's log level at warn), and row B with one plugin alone in front of the router. c={c}, interleaved windows with B and C measured alongside (medians over the rounds); Δ is the row minus its reference (C for the C− rows, B for the B+ rows): a C− row's −Δ CPU is what that part costs in the chain. Per event: the whole stream request's proxy CPU over B's, divided by the events. {:.0} s.\n",
+            run.elapsed_s
         );
-        for t in self.targets() {
-            let verdict = match t.met {
-                Some(true) => "met",
-                Some(false) => "**not met**",
-                None => "not measured",
+        for (row, status) in &run.rows {
+            let _ = match status {
+                Ok(()) => writeln!(o, "- **{}** {}", row.letter(), row.label()),
+                Err(why) => writeln!(
+                    o,
+                    "- **{}** {}: **not measured**: {why}",
+                    row.letter(),
+                    row.label()
+                ),
             };
-            let _ = writeln!(o, "| {} | {} | {verdict} |", t.what, t.measured);
+        }
+        let _ = writeln!(
+            o,
+            "\nThe stand-ins keep the rest of the chain doing the same work: each writes, once on the request headers, what its plugin writes for these requests, as fixed values derived from the chain's own configs (`tests/src/bench/ablation.rs`, `stand_in_config`). key-auth's: the demo key's `x-llm-consumer`, `x-llm-tenant`, `x-llm-groups`, `x-llm-key-id`, the client's `authorization` removed (wrk still sends the key). model-router's: `x-llm-model-group`, `x-llm-deployment`, `x-llm-cluster`, `x-envoy-max-retries`, a fresh `x-llm-request-id`, filter state `llm_attempt`, `llm_try_<k>`, `llm_route_plan`, `llm_route`, the route cache cleared; its upstream role's: the provider credential, `llm_attempt`; the body already names the deployment's model (wrk sends it). usage-accounting's: a usage record in `llm_usage` (token-ratelimit settles from it, the access log prints it); the stream asks for `include_usage` itself, so the provider still sends its usage chunk. pii-redaction's and token-ratelimit's write nothing (no later filter reads what they write). Metrics off: the plugins still define and increment their metrics (the host calls remain); Envoy keeps no stat for them."
+        );
+        o.push('\n');
+        let mut head = String::from("| row | ref |");
+        let mut rule = String::from("|---|---|");
+        for &w in &run.workloads {
+            let name = self.workloads.get(w).map_or("-", |x| x.name);
+            let _ = write!(
+                head,
+                " {name} req/s | Δ req/s | CPU/request | Δ CPU/request |"
+            );
+            rule.push_str("---:|---:|---:|---:|");
+            if self.workloads.get(w).is_some_and(Workload::streams) {
+                head.push_str(" added CPU/event over B |");
+                rule.push_str("---:|");
+            }
+        }
+        head.push_str(" errors |");
+        rule.push_str("---:|");
+        let _ = writeln!(o, "{head}\n{rule}");
+        let mut rows: Vec<Row> = [Row::Bare, Row::Chain, Row::Bundle, Row::Fused]
+            .into_iter()
+            .filter(|r| run.cells.iter().any(|c| c.row == *r))
+            .collect();
+        rows.extend(run.rows.iter().map(|(r, _)| *r));
+        for row in rows {
+            let reference = match row {
+                Row::Ablation(a) if a.is_alone() => Row::Bare,
+                Row::Ablation(_) => Row::Chain,
+                _ => Row::Bare,
+            };
+            let mut line = format!(
+                "| {} | {} |",
+                row.letter(),
+                if row == Row::Bare {
+                    "-"
+                } else {
+                    reference.letter()
+                }
+            );
+            for &w in &run.workloads {
+                let x = run.cell(row, w);
+                let r = run.cell(reference, w).filter(|_| row != Row::Bare);
+                let cpu = |c: Option<&Cell>| c.and_then(|c| c.cpu_us);
+                let _ = write!(
+                    line,
+                    " {} | {} | {} | {} |",
+                    x.map_or("-".into(), |x| format!("{:.0}", x.rps)),
+                    match (x, r) {
+                        (Some(x), Some(r)) if r.rps > 0.0 => format!(
+                            "{:+.0} ({:+.1} %)",
+                            x.rps - r.rps,
+                            100.0 * (x.rps - r.rps) / r.rps
+                        ),
+                        _ => "-".into(),
+                    },
+                    cpu(x).map_or("-".into(), |v| format!("{v:.1} µs")),
+                    match (cpu(x), cpu(r)) {
+                        (Some(x), Some(r)) => format!("{:+.1} µs", x - r),
+                        _ => "-".into(),
+                    },
+                );
+                if let Some(workload) = self.workloads.get(w).filter(|x| x.streams()) {
+                    let _ = write!(
+                        line,
+                        " {} |",
+                        if row == Row::Bare {
+                            "-".to_string()
+                        } else {
+                            run.per_event_us(row, w, workload.events)
+                                .map_or("-".into(), |v| format!("{v:.2} µs"))
+                        }
+                    );
+                }
+            }
+            let errors: u64 = run
+                .cells
+                .iter()
+                .filter(|c| c.row == row)
+                .map(|c| c.errors)
+                .sum();
+            let _ = write!(
+                line,
+                " {} |",
+                if errors == 0 {
+                    "0".into()
+                } else {
+                    format!("**{errors}**")
+                }
+            );
+            let _ = writeln!(o, "{line}");
         }
         o.push('\n');
     }
+}
 
+fn render_target_table(o: &mut String, title: &str, targets: &[Target]) {
+    let _ = writeln!(o, "## {title}\n\n| target | measured | |\n|---|---|---|");
+    for t in targets {
+        let verdict = match t.met {
+            Some(true) => "met",
+            Some(false) => "**not met**",
+            None => "not measured",
+        };
+        let _ = writeln!(o, "| {} | {} | {verdict} |", t.what, t.measured);
+    }
+    o.push('\n');
+}
+
+impl Results {
     fn render_cells(&self, o: &mut String) {
         for (w, workload) in self.workloads.iter().enumerate() {
             let _ = writeln!(
@@ -533,6 +880,10 @@ impl Results {
             head.push_str(" C'/C req/s | C'−C p50 |");
             rule.push_str("---:|---:|");
         }
+        if has(Row::Fused) {
+            head.push_str(" F/B req/s | F−B p50 | F/C req/s |");
+            rule.push_str("---:|---:|---:|");
+        }
         head.push_str(" C−A p50 | D−A p50 | C/D req/s | (C−A)/(D−A) |");
         rule.push_str("---:|---:|---:|---:|");
         let _ = writeln!(o, "{head}\n{rule}");
@@ -589,6 +940,16 @@ impl Results {
                     let cmp = get(Row::Compare);
                     let _ = write!(line, " {} | {} |", ratio(cmp, cc, rps, true), diff(cmp, cc));
                 }
+                if has(Row::Fused) {
+                    let f = get(Row::Fused);
+                    let _ = write!(
+                        line,
+                        " {} | {} | {} |",
+                        ratio(f, b, rps, true),
+                        diff(f, b),
+                        ratio(f, cc, rps, true)
+                    );
+                }
                 let share = match (cc, d, a) {
                     (Some(x), Some(y), Some(a)) if y.p50_us > a.p50_us => {
                         format!(
@@ -625,7 +986,7 @@ impl Results {
             self.workloads[s].events
         );
         for &c in &self.connections {
-            for row in [Row::Chain, Row::Bundle, Row::Compare] {
+            for row in [Row::Chain, Row::Bundle, Row::Compare, Row::Fused] {
                 let (Some(x), Some(b)) = (self.cell(row, s, c), self.cell(Row::Bare, s, c)) else {
                     continue;
                 };
@@ -956,6 +1317,139 @@ mod tests {
         let text = bad.render();
         assert!(text.contains("C/B = 40.0 %"), "{text}");
         assert!(text.contains("**not met**"));
+    }
+
+    fn verdicts_19(r: &Results) -> Vec<Option<bool>> {
+        r.targets_19().into_iter().map(|t| t.met).collect()
+    }
+
+    /// `results` plus an ablation phase with B at 100 µs CPU per stream request and the two
+    /// plugins alone at `pii` and `usage` µs per event over it, and perf's split of row C.
+    fn with_ablation(mut r: Results, pii: f64, usage: f64, jit_share: f64) -> Results {
+        use crate::bench::ablation::Ablation;
+        let stream = 2;
+        let events = f64::from(WORKLOADS[stream].events);
+        let cell_cpu = |row: Row, cpu: f64| {
+            let mut c = cell(row, stream, 16, 1000.0, 1000.0, 2000.0, 0);
+            c.cpu_us = Some(cpu);
+            c
+        };
+        let pii_row = Row::Ablation(Ablation::Alone("pii-redaction"));
+        let ua_row = Row::Ablation(Ablation::Alone("usage-accounting"));
+        r.ablation = Some(AblationRun {
+            rows: vec![(pii_row, Ok(())), (ua_row, Ok(()))],
+            cells: vec![
+                cell_cpu(Row::Bare, 100.0),
+                cell_cpu(pii_row, 100.0 + pii * events),
+                cell_cpu(ua_row, 100.0 + usage * events),
+            ],
+            connections: 16,
+            workloads: vec![0, stream],
+            elapsed_s: 1.0,
+        });
+        // 499 samples = 1 s of CPU over 1000 requests: 1000 µs per request
+        let mut shares = [0.0; crate::bench::perf::GROUPS.len()];
+        shares[0] = 100.0 - jit_share;
+        shares[1] = jit_share;
+        r.profiles = Some(Ok(vec![(
+            Row::Chain,
+            Ok(crate::bench::perf::Profile {
+                samples: u64::from(crate::bench::perf::FREQUENCY),
+                shares,
+                requests: 1000.0,
+            }),
+        )]));
+        r
+    }
+
+    #[test]
+    fn issue_19_targets_follow_the_figures() {
+        // C at 30 % of B (chat and stream), the same CPU as B per request (0 µs per event);
+        // no fused build; the plugins alone at 1.4 and 0.6 µs per event; the JIT 5 % of
+        // 1000 µs = 50 µs
+        let mut r = with_ablation(results(3_000.0, 400.0), 1.4, 0.6, 5.0);
+        r.rows.push((
+            Row::Fused,
+            Err("not built (gateway-fused.yaml is missing)".into()),
+        ));
+        assert_eq!(
+            verdicts_19(&r),
+            [
+                Some(true),
+                Some(true),
+                Some(true),
+                None,
+                None,
+                None,
+                Some(true),
+                Some(false),
+                Some(true)
+            ]
+        );
+        let targets = r.targets_19();
+        assert!(
+            targets[3].measured.contains("not built"),
+            "{}",
+            targets[3].measured
+        );
+        assert!(
+            targets[8].measured.starts_with("50 µs"),
+            "{}",
+            targets[8].measured
+        );
+        assert!(
+            targets[6].measured.contains("= 1.40 µs"),
+            "{}",
+            targets[6].measured
+        );
+
+        // C at 20 % of B (chat and stream) and 4.5 µs more CPU per event; F at 60 % and +200 µs unloaded; the
+        // plugins alone at 1.6 and 0.4 µs per event; the JIT 7 % = 70 µs
+        let mut r = with_ablation(results(2_000.0, 400.0), 1.6, 0.4, 7.0);
+        let fused: Vec<Cell> = r
+            .cells
+            .iter()
+            .filter(|c| c.row == Row::Chain)
+            .map(|c| Cell {
+                row: Row::Fused,
+                rps: 6_000.0,
+                p50_us: if c.connections == 1 { 500.0 } else { c.p50_us },
+                ..c.clone()
+            })
+            .collect();
+        r.cells.extend(fused);
+        for c in r
+            .cells
+            .iter_mut()
+            .filter(|c| c.row == Row::Chain && c.workload == 2)
+        {
+            c.cpu_us = Some(10.0 + 4.5 * 200.0);
+        }
+        r.rows.push((Row::Fused, Ok(())));
+        assert_eq!(
+            verdicts_19(&r),
+            // the stream at 20 % still meets its 15 %
+            [false, true, false, true, true, true, false, true, false].map(Some)
+        );
+        let text = r.render();
+        assert!(text.contains("## Targets (issue 19)"), "{text}");
+        assert!(text.contains("F/B = 60.0 %"), "{text}");
+        assert!(text.contains("(910 − 10 µs) / 200 = 4.50 µs"), "{text}");
+        assert!(text.contains("## Ablation"), "{text}");
+        assert!(text.contains("| B+pii | B |"), "{text}");
+    }
+
+    #[test]
+    fn issue_19_targets_without_the_phases_say_why() {
+        let r = results(3_000.0, 400.0);
+        let targets = r.targets_19();
+        assert_eq!(targets.len(), 9);
+        for t in &targets[3..] {
+            assert_eq!(t.met, None, "{}", t.what);
+        }
+        assert!(targets[6].measured.contains("--ablation"));
+        assert!(targets[8].measured.contains("--perf"));
+        assert!(!r.render().contains("## Ablation"));
     }
 
     #[test]

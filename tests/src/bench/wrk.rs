@@ -12,8 +12,30 @@ pub struct Workload {
     pub name: &'static str,
     /// Bytes of the user message.
     pub prompt_bytes: usize,
-    /// SSE events asked of the mock (`x-mock-chunks`) for a stream; 0: a JSON answer.
+    /// SSE events of a stream; 0: a JSON answer. Without `echo`, asked of the mock with
+    /// `x-mock-chunks`.
     pub events: u32,
+    /// The stream echoes a last user message with personal data ([`echo_text`]): `events` × 3
+    /// characters, which the mock (`x-mock-echo`) streams back 3 characters per event, so that
+    /// pii-redaction masks an e-mail address and a phone number on the way in and restores
+    /// them in the stream on the way out.
+    pub echo: bool,
+}
+
+/// The personal data of an echoed stream's message: an e-mail address and a phone number
+/// exactly as long as the placeholders pii-redaction gives them (`[EMAIL_1]`, `[PHONE_1]`),
+/// so the masked message the provider echoes has as many events as the original.
+pub const ECHO_PII: &str = "Please write to jo@ab.com or call 017012345 about the order. ";
+
+/// The last user message of an echoed stream: [`ECHO_PII`] then prose, `chars` ASCII characters.
+pub fn echo_text(chars: usize) -> String {
+    let mut text = String::from(ECHO_PII);
+    while text.len() < chars {
+        text.push_str(pii_redaction::bench_data::PARAGRAPH);
+    }
+    text.retain(|c| c.is_ascii());
+    text.truncate(chars);
+    text
 }
 
 /// The bench's workloads.
@@ -22,16 +44,19 @@ pub const WORKLOADS: [Workload; 3] = [
         name: "chat 2 KB",
         prompt_bytes: 2 * 1024,
         events: 0,
+        echo: false,
     },
     Workload {
         name: "chat 32 KB",
         prompt_bytes: 32 * 1024,
         events: 0,
+        echo: false,
     },
     Workload {
         name: "stream 200 events",
         prompt_bytes: 2 * 1024,
         events: 200,
+        echo: true,
     },
 ];
 
@@ -41,28 +66,57 @@ impl Workload {
         self.events > 0
     }
 
-    /// The request body with model `model`: one user message of prose (no personal data),
-    /// `stream: true` for a stream.
+    /// The request body with model `model` (see [`Workload::body_for`]).
     pub fn body(&self, model: &str) -> String {
-        let mut prompt = pii_redaction::bench_data::prose(self.prompt_bytes, false);
-        let mut end = self.prompt_bytes.min(prompt.len());
-        while !prompt.is_char_boundary(end) {
-            end -= 1;
-        }
-        prompt.truncate(end);
-        let mut body = serde_json::json!({
-            "model": model,
-            "messages": [{"role": "user", "content": prompt}],
-        });
+        self.body_for(model, false)
+    }
+
+    /// The request body with model `model`, `prompt_bytes` of message text: one user message
+    /// of prose without personal data; for an echoed stream, prose in a system message and
+    /// the [`echo_text`] of `events` × 3 characters as the (last) user message. `stream: true`
+    /// for a stream, and with `include_usage` also `stream_options.include_usage` (what
+    /// usage-accounting injects: a row without it asks for it itself).
+    pub fn body_for(&self, model: &str, include_usage: bool) -> String {
+        let prose = |bytes: usize| {
+            let mut prompt = pii_redaction::bench_data::prose(bytes, false);
+            let mut end = bytes.min(prompt.len());
+            while !prompt.is_char_boundary(end) {
+                end -= 1;
+            }
+            prompt.truncate(end);
+            prompt
+        };
+        let messages = if self.echo {
+            let echoed = self.echo_message();
+            serde_json::json!([
+                {"role": "system", "content": prose(self.prompt_bytes.saturating_sub(echoed.len()))},
+                {"role": "user", "content": echoed},
+            ])
+        } else {
+            serde_json::json!([{"role": "user", "content": prose(self.prompt_bytes)}])
+        };
+        let mut body = serde_json::json!({"model": model, "messages": messages});
         if self.streams() {
             body["stream"] = serde_json::json!(true);
+            if include_usage {
+                body["stream_options"] = serde_json::json!({"include_usage": true});
+            }
         }
         body.to_string()
     }
 
-    /// The headers of the request: JSON, the key, and for a stream `x-mock-chunks` (when
-    /// `mock_knob`: a proxy that forwards client headers; LiteLLM does not, its model group
-    /// sets the header instead).
+    /// The user message an echoed stream streams back (empty otherwise).
+    pub fn echo_message(&self) -> String {
+        if self.echo {
+            echo_text(3 * self.events as usize)
+        } else {
+            String::new()
+        }
+    }
+
+    /// The headers of the request: JSON, the key, and for a stream `x-mock-echo` (echoed) or
+    /// `x-mock-chunks` (when `mock_knob`: a proxy that forwards client headers; LiteLLM does
+    /// not, its model group sets `x-mock-chunks` instead).
     pub fn headers(&self, authorization: &str, mock_knob: bool) -> Vec<(String, String)> {
         let mut headers = vec![
             ("Content-Type".to_string(), "application/json".to_string()),
@@ -72,18 +126,36 @@ impl Workload {
             ),
         ];
         if self.streams() && mock_knob {
-            headers.push(("x-mock-chunks".into(), self.events.to_string()));
+            if self.echo {
+                headers.push(("x-mock-echo".into(), "1".into()));
+            } else {
+                headers.push(("x-mock-chunks".into(), self.events.to_string()));
+            }
         }
         headers
     }
 
     /// A wrk Lua script sending this request.
     pub fn lua(&self, model: &str, authorization: &str, mock_knob: bool) -> String {
+        self.lua_for(model, authorization, mock_knob, false)
+    }
+
+    /// A wrk Lua script sending this request, its body from [`Workload::body_for`].
+    pub fn lua_for(
+        &self,
+        model: &str,
+        authorization: &str,
+        mock_knob: bool,
+        include_usage: bool,
+    ) -> String {
         let mut lua = String::from("wrk.method = \"POST\"\nwrk.path = \"/v1/chat/completions\"\n");
         for (name, value) in self.headers(authorization, mock_knob) {
             lua.push_str(&format!("wrk.headers[\"{name}\"] = \"{value}\"\n"));
         }
-        lua.push_str(&format!("wrk.body = [===[{}]===]\n", self.body(model)));
+        lua.push_str(&format!(
+            "wrk.body = [===[{}]===]\n",
+            self.body_for(model, include_usage)
+        ));
         lua
     }
 }
@@ -233,14 +305,37 @@ Transfer/sec:      5.00MB
     fn workloads_ask_what_they_say() {
         for w in WORKLOADS {
             let body: serde_json::Value = serde_json::from_str(&w.body("fast")).unwrap();
-            let prompt = body["messages"][0]["content"].as_str().unwrap();
-            assert_eq!(prompt.len(), w.prompt_bytes, "{}", w.name);
+            let messages = body["messages"].as_array().unwrap();
+            let text: usize = messages
+                .iter()
+                .map(|m| m["content"].as_str().unwrap().len())
+                .sum();
+            assert_eq!(text, w.prompt_bytes, "{}", w.name);
             assert_eq!(body["stream"].as_bool().unwrap_or(false), w.streams());
+            assert!(body.get("stream_options").is_none());
             let lua = w.lua("fast", "k", true);
             assert!(!w.body("fast").contains("]===]"));
-            assert_eq!(lua.contains("x-mock-chunks\"] = \"200\""), w.streams());
+            assert_eq!(
+                lua.contains("x-mock-chunks\"] = \"200\"")
+                    || lua.contains("x-mock-echo\"] = \"1\""),
+                w.streams()
+            );
             assert!(lua.contains("Bearer k"));
-            assert!(!w.lua("fast", "k", false).contains("x-mock-chunks"));
+            assert!(!w.lua("fast", "k", false).contains("x-mock-"));
+            if w.echo {
+                // the last user message is what the mock streams back, one event per 3 chars
+                let last = messages.last().unwrap();
+                assert_eq!(last["role"], "user");
+                let echoed = last["content"].as_str().unwrap();
+                assert_eq!(echoed, w.echo_message());
+                assert_eq!(echoed.chars().count(), 3 * w.events as usize);
+                assert!(echoed.starts_with(ECHO_PII));
+                let usage: serde_json::Value =
+                    serde_json::from_str(&w.body_for("gpt-4o-mini", true)).unwrap();
+                assert_eq!(usage["stream_options"]["include_usage"], true);
+                assert_eq!(usage["model"], "gpt-4o-mini");
+            }
         }
+        assert!(WORKLOADS.iter().any(|w| w.echo), "the stream carries PII");
     }
 }

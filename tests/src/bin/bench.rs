@@ -1,23 +1,27 @@
 //! `scripts/bench`: what the gateway costs on the request path, measured side by side in one
-//! run on this machine (issue 9). Rows: A the mock upstream directly; B Envoy 1.40 with the
-//! router only; C Envoy with the five-plugin chain of `envoy-config/gateway.yaml` (one module
-//! per plugin); E the same chain from the bundle module when `dist/llm-gateway.wasm` exists;
-//! D the LiteLLM proxy. Workloads: chat with a 2 KB and a 32 KB prompt, a 200-event stream, at
-//! 1, 16 and 64 connections, in interleaved fixed-length windows (medians). Then a leak check
+//! run on this machine (issues 9 and 19). Rows: A the mock upstream directly; B Envoy 1.40 with
+//! the router only; C Envoy with the five-plugin chain of `envoy-config/gateway.yaml` (one
+//! module per plugin); E the same chain from the bundle module when `dist/llm-gateway.wasm`
+//! exists; F the fused one-filter build when `envoy-config/gateway-fused.yaml` exists; D the
+//! LiteLLM proxy. Workloads: chat with a 2 KB and a 32 KB prompt, a 200-event stream echoing a
+//! prompt with PII, at 1, 16 and 64 connections, in interleaved fixed-length windows
+//! (medians). Then perf's split, the ablation rows (`--ablation`, [`ablation`]), a leak check
 //! through C (and E), the chain in the wasmtime harness on the same workloads, and the
 //! `harness-cost` tables. Writes `target/bench/report.md` and prints it.
 //!
 //! Usage: `bench [--quick] [--window SECS] [--rounds N] [--connections 1,16,64]
 //! [--leak-requests N] [--no-litellm] [--out FILE] [--compare DIR] [--perf | --no-perf]
-//! [--harness]` (`--harness`: only the chain in the wasmtime harness, no Envoy: the per-plugin
-//! fuel and host calls of the report, deterministic, in seconds)
+//! [--ablation | --no-ablation] [--harness]` (`--harness`: only the chain in the wasmtime
+//! harness, no Envoy: the per-plugin fuel and host calls of the report, deterministic, in
+//! seconds)
 //! (`--compare DIR` adds a row C' running the chain with the `.wasm` files of DIR, to measure
 //! a change against the current build in one run).
 
+use llm_gateway_tests::bench::ablation::{self, RequestChange};
 use llm_gateway_tests::bench::config::{self, Build};
 use llm_gateway_tests::bench::litellm::{self, LiteLlm};
 use llm_gateway_tests::bench::procs::{self, MockProcess};
-use llm_gateway_tests::bench::report::{self, Module, Results, Vm, WorkerMemory};
+use llm_gateway_tests::bench::report::{self, AblationRun, Module, Results, Vm, WorkerMemory};
 use llm_gateway_tests::bench::wrk::{self, Workload, WORKLOADS};
 use llm_gateway_tests::bench::{cost, perf, Cell, LeakCheck, Row, Window};
 use llm_gateway_tests::demo::DEMO_KEY;
@@ -38,6 +42,7 @@ struct Args {
     compare: Option<String>,
     perf: bool,
     harness: bool,
+    ablation: bool,
 }
 
 impl Args {
@@ -59,6 +64,7 @@ impl Args {
             compare: None,
             perf: !quick,
             harness: false,
+            ablation: !quick,
         };
         let mut it = raw.into_iter();
         while let Some(arg) = it.next() {
@@ -87,6 +93,8 @@ impl Args {
                 "--perf" => args.perf = true,
                 "--no-perf" => args.perf = false,
                 "--harness" => args.harness = true,
+                "--ablation" => args.ablation = true,
+                "--no-ablation" => args.ablation = false,
                 "--out" => args.out = value()?.into(),
                 "--compare" => args.compare = Some(value()?),
                 other => return Err(format!("unknown argument {other:?}")),
@@ -118,6 +126,58 @@ struct Target {
     pid: Option<u32>,
     /// One wrk script per workload.
     scripts: Vec<PathBuf>,
+    /// What its requests change from the workloads' (an ablation row's stand-in).
+    change: RequestChange,
+}
+
+impl Target {
+    /// The key, whether the mock's knobs go through, and the body's model for workload `w`.
+    fn request(&self, w: &Workload) -> (&'static str, bool, String) {
+        match self.row {
+            Row::LiteLlm if w.streams() => {
+                (litellm::MASTER_KEY, false, litellm::STREAM_MODEL.into())
+            }
+            Row::LiteLlm => (litellm::MASTER_KEY, false, "fast".into()),
+            _ => (DEMO_KEY, true, self.change.model.clone()),
+        }
+    }
+
+    /// A target of `row` at `url` with one script per workload in `dir`.
+    fn new(
+        row: Row,
+        url: String,
+        pid: Option<u32>,
+        change: RequestChange,
+        workloads: &[Workload],
+        dir: &Path,
+    ) -> Result<Target, String> {
+        let mut target = Target {
+            row,
+            url,
+            pid,
+            scripts: Vec::new(),
+            change,
+        };
+        for (i, w) in workloads.iter().enumerate() {
+            let (key, knob, model) = target.request(w);
+            let path = dir.join(format!("{}-{i}.lua", row.file_stem()));
+            std::fs::write(
+                &path,
+                w.lua_for(&model, key, knob, target.change.include_usage),
+            )
+            .map_err(|e| e.to_string())?;
+            target.scripts.push(path);
+        }
+        Ok(target)
+    }
+}
+
+/// The requests as the workloads have them.
+fn unchanged() -> RequestChange {
+    RequestChange {
+        model: "fast".into(),
+        include_usage: false,
+    }
 }
 
 fn run(started: Instant) -> Result<(), String> {
@@ -165,6 +225,15 @@ fn run(started: Instant) -> Result<(), String> {
             bundle_path.display()
         ))
     };
+    let fused = match config::fused(mock.port) {
+        Ok(Some(fused_config)) => start_envoy(&dir, "fused.yaml", &fused_config, &[])
+            .map_err(|e| format!("the fused build did not start: {}", first_lines(&e, 6))),
+        Ok(None) => Err(format!(
+            "not built (envoy-config/{} is missing)",
+            config::FUSED_TEMPLATE
+        )),
+        Err(e) => Err(format!("its config: {e}")),
+    };
     let litellm = if args.litellm {
         litellm::install(&workspace::root().join("target/bench/litellm-install.log"))
             .and_then(|()| LiteLlm::start(&mock.url(), dir.path()))
@@ -174,25 +243,14 @@ fn run(started: Instant) -> Result<(), String> {
 
     let mut targets = Vec::new();
     let mut add = |row: Row, url: String, pid: Option<u32>| -> Result<(), String> {
-        let (key, knob, stream_model) = match row {
-            Row::LiteLlm => (litellm::MASTER_KEY, false, litellm::STREAM_MODEL),
-            _ => (DEMO_KEY, true, "fast"),
-        };
-        let mut scripts = Vec::new();
-        for (i, w) in workloads.iter().enumerate() {
-            let model = if w.streams() { stream_model } else { "fast" };
-            let path = dir
-                .path()
-                .join(format!("{}-{i}.lua", row.letter().replace('\'', "p")));
-            std::fs::write(&path, w.lua(model, key, knob)).map_err(|e| e.to_string())?;
-            scripts.push(path);
-        }
-        targets.push(Target {
+        targets.push(Target::new(
             row,
             url,
             pid,
-            scripts,
-        });
+            unchanged(),
+            &workloads,
+            dir.path(),
+        )?);
         Ok(())
     };
     add(Row::Mock, mock.url(), None)?;
@@ -213,6 +271,13 @@ fn run(started: Instant) -> Result<(), String> {
             results.rows.push((Row::Bundle, Ok(())));
         }
         Err(why) => results.rows.push((Row::Bundle, Err(why.clone()))),
+    }
+    match &fused {
+        Ok(envoy) => {
+            add(Row::Fused, envoy.url(), Some(envoy.pid()))?;
+            results.rows.push((Row::Fused, Ok(())));
+        }
+        Err(why) => results.rows.push((Row::Fused, Err(why.clone()))),
     }
     match &litellm {
         Ok(proxy) => {
@@ -300,6 +365,20 @@ fn run(started: Instant) -> Result<(), String> {
         results.profiles = Some(profiles(&targets, args.window.max(5)));
     }
 
+    // the ablation rows: C with one part taken away, B with one plugin, at c=16
+    if args.ablation {
+        results.ablation = Some(ablation_run(
+            &args,
+            &dir,
+            &rt,
+            &targets,
+            &chain_config,
+            &config::bare(mock.port)?,
+            &workloads,
+            started,
+        ));
+    }
+
     // leak check through the chain (and the bundle), bare Envoy as the control
     let every = (args.leak_requests / 10).max(1);
     for t in targets
@@ -318,6 +397,7 @@ fn run(started: Instant) -> Result<(), String> {
     results.header = header(&args, load_start);
     drop(targets);
     drop(litellm);
+    drop(fused);
     drop(bundle);
     drop(compare);
     drop(chain);
@@ -440,6 +520,18 @@ fn start_envoy_with(
     vars: &[(&str, String)],
     workers: u32,
 ) -> Result<Envoy, String> {
+    start_envoy_at(dir, name, config, vars, workers, "info")
+}
+
+/// [`start_envoy_with`] at Envoy log level `log_level`.
+fn start_envoy_at(
+    dir: &TempDir,
+    name: &str,
+    config: &serde_json::Value,
+    vars: &[(&str, String)],
+    workers: u32,
+    log_level: &str,
+) -> Result<Envoy, String> {
     let path = dir.path().join(name);
     let text = serde_json::to_string_pretty(config).map_err(|e| e.to_string())?;
     std::fs::write(&path, text).map_err(|e| e.to_string())?;
@@ -448,7 +540,7 @@ fn start_envoy_with(
         trace_wasm: false,
     };
     let template = path.to_str().ok_or("temp path is not UTF-8")?;
-    let envoy = Envoy::start_with(template, vars, &options)?;
+    let envoy = Envoy::start_with_log_level(template, vars, &options, log_level)?;
     if !procs::pin(envoy.pid(), procs::PROXY_CPU) {
         eprintln!("(taskset failed: Envoy {name} is not pinned)");
     }
@@ -489,15 +581,127 @@ fn worker_memory(
     }
 }
 
+/// The ablation rows (`--ablation`), at 16 connections on the first chat workload and the
+/// stream: each row's Envoy started now (a row that does not start or answer is reported, not
+/// fatal), then B, C (and E, F) and the rows in interleaved windows, `--rounds` of them.
+#[allow(clippy::too_many_arguments)]
+fn ablation_run(
+    args: &Args,
+    dir: &TempDir,
+    rt: &tokio::runtime::Runtime,
+    main: &[Target],
+    chain_config: &serde_json::Value,
+    bare_config: &serde_json::Value,
+    workloads: &[Workload],
+    started: Instant,
+) -> AblationRun {
+    const C: u32 = 16;
+    let phase = Instant::now();
+    let chat = workloads.iter().position(|w| !w.streams()).unwrap_or(0);
+    let stream = workloads.iter().position(Workload::streams);
+    let measured: Vec<usize> = std::iter::once(chat).chain(stream).collect();
+    let mut run = AblationRun {
+        connections: C,
+        workloads: measured.clone(),
+        ..AblationRun::default()
+    };
+    let mut envoys = Vec::new();
+    let mut targets: Vec<Target> = Vec::new();
+    for a in ablation::ABLATIONS {
+        let row = Row::Ablation(a);
+        eprintln!("ablation: starting {}", row.letter());
+        let started_row = (|| -> Result<(Envoy, Target), String> {
+            let config = a.config(chain_config, bare_config)?;
+            let change = a.request(chain_config)?;
+            let envoy = start_envoy_at(
+                dir,
+                &format!("ablation-{}.yaml", row.file_stem()),
+                &config,
+                &[],
+                1,
+                a.log_level(),
+            )
+            .map_err(|e| format!("did not start: {}", first_lines(&e, 6)))?;
+            let target = Target::new(
+                row,
+                envoy.url(),
+                Some(envoy.pid()),
+                change,
+                workloads,
+                dir.path(),
+            )?;
+            for &w in &measured {
+                if let Some(workload) = workloads.get(w) {
+                    probe(rt, &target, workload)
+                        .map_err(|e| format!("its probe request failed: {e}"))?;
+                }
+            }
+            Ok((envoy, target))
+        })();
+        match started_row {
+            Ok((envoy, target)) => {
+                envoys.push(envoy);
+                targets.push(target);
+                run.rows.push((row, Ok(())));
+            }
+            Err(why) => {
+                eprintln!("ablation: row {}: {why}", row.letter());
+                run.rows.push((row, Err(why)));
+            }
+        }
+    }
+    let references: Vec<&Target> = main
+        .iter()
+        .filter(|t| matches!(t.row, Row::Bare | Row::Chain | Row::Bundle | Row::Fused))
+        .collect();
+    let all: Vec<&Target> = references.iter().copied().chain(targets.iter()).collect();
+    for t in &targets {
+        for &w in &measured {
+            if let Some(script) = t.scripts.get(w) {
+                if let Err(e) = wrk::run(&t.url, script, 1, C) {
+                    eprintln!("ablation: warm-up of {}: {e}", t.row.letter());
+                }
+            }
+        }
+    }
+    let mut windows: Vec<(Row, usize, Vec<Window>)> = Vec::new();
+    for round in 0..args.rounds {
+        eprintln!(
+            "ablation round {}/{} ({:.0} s so far)",
+            round + 1,
+            args.rounds,
+            started.elapsed().as_secs_f64()
+        );
+        for &w in &measured {
+            for t in &all {
+                match measure(t, w, args.window, C) {
+                    Ok(window) => match windows
+                        .iter_mut()
+                        .find(|(r, ww, _)| *r == t.row && *ww == w)
+                    {
+                        Some((_, _, list)) => list.push(window),
+                        None => windows.push((t.row, w, vec![window])),
+                    },
+                    Err(e) => eprintln!("ablation: {} on workload {w}: {e}", t.row.letter()),
+                }
+            }
+        }
+    }
+    run.cells = windows
+        .iter()
+        .map(|(row, w, list)| Cell::of(*row, *w, C, list))
+        .collect();
+    drop(targets);
+    drop(envoys);
+    run.elapsed_s = phase.elapsed().as_secs_f64();
+    run
+}
+
 /// One request of `w` through `t`: 200, and for a stream all its events.
 fn probe(rt: &tokio::runtime::Runtime, t: &Target, w: &Workload) -> Result<(), String> {
-    let (key, knob, model) = match t.row {
-        Row::LiteLlm if w.streams() => (litellm::MASTER_KEY, false, litellm::STREAM_MODEL),
-        Row::LiteLlm => (litellm::MASTER_KEY, false, "fast"),
-        _ => (DEMO_KEY, true, "fast"),
-    };
-    let mut request =
-        llm_gateway_tests::http::post(format!("{}/v1/chat/completions", t.url)).body(w.body(model));
+    let (key, knob, model) = t.request(w);
+    let mut request = llm_gateway_tests::http::post(format!("{}/v1/chat/completions", t.url))
+        .body(w.body_for(&model, t.change.include_usage));
     for (name, value) in w.headers(key, knob) {
         request = request.header(&name, &value);
     }
@@ -516,14 +720,25 @@ fn probe(rt: &tokio::runtime::Runtime, t: &Target, w: &Workload) -> Result<(), S
         ));
     }
     if w.streams() {
-        let deltas = llm_gateway_tests::http::sse_events(&text)
+        let events = llm_gateway_tests::http::sse_events(&text);
+        let deltas: Vec<&str> = events
             .iter()
-            .filter(|(_, v)| v["choices"][0]["delta"]["content"].is_string())
-            .count();
-        if deltas < w.events as usize {
+            .filter_map(|(_, v)| v["choices"][0]["delta"]["content"].as_str())
+            .collect();
+        if deltas.len() < w.events as usize {
             return Err(format!(
-                "{}: {deltas} content events, not {} (x-mock-chunks lost?)",
-                w.name, w.events
+                "{}: {} content events, not {} (x-mock-chunks / x-mock-echo lost?)",
+                w.name,
+                deltas.len(),
+                w.events
+            ));
+        }
+        // the echoed prompt comes back as the client sent it: PII masked on the way in (where
+        // pii-redaction runs) is restored in the stream
+        if w.echo && knob && deltas.concat() != w.echo_message() {
+            return Err(format!(
+                "{}: the streamed text is not the prompt the client sent (PII not restored?)",
+                w.name
             ));
         }
     }
@@ -670,7 +885,7 @@ fn profiles(targets: &[Target], secs: u32) -> Result<perf::RowProfiles, String> 
         .filter(|t| t.row.is_envoy())
         .filter_map(|t| Some((t, t.pid?, t.scripts.first()?)))
         .map(|(t, pid, script)| {
-            let data = dir.join(format!("perf-{}.data", t.row.letter().replace('\'', "p")));
+            let data = dir.join(format!("perf-{}.data", t.row.file_stem()));
             let profile = perf::record(pid, secs, &data, || wrk::run(&t.url, script, secs, 16))
                 .map(|(profile, sample)| perf::Profile {
                     requests: sample.requests,
@@ -781,8 +996,9 @@ fn header(args: &Args, load_start: String) -> Vec<String> {
         format!("load: wrk -t1 --latency at {} connections; {} round(s) of one {}-second window per row, workload and connection count, interleaved (round → workload → connections → row); figures are medians over the rounds; 1 s of warm-up per row and workload first", connections.join(", "), args.rounds, args.window),
         "C: `envoy-config/gateway.yaml` as shipped (key-auth → model-router → pii-redaction → usage-accounting → token-ratelimit, model-router-upstream on every provider cluster, its routes, retries and local replies), every provider cluster pointed at the one mock, and only token-ratelimit's amounts raised (limits' requests/tokens, budgets' tokens/money) so no request is refused; they are still evaluated on every request. Derived at run time (tests/src/bench/config.rs); E is the same with every filter in one `llm-gateway` VM of `dist/llm-gateway.wasm`".into(),
         "B: `envoy-config/bench-bare.yaml` (router only). Access log: B and C (and E) write the same line per request, gateway.yaml's JSON file access log, flushed every 100 ms".into(),
-        format!("requests: the demo key (consumer demo, group `fast` → the mock's `/v1/chat/completions`), one user message of prose without personal data; the stream asks the mock for its events with `x-mock-chunks` (checked to arrive through every row before the load); D: LiteLLM {} (PyPI `litellm[proxy]`, `.venv-litellm`), one worker, no database, a master key, `tests/bench/litellm.yaml` (model group `fast` → openai/gpt-4o-mini at the mock's `/v1`; its stream group sets `x-mock-chunks` itself, LiteLLM does not forward client headers)", litellm::VERSION),
+        format!("requests: the demo key (consumer demo, group `fast` → the mock's `/v1/chat/completions`), chat: one user message of prose without personal data; the stream: prose in a system message and a 600-character user message with an e-mail address and a phone number (as long as their placeholders) that the mock echoes back 3 characters per event (`x-mock-echo`: 200 events through every row, checked before the load, with the client's text restored where pii-redaction masked it); D: LiteLLM {} (PyPI `litellm[proxy]`, `.venv-litellm`), one worker, no database, a master key, `tests/bench/litellm.yaml` (model group `fast` → openai/gpt-4o-mini at the mock's `/v1`; its stream group sets `x-mock-chunks` itself, LiteLLM does not forward client headers)", litellm::VERSION),
         format!("LiteLLM under concurrency: a request takes about c × its c=1 latency, longer than a {}-second window for the stream; its windows stretch to twice that (up to 20 s), and a cell that would need more is not run (the table says so)", args.window),
+        "per event: the stream's whole-request proxy CPU over B's, divided by its 200 events (the issue-19 figure); `(row−B) p50 / event` is latency, for comparison with issue 9's".into(),
         format!("leak check: {} requests through C (and E) at 16 connections, RSS sampled every {}; B gets the same as the control", args.leak_requests, (args.leak_requests / 10).max(1)),
     ]
 }

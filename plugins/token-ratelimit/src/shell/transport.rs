@@ -1,0 +1,102 @@
+//! The Redis transports on the host: Higress's Redis calls (the `higress` build) or HTTP to a
+//! webdis cluster (every build). Replies go to the core as [`Input::Reply`].
+
+use super::State;
+use crate::config::{RedisConfig, RedisTransport};
+use crate::core::{Input, Unanswered};
+use llm_gateway_shared::host::webdis::HttpRedis;
+use llm_gateway_shared::host::{self, HostError};
+use llm_gateway_shared::resp;
+use llm_gateway_shared::webdis::WebdisError;
+use std::borrow::Cow;
+use std::rc::Rc;
+
+/// Sends one command: to webdis when `http` names its cluster, else by Higress's Redis call
+/// to `service`.
+pub(super) fn send(
+    http: Option<&HttpRedis>,
+    service: &str,
+    args: &[Cow<'_, [u8]>],
+) -> Result<u32, HostError> {
+    match http {
+        Some(http) => host::webdis::send(http, args),
+        None => redis_call(service, &resp::encode_command(args)),
+    }
+}
+
+#[cfg(feature = "higress")]
+fn redis_call(service: &str, query: &[u8]) -> Result<u32, HostError> {
+    host::redis::redis_call(service, query)
+}
+
+#[cfg(not(feature = "higress"))]
+fn redis_call(_service: &str, _query: &[u8]) -> Result<u32, HostError> {
+    Err(HostError::Unimplemented)
+}
+
+/// A webdis answer (HTTP transport), in whichever context the SDK delivers it.
+pub(super) fn on_http_reply(state: &State, effective: Option<u32>, token: u32, body_size: usize) {
+    let reply = host::webdis::reply(body_size).map_err(|err| Unanswered {
+        forbidden: err == WebdisError::Forbidden,
+        why: err.to_string(),
+    });
+    state.run_in(effective, None, Input::Reply { token, reply });
+}
+
+/// The webdis cluster of an HTTP transport.
+pub(super) fn http_redis(redis: Option<&RedisConfig>) -> Option<HttpRedis> {
+    let redis = redis?;
+    match &redis.transport {
+        RedisTransport::Http { authorization } => Some(HttpRedis {
+            cluster: redis.service.clone(),
+            authorization: authorization.clone(),
+            timeout_ms: redis.timeout_ms,
+        }),
+        RedisTransport::Higress => None,
+    }
+}
+
+/// Connects the Redis transport: nothing to do over HTTP (each call is a request to the
+/// webdis cluster); Higress's Redis calls need a connection and a reply callback.
+pub(super) fn connect(state: &Rc<State>, redis: &RedisConfig) -> bool {
+    let _ = (state, redis); // used by the Higress build only
+    match redis.transport {
+        RedisTransport::Http { .. } => true,
+        #[cfg(feature = "higress")]
+        RedisTransport::Higress => connect_higress(state, redis),
+        #[cfg(not(feature = "higress"))]
+        RedisTransport::Higress => false, // refused by the config parser already
+    }
+}
+
+#[cfg(feature = "higress")]
+fn connect_higress(state: &Rc<State>, redis: &RedisConfig) -> bool {
+    use super::log;
+    use llm_gateway_shared::host::redis::{on_redis_call_response, redis_init, redis_reply};
+    use llm_gateway_shared::host::LogLevel;
+    let user = redis.username.as_deref().unwrap_or_default();
+    let password = redis.password.as_deref().unwrap_or_default();
+    if let Err(err) = redis_init(&redis.service, user, password, redis.timeout_ms) {
+        let service = &redis.service;
+        log(
+            LogLevel::Error,
+            &format!("cannot connect Redis service {service}: {err}"),
+        );
+        return false;
+    }
+    let for_replies = Rc::clone(state);
+    on_redis_call_response(move |response| {
+        let reply = if response.answered() {
+            redis_reply(response.size).map_err(|err| format!("reply not read: {err}"))
+        } else {
+            Err(format!("call failed (status {})", response.status))
+        };
+        let reply = reply.map_err(|why| Unanswered {
+            why,
+            forbidden: false,
+        });
+        let token = response.token;
+        for_replies.run(None, Input::Reply { token, reply });
+    });
+    true
+}
