@@ -757,7 +757,10 @@ mod tests {
             assert_eq!(engine.resume(stages, x, Request, Step::Stop), Outcome::Stop);
             assert!(engine.stopped());
             assert_eq!(engine.data(stages, x, Request, true), Outcome::Stop);
-            assert_eq!(engine.resume(stages, x, Request, Step::Continue), Outcome::Stop);
+            assert_eq!(
+                engine.resume(stages, x, Request, Step::Continue),
+                Outcome::Stop
+            );
             engine.log(stages, x);
         });
         assert_eq!(trace, ["a req headers end", "a log", "b log"]);

@@ -74,7 +74,12 @@ fn the_fused_filter_does_what_the_modules_do(without: &[&str]) {
 }
 
 #[test]
-fn the_fused_filter_does_what_four_modules_do() {
+fn the_fused_filter_does_what_the_five_modules_do_on_the_gateway_journey() {
+    the_fused_filter_does_what_the_modules_do(&[]);
+}
+
+#[test]
+fn without_a_section_its_stage_is_off_as_without_its_filter() {
     the_fused_filter_does_what_the_modules_do(&["token-ratelimit"]);
 }
 
@@ -90,4 +95,3 @@ fn a_fused_configuration_with_an_unknown_section_fails() {
     assert!(err.contains("proxy_on_configure returned false"), "{err}");
     assert!(err.contains("unknown section"), "{err}");
 }
-

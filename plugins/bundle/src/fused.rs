@@ -24,6 +24,7 @@ struct Plugins {
     model_router: Option<model_router::Fused>,
     pii_redaction: Option<pii_redaction::Fused>,
     usage_accounting: Option<usage_accounting::Fused>,
+    token_ratelimit: Option<token_ratelimit::Fused>,
 }
 
 impl Plugins {
@@ -41,6 +42,9 @@ impl Plugins {
         }
         if let Some(p) = &self.usage_accounting {
             stages.push(Box::new(p.stage()));
+        }
+        if let Some(p) = &self.token_ratelimit {
+            stages.push(Box::new(p.stage(context_id)));
         }
         stages
     }
@@ -84,14 +88,11 @@ impl RootContext for Root {
             };
             plugins.usage_accounting = Some(p);
         }
-        for section in ["token_ratelimit"] {
-            if sections.get(section).is_some() {
-                host::log(
-                    LogLevel::Error,
-                    &format!("llm-gateway: section {section} is not in the fused filter yet"),
-                );
+        if let Some(document) = sections.get("token_ratelimit") {
+            let Some(p) = token_ratelimit::Fused::configure(document) else {
                 return false;
-            }
+            };
+            plugins.token_ratelimit = Some(p);
         }
         self.plugins = Some(Rc::new(plugins));
         true
@@ -244,6 +245,10 @@ impl Fused {
             }
         };
         let headers = chain::Headers::new(pairs);
+        // the data of the other direction is not this one's (a local reply's response comes
+        // while the request's edited body was never written)
+        self.x.data.clear();
+        self.x.data_changed = false;
         match direction {
             Direction::Request => self.x.request = headers,
             Direction::Response => self.x.response = headers,

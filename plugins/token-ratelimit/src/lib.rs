@@ -39,4 +39,4 @@ pub mod settle;
 #[cfg(target_arch = "wasm32")]
 mod shell;
 #[cfg(target_arch = "wasm32")]
-pub use shell::root_context;
+pub use shell::{root_context, Fused, FusedStage};
