@@ -5,7 +5,7 @@ use crate::auth::{authenticate_pass, DenyReason, Outcome, Pass, Plan};
 use crate::config::{parse_document, KeyAuthConfig};
 use crate::reentry::{self, Secret};
 use llm_gateway_shared::chain::{self, Direction, Step};
-use llm_gateway_shared::host::{self, HeaderMap, HostError, LogLevel, Metric};
+use llm_gateway_shared::host::{self, HeaderMap, HostError, LogLevel, Metric, Sink};
 use llm_gateway_shared::reject::Reject;
 use llm_gateway_shared::rules::RuleSet;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
@@ -136,7 +136,7 @@ impl HttpContext for Request {
             }
         };
         let plan = decide(&state, &headers);
-        match apply(plan, &mut Target::Host) {
+        match apply(plan, &mut Sink::Host) {
             Ok(()) => Action::Continue,
             Err(reject) => refuse(&reject),
         }
@@ -171,54 +171,16 @@ fn decide(state: &State, headers: &[(String, Vec<u8>)]) -> Plan {
     plan
 }
 
-/// Where the plan's header edits go: the host (this plugin as its own filter), or the fused
-/// filter's exchange, which its driver writes to the host once.
-enum Target<'a> {
-    Host,
-    Fused(&'a mut chain::Headers),
-}
-
-impl Target<'_> {
-    fn remove(&mut self, name: &str) -> Result<(), HostError> {
-        match self {
-            Target::Host => host::remove_header(HeaderMap::RequestHeaders, name),
-            Target::Fused(headers) => {
-                headers.remove(name);
-                Ok(())
-            }
-        }
-    }
-
-    fn set(&mut self, name: &str, value: &str) -> Result<(), HostError> {
-        match self {
-            Target::Host => host::set_header(HeaderMap::RequestHeaders, name, value.as_bytes()),
-            Target::Fused(headers) => {
-                headers.set(name, value.as_bytes());
-                Ok(())
-            }
-        }
-    }
-
-    fn add(&mut self, name: &str, value: &str) -> Result<(), HostError> {
-        match self {
-            Target::Host => host::add_header(HeaderMap::RequestHeaders, name, value.as_bytes()),
-            Target::Fused(headers) => {
-                headers.add(name, value.as_bytes());
-                Ok(())
-            }
-        }
-    }
-}
-
 /// Carries the plan out; the refusal to send if the request must not go on.
-fn apply(plan: Plan, target: &mut Target<'_>) -> Result<(), Reject> {
+fn apply(plan: Plan, target: &mut Sink<'_>) -> Result<(), Reject> {
+    const REQUEST: HeaderMap = HeaderMap::RequestHeaders;
     let fail = |what: &str, err: HostError, reply: &'static str| {
         host::log(LogLevel::Error, &format!("key-auth: {what}: {err}"));
         Reject::internal(reply)
     };
     for name in &plan.remove {
         // An internal header we cannot remove could carry a spoofed identity: fail closed.
-        target.remove(name).map_err(|err| {
+        target.remove_header(REQUEST, name).map_err(|err| {
             fail(
                 &format!("cannot remove header {name}"),
                 err,
@@ -227,35 +189,41 @@ fn apply(plan: Plan, target: &mut Target<'_>) -> Result<(), Reject> {
         })?;
     }
     if let Some(path) = &plan.path {
-        target.set(":path", path).map_err(|err| {
-            fail(
-                "cannot strip the key from the path",
-                err,
-                "cannot sanitize the request",
-            )
-        })?;
+        target
+            .set_header(REQUEST, ":path", path.as_bytes())
+            .map_err(|err| {
+                fail(
+                    "cannot strip the key from the path",
+                    err,
+                    "cannot sanitize the request",
+                )
+            })?;
     }
     match plan.outcome {
         Outcome::Skip => Ok(()),
         Outcome::Allow { identity, .. } => {
             // Every internal header was removed above, so adding cannot leave a second value.
             for (name, value) in &identity {
-                target.add(name, value).map_err(|err| {
-                    fail(
-                        &format!("cannot set {name}"),
-                        err,
-                        "cannot set the consumer identity",
-                    )
-                })?;
+                target
+                    .add_header(REQUEST, name, value.as_bytes())
+                    .map_err(|err| {
+                        fail(
+                            &format!("cannot set {name}"),
+                            err,
+                            "cannot set the consumer identity",
+                        )
+                    })?;
             }
             for (name, value) in &plan.restore {
-                target.set(name, value).map_err(|err| {
-                    fail(
-                        &format!("cannot restore {name} of a re-entered request"),
-                        err,
-                        "cannot resume the request",
-                    )
-                })?;
+                target
+                    .set_header(REQUEST, name, value.as_bytes())
+                    .map_err(|err| {
+                        fail(
+                            &format!("cannot restore {name} of a re-entered request"),
+                            err,
+                            "cannot resume the request",
+                        )
+                    })?;
             }
             if let Some(ticket) = &plan.ticket {
                 // Without it a redirected request would be refused (no key): worth a log line,
@@ -330,7 +298,7 @@ impl chain::Stage<chain::Exchange> for FusedStage {
             return Step::Continue;
         }
         let plan = decide(&self.0, x.request.pairs());
-        match apply(plan, &mut Target::Fused(&mut x.request)) {
+        match apply(plan, &mut Sink::Fused(x)) {
             Ok(()) => Step::Continue,
             Err(reject) => {
                 refuse(&reject);

@@ -11,7 +11,7 @@
 use crate::config::{parse_document, PiiConfig};
 use crate::core::{counters, Command, Counter, Exchange, Flow, Input, Level, Worker};
 use llm_gateway_shared::chain::{self, Direction, Step};
-use llm_gateway_shared::host::{self, Buffer, HeaderMap, HostResult, LogLevel, Metric};
+use llm_gateway_shared::host::{self, Buffer, HeaderMap, HostResult, LogLevel, Metric, Sink};
 use llm_gateway_shared::reentry::is_superseded;
 use llm_gateway_shared::request::RequestHead;
 use llm_gateway_shared::rules::RuleSet;
@@ -108,19 +108,12 @@ struct Request {
 
 impl Context for Request {}
 
-/// Where the core's header and body edits go: the host (this plugin as its own filter), or
-/// the fused filter's exchange, which its driver writes to the host once.
-enum Target<'a> {
-    Host,
-    Fused(&'a mut chain::Exchange),
-}
-
 /// Hands `input` to the core and carries out its commands; the core's flow.
 fn drive(
     state: Option<&State>,
     exchange: &mut Exchange,
     input: Input<'_>,
-    target: &mut Target<'_>,
+    target: &mut Sink<'_>,
 ) -> Flow {
     let mut fallback = Worker::default();
     let mut flow = match state {
@@ -145,46 +138,25 @@ fn drive(
     flow
 }
 
-fn execute(state: Option<&State>, command: &Command, target: &mut Target<'_>) -> HostResult<()> {
-    match (command, target) {
-        (Command::RemoveRequestHeader(name), Target::Host) => {
-            host::remove_header(HeaderMap::RequestHeaders, name)
-        }
-        (Command::RemoveRequestHeader(name), Target::Fused(x)) => {
-            x.request.remove(name);
-            Ok(())
-        }
+fn execute(state: Option<&State>, command: &Command, target: &mut Sink<'_>) -> HostResult<()> {
+    match command {
+        Command::RemoveRequestHeader(name) => target.remove_header(HeaderMap::RequestHeaders, name),
         // held headers get the new length; otherwise `content-length` is gone already
-        (Command::ReplaceRequestBody { size, body, frame }, Target::Host) => match frame {
-            true => host::replace_request_body(*size, body),
-            false => host::set_buffer(Buffer::RequestBody, 0, *size, body),
-        },
-        (Command::RemoveResponseHeader(name), Target::Host) => {
-            host::remove_header(HeaderMap::ResponseHeaders, name)
+        Command::ReplaceRequestBody { size, body, frame } => {
+            target.replace_request_body(*size, body, *frame)
         }
-        (Command::RemoveResponseHeader(name), Target::Fused(x)) => {
-            x.response.remove(name);
-            Ok(())
+        Command::RemoveResponseHeader(name) => {
+            target.remove_header(HeaderMap::ResponseHeaders, name)
         }
-        (Command::ReplaceResponseBody { size, body }, Target::Host) => {
-            host::set_buffer(Buffer::ResponseBody, 0, *size, body)
-        }
-        // the fused driver writes the data back once, with the length fixed
-        (
-            Command::ReplaceRequestBody { body, .. } | Command::ReplaceResponseBody { body, .. },
-            Target::Fused(x),
-        ) => {
-            x.replace_data(body.clone());
-            Ok(())
-        }
-        (Command::Refuse(refusal), _) => host::send_reject(PLUGIN, &refusal.reject()),
-        (Command::Count(counter, delta), _) => {
+        Command::ReplaceResponseBody { size, body } => target.replace_response_body(*size, body),
+        Command::Refuse(refusal) => host::send_reject(PLUGIN, &refusal.reject()),
+        Command::Count(counter, delta) => {
             if let Some(state) = state {
                 state.metrics.count(counter, *delta);
             }
             Ok(())
         }
-        (Command::Log(level, line), _) => {
+        Command::Log(level, line) => {
             let level = match level {
                 Level::Info => LogLevel::Info,
                 Level::Warn => LogLevel::Warn,
@@ -203,7 +175,7 @@ impl Request {
             self.state.as_deref(),
             &mut self.exchange,
             input,
-            &mut Target::Host,
+            &mut Sink::Host,
         ) {
             Flow::Continue => Next::Continue,
             Flow::Pause | Flow::Refused => Next::Pause,
@@ -356,7 +328,7 @@ impl FusedStage {
             Some(&self.state),
             &mut self.exchange,
             input,
-            &mut Target::Fused(x),
+            &mut Sink::Fused(x),
         )
     }
 }

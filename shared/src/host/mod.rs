@@ -203,6 +203,91 @@ pub fn write_edits(
     Ok(())
 }
 
+/// Where a stage's header and body edits go: the host (a plugin running as its own filter), or
+/// the fused filter's exchange, which its driver writes to the host once (headers when they
+/// continue, the body with its `content-length` kept true).
+pub enum Sink<'a> {
+    /// Straight to the host.
+    Host,
+    /// Into the fused filter's exchange.
+    Fused(&'a mut crate::chain::Exchange),
+}
+
+impl Sink<'_> {
+    fn headers(
+        exchange: &mut crate::chain::Exchange,
+        map: HeaderMap,
+    ) -> &mut crate::chain::Headers {
+        match map {
+            HeaderMap::ResponseHeaders | HeaderMap::ResponseTrailers => &mut exchange.response,
+            _ => &mut exchange.request,
+        }
+    }
+
+    /// Removes every value of a header.
+    pub fn remove_header(&mut self, map: HeaderMap, name: &str) -> HostResult<()> {
+        match self {
+            Sink::Host => remove_header(map, name),
+            Sink::Fused(x) => {
+                Sink::headers(x, map).remove(name);
+                Ok(())
+            }
+        }
+    }
+
+    /// Sets a header, replacing every value.
+    pub fn set_header(&mut self, map: HeaderMap, name: &str, value: &[u8]) -> HostResult<()> {
+        match self {
+            Sink::Host => set_header(map, name, value),
+            Sink::Fused(x) => {
+                Sink::headers(x, map).set(name, value);
+                Ok(())
+            }
+        }
+    }
+
+    /// Adds a header value.
+    pub fn add_header(&mut self, map: HeaderMap, name: &str, value: &[u8]) -> HostResult<()> {
+        match self {
+            Sink::Host => add_header(map, name, value),
+            Sink::Fused(x) => {
+                Sink::headers(x, map).add(name, value);
+                Ok(())
+            }
+        }
+    }
+
+    /// Replaces the request body (`size` bytes buffered). `frame`: the headers are held, so
+    /// `content-length` follows the new body ([`replace_request_body`]); otherwise it was
+    /// removed before the headers went on.
+    pub fn replace_request_body(
+        &mut self,
+        size: usize,
+        body: &[u8],
+        frame: bool,
+    ) -> HostResult<()> {
+        match self {
+            Sink::Host if frame => replace_request_body(size, body),
+            Sink::Host => set_buffer(Buffer::RequestBody, 0, size, body),
+            Sink::Fused(x) => {
+                x.replace_data(body.to_vec());
+                Ok(())
+            }
+        }
+    }
+
+    /// Replaces this callback's response data (`size` bytes).
+    pub fn replace_response_body(&mut self, size: usize, body: &[u8]) -> HostResult<()> {
+        match self {
+            Sink::Host => set_buffer(Buffer::ResponseBody, 0, size, body),
+            Sink::Fused(x) => {
+                x.replace_data(body.to_vec());
+                Ok(())
+            }
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // Buffers (bodies, configuration, call responses)
 

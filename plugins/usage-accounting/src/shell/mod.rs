@@ -9,7 +9,7 @@ use crate::exchange::{RouteInfo, ROUTER_PROPERTY};
 use crate::metrics::{label_suffix, values, Kind, MAX_LABEL_SETS, SERIES};
 use crate::record::Record;
 use llm_gateway_shared::chain::{self, Direction, Step};
-use llm_gateway_shared::host::{self, Buffer, HeaderMap, HostError, LogLevel, Metric};
+use llm_gateway_shared::host::{self, Buffer, HeaderMap, HostError, LogLevel, Metric, Sink};
 use llm_gateway_shared::reentry::is_superseded;
 use llm_gateway_shared::request::RequestHead;
 use llm_gateway_shared::rules::RuleSet;
@@ -147,15 +147,8 @@ impl Lookup for Host {
     }
 }
 
-/// Where the core's header and body edits go: the host (this plugin as its own filter), or
-/// the fused filter's exchange, which its driver writes to the host once.
-enum Target<'a> {
-    Host,
-    Fused(&'a mut chain::Exchange),
-}
-
 /// Hands `input` to the core and carries out its commands; the core's flow.
-fn drive(state: &State, stage: &mut Stage, input: Input<'_>, target: &mut Target<'_>) -> Flow {
+fn drive(state: &State, stage: &mut Stage, input: Input<'_>, target: &mut Sink<'_>) -> Flow {
     let flow = stage.handle(&mut state.worker.borrow_mut(), &mut Host, input);
     while let Some(command) = stage.poll() {
         if let Err(err) = execute(state, &command, target) {
@@ -175,58 +168,32 @@ impl Request {
         let Some(state) = self.state.clone() else {
             return Action::Continue;
         };
-        match drive(&state, &mut self.stage, input, &mut Target::Host) {
+        match drive(&state, &mut self.stage, input, &mut Sink::Host) {
             Flow::Continue => Action::Continue,
             Flow::Pause => Action::Pause,
         }
     }
 }
 
-fn execute(state: &State, command: &Command, target: &mut Target<'_>) -> Result<(), HostError> {
-    match (command, target) {
-        (Command::RemoveRequestHeader(name), Target::Host) => {
-            host::remove_header(HeaderMap::RequestHeaders, name)
+fn execute(state: &State, command: &Command, target: &mut Sink<'_>) -> Result<(), HostError> {
+    match command {
+        Command::RemoveRequestHeader(name) => target.remove_header(HeaderMap::RequestHeaders, name),
+        // held headers get the new length (without `hold_headers` there is none to fix)
+        Command::ReplaceRequestBody { size, body } => {
+            target.replace_request_body(*size, body, true)
         }
-        (Command::RemoveRequestHeader(name), Target::Fused(x)) => {
-            x.request.remove(name);
-            Ok(())
+        Command::RemoveResponseHeader(name) => {
+            target.remove_header(HeaderMap::ResponseHeaders, name)
         }
-        (Command::ReplaceRequestBody { size, body }, Target::Host) => {
-            host::replace_request_body(*size, body)
+        Command::SetResponseHeader(name, value) => {
+            target.set_header(HeaderMap::ResponseHeaders, name, value.as_bytes())
         }
-        (Command::RemoveResponseHeader(name), Target::Host) => {
-            host::remove_header(HeaderMap::ResponseHeaders, name)
-        }
-        (Command::RemoveResponseHeader(name), Target::Fused(x)) => {
-            x.response.remove(name);
-            Ok(())
-        }
-        (Command::SetResponseHeader(name, value), Target::Host) => {
-            host::set_header(HeaderMap::ResponseHeaders, name, value.as_bytes())
-        }
-        (Command::SetResponseHeader(name, value), Target::Fused(x)) => {
-            x.response.set(name, value.as_bytes());
-            Ok(())
-        }
-        (Command::ReplaceResponseBody { size, body }, Target::Host) => {
-            host::set_buffer(Buffer::ResponseBody, 0, *size, body)
-        }
-        // the fused driver writes the data back once, with the length fixed
-        (
-            Command::ReplaceRequestBody { body, .. } | Command::ReplaceResponseBody { body, .. },
-            Target::Fused(x),
-        ) => {
-            x.replace_data(body.clone());
-            Ok(())
-        }
-        (
-            Command::Publish {
-                record,
-                json,
-                config,
-            },
-            _,
-        ) => {
+        Command::ReplaceResponseBody { size, body } => target.replace_response_body(*size, body),
+        Command::Publish {
+            record,
+            json,
+            config,
+        } => {
             let published = host::set_property(&[config.filter_state.as_str()], json.as_bytes());
             if config.log_records {
                 host::log(LogLevel::Info, &format!("usage_record: {json}"));
@@ -237,7 +204,7 @@ fn execute(state: &State, command: &Command, target: &mut Target<'_>) -> Result<
             }
             published
         }
-        (Command::Log(level, line), _) => {
+        Command::Log(level, line) => {
             let level = match level {
                 Level::Info => LogLevel::Info,
                 Level::Warn => LogLevel::Warn,
@@ -409,7 +376,7 @@ pub struct FusedStage {
 
 impl FusedStage {
     fn drive(&mut self, x: &mut chain::Exchange, input: Input<'_>) -> Flow {
-        drive(&self.state, &mut self.stage, input, &mut Target::Fused(x))
+        drive(&self.state, &mut self.stage, input, &mut Sink::Fused(x))
     }
 }
 
