@@ -1,0 +1,221 @@
+//! The fused filter (plugins/bundle): the same core, the last stage of its chain.
+
+use super::*;
+
+/// This plugin configured from its section of the fused filter's configuration. Limits and
+/// budgets are kept per instance in shared data; the Redis transports (Higress's calls,
+/// webdis) are not run by the fused filter: a `redis` section is refused, and the separate
+/// filters serve a fleet (`gateway-fleet.yaml`).
+pub struct Fused(Rc<State>);
+
+impl Fused {
+    /// Parses the section; `None` (logged) if it is invalid or asks for Redis.
+    pub fn configure(document: &[u8]) -> Option<Fused> {
+        let rules = host::parse_config("token-ratelimit", document, parse_document)?;
+        if rules.configs().any(|c| c.redis.is_some()) {
+            log(
+                LogLevel::Error,
+                "the fused filter keeps limits and budgets per instance: `redis` is for the separate filters (gateway-fleet.yaml)",
+            );
+            return None;
+        }
+        let nonce = {
+            use std::hash::BuildHasher;
+            std::collections::hash_map::RandomState::new()
+                .hash_one(host::now_nanos().unwrap_or_default())
+        };
+        Some(Fused(Rc::new(State {
+            core: RefCell::new(Core::new(rules, nonce, false)),
+            http: None,
+            metrics: RefCell::default(),
+            effective: Cell::new(None),
+        })))
+    }
+
+    /// The stage of request `context` (the fused filter's context id).
+    pub fn stage(&self, context: u32) -> FusedStage {
+        FusedStage {
+            state: Rc::clone(&self.0),
+            id: context,
+        }
+    }
+}
+
+/// One request's token-ratelimit stage in the fused filter.
+pub struct FusedStage {
+    state: Rc<State>,
+    id: u32,
+}
+
+impl Drop for FusedStage {
+    fn drop(&mut self) {
+        // the context goes: an admission never settled is settled now (on_done)
+        let unsettled = self.state.core.borrow().unsettled(self.id);
+        if unsettled {
+            let mut x = chain::Exchange::default();
+            self.run(&mut x, Input::Done { ctx: self.id });
+        }
+    }
+}
+
+impl FusedStage {
+    /// Feeds `input` and carries the commands out against the exchange; the step's answer:
+    /// `Continue` once the core let the request go on, `Stop` after a refusal, `Wait`
+    /// otherwise (the core holds the request).
+    fn run(&self, x: &mut chain::Exchange, input: Input) -> Step {
+        let mut step = Step::Wait;
+        let mut now = None;
+        let mut feed = |input: Input| {
+            let now = match input.uses_clock() {
+                true => *now.get_or_insert_with(now_ms),
+                false => 0,
+            };
+            self.state
+                .core
+                .borrow_mut()
+                .handle(now, input, self.state.as_ref());
+        };
+        feed(input);
+        loop {
+            let command = self.state.core.borrow_mut().poll();
+            let Some(command) = command else { break };
+            if let Some(answer) = self.execute(x, command, &mut step) {
+                feed(answer);
+            }
+        }
+        step
+    }
+
+    fn execute(&self, x: &mut chain::Exchange, command: Command, step: &mut Step) -> Option<Input> {
+        let own = |ctx: u32| {
+            if ctx != self.id {
+                // without Redis the core answers every request in its own callbacks
+                log(
+                    LogLevel::Error,
+                    &format!(
+                        "fused: a command for request {ctx} from request {}",
+                        self.id
+                    ),
+                );
+            }
+            ctx == self.id
+        };
+        match command {
+            Command::Proceed { ctx } if own(ctx) => *step = Step::Continue,
+            Command::Refuse { ctx, reject } if own(ctx) => {
+                refuse(&reject);
+                *step = Step::Stop;
+            }
+            Command::ReadBody { ctx, size } => {
+                let body = if own(ctx) {
+                    Ok(x.data.get(..size).unwrap_or(&x.data).to_vec())
+                } else {
+                    Err(HostError::NotFound)
+                };
+                return Some(Input::Body { ctx, size, body });
+            }
+            Command::ReplaceBody { ctx, body, .. } => {
+                let result = if own(ctx) {
+                    x.replace_data(body);
+                    Ok(())
+                } else {
+                    Err(HostError::NotFound)
+                };
+                return Some(Input::BodyReplaced { ctx, result });
+            }
+            Command::SetRequestHeader { ctx, name, value } if own(ctx) => {
+                x.request.set(name, value.as_bytes());
+            }
+            Command::RemoveRequestHeader { ctx, name } if own(ctx) => x.request.remove(name),
+            Command::RewriteModel { ctx, model } if own(ctx) => {
+                if let Some(rewritten) = with_model(&x.data, &model) {
+                    x.replace_data(rewritten);
+                }
+            }
+            Command::ClearRouteCache { ctx } if own(ctx) => x.clear_route_cache = true,
+            Command::SetResponseHeader { ctx, name, value } if own(ctx) => {
+                x.response.set(name, value.as_bytes());
+            }
+            Command::SetProperty { name, value, .. } => {
+                if let Err(err) = host::set_property(&[name.as_str()], &value) {
+                    log(LogLevel::Debug, &format!("cannot set {name}: {err}"));
+                }
+            }
+            other @ (Command::Count { .. } | Command::Gauge { .. } | Command::Log { .. }) => {
+                let mut ignored = Action::Continue;
+                return self.state.execute(None, other, &mut ignored);
+            }
+            // a header or body command for another request: logged by `own`
+            _ => {}
+        }
+        None
+    }
+}
+
+impl chain::Stage<chain::Exchange> for FusedStage {
+    fn headers(&mut self, x: &mut chain::Exchange, direction: Direction, end: bool) -> Step {
+        match direction {
+            Direction::Request => {
+                let config = {
+                    let core = self.state.core.borrow();
+                    let authority = x.request.text(":authority");
+                    host::select_config(core.rules(), authority).and_then(|c| core.config_index(c))
+                };
+                let head = match config {
+                    Some(_) => read_head(|name| {
+                        x.request
+                            .text(name)
+                            .filter(|v| !v.is_empty())
+                            .map(str::to_owned)
+                    }),
+                    None => Head::default(),
+                };
+                let ctx = self.id;
+                let step = self.run(
+                    x,
+                    Input::RequestHeaders {
+                        ctx,
+                        config,
+                        head,
+                        end_of_stream: end,
+                    },
+                );
+                // held until the end of the body (a request with a body)
+                match step {
+                    Step::Wait if !end => Step::Buffer,
+                    other => other,
+                }
+            }
+            Direction::Response => {
+                let ctx = self.id;
+                self.run(x, Input::ResponseHeaders { ctx });
+                Step::Continue
+            }
+        }
+    }
+
+    fn data(&mut self, x: &mut chain::Exchange, direction: Direction, end: bool) -> Step {
+        match direction {
+            Direction::Request => {
+                let ctx = self.id;
+                let size = x.data.len();
+                self.run(
+                    x,
+                    Input::RequestBody {
+                        ctx,
+                        size,
+                        end_of_stream: end,
+                    },
+                )
+            }
+            Direction::Response => Step::Continue,
+        }
+    }
+
+    fn log(&mut self, x: &mut chain::Exchange) {
+        let details = host::property_string(&["response", "code_details"]);
+        let superseded = is_superseded(details.ok().flatten().as_deref());
+        let ctx = self.id;
+        self.run(x, Input::Log { ctx, superseded });
+    }
+}
