@@ -147,6 +147,10 @@ impl StreamRestorer {
             out.extend_from_slice(&event.raw);
             return;
         }
+        if self.passes_unchanged(data) {
+            out.extend_from_slice(&event.raw);
+            return;
+        }
         let reading = read(data);
         for end in &reading.ends {
             self.release(
@@ -219,6 +223,16 @@ impl StreamRestorer {
         write_event(out, event.event.as_deref(), event.id.as_deref(), &new_data);
     }
 
+    /// True if `data` can change nothing: no string in it holds a `[` (raw or
+    /// `\u005b`-escaped), so no placeholder can be in it or complete one; nothing is held back;
+    /// and no output rule reads the text. Such an event (most of a stream) goes out as it came,
+    /// without its JSON being walked.
+    fn passes_unchanged(&self, data: &str) -> bool {
+        self.output.is_none()
+            && !bracket_in_a_string(data.as_bytes())
+            && !self.streams.values().any(|held| held.restorer.is_holding())
+    }
+
     /// At the end of the body: releases whatever is still held.
     pub fn finish(&mut self, map: &mut PlaceholderMap, out: &mut Vec<u8>) {
         self.release(map, |_| true, out);
@@ -250,6 +264,31 @@ impl StreamRestorer {
             }
         }
     }
+}
+
+/// True if a JSON string in `data` holds a `[`, raw or escaped as `\u005b` (one pass, no
+/// allocation; what is not JSON counts as having one, to be looked at properly).
+fn bracket_in_a_string(data: &[u8]) -> bool {
+    let mut in_string = false;
+    let mut escaped = false;
+    for (i, &byte) in data.iter().enumerate() {
+        if escaped {
+            escaped = false;
+            let hex = data.get(i + 1..i + 5);
+            if byte == b'u' && hex.is_some_and(|h| h.eq_ignore_ascii_case(b"005b")) {
+                return true;
+            }
+            continue;
+        }
+        match (in_string, byte) {
+            (true, b'\\') => escaped = true,
+            (true, b'"') => in_string = false,
+            (true, b'[') => return true,
+            (false, b'"') => in_string = true,
+            _ => {}
+        }
+    }
+    in_string || escaped
 }
 
 /// Largest SSE event framed (a bigger one passes through unrestored).
@@ -626,6 +665,44 @@ mod tests {
         let release = text.find(r#""content":"[EMA""#).unwrap();
         assert!(release < text.find("\"stop\"").unwrap());
         assert!(text.ends_with("data: [DONE]\n\n"));
+    }
+
+    #[test]
+    fn events_that_can_change_nothing_pass_byte_for_byte_and_the_rest_still_restore() {
+        let mut map = map();
+        assert!(!bracket_in_a_string(br#"{"choices":[{"a":"x\"y"}]}"#));
+        assert!(bracket_in_a_string(br#"{"a":"x["}"#));
+        assert!(bracket_in_a_string(br#"{"a":"\u005Bx"}"#));
+        assert!(!bracket_in_a_string(br#"{"a":"\\u005b"}"#));
+        assert!(bracket_in_a_string(br#"{"a":"unterminated"#));
+        // odd spacing would not survive a rewrite: these pass as they came
+        let plain =
+            r#"{"id":"c", "choices":[{"index":0,"delta":{"content":"no placeholder here"}}]}"#;
+        let mut r = StreamRestorer::with_output(None);
+        assert!(r.passes_unchanged(plain));
+        let mut raw = Vec::new();
+        write_event(&mut raw, None, None, plain.as_bytes());
+        let mut out = Vec::new();
+        r.event(&mut map, &Event::parse(raw.clone()), &mut out);
+        assert_eq!(out, raw);
+        // an escaped `[` is decoded and restored; a held tail makes the next event count
+        let escaped =
+            r#"{"choices":[{"index":0,"delta":{"content":"to \u005bEMAIL_1] \u005BPH"}}]}"#;
+        assert!(!r.passes_unchanged(escaped));
+        let events = vec![(None, escaped.to_string()), (None, chat_chunk("ONE_1] ok"))];
+        assert_eq!(
+            chat_text(&run(&mut map, &events)),
+            "to a@x.com 13800138000 ok"
+        );
+        let mut held = StreamRestorer::with_output(None);
+        let mut out = Vec::new();
+        let mut raw = Vec::new();
+        write_event(&mut raw, None, None, chat_chunk("Mail [EM").as_bytes());
+        held.event(&mut map, &Event::parse(raw), &mut out);
+        assert!(!held.passes_unchanged(&chat_chunk("AIL_1")));
+        // output rules read every delta
+        let output = StreamRestorer::with_output(Some(output_rules()));
+        assert!(!output.passes_unchanged(plain));
     }
 
     #[test]
