@@ -402,6 +402,11 @@ def config_seeds():
         {"name": "d", "provider": "openai", "model": "gpt-4o", "credential": 12345,
          "cluster": "sk-live-should-not-echo-0001"}], "groups": []}))
     seed("config", "empty", [0, 0], "")
+    # regression (oracle): the fuzzer wrote an error message itself into key_sha256; the
+    # message holds that text without echoing the secret
+    seed("config", "regression-secret-is-the-message", [0, 0x15], j({"global_auth": False, "keys": [
+        {"key_sha256": "invalid configuration: `keys[0]`: missing field `consumer`", "tenant": "demo",
+         "groups": ["fast", "smart"]}], "_rules_": [{"all-ow": ["demo"], "_match_route_": ["default/llm-api"]}]}))
 
 
 # ---- Redis replies -----------------------------------------------------------------------
