@@ -15,9 +15,13 @@ pub const CONSUMER: &str = "x-llm-consumer";
 pub const TENANT: &str = "x-llm-tenant";
 /// Model groups the key may use, comma-separated; `*` means any (set by key-auth).
 pub const GROUPS: &str = "x-llm-groups";
-/// Stable, non-secret id of the virtual key: the first 16 hex digits of its SHA-256
-/// (set by key-auth; per-key limits and attribution use it).
+/// Stable, non-secret id of the virtual key: the key's configured `id`, else the first 16 hex
+/// digits of its SHA-256 (set by key-auth; per-key limits, budgets, metrics and the usage record
+/// use it, so a key rotated under the same `id` keeps its spend).
 pub const KEY_ID: &str = "x-llm-key-id";
+/// Tier of the virtual key (`free`, `pro`, …), present only when the key has one (set by
+/// key-auth; limits and budgets take their amount from it).
+pub const TIER: &str = "x-llm-tier";
 /// Model group the client named (set by model-router).
 pub const MODEL_GROUP: &str = "x-llm-model-group";
 /// Deployment chosen for this attempt (set by model-router).
@@ -42,8 +46,9 @@ pub const REENTRY_CARRIED: [&str; 1] = [ROUTE_NEXT];
 /// from clients because Higress's key-auth only adds it.
 pub const HIGRESS_CONSUMER: &str = "x-mse-consumer";
 
-/// Every header key-auth sets for downstream filters, in the order it sets them.
-pub const IDENTITY: [&str; 5] = [CONSUMER, HIGRESS_CONSUMER, TENANT, GROUPS, KEY_ID];
+/// Every header key-auth sets for downstream filters, in the order it sets them ([`TIER`] only
+/// for a key that has one).
+pub const IDENTITY: [&str; 6] = [CONSUMER, HIGRESS_CONSUMER, TENANT, GROUPS, KEY_ID, TIER];
 
 /// True for a header a client must never be able to set: `x-llm-*` and `x-mse-consumer`,
 /// in any letter case.

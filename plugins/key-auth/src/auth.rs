@@ -358,13 +358,17 @@ fn deny(reason: DenyReason, message: String, key_id: Option<String>) -> Outcome 
 }
 
 fn identity_headers(entry: &KeyEntry) -> Vec<(&'static str, String)> {
-    vec![
+    let mut out = vec![
         (headers::CONSUMER, entry.consumer.clone()),
         (headers::HIGRESS_CONSUMER, entry.consumer.clone()),
         (headers::TENANT, entry.tenant.clone()),
         (headers::GROUPS, entry.groups.clone()),
         (headers::KEY_ID, entry.key_id.clone()),
-    ]
+    ];
+    if let Some(tier) = &entry.tier {
+        out.push((headers::TIER, tier.clone()));
+    }
+    out
 }
 
 /// The first 16 hex digits of a digest: how a key is named in logs.
@@ -588,6 +592,37 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    #[test]
+    fn a_key_with_an_id_and_a_tier_names_both_and_a_spoofed_tier_goes() {
+        let doc = format!(
+            r#"{{"keys":[{{"key_sha256":"{}","consumer":"team-a","groups":["*"],"id":"team-a-prod","tier":"pro"}}]}}"#,
+            sha(KEY_A)
+        );
+        let set = parse_document(doc.as_bytes()).unwrap();
+        let plan = run(
+            &set,
+            "",
+            &[("x-llm-tier", "enterprise"), ("x-api-key", KEY_A)],
+        );
+        assert!(
+            plan.remove.iter().any(|h| h == "x-llm-tier"),
+            "{:?}",
+            plan.remove
+        );
+        let Outcome::Allow { identity, key_id } = &plan.outcome else {
+            panic!("{:?}", plan.outcome);
+        };
+        assert_eq!(key_id, "team-a-prod");
+        assert!(identity.contains(&("x-llm-key-id", "team-a-prod".to_string())));
+        assert!(identity.contains(&("x-llm-tier", "pro".to_string())));
+        // a key without a tier sets no tier header
+        let plan = run(&config(""), "", &[("x-api-key", KEY_A)]);
+        let Outcome::Allow { identity, .. } = &plan.outcome else {
+            panic!("{:?}", plan.outcome);
+        };
+        assert!(identity.iter().all(|(name, _)| *name != "x-llm-tier"));
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //! {
 //!   "keys": [
 //!     {"key_sha256": "<64 hex digits>", "consumer": "team-a", "tenant": "acme",
-//!      "groups": ["fast", "smart"], "expires_at": "2027-01-01T00:00:00Z", "disabled": false}
+//!      "groups": ["fast", "smart"], "expires_at": "2027-01-01T00:00:00Z", "disabled": false,
+//!      "id": "team-a-prod", "tier": "pro"}
 //!   ],
 //!   "key_sources": ["authorization", "x-api-key", "api-key"],
 //!   "query_param": null,
@@ -59,8 +60,12 @@ pub struct KeyEntry {
     pub expires_at: Option<i64>,
     /// A disabled (revoked) key is refused.
     pub disabled: bool,
-    /// First 16 hex digits of the digest: names the key in headers and logs, reveals nothing.
+    /// The key's stable id: its configured `id`, else the first 16 hex digits of the digest.
+    /// Names the key in headers, logs, limits and records; reveals nothing. Keys rotated under
+    /// one `id` share it (and so their spend).
     pub key_id: String,
+    /// The key's tier (`x-llm-tier`), if it has one.
+    pub tier: Option<String>,
 }
 
 /// Keys by digest.
@@ -123,6 +128,10 @@ struct RawKey {
     expires_at: Option<String>,
     #[serde(default)]
     disabled: bool,
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default)]
+    tier: Option<String>,
 }
 
 fn default_sources() -> Vec<String> {
@@ -188,6 +197,8 @@ fn parse_scope(
 fn key_table(raw: &[RawKey]) -> Result<KeyTable, ConfigError> {
     let mut table = KeyTable::with_capacity(raw.len());
     let mut first_index: HashMap<[u8; 32], usize> = HashMap::with_capacity(raw.len());
+    // id -> the first key with it: keys rotated under one id are one identity.
+    let mut ids: HashMap<&str, (usize, &RawKey)> = HashMap::new();
     for (i, key) in raw.iter().enumerate() {
         let at = |field: &str| format!("keys[{i}].{field}");
         let digest = parse_digest(&key.key_sha256)
@@ -214,6 +225,26 @@ fn key_table(raw: &[RawKey]) -> Result<KeyTable, ConfigError> {
                 format!("duplicate digest: keys[{previous}] has the same one"),
             ));
         }
+        if let Some(tier) = &key.tier {
+            validate_name(&at("tier"), tier)?;
+        }
+        if let Some(id) = &key.id {
+            validate_name(&at("id"), id)?;
+            match ids.get(id.as_str()) {
+                Some((j, first))
+                    if (&first.consumer, &first.tenant) != (&key.consumer, &key.tenant) =>
+                {
+                    return Err(ConfigError::new(
+                        at("id"),
+                        format!("keys[{j}] has this id with another consumer or tenant: keys sharing an id are one key rotated, so they must agree"),
+                    ));
+                }
+                Some(_) => {}
+                None => {
+                    ids.insert(id, (i, key));
+                }
+            }
+        }
         table.insert(
             digest,
             KeyEntry {
@@ -222,11 +253,15 @@ fn key_table(raw: &[RawKey]) -> Result<KeyTable, ConfigError> {
                 groups: key.groups.join(","),
                 expires_at,
                 disabled: key.disabled,
-                key_id: key
-                    .key_sha256
-                    .get(..16)
-                    .unwrap_or_default()
-                    .to_ascii_lowercase(),
+                key_id: match &key.id {
+                    Some(id) => id.clone(),
+                    None => key
+                        .key_sha256
+                        .get(..16)
+                        .unwrap_or_default()
+                        .to_ascii_lowercase(),
+                },
+                tier: key.tier.clone(),
             },
         );
     }
@@ -380,6 +415,62 @@ mod tests {
         assert!(cfg.enforce);
         assert!(cfg.needs_clock());
         assert!(cfg.missing_message.contains("the `key` query parameter"));
+    }
+
+    #[test]
+    fn an_id_and_a_tier_name_the_key_and_rotated_keys_share_the_id() {
+        let doc = format!(
+            r#"{{"keys":[{{"key_sha256":"{DIGEST_A}","consumer":"team-a","groups":["*"],"id":"team-a-prod","tier":"pro","expires_at":"2027-01-01T00:00:00Z"}},
+                        {{"key_sha256":"{}","consumer":"team-a","groups":["*"],"id":"team-a-prod","tier":"pro"}}]}}"#,
+            "B".repeat(64)
+        );
+        let set = parse_document(doc.as_bytes()).unwrap();
+        let cfg = set.global().unwrap();
+        let old = cfg.keys.get(&parse_digest(DIGEST_A).unwrap()).unwrap();
+        let new = cfg.keys.get(&[0xbb; 32]).unwrap();
+        assert_eq!(
+            (old.key_id.as_str(), new.key_id.as_str()),
+            ("team-a-prod", "team-a-prod")
+        );
+        assert_eq!(old.tier.as_deref(), Some("pro"));
+        // a key without an id keeps the digest prefix, without a tier has none
+        let plain = parse_document(doc_plain().as_bytes()).unwrap();
+        let a = plain
+            .global()
+            .unwrap()
+            .keys
+            .get(&parse_digest(DIGEST_A).unwrap())
+            .cloned()
+            .unwrap();
+        assert_eq!((a.key_id.as_str(), a.tier), ("8e5bfa1d0c9f10a0", None));
+    }
+
+    fn doc_plain() -> String {
+        doc("")
+    }
+
+    #[test]
+    fn one_id_for_two_identities_or_a_bad_tier_is_refused() {
+        let clash = format!(
+            r#"{{"keys":[{{"key_sha256":"{DIGEST_A}","consumer":"team-a","groups":["*"],"id":"k1"}},
+                        {{"key_sha256":"{}","consumer":"team-b","groups":["*"],"id":"k1"}}]}}"#,
+            "B".repeat(64)
+        );
+        let err = parse_document(clash.as_bytes()).unwrap_err().to_string();
+        assert!(
+            err.contains("keys[1].id") && err.contains("keys[0]"),
+            "{err}"
+        );
+        let bad_tier = format!(
+            r#"{{"keys":[{{"key_sha256":"{DIGEST_A}","consumer":"team-a","groups":["*"],"tier":"pro plan"}}]}}"#
+        );
+        let err = parse_document(bad_tier.as_bytes()).unwrap_err().to_string();
+        assert!(err.contains("keys[0].tier"), "{err}");
+        let bad_id = format!(
+            r#"{{"keys":[{{"key_sha256":"{DIGEST_A}","consumer":"team-a","groups":["*"],"id":"team a"}}]}}"#
+        );
+        let err = parse_document(bad_id.as_bytes()).unwrap_err().to_string();
+        assert!(err.contains("keys[0].id"), "{err}");
     }
 
     #[test]
