@@ -313,12 +313,20 @@ pub fn wasm_filters(config: &Value) -> crate::Result<Vec<WasmFilter>> {
 /// Envoy runs a filter with the listener router's `vm_id` and module in the listener router's
 /// VM, where the model router's upstream role finds the deployments of the listener's
 /// document (its own is just `{"role": "upstream"}`). The harness runs each filter in a VM of
-/// its own: such an upstream role gets the listener's document with its role instead.
+/// its own: such an upstream role gets the listener's document with its role instead (in the
+/// fused build, the fused filter's `model_router` section).
 fn share_router_document(filters: &mut [WasmFilter]) {
+    // the router's document: the filter's own, or the fused filter's `model_router` section
+    let router_document = |config: &Value| {
+        [config, &config["model_router"]]
+            .into_iter()
+            .find(|doc| doc.get("deployments").is_some())
+            .cloned()
+    };
     let listener = filters
         .iter()
-        .find(|f| !f.upstream && f.config.get("deployments").is_some())
-        .map(|f| (f.vm_id.clone(), f.config.clone()));
+        .filter(|f| !f.upstream)
+        .find_map(|f| Some((f.vm_id.clone(), router_document(&f.config)?)));
     let Some((vm_id, document)) = listener else {
         return;
     };

@@ -117,6 +117,9 @@ pub struct Results {
     pub vms: Vec<Vm>,
     /// The chain in the harness on the bench's workloads.
     pub chain_cost: Option<Result<ChainCost, String>>,
+    /// Row F's fused filter (and the router's upstream filter) in the harness on the same
+    /// workloads; `None` when not measured.
+    pub fused_cost: Option<Result<ChainCost, String>>,
     /// perf's split of each Envoy row's CPU under the first workload at 16 connections (not in
     /// `--quick`), or why there is none.
     pub profiles: Option<Result<crate::bench::perf::RowProfiles, String>>,
@@ -1148,41 +1151,16 @@ impl Results {
             }
             o.push('\n');
         }
-        match &self.chain_cost {
-            Some(Ok(cost)) => {
-                let _ = writeln!(o, "## Per plugin and request, in the harness (row C's chain and configs, the bench's workloads)\n\nwasm fuel (wasmtime's deterministic instruction count), host calls, callbacks and bytes across the boundary per request. The upstream answers are the mock's; a stream reaches the filters one event per body callback.\n\n| workload | plugin (root_id) | fuel | host calls | callbacks | bytes in+out |\n|---|---|---:|---:|---:|---:|");
-                for w in &cost.workloads {
-                    let mut total = (0u64, 0.0f64);
-                    for p in &w.plugins {
-                        total.0 += p.fuel();
-                        total.1 += p.host_calls();
-                        let _ = writeln!(
-                            o,
-                            "| {} | {} | {} | {:.1} | {:.1} | {} |",
-                            w.workload.name,
-                            p.root_id,
-                            p.fuel(),
-                            p.host_calls(),
-                            p.callbacks(),
-                            p.bytes()
-                        );
-                    }
-                    let _ = writeln!(
-                        o,
-                        "| {} | **all** | **{}** | **{:.1}** | | |",
-                        w.workload.name, total.0, total.1
-                    );
-                }
-                o.push('\n');
-            }
-            Some(Err(why)) => {
-                let _ = writeln!(
-                    o,
-                    "## Per plugin and request, in the harness\n\nnot measured: {why}\n"
-                );
-            }
-            None => {}
-        }
+        render_harness_cost(
+            o,
+            &self.chain_cost,
+            "row C's chain and configs, the bench's workloads",
+        );
+        render_harness_cost(
+            o,
+            &self.fused_cost,
+            "row F: the fused filter `llm-gateway` and the router's upstream filter, the same workloads",
+        );
         match &self.harness_tables {
             Some(Ok(path)) => {
                 let _ = writeln!(o, "Full `harness-cost` tables (every plugin's own cost workloads, per callback): `{path}`.\n");
@@ -1225,6 +1203,46 @@ pub fn parse_vm_tables(text: &str) -> Vec<(String, String, String)> {
         }
     }
     out
+}
+
+/// The per-plugin harness table of one row's filters (`what` says which), or why it is
+/// missing.
+fn render_harness_cost(o: &mut String, cost: &Option<Result<ChainCost, String>>, what: &str) {
+    match cost {
+        Some(Ok(cost)) => {
+            let _ = writeln!(o, "## Per plugin and request, in the harness ({what})\n\nwasm fuel (wasmtime's deterministic instruction count), host calls, callbacks and bytes across the boundary per request. The upstream answers are the mock's; a stream reaches the filters one event per body callback.\n\n| workload | plugin (root_id) | fuel | host calls | callbacks | bytes in+out |\n|---|---|---:|---:|---:|---:|");
+            for w in &cost.workloads {
+                let mut total = (0u64, 0.0f64);
+                for p in &w.plugins {
+                    total.0 += p.fuel();
+                    total.1 += p.host_calls();
+                    let _ = writeln!(
+                        o,
+                        "| {} | {} | {} | {:.1} | {:.1} | {} |",
+                        w.workload.name,
+                        p.root_id,
+                        p.fuel(),
+                        p.host_calls(),
+                        p.callbacks(),
+                        p.bytes()
+                    );
+                }
+                let _ = writeln!(
+                    o,
+                    "| {} | **all** | **{}** | **{:.1}** | | |",
+                    w.workload.name, total.0, total.1
+                );
+            }
+            o.push('\n');
+        }
+        Some(Err(why)) => {
+            let _ = writeln!(
+                o,
+                "## Per plugin and request, in the harness ({what})\n\nnot measured: {why}\n"
+            );
+        }
+        None => {}
+    }
 }
 
 #[cfg(test)]

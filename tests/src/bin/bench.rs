@@ -427,6 +427,7 @@ fn run(started: Instant) -> Result<(), String> {
         .unwrap_or_default();
     push_vms(&mut results, &filters, &chain_cost, &vm_rows);
     results.chain_cost = Some(chain_cost);
+    results.fused_cost = fused_cost(&mock, &workloads, runs);
     results.harness_tables = harness_text.map(|r| r.map(|(path, _)| path));
     results.modules = modules()?;
     results.elapsed_s = started.elapsed().as_secs_f64();
@@ -455,6 +456,7 @@ fn harness_only(
     let chain_cost = cost::measure(&filters, workloads, DEMO_KEY, &mock.url(), 20);
     push_vms(results, &filters, &chain_cost, &[]);
     results.chain_cost = Some(chain_cost);
+    results.fused_cost = fused_cost(mock, workloads, 20);
     results.modules = modules()?;
     results.elapsed_s = started.elapsed().as_secs_f64();
     let text = results.render_harness_only();
@@ -466,6 +468,25 @@ fn harness_only(
     std::fs::write(&out, &text).map_err(|e| e.to_string())?;
     println!("written to {}", out.display());
     Ok(())
+}
+
+/// Row F's filters (the fused filter, the router's upstream filter) in the harness on the
+/// same workloads; `None` when the fused config does not ship.
+fn fused_cost(
+    mock: &MockProcess,
+    workloads: &[Workload],
+    runs: u64,
+) -> Option<Result<cost::ChainCost, String>> {
+    let config = match config::fused(mock.port) {
+        Ok(Some(config)) => config,
+        Ok(None) => return None,
+        Err(why) => return Some(Err(why)),
+    };
+    eprintln!("the fused filter in the wasmtime harness");
+    Some(
+        config::wasm_filters(&config)
+            .and_then(|filters| cost::measure(&filters, workloads, DEMO_KEY, &mock.url(), runs)),
+    )
 }
 
 /// One VM row per filter of the chain: start and configure figures from `harness-cost`'s
