@@ -1,0 +1,318 @@
+//! Tiers, group-scoped budgets and key rotation through the compiled chain key-auth →
+//! usage-accounting → token-ratelimit in the wasmtime harness: the Higress builds
+//! (`dist/higress/`, Higress mode) with limits and budgets in a real `redis-server`, and the
+//! plain build (per instance in shared data).
+//!
+//! key-auth turns each key into `x-llm-key-id` (its `id`) and `x-llm-tier`; token-ratelimit
+//! takes each limit's and budget's amount from the tier and counts by the id, so a rotated key
+//! (a new digest with the same `id`) keeps what the old one spent.
+
+use llm_gateway_tests::harness::{Exchange, FilterSpec, Fleet, Host, Request, Response};
+use llm_gateway_tests::redis::Redis;
+use serde_json::{json, Value};
+use std::time::Duration;
+
+const SERVICE: &str = "outbound|6379||redis.static";
+/// 2026-11-30T00:53:20Z.
+const START_NANOS: u64 = 1_796_000_000_000_000_000;
+
+const FREE: &str = "sk-tier-free-1a2b3c4d5e";
+const PRO: &str = "sk-tier-pro-6f7a8b9c0d";
+const OLD: &str = "sk-rot-old-11aa22bb33";
+const NEW: &str = "sk-rot-new-44cc55dd66";
+
+/// key-auth's keys: a free and a pro key, and a key `k1` rotated (the old digest valid until
+/// 06:00 on the test's day, the new one with no end).
+fn keys() -> Value {
+    json!({"keys": [
+        {"key_sha256": "d582d7f845c468f39ee9a604e51d4e9d9deb00ec6325b488aa8c47cb65ca1cbb",
+         "consumer": "team-free", "tenant": "acme", "groups": ["*"], "id": "free-key", "tier": "free"},
+        {"key_sha256": "5161381cb2d4db1a69c4a853f19d08003bba0b786a4442aa81bd1aca5684b35e",
+         "consumer": "team-pro", "tenant": "acme", "groups": ["*"], "id": "pro-key", "tier": "pro"},
+        {"key_sha256": "2912c1aa3535238e3fc851b890113bb8cf6aa65f74691fc49f3cde007c30bf41",
+         "consumer": "team-a", "tenant": "acme", "groups": ["*"], "id": "k1",
+         "expires_at": "2026-11-30T06:00:00Z"},
+        {"key_sha256": "911abe44a75a167a8c7aa841f0424379143f53559846068d93bee08cf20399c2",
+         "consumer": "team-a", "tenant": "acme", "groups": ["*"], "id": "k1"}
+    ]})
+}
+
+/// key-auth → usage-accounting → token-ratelimit, Higress builds, limits and budgets in Redis.
+fn higress_chain(limiter: &Value, redis: &Redis) -> Fleet {
+    let fleet = Fleet::builder()
+        .host(Host::Higress)
+        .filter(FilterSpec::higress("key-auth", &keys()).unwrap())
+        .filter(FilterSpec::higress("usage-accounting", &json!({})).unwrap())
+        .filter(FilterSpec::higress("token-ratelimit", limiter).unwrap())
+        .redis(SERVICE, redis.addr())
+        .workers(2)
+        .build()
+        .unwrap();
+    fleet.clock().set_nanos(START_NANOS);
+    fleet
+}
+
+/// The same chain, plain builds, everything per instance.
+fn plain_chain(limiter: &Value) -> Fleet {
+    let fleet = Fleet::builder()
+        .filter(FilterSpec::plugin("key-auth", &keys()).unwrap())
+        .filter(FilterSpec::plugin("usage-accounting", &json!({})).unwrap())
+        .filter(
+            FilterSpec::plugin("token-ratelimit", limiter)
+                .unwrap()
+                .allow_on_headers_stop_iteration(true),
+        )
+        .workers(2)
+        .build()
+        .unwrap();
+    fleet.clock().set_nanos(START_NANOS);
+    fleet
+}
+
+fn with_redis(mut limiter: Value) -> Value {
+    limiter["redis"] = json!({"service": SERVICE, "timeout_ms": 500});
+    limiter["clock"] = json!("gateway");
+    limiter
+}
+
+/// A chat request with `key`: 400 characters of prompt (104 tokens, 123 reserved with the
+/// margin) and a cap of 300, so 423 tokens reserved; the answer uses 104 + 50.
+fn chat(id: &str, key: &str) -> Request {
+    Request::post("/v1/chat/completions")
+        .header("authorization", &format!("Bearer {key}"))
+        .header("x-llm-request-id", id)
+        .json(&json!({
+            "model": "claude-test",
+            "max_tokens": 300,
+            "messages": [{"role": "user", "content": "a".repeat(400)}]
+        }))
+}
+
+fn answer() -> Response {
+    Response::json(&json!({
+        "object": "chat.completion",
+        "model": "claude-test",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 104, "completion_tokens": 50, "total_tokens": 154}
+    }))
+}
+
+fn send(fleet: &Fleet, worker: usize, id: &str, key: &str) -> Exchange {
+    let ex = fleet
+        .exchange(0, worker, &chat(id, key), |_| answer())
+        .unwrap();
+    // the sync worker's tick: top-ups and anything journaled
+    fleet.tick().unwrap();
+    fleet.pump().unwrap();
+    ex
+}
+
+fn error_code(ex: &Exchange) -> Value {
+    ex.json()["error"]["code"].clone()
+}
+
+/// Requests of `key` served in a row before the first refusal (at most `max`), and the
+/// refusal's status.
+fn served_before_refusal(fleet: &Fleet, prefix: &str, key: &str, max: usize) -> (usize, u16) {
+    for i in 0..max {
+        let ex = send(fleet, i % 2, &format!("{prefix}-{i}"), key);
+        if ex.status() != 200 {
+            return (i, ex.status());
+        }
+    }
+    (max, 200)
+}
+
+/// The integer a Redis `GET` of the one key matching `pattern` returns.
+fn redis_int(redis: &Redis, pattern: &str) -> i64 {
+    let keys = redis.command(&["KEYS", pattern]).unwrap();
+    let lines: Vec<&str> = keys.lines().collect();
+    assert_eq!(lines.first(), Some(&"*1"), "one key for {pattern}: {keys}");
+    let key = lines[2];
+    let reply = redis.command(&["GET", key]).unwrap();
+    reply.lines().nth(1).unwrap().parse().unwrap()
+}
+
+#[test]
+fn in_redis_a_limit_and_a_budget_take_the_amount_of_the_keys_tier() {
+    let redis = Redis::start().unwrap();
+    let fleet = higress_chain(
+        &with_redis(json!({
+            "limits": [{"name": "key-rpm", "by": "key", "requests": 3, "per": "minute",
+                        "tiers": {"free": 2, "pro": 6}}],
+            "budgets": [{"name": "key-day", "by": "key", "period": "day", "tokens": 100000,
+                         "tiers": {"free": 1000}}]
+        })),
+        &redis,
+    );
+    // free: 2 a minute
+    let (served, status) = served_before_refusal(&fleet, "f", FREE, 10);
+    assert_eq!((served, status), (2, 429), "{}", fleet.log_text());
+    let ex = send(&fleet, 0, "f-x", FREE);
+    assert_eq!(ex.header("x-ratelimit-limit-requests"), Some("2"));
+    // pro: 6 a minute, its own headers
+    let ex = send(&fleet, 0, "p-0", PRO);
+    assert_eq!(ex.status(), 200, "{}", ex.text());
+    assert_eq!(ex.header("x-ratelimit-limit-requests"), Some("6"));
+    let (served, status) = served_before_refusal(&fleet, "p", PRO, 10);
+    assert_eq!((served, status), (5, 429));
+    // a minute later, free's budget of 1000 tokens a day: 154 spent a request, 423 reserved,
+    // so its 2 earlier requests and 2 more fit (4 x 154 + 423 > 1000 refuses the fifth)
+    fleet.clock().advance(Duration::from_secs(61));
+    for i in 0..2 {
+        assert_eq!(send(&fleet, i, &format!("f2-{i}"), FREE).status(), 200);
+        fleet.clock().advance(Duration::from_secs(31));
+    }
+    let ex = send(&fleet, 0, "f2-x", FREE);
+    assert_eq!(ex.status(), 402, "{}", ex.text());
+    assert_eq!(error_code(&ex), "budget_exceeded");
+    assert_eq!(
+        redis_int(&redis, "llm:*:bud:key-day:key:free-key:*"),
+        4 * 154
+    );
+    // pro's budget is the default 100000: pro, having spent more, is still served
+    fleet.clock().advance(Duration::from_secs(61));
+    assert_eq!(send(&fleet, 0, "p2", PRO).status(), 200);
+    assert_eq!(
+        redis_int(&redis, "llm:*:bud:key-day:key:pro-key:*"),
+        7 * 154
+    );
+    let records = records(&fleet);
+    assert!(records
+        .iter()
+        .any(|r| r["key_id"] == "pro-key" && r["tier"] == "pro"));
+    assert!(records
+        .iter()
+        .any(|r| r["key_id"] == "free-key" && r["tier"] == "free"));
+}
+
+#[test]
+fn in_redis_a_rotated_key_keeps_the_spend_and_the_old_key_works_until_it_expires() {
+    let redis = Redis::start().unwrap();
+    // 1000 tokens for the key id, whatever its digest
+    let fleet = higress_chain(
+        &with_redis(json!({
+            "budgets": [{"name": "key-total", "by": "key", "period": "total", "tokens": 1000}]
+        })),
+        &redis,
+    );
+    // the old key spends 2 x 154
+    for i in 0..2 {
+        let ex = send(&fleet, i, &format!("old-{i}"), OLD);
+        assert_eq!(ex.status(), 200, "{}\n{}", ex.text(), fleet.log_text());
+        assert_eq!(ex.upstream_header("x-llm-key-id"), Some("k1"));
+    }
+    // the new digest is the same key: it spends from the same 1000
+    let ex = send(&fleet, 0, "new-0", NEW);
+    assert_eq!(ex.status(), 200, "{}", ex.text());
+    assert_eq!(ex.upstream_header("x-llm-key-id"), Some("k1"));
+    assert_eq!(redis_int(&redis, "llm:*:bud:key-total:key:k1:*"), 3 * 154);
+    // before its expires_at the old key still works, and still spends from the same budget
+    let ex = send(&fleet, 1, "old-2", OLD);
+    assert_eq!(ex.status(), 200, "{}", ex.text());
+    assert_eq!(redis_int(&redis, "llm:*:bud:key-total:key:k1:*"), 4 * 154);
+    // 4 x 154 + 423 > 1000: the new key is refused, the spend carried over (a fresh budget
+    // would have served it)
+    let ex = send(&fleet, 0, "new-1", NEW);
+    assert_eq!(ex.status(), 402, "{}", ex.text());
+    assert_eq!(error_code(&ex), "budget_exceeded");
+    // past 06:00 the old key is refused by key-auth
+    fleet.clock().advance(Duration::from_secs(6 * 3600));
+    let ex = send(&fleet, 0, "old-3", OLD);
+    assert_eq!(ex.status(), 401, "{}", ex.text());
+    assert_eq!(error_code(&ex), "expired_api_key");
+    // and nothing of the key's was reserved for it, nothing left behind
+    assert_eq!(redis_int(&redis, "llm:*:bud:key-total:key:k1:*"), 4 * 154);
+    let reservations = redis.command(&["KEYS", "llm:*:res:*"]).unwrap();
+    assert_eq!(reservations, "*0\r\n");
+    // the usage records name the key by its id, whichever digest was used
+    let records = records(&fleet);
+    let served: Vec<&Value> = records.iter().filter(|r| r["status"] == 200).collect();
+    assert_eq!(served.len(), 4, "{records:?}");
+    assert!(served
+        .iter()
+        .all(|r| r["key_id"] == "k1" && r["tier"].is_null()));
+}
+
+fn records(fleet: &Fleet) -> Vec<Value> {
+    fleet
+        .log_text()
+        .lines()
+        .filter_map(|l| l.split_once("usage_record: "))
+        .map(|(_, json)| serde_json::from_str(json).unwrap())
+        .collect()
+}
+
+#[test]
+fn in_redis_a_budget_scoped_to_a_group_counts_only_that_groups_requests() {
+    let redis = Redis::start().unwrap();
+    // no key-auth (it strips client x-llm-* headers): the group comes as the router would set
+    // it
+    let fleet = Fleet::builder()
+        .host(Host::Higress)
+        .filter(FilterSpec::higress("usage-accounting", &json!({})).unwrap())
+        .filter(
+            FilterSpec::higress(
+                "token-ratelimit",
+                &with_redis(json!({
+                    "budgets": [{"name": "smart-day", "by": "tenant", "period": "day",
+                                 "tokens": 1000, "model_groups": ["smart"]}]
+                })),
+            )
+            .unwrap(),
+        )
+        .redis(SERVICE, redis.addr())
+        .build()
+        .unwrap();
+    fleet.clock().set_nanos(START_NANOS);
+    let in_group = |id: &str, group: &str| {
+        let request = chat(id, PRO)
+            .header("x-llm-tenant", "acme")
+            .header("x-llm-model-group", group);
+        let ex = fleet.exchange(0, 0, &request, |_| answer()).unwrap();
+        fleet.pump().unwrap();
+        ex
+    };
+    // fast: nothing reserved, nothing settled, however many
+    for i in 0..8 {
+        assert_eq!(in_group(&format!("fast-{i}"), "fast").status(), 200);
+    }
+    let keys = redis.command(&["KEYS", "llm:*:bud:*"]).unwrap();
+    assert_eq!(keys, "*0\r\n", "no level of the smart budget for fast");
+    // smart: counted, refused past 1000
+    let mut served = 0;
+    while in_group(&format!("smart-{served}"), "smart").status() == 200 {
+        served += 1;
+        assert!(served < 10);
+    }
+    assert_eq!(served, 4, "{}", fleet.log_text());
+    assert_eq!(
+        redis_int(&redis, "llm:*:bud:smart-day:tenant:acme:*"),
+        4 * 154
+    );
+    // fast still goes on
+    assert_eq!(in_group("fast-x", "fast").status(), 200);
+}
+
+#[test]
+fn per_instance_tiers_and_rotation_in_the_plain_build() {
+    let fleet = plain_chain(&json!({
+        "limits": [{"name": "key-rpm", "by": "key", "requests": 3, "per": "minute",
+                    "tiers": {"free": 1, "pro": 5}}],
+        "budgets": [{"name": "key-total", "by": "key", "period": "total", "tokens": 1000,
+                     "tiers": {"pro": 100000}}]
+    }));
+    let (served, status) = served_before_refusal(&fleet, "f", FREE, 10);
+    assert_eq!((served, status), (1, 429), "{}", fleet.log_text());
+    let (served, status) = served_before_refusal(&fleet, "p", PRO, 10);
+    assert_eq!((served, status), (5, 429));
+    // rotation: the old key then the new one, a minute apart (the limit, 3 a minute, stays
+    // out of the way); 4 x 154 + 423 > 1000 refuses the fifth, whichever digest
+    for (i, key) in [OLD, NEW, OLD, NEW].into_iter().enumerate() {
+        let ex = send(&fleet, i % 2, &format!("rot-{i}"), key);
+        assert_eq!(ex.status(), 200, "{i}: {}", ex.text());
+        fleet.clock().advance(Duration::from_secs(61));
+    }
+    let ex = send(&fleet, 0, "rot-x", NEW);
+    assert_eq!(ex.status(), 402, "{}", ex.text());
+}
