@@ -316,3 +316,103 @@ fn per_instance_tiers_and_rotation_in_the_plain_build() {
     let ex = send(&fleet, 0, "rot-x", NEW);
     assert_eq!(ex.status(), 402, "{}", ex.text());
 }
+
+/// The model router in front with `smart`'s budget fallback `cheap`, and a money budget on
+/// `smart` only: a smart request it cannot pay for is switched to `cheap`, which that budget
+/// does not count — nothing is reserved or charged to it for the switched request.
+#[test]
+fn the_budget_fallback_leaves_a_budget_scoped_to_the_refused_group() {
+    let router = FilterSpec::plugin(
+        "model-router",
+        &json!({
+            "version": "bf",
+            "deployments": [
+                {"name": "big", "cluster": "c-big", "model": "big-model", "provider": "openai",
+                 "credential": "cred-big", "price": {"input": 5000000, "output": 15000000}},
+                {"name": "mini", "cluster": "c-mini", "model": "mini-model", "provider": "openai",
+                 "credential": "cred-mini", "price": {"input": 150000, "output": 600000}}
+            ],
+            "groups": [
+                {"name": "smart", "deployments": [{"deployment": "big"}], "budget_fallback": "cheap"},
+                {"name": "cheap", "deployments": [{"deployment": "mini"}]}
+            ]
+        }),
+    )
+    .unwrap()
+    .allow_on_headers_stop_iteration(true);
+    // smart reserves ≈ $0.0206 (1004 + 10 % + 8 prompt tokens at $5/M, 1000 output at $15/M)
+    // and spends $0.00802 (1004 at $5/M, 200 at $15/M): the smart budget of 5 cents pays
+    // for four, then cannot
+    let limiter = json!({
+        "budgets": [{"name": "smart-day", "by": "tenant", "period": "day", "money": "0.05",
+                     "model_groups": ["smart"]}]
+    });
+    let fleet = Fleet::builder()
+        .filter(router)
+        .filter(FilterSpec::plugin("usage-accounting", &json!({})).unwrap())
+        .filter(
+            FilterSpec::plugin("token-ratelimit", &limiter)
+                .unwrap()
+                .allow_on_headers_stop_iteration(true),
+        )
+        .build()
+        .unwrap();
+    let request = |id: &str, group: &str| {
+        Request::post("/v1/chat/completions")
+            .header("x-llm-request-id", id)
+            .header("x-llm-tenant", "acme")
+            .header("x-llm-groups", "smart,cheap")
+            .property("xds.route_name", "llm")
+            .json(&json!({"model": group, "max_tokens": 1000,
+                          "messages": [{"role": "user", "content": "a".repeat(4000)}]}))
+    };
+    let usage = |prompt: u64, completion: u64| {
+        Response::json(&json!({
+            "object": "chat.completion", "model": "m",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
+                      "total_tokens": prompt + completion}
+        }))
+    };
+    let spent = |fleet: &Fleet| -> Vec<u64> {
+        let data = &fleet.services(0).shared_data;
+        data.keys("token-ratelimit")
+            .into_iter()
+            .filter(|k| k.starts_with("trl:bud:"))
+            .filter_map(|k| data.get("token-ratelimit", &k))
+            .map(|(v, _)| u64::from_le_bytes(v[..8].try_into().unwrap()))
+            .collect()
+    };
+    let per_smart = 1004 * 5000 + 200 * 15000;
+    let mut at_smart = 0u64;
+    let switched = loop {
+        let ex = fleet
+            .exchange(0, 0, &request(&format!("s-{at_smart}"), "smart"), |up| {
+                let body: Value = serde_json::from_slice(&up.body).unwrap();
+                assert!(body["model"] == "big-model" || body["model"] == "mini-model");
+                usage(1004, 200)
+            })
+            .unwrap();
+        assert_eq!(ex.status(), 200, "{}", fleet.log_text());
+        if ex.header("x-llm-budget-fallback").is_some() {
+            break ex;
+        }
+        at_smart += 1;
+        assert!(at_smart < 10, "never switched");
+    };
+    assert_eq!(at_smart, 4);
+    assert_eq!(switched.header("x-llm-budget-fallback"), Some("cheap"));
+    assert_eq!(fleet.metric_sum("llm_gateway.ratelimit.budget_fallback"), 1);
+    // the switched request is cheap's: the smart budget holds the four smart ones only
+    assert_eq!(spent(&fleet), vec![4 * per_smart]);
+    // cheap requests, asked for directly, are not counted by it either: never refused
+    for i in 0..5 {
+        let ex = fleet
+            .exchange(0, 0, &request(&format!("c-{i}"), "cheap"), |_| {
+                usage(1004, 200)
+            })
+            .unwrap();
+        assert_eq!(ex.status(), 200);
+    }
+    assert_eq!(spent(&fleet), vec![4 * per_smart]);
+}
