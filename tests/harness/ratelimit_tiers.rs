@@ -416,3 +416,43 @@ fn the_budget_fallback_leaves_a_budget_scoped_to_the_refused_group() {
     }
     assert_eq!(spent(&fleet), vec![4 * per_smart]);
 }
+
+/// A tier is one map lookup per limit and budget: a request under limits with 32 tiers each
+/// burns about the fuel of one under the same limits without tiers (deterministic fuel,
+/// never time).
+#[test]
+fn tiers_cost_a_lookup_not_a_scan() {
+    use llm_gateway_tests::harness::cost::Totals;
+    let tiers: serde_json::Map<String, Value> = (0..32)
+        .map(|i| (format!("t{i}"), json!(1_000_000 + i)))
+        .collect();
+    let limiter = |with_tiers: bool| {
+        let mut config = json!({
+            "limits": [
+                {"name": "key-rpm", "by": "key", "requests": 1_000_000, "per": "minute"},
+                {"name": "key-tpm", "by": "key", "tokens": 100_000_000, "per": "minute"}
+            ],
+            "budgets": [{"name": "key-day", "by": "key", "period": "day", "tokens": 100_000_000}]
+        });
+        if with_tiers {
+            for limit in config["limits"].as_array_mut().unwrap() {
+                limit["tiers"] = Value::Object(tiers.clone());
+            }
+            config["budgets"][0]["tiers"] = Value::Object(tiers.clone());
+        }
+        config
+    };
+    let mut fuel = Vec::new();
+    for with_tiers in [false, true] {
+        let fleet = plain_chain(&limiter(with_tiers));
+        // the second request of each: the tokenizer and buckets are warm
+        send(&fleet, 0, "warm", PRO);
+        let ex = send(&fleet, 0, "measured", PRO);
+        assert_eq!(ex.status(), 200, "{}", ex.text());
+        let totals = Totals::of(ex.cost.iter().filter(|c| c.plugin == "token-ratelimit"));
+        fuel.push(totals.fuel);
+    }
+    let (plain, tiered) = (fuel[0] as f64, fuel[1] as f64);
+    println!("trl-tiers fuel per request: without tiers {plain}, with 32 tiers per limit and budget {tiered}");
+    assert!(tiered < plain * 1.05, "{plain} vs {tiered}");
+}
