@@ -50,7 +50,7 @@ async fn start() -> Gateway {
         "default_max_tokens": 500,
         "limits": [{"name": "key-rph", "by": "key", "requests": 10, "per": "hour",
                     "tiers": {"free": 1, "pro": 3}}],
-        "budgets": [{"name": "key-day", "by": "key", "period": "day", "tokens": 1200}]
+        "budgets": [{"name": "key-total", "by": "key", "period": "total", "tokens": 1200}]
     });
     let vars = vec![
         ("MOCK_PORT", upstream.addr().port().to_string()),
@@ -162,7 +162,7 @@ async fn the_old_and_the_new_digest_of_a_rotated_key_share_one_budget() {
     let third = gw.chat(NEW, "new-2", 500).await;
     assert_eq!(third.status, 402, "{}", third.text());
     assert_eq!(error_code(&third), "budget_exceeded");
-    assert_eq!(third.header("x-llm-budget"), Some("key-day"));
+    assert_eq!(third.header("x-llm-budget"), Some("key-total"));
     // and the old key, still valid, is refused by the same budget
     let fourth = gw.chat(OLD, "old-2", 500).await;
     assert_eq!(fourth.status, 402, "{}", fourth.text());
