@@ -9,7 +9,7 @@
 //!
 //! ```json
 //! {"request_id":"…","ts_ms":1764480000000,"consumer":"team-a","tenant":"acme",
-//!  "project":"search","agent":"planner","run_id":"r-1","model_group":"fast",
+//!  "key_id":"team-a-prod","tier":"pro","project":"search","agent":"planner","run_id":"r-1","model_group":"fast",
 //!  "deployment":"east","model":"gpt-4o-mini","api":"chat.completions","stream":true,
 //!  "status":200,"complete":true,"attempts":[{"deployment":"east","status":200}],
 //!  "usage_source":"upstream","usage":{"prompt_tokens":1000,"completion_tokens":100,
@@ -19,7 +19,10 @@
 //! `usage_source` is `upstream` (the provider's numbers) or `estimated` (counted by the gateway:
 //! stream cut, provider without usage, client gone). `cost_nano` is in nano-units (10⁻⁹) of
 //! `currency`; it and `price_version` are null when no price is configured for the request.
-//! Every member is always present (absent values are `null`), in the order above.
+//! `key_id` is key-auth's `x-llm-key-id` (the key's `id`, which rotation keeps, else its digest
+//! prefix) and `tier` its `x-llm-tier`. Every member is always present (absent values are
+//! `null`), in the order above; a record written before `key_id` and `tier` existed reads with
+//! them `null`.
 
 use crate::usage::Usage;
 use serde::{Deserialize, Serialize};
@@ -88,6 +91,12 @@ pub struct Record {
     pub consumer: Option<String>,
     /// Tenant (key-auth).
     pub tenant: Option<String>,
+    /// The key's id (key-auth's `x-llm-key-id`): the same for a key and its rotation.
+    #[serde(default)]
+    pub key_id: Option<String>,
+    /// The key's tier (key-auth's `x-llm-tier`).
+    #[serde(default)]
+    pub tier: Option<String>,
     /// Client header `x-project`.
     pub project: Option<String>,
     /// Client header `x-agent`.
@@ -150,6 +159,8 @@ mod tests {
             ts_ms: 1,
             consumer: Some("team-a".into()),
             tenant: None,
+            key_id: Some("team-a-prod".into()),
+            tier: None,
             project: None,
             agent: None,
             run_id: None,
@@ -184,9 +195,20 @@ mod tests {
         let line = record().to_json();
         assert_eq!(
             line,
-            r#"{"request_id":"r","ts_ms":1,"consumer":"team-a","tenant":null,"project":null,"agent":null,"run_id":null,"model_group":"fast","deployment":"east","model":null,"api":"chat.completions","stream":true,"status":200,"complete":true,"attempts":[{"deployment":"east","status":200}],"usage_source":"upstream","usage":{"prompt_tokens":10,"completion_tokens":2,"cached_prompt_tokens":0,"cache_write_tokens":0,"reasoning_tokens":0,"total_tokens":12},"cost_nano":243600,"currency":"USD","price_version":null,"ttft_ms":null,"duration_ms":5}"#
+            r#"{"request_id":"r","ts_ms":1,"consumer":"team-a","tenant":null,"key_id":"team-a-prod","tier":null,"project":null,"agent":null,"run_id":null,"model_group":"fast","deployment":"east","model":null,"api":"chat.completions","stream":true,"status":200,"complete":true,"attempts":[{"deployment":"east","status":200}],"usage_source":"upstream","usage":{"prompt_tokens":10,"completion_tokens":2,"cached_prompt_tokens":0,"cache_write_tokens":0,"reasoning_tokens":0,"total_tokens":12},"cost_nano":243600,"currency":"USD","price_version":null,"ttft_ms":null,"duration_ms":5}"#
         );
         assert_eq!(Record::from_json(line.as_bytes()), Some(record()));
+    }
+
+    #[test]
+    fn a_record_from_before_key_id_and_tier_reads_with_them_null() {
+        let old = record()
+            .to_json()
+            .replace(r#""key_id":"team-a-prod","tier":null,"#, "");
+        assert!(!old.contains("key_id"), "{old}");
+        let read = Record::from_json(old.as_bytes()).expect("an older record");
+        assert_eq!((read.key_id, read.tier), (None, None));
+        assert_eq!(read.consumer.as_deref(), Some("team-a"));
     }
 
     #[test]

@@ -30,9 +30,17 @@ pub struct Identity {
     pub ip: Option<String>,
     /// `x-user-id`.
     pub user: Option<String>,
+    /// `x-llm-tier` (set by key-auth): picks each limit's and budget's amount; never part of
+    /// a key, so a key that changes tier keeps what it spent.
+    pub tier: Option<String>,
 }
 
 impl Identity {
+    /// The request's tier (an empty value counts as absent).
+    pub fn tier(&self) -> Option<&str> {
+        self.tier.as_deref().filter(|v| !v.is_empty())
+    }
+
     /// The value of one dimension (empty values count as absent).
     pub fn get(&self, dimension: Dimension) -> Option<&str> {
         let value = match dimension {
@@ -195,7 +203,7 @@ pub struct Level {
     pub budget: usize,
     /// Redis key (the local store uses it too).
     pub key: String,
-    /// The budget's amount.
+    /// The budget's amount for the request's tier.
     pub limit: u64,
     /// When the key may go: the period's end plus a day (0: never, `total` budgets keep
     /// theirs for a year after the last write).
@@ -208,12 +216,16 @@ pub const EXPIRY_GRACE_MS: u64 = 86_400_000;
 pub const TOTAL_TTL_MS: u64 = 366 * 86_400_000;
 
 /// The levels of every budget that applies to `identity` (a budget whose `by` the request
-/// lacks does not apply).
+/// lacks, or scoped to model groups the request's is not in, does not apply), each with the
+/// amount of the request's tier. The key holds no tier: a key that changes tier keeps its
+/// spend, checked against its new tier's amount.
 pub fn levels(budgets: &[Budget], identity: &Identity, now_ms: u64) -> Vec<Level> {
     let tag = identity.tag();
+    let group = identity.get(Dimension::ModelGroup);
     budgets
         .iter()
         .enumerate()
+        .filter(|(_, budget)| budget.applies_to(group))
         .filter_map(|(index, budget)| {
             let who = identity.get(budget.by)?;
             let (id, end) = period(budget.period, now_ms);
@@ -225,7 +237,7 @@ pub fn levels(budgets: &[Budget], identity: &Identity, now_ms: u64) -> Vec<Level
                     budget.by.as_str(),
                     component(who)
                 ),
-                limit: budget.amount,
+                limit: budget.amount_for(identity.tier()),
                 expire_at_ms: if end == 0 {
                     now_ms.saturating_add(TOTAL_TTL_MS)
                 } else {
@@ -402,6 +414,8 @@ mod tests {
             period: Period::Day,
             unit,
             amount: 1000,
+            tiers: Default::default(),
+            model_groups: vec![],
             on_redis_failure: OnRedisFailure::Reject,
             warn_at: vec![],
         }
@@ -415,6 +429,7 @@ mod tests {
             model_group: Some("fast".into()),
             ip: Some("10.0.0.1".into()),
             user: None,
+            tier: None,
         }
     }
 
@@ -470,12 +485,65 @@ mod tests {
     }
 
     #[test]
+    fn a_level_takes_its_tiers_amount_under_a_key_that_holds_no_tier() {
+        let tiered = Budget {
+            tiers: [("free".to_string(), 50), ("pro".to_string(), 5000)].into(),
+            ..budget(BudgetUnit::Tokens)
+        };
+        let at = |tier: Option<&str>| {
+            let id = Identity {
+                tier: tier.map(str::to_string),
+                ..who()
+            };
+            levels(std::slice::from_ref(&tiered), &id, 1_796_083_199_999)
+        };
+        let (free, pro, none, unknown, empty) = (
+            at(Some("free")),
+            at(Some("pro")),
+            at(None),
+            at(Some("gold")),
+            at(Some("")),
+        );
+        assert_eq!(free[0].limit, 50);
+        assert_eq!(pro[0].limit, 5000);
+        assert_eq!(none[0].limit, 1000, "no tier: the budget's own amount");
+        assert_eq!(unknown[0].limit, 1000, "an unknown tier: the budget's own");
+        assert_eq!(empty[0].limit, 1000);
+        // one counter whatever the tier: changing tier keeps the spend
+        assert_eq!(free[0].key, pro[0].key);
+        assert_eq!(free[0].key, none[0].key);
+    }
+
+    #[test]
+    fn a_budget_scoped_to_model_groups_has_no_level_for_other_groups() {
+        let smart_only = Budget {
+            model_groups: vec!["smart".into()],
+            ..budget(BudgetUnit::Tokens)
+        };
+        let in_group = |group: Option<&str>| {
+            let id = Identity {
+                model_group: group.map(str::to_string),
+                ..who()
+            };
+            levels(std::slice::from_ref(&smart_only), &id, 0).len()
+        };
+        assert_eq!(in_group(Some("smart")), 1);
+        assert_eq!(in_group(Some("fast")), 0);
+        assert_eq!(
+            in_group(None),
+            0,
+            "no group: a scoped budget does not apply"
+        );
+    }
+
+    #[test]
     fn bucket_keys_need_every_dimension() {
         let limit = Limit {
             name: "l".into(),
             by: vec![Dimension::Tenant, Dimension::Ip],
             unit: Unit::Tokens,
             amount: 1,
+            tiers: Default::default(),
             window_ms: 1,
             model_groups: vec![],
         };

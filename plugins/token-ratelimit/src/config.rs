@@ -38,12 +38,14 @@ use llm_gateway_shared::rules::RuleSet;
 use llm_gateway_shared::webdis::{Endpoint, TransportName};
 use serde::Deserialize;
 use serde_json::{Map, Value};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 /// The most limits and budgets in one scope (each costs work on every request).
 pub const MAX_LIMITS: usize = 32;
 /// The most budgets in one scope (one Redis call checks them all).
 pub const MAX_BUDGETS: usize = 8;
+/// The most tiers one limit or budget names.
+pub const MAX_TIERS: usize = 32;
 
 /// This build has Higress's Redis calls (the Higress build). Every build has the HTTP transport.
 pub const REDIS_TRANSPORT: bool = cfg!(feature = "higress");
@@ -99,8 +101,11 @@ pub struct Limit {
     pub by: Vec<Dimension>,
     /// Requests or tokens.
     pub unit: Unit,
-    /// Capacity and refill per window.
+    /// Capacity and refill per window for a request without a tier or of a tier not in
+    /// `tiers`.
     pub amount: u64,
+    /// Capacity and refill per window by tier (`x-llm-tier`).
+    pub tiers: BTreeMap<String, u64>,
     /// The window, milliseconds.
     pub window_ms: u64,
     /// Model groups the limit applies to (empty: all).
@@ -110,9 +115,26 @@ pub struct Limit {
 impl Limit {
     /// True if the limit applies to a request of `group`.
     pub fn applies_to(&self, group: Option<&str>) -> bool {
-        self.model_groups.is_empty()
-            || group.is_some_and(|g| self.model_groups.iter().any(|m| m == g))
+        applies_to(&self.model_groups, group)
     }
+
+    /// The amount for a request of `tier`: its tier's, else the limit's own.
+    pub fn amount_for(&self, tier: Option<&str>) -> u64 {
+        amount_for(self.amount, &self.tiers, tier)
+    }
+
+    /// True if `amount` is one this limit can have (its own or a tier's).
+    pub fn has_amount(&self, amount: u64) -> bool {
+        self.amount == amount || self.tiers.values().any(|a| *a == amount)
+    }
+}
+
+fn applies_to(model_groups: &[String], group: Option<&str>) -> bool {
+    model_groups.is_empty() || group.is_some_and(|g| model_groups.iter().any(|m| m == g))
+}
+
+fn amount_for(default: u64, tiers: &BTreeMap<String, u64>, tier: Option<&str>) -> u64 {
+    tier.and_then(|t| tiers.get(t)).copied().unwrap_or(default)
 }
 
 /// How a budget's period resets (UTC calendar).
@@ -162,13 +184,30 @@ pub struct Budget {
     pub period: Period,
     /// Tokens or money.
     pub unit: BudgetUnit,
-    /// The amount per period (tokens, or nano-units).
+    /// The amount per period (tokens, or nano-units) for a request without a tier or of a
+    /// tier not in `tiers`.
     pub amount: u64,
+    /// The amount per period by tier (`x-llm-tier`), in the same unit.
+    pub tiers: BTreeMap<String, u64>,
+    /// Model groups whose requests the budget counts (empty: all).
+    pub model_groups: Vec<String>,
     /// Redis unreachable.
     pub on_redis_failure: OnRedisFailure,
-    /// Soft thresholds, percent of `amount`, ascending: crossing one raises a metric and the
-    /// response header `x-llm-budget-warning`.
+    /// Soft thresholds, percent of the amount, ascending: crossing one raises a metric and
+    /// the response header `x-llm-budget-warning`.
     pub warn_at: Vec<u8>,
+}
+
+impl Budget {
+    /// True if the budget counts a request of `group`.
+    pub fn applies_to(&self, group: Option<&str>) -> bool {
+        applies_to(&self.model_groups, group)
+    }
+
+    /// The amount for a request of `tier`: its tier's, else the budget's own.
+    pub fn amount_for(&self, tier: Option<&str>) -> u64 {
+        amount_for(self.amount, &self.tiers, tier)
+    }
 }
 
 /// How Redis commands travel.
@@ -332,6 +371,8 @@ struct RawLimit {
     per: Window,
     #[serde(default)]
     model_groups: Vec<String>,
+    #[serde(default)]
+    tiers: BTreeMap<String, u64>,
 }
 
 #[derive(Deserialize)]
@@ -373,10 +414,22 @@ struct RawBudget {
     money: Option<String>,
     #[serde(default)]
     currency: Option<String>,
+    #[serde(default)]
+    tiers: BTreeMap<String, RawAmount>,
+    #[serde(default)]
+    model_groups: Vec<String>,
     #[serde(default = "default_on_failure")]
     on_redis_failure: OnRedisFailure,
     #[serde(default)]
     warn_at: Vec<u8>,
+}
+
+/// A tier's budget amount: tokens (a number) or money (a decimal string, as `money`).
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum RawAmount {
+    Tokens(u64),
+    Money(String),
 }
 
 #[derive(Deserialize)]
@@ -527,28 +580,58 @@ pub fn parse_document(document: &[u8]) -> Result<RuleSet<Config>, ConfigError> {
     for config in rules.configs() {
         for limit in &config.limits {
             let seen = limits.entry(&limit.name).or_insert(limit);
-            if (&seen.by, seen.unit, seen.amount, seen.window_ms)
-                != (&limit.by, limit.unit, limit.amount, limit.window_ms)
-            {
+            if (
+                &seen.by,
+                seen.unit,
+                seen.amount,
+                &seen.tiers,
+                seen.window_ms,
+            ) != (
+                &limit.by,
+                limit.unit,
+                limit.amount,
+                &limit.tiers,
+                limit.window_ms,
+            ) {
                 return Err(ConfigError::new(
                     format!("limits.{}", limit.name),
-                    "one name, one limit: a name used in several scopes must have the same by, unit, amount and per (use another name)",
+                    "one name, one limit: a name used in several scopes must have the same by, unit, amount, tiers and per (use another name)",
                 ));
             }
         }
         for budget in &config.budgets {
             let seen = budgets.entry(&budget.name).or_insert(budget);
-            if (seen.by, seen.period, &seen.unit, seen.amount)
-                != (budget.by, budget.period, &budget.unit, budget.amount)
+            if (seen.by, seen.period, &seen.unit, seen.amount, &seen.tiers)
+                != (
+                    budget.by,
+                    budget.period,
+                    &budget.unit,
+                    budget.amount,
+                    &budget.tiers,
+                )
             {
                 return Err(ConfigError::new(
                     format!("budgets.{}", budget.name),
-                    "one name, one budget: a name used in several scopes must have the same by, period, unit and amount (use another name)",
+                    "one name, one budget: a name used in several scopes must have the same by, period, unit, amount and tiers (use another name)",
                 ));
             }
         }
     }
     Ok(rules)
+}
+
+/// Tier names are `x-llm-tier` values (key-auth's `tier`): checked as key-auth checks them.
+fn validate_tiers<'a>(names: impl ExactSizeIterator<Item = &'a String>) -> Result<(), ConfigError> {
+    if names.len() > MAX_TIERS {
+        return Err(ConfigError::new(
+            "tiers",
+            format!("at most {MAX_TIERS} tiers"),
+        ));
+    }
+    for name in names {
+        validate_name(&format!("tiers.{name}"), name)?;
+    }
+    Ok(())
 }
 
 /// Names of limits and budgets are parts of keys: letters, digits, `-`, `_`, `.`.
@@ -692,15 +775,24 @@ fn parse_limit(raw: RawLimit) -> Result<Limit, ConfigError> {
             ))
         }
     };
-    if amount == 0 || amount > 1 << 40 {
-        return Err(ConfigError::new(
-            if unit == Unit::Requests {
-                "requests"
-            } else {
-                "tokens"
-            },
-            "must be between 1 and 2^40",
-        ));
+    let in_range = |field: &str, amount: u64| {
+        if amount == 0 || amount > 1 << 40 {
+            Err(ConfigError::new(field, "must be between 1 and 2^40"))
+        } else {
+            Ok(())
+        }
+    };
+    in_range(
+        if unit == Unit::Requests {
+            "requests"
+        } else {
+            "tokens"
+        },
+        amount,
+    )?;
+    validate_tiers(raw.tiers.keys())?;
+    for (tier, amount) in &raw.tiers {
+        in_range(&format!("tiers.{tier}"), *amount)?;
     }
     for (i, group) in raw.model_groups.iter().enumerate() {
         validate_name(&format!("model_groups[{i}]"), group)?;
@@ -710,6 +802,7 @@ fn parse_limit(raw: RawLimit) -> Result<Limit, ConfigError> {
         by,
         unit,
         amount,
+        tiers: raw.tiers,
         window_ms: raw.per.ms(),
         model_groups: raw.model_groups,
     })
@@ -748,15 +841,56 @@ fn parse_budget(raw: RawBudget) -> Result<Budget, ConfigError> {
             ))
         }
     };
-    if amount == 0 || amount > 1 << 52 {
-        return Err(ConfigError::new(
-            if unit == BudgetUnit::Tokens {
-                "tokens"
-            } else {
-                "money"
-            },
-            "must be positive and below 2^52 (Redis scripts count in doubles)",
-        ));
+    let in_range = |field: &str, amount: u64| {
+        if amount == 0 || amount > 1 << 52 {
+            Err(ConfigError::new(
+                field,
+                "must be positive and below 2^52 (Redis scripts count in doubles)",
+            ))
+        } else {
+            Ok(())
+        }
+    };
+    in_range(
+        if unit == BudgetUnit::Tokens {
+            "tokens"
+        } else {
+            "money"
+        },
+        amount,
+    )?;
+    validate_tiers(raw.tiers.keys())?;
+    let mut tiers = BTreeMap::new();
+    for (tier, raw_amount) in raw.tiers {
+        let field = format!("tiers.{tier}");
+        let amount = match (&unit, raw_amount) {
+            (BudgetUnit::Tokens, RawAmount::Tokens(n)) => n,
+            (BudgetUnit::Money { .. }, RawAmount::Money(text)) => {
+                parse_money(&text).ok_or_else(|| {
+                    ConfigError::new(
+                        &field,
+                        "must be a decimal amount such as \"25\" or \"0.50\" (at most 9 decimals), as `money`",
+                    )
+                })?
+            }
+            (BudgetUnit::Tokens, RawAmount::Money(_)) => {
+                return Err(ConfigError::new(
+                    &field,
+                    "a tokens budget's tiers are numbers of tokens",
+                ))
+            }
+            (BudgetUnit::Money { .. }, RawAmount::Tokens(_)) => {
+                return Err(ConfigError::new(
+                    &field,
+                    "a money budget's tiers are decimal strings such as \"25.00\", as `money`",
+                ))
+            }
+        };
+        in_range(&field, amount)?;
+        tiers.insert(tier, amount);
+    }
+    for (i, group) in raw.model_groups.iter().enumerate() {
+        validate_name(&format!("model_groups[{i}]"), group)?;
     }
     let mut warn_at = raw.warn_at;
     if warn_at.iter().any(|p| *p == 0 || *p >= 100) {
@@ -770,6 +904,8 @@ fn parse_budget(raw: RawBudget) -> Result<Budget, ConfigError> {
         period: raw.period,
         unit,
         amount,
+        tiers,
+        model_groups: raw.model_groups,
         on_redis_failure: raw.on_redis_failure,
         warn_at,
     })
@@ -949,6 +1085,87 @@ mod tests {
             let err = parse(json).unwrap_err();
             assert_eq!(err.field(), field, "{json}: {err}");
         }
+    }
+
+    #[test]
+    fn tiers_and_group_scoped_budgets() {
+        let c = parse(
+            r#"{"limits":[{"name":"rpm","by":"key","requests":10,"per":"minute",
+                           "tiers":{"free":10,"pro":600}}],
+               "budgets":[{"name":"day","by":"key","period":"day","tokens":50000,
+                           "tiers":{"free":50000,"pro":2000000}},
+                          {"name":"smart","by":"tenant","period":"month","money":"100",
+                           "tiers":{"pro":"2500.50"},"model_groups":["smart"]}]}"#,
+        )
+        .unwrap();
+        let rpm = &c.limits[0];
+        assert_eq!(rpm.amount_for(Some("pro")), 600);
+        assert_eq!(rpm.amount_for(Some("free")), 10);
+        assert_eq!(
+            rpm.amount_for(Some("gold")),
+            10,
+            "unknown tier: the default"
+        );
+        assert_eq!(rpm.amount_for(None), 10);
+        assert!(rpm.has_amount(600) && !rpm.has_amount(11));
+        assert_eq!(c.budgets[0].amount_for(Some("pro")), 2_000_000);
+        let smart = &c.budgets[1];
+        assert_eq!(smart.amount_for(Some("pro")), 2_500_500_000_000);
+        assert_eq!(smart.amount_for(Some("free")), 100_000_000_000);
+        assert!(smart.applies_to(Some("smart")));
+        assert!(!smart.applies_to(Some("fast")));
+        assert!(!smart.applies_to(None));
+        assert!(c.budgets[0].applies_to(Some("fast")));
+    }
+
+    #[test]
+    fn tier_errors_name_the_tier() {
+        let cases = [
+            (
+                r#"{"limits":[{"name":"k","by":"key","requests":1,"per":"minute","tiers":{"free":0}}]}"#,
+                "limits[0].tiers.free",
+            ),
+            (
+                r#"{"limits":[{"name":"k","by":"key","requests":1,"per":"minute","tiers":{"pro plan":5}}]}"#,
+                "limits[0].tiers.pro plan",
+            ),
+            (
+                r#"{"budgets":[{"name":"b","by":"key","period":"day","tokens":1,"tiers":{"pro":"5"}}]}"#,
+                "budgets[0].tiers.pro",
+            ),
+            (
+                r#"{"budgets":[{"name":"b","by":"key","period":"day","money":"1","tiers":{"pro":5}}]}"#,
+                "budgets[0].tiers.pro",
+            ),
+            (
+                r#"{"budgets":[{"name":"b","by":"key","period":"day","money":"1","tiers":{"pro":"5.x"}}]}"#,
+                "budgets[0].tiers.pro",
+            ),
+            (
+                r#"{"budgets":[{"name":"b","by":"key","period":"day","tokens":1,"model_groups":[""]}]}"#,
+                "budgets[0].model_groups[0]",
+            ),
+            (
+                r#"{"limits":[{"name":"k","by":"key","tokens":1,"per":"minute","tiers":{"free":1}}],
+                 "_rules_":[{"_match_route_":["r"],"limits":[{"name":"k","by":"key","tokens":1,"per":"minute","tiers":{"free":2}}]}]}"#,
+                "limits.k",
+            ),
+            (
+                r#"{"budgets":[{"name":"b","by":"key","period":"day","tokens":1}],
+                 "_rules_":[{"_match_route_":["r"],"budgets":[{"name":"b","by":"key","period":"day","tokens":1,"tiers":{"pro":9}}]}]}"#,
+                "budgets.b",
+            ),
+        ];
+        for (json, field) in cases {
+            let err = parse(json).unwrap_err();
+            assert_eq!(err.field(), field, "{json}: {err}");
+        }
+        let many: Vec<String> = (0..=MAX_TIERS).map(|i| format!(r#""t{i}":1"#)).collect();
+        let json = format!(
+            r#"{{"limits":[{{"name":"k","by":"key","requests":1,"per":"minute","tiers":{{{}}}}}]}}"#,
+            many.join(",")
+        );
+        assert_eq!(parse(&json).unwrap_err().field(), "limits[0].tiers");
     }
 
     #[test]

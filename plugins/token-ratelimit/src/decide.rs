@@ -25,22 +25,28 @@ fn window_name(window_ms: u64) -> String {
     }
 }
 
-/// 429 for a soft limit: `Retry-After` (seconds, rounded up), `retry-after-ms`, and the
-/// limit's `x-ratelimit-*` headers.
-pub fn rate_limited(limit: &Limit, cost: u64, retry_after_ms: u64, never: bool) -> Reject {
+/// 429 for a soft limit of `amount` (the request's tier's): `Retry-After` (seconds, rounded
+/// up), `retry-after-ms`, and the limit's `x-ratelimit-*` headers.
+pub fn rate_limited(
+    limit: &Limit,
+    amount: u64,
+    cost: u64,
+    retry_after_ms: u64,
+    never: bool,
+) -> Reject {
     let unit = unit_name(limit.unit);
     let message = if never {
         format!(
             "this request needs {cost} {unit}, more than rate limit `{}` allows ({} {unit} per {}); lower max_tokens or the prompt",
             limit.name,
-            limit.amount,
+            amount,
             window_name(limit.window_ms)
         )
     } else {
         format!(
             "rate limit `{}` reached ({} {unit} per {}); retry after {} ms",
             limit.name,
-            limit.amount,
+            amount,
             window_name(limit.window_ms),
             retry_after_ms
         )
@@ -51,7 +57,7 @@ pub fn rate_limited(limit: &Limit, cost: u64, retry_after_ms: u64, never: bool) 
         retry_after_ms.div_ceil(1000),
     )
     .with_header("retry-after-ms", retry_after_ms.to_string())
-    .with_header(limit_header(limit.unit), limit.amount.to_string())
+    .with_header(limit_header(limit.unit), amount.to_string())
     .with_header(remaining_header(limit.unit), "0")
 }
 
@@ -143,9 +149,10 @@ pub fn decimal(nano: u64) -> String {
     format!("{whole}.{}", digits.trim_end_matches('0'))
 }
 
-/// The highest soft threshold of `budget` that spending `spent` of it crosses.
-pub fn warning(budget: &Budget, spent: u64) -> Option<u8> {
-    let percent = u128::from(spent) * 100 / u128::from(budget.amount.max(1));
+/// The highest soft threshold of `budget` that spending `spent` of `amount` (the request's
+/// tier's) crosses.
+pub fn warning(budget: &Budget, amount: u64, spent: u64) -> Option<u8> {
+    let percent = u128::from(spent) * 100 / u128::from(amount.max(1));
     budget
         .warn_at
         .iter()
@@ -181,6 +188,7 @@ mod tests {
             by: vec![Dimension::Key],
             unit: Unit::Tokens,
             amount: 1000,
+            tiers: [("free".to_string(), 10)].into(),
             window_ms: 60_000,
             model_groups: vec![],
         }
@@ -188,7 +196,7 @@ mod tests {
 
     #[test]
     fn a_429_says_which_limit_and_when() {
-        let r = rate_limited(&limit(), 10, 1500, false);
+        let r = rate_limited(&limit(), 1000, 10, 1500, false);
         assert_eq!(r.status, 429);
         assert_eq!(r.code, "rate_limit_exceeded");
         assert!(r.message.contains("key-tpm") && r.message.contains("1000 tokens per minute"));
@@ -196,8 +204,18 @@ mod tests {
         assert!(headers.contains(&("retry-after", "2")));
         assert!(headers.contains(&("retry-after-ms", "1500")));
         assert!(headers.contains(&("x-ratelimit-limit-tokens", "1000")));
-        let never = rate_limited(&limit(), 5000, 60_000, true);
+        let never = rate_limited(&limit(), 1000, 5000, 60_000, true);
         assert!(never.message.contains("5000 tokens"), "{}", never.message);
+    }
+
+    #[test]
+    fn a_429_states_the_amount_of_the_requests_tier() {
+        let l = limit();
+        let r = rate_limited(&l, l.amount_for(Some("free")), 20, 6000, false);
+        assert!(r.message.contains("10 tokens per minute"), "{}", r.message);
+        assert!(r
+            .response_headers()
+            .contains(&("x-ratelimit-limit-tokens", "10")));
     }
 
     #[test]
@@ -210,6 +228,8 @@ mod tests {
                 currency: "USD".into(),
             },
             amount: 5_000_000_000,
+            tiers: Default::default(),
+            model_groups: vec![],
             on_redis_failure: OnRedisFailure::Reject,
             warn_at: vec![80, 95],
         };
@@ -224,9 +244,11 @@ mod tests {
             "{}",
             r.message
         );
-        assert_eq!(warning(&b, 3_999_999_999), None);
-        assert_eq!(warning(&b, 4_000_000_000), Some(80));
-        assert_eq!(warning(&b, 4_900_000_000), Some(95));
+        assert_eq!(warning(&b, b.amount, 3_999_999_999), None);
+        assert_eq!(warning(&b, b.amount, 4_000_000_000), Some(80));
+        // against a tier's smaller amount the same spend crosses the higher threshold
+        assert_eq!(warning(&b, 4_100_000_000, 4_000_000_000), Some(95));
+        assert_eq!(warning(&b, b.amount, 4_900_000_000), Some(95));
     }
 
     #[test]

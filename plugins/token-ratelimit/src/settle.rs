@@ -144,6 +144,8 @@ mod tests {
             period: Period::Day,
             unit: BudgetUnit::Tokens,
             amount: 1000,
+            tiers: Default::default(),
+            model_groups: vec![],
             on_redis_failure: OnRedisFailure::Reject,
             warn_at: vec![],
         };

@@ -22,6 +22,10 @@ pub struct Attribution {
     pub consumer: Option<String>,
     /// `x-llm-tenant`.
     pub tenant: Option<String>,
+    /// `x-llm-key-id` (key-auth: the key's id, kept across rotation).
+    pub key_id: Option<String>,
+    /// `x-llm-tier` (key-auth).
+    pub tier: Option<String>,
     /// `x-project`.
     pub project: Option<String>,
     /// `x-agent`.
@@ -54,6 +58,8 @@ impl Attribution {
                 .unwrap_or_default(),
             consumer: get(headers::CONSUMER),
             tenant: get(headers::TENANT),
+            key_id: get(headers::KEY_ID),
+            tier: get(headers::TIER),
             project: get("x-project"),
             agent: get("x-agent"),
             run_id: get("x-run-id"),
@@ -666,6 +672,8 @@ impl Exchange {
             ts_ms: self.started_ms,
             consumer: a.consumer.clone(),
             tenant: a.tenant.clone(),
+            key_id: a.key_id.clone(),
+            tier: a.tier.clone(),
             project: a.project.clone(),
             agent: a.agent.clone(),
             run_id: a.run_id.clone(),
@@ -728,6 +736,8 @@ mod tests {
             &headers(&[
                 ("x-llm-consumer", "team-a"),
                 ("x-llm-tenant", "acme"),
+                ("x-llm-key-id", "team-a-prod"),
+                ("x-llm-tier", "pro"),
                 ("x-project", "search"),
                 ("x-agent", "planner"),
                 ("x-run-id", "run-7"),
@@ -764,6 +774,8 @@ mod tests {
         assert_eq!(record.usage_source, UsageSource::Upstream);
         assert_eq!(record.request_id, "req-1");
         assert_eq!(record.project.as_deref(), Some("search"));
+        assert_eq!(record.key_id.as_deref(), Some("team-a-prod"));
+        assert_eq!(record.tier.as_deref(), Some("pro"));
         assert_eq!(record.model.as_deref(), Some("gpt-4o-2024"));
         assert_eq!(record.duration_ms, 500);
         assert_eq!(

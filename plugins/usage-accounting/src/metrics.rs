@@ -183,6 +183,8 @@ mod tests {
             ts_ms: 0,
             consumer: Some("team.a".into()),
             tenant: Some("acme".into()),
+            key_id: None,
+            tier: None,
             project: None,
             agent: None,
             run_id: None,

@@ -302,6 +302,8 @@ mod tests {
             ts_ms,
             consumer: None,
             tenant: Some(tenant.into()),
+            key_id: None,
+            tier: None,
             project: Some(project.into()),
             agent: None,
             run_id: None,

@@ -217,7 +217,8 @@ impl Core {
                 Unit::Requests => 1,
                 Unit::Tokens => tokens,
             };
-            let spec = spec_of(config, index);
+            let amount = limit.amount_for(flow.identity.tier());
+            let spec = spec_of(config, index, amount);
             match take(env, &keys, mode, &spec, units, now) {
                 Ok((
                     Take::Admit {
@@ -227,7 +228,7 @@ impl Core {
                     remaining,
                 )) => {
                     if wants_lease {
-                        want(env, &keys);
+                        want(env, &keys, amount);
                     }
                     if emergency {
                         self.count(format!("emergency_admits.{}", limit.name), 1);
@@ -235,9 +236,10 @@ impl Core {
                     flow.taken.push(Taken {
                         local_key: keys.local,
                         limit: index,
+                        amount,
                         units,
                     });
-                    flow.rate.push((limit.unit, limit.amount, remaining));
+                    flow.rate.push((limit.unit, amount, remaining));
                     flow.next_limit += 1;
                 }
                 Ok((
@@ -248,7 +250,7 @@ impl Core {
                     _,
                 )) => {
                     self.count(format!("rate_limited.{}", limit.name), 1);
-                    let reject = decide::rate_limited(limit, units, retry_after_ms, never);
+                    let reject = decide::rate_limited(limit, amount, units, retry_after_ms, never);
                     self.give_back_all(env, flow, config, now);
                     return Ok(Step::Refuse(reject));
                 }
@@ -455,7 +457,14 @@ impl Core {
                     .cost
                     .as_ref()
                     .map_or((0, 0), |c| (c.prompt, c.output_cap));
-                let priced: Option<Vec<u64>> = levels
+                // the budgets of the group switched to: one scoped to the refused group
+                // only does not count a request sent elsewhere
+                let switched = Identity {
+                    model_group: Some(alt.group().to_string()),
+                    ..flow.identity.clone()
+                };
+                let alt_levels = budget::levels(&config.budgets, &switched, now);
+                let priced: Option<Vec<u64>> = alt_levels
                     .iter()
                     .map(|l| {
                         let b = config.budgets.get(l.budget)?;
@@ -463,14 +472,19 @@ impl Core {
                     })
                     .collect();
                 if let Some(alt_amounts) = priced {
-                    if alt_amounts != amounts {
+                    if alt_levels.is_empty() {
+                        // no budget counts the other group: switch, nothing to reserve
+                        self.switch(id, flow, &alt);
+                        return None;
+                    }
+                    if (alt_levels.as_slice(), alt_amounts.as_slice()) != (levels, amounts) {
                         return self.reserve(
                             env,
                             now,
                             id,
                             flow,
                             config,
-                            levels.to_vec(),
+                            alt_levels,
                             alt_amounts,
                             Some(Box::new(alt)),
                         );
@@ -498,7 +512,7 @@ impl Core {
             let Some(b) = config.budgets.get(level.budget) else {
                 continue;
             };
-            if let Some(percent) = decide::warning(b, *spent) {
+            if let Some(percent) = decide::warning(b, level.limit, *spent) {
                 self.count(format!("budget_warning.{}.{percent}", b.name), 1);
                 flow.warnings.push(format!("{}={percent}", b.name));
             }
@@ -509,6 +523,8 @@ impl Core {
     pub(super) fn switch(&mut self, ctx: u32, flow: &mut Flow, alt: &Alternative) {
         self.write_switch(ctx, alt);
         self.count("budget_fallback", 1);
+        // the request is the other group's now (group-scoped budgets, prices at settlement)
+        flow.identity.model_group = Some(alt.group().to_string());
         flow.switched = Some(Box::new(alt.clone()));
     }
 
@@ -541,7 +557,7 @@ impl Core {
         now: u64,
     ) {
         for taken in flow.taken.drain(..) {
-            let spec = spec_of(config, taken.limit);
+            let spec = spec_of(config, taken.limit, taken.amount);
             let mode = self.mode(env, config, now);
             let units = i64::try_from(taken.units).unwrap_or(0);
             if settle_bucket(env, &taken.local_key, mode, &spec, units, now).is_err() {

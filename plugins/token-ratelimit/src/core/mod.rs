@@ -243,6 +243,8 @@ pub enum Command {
 struct Taken {
     local_key: String,
     limit: usize,
+    /// The limit's amount for the request's tier (its bucket's spec).
+    amount: u64,
     units: u64,
 }
 
@@ -755,7 +757,9 @@ pub fn decode_u64(bytes: &[u8]) -> u64 {
         .map_or(0, u64::from_le_bytes)
 }
 
-fn spec_of(config: &Config, index: usize) -> Spec {
+/// The bucket spec of limit `index` at `amount` (the amount of the request's tier: a lease
+/// batch is a percentage of it).
+fn spec_of(config: &Config, index: usize, amount: u64) -> Spec {
     let Some(limit) = config.limits.get(index) else {
         return Spec::new(1, 1, 100, 0);
     };
@@ -766,7 +770,7 @@ fn spec_of(config: &Config, index: usize) -> Spec {
         emergency_percent: config.lease.emergency_percent,
         lease_timeout_ms: timeout,
         ..Spec::new(
-            limit.amount,
+            amount,
             limit.window_ms,
             config.lease.batch_percent,
             config.lease.low_percent,

@@ -106,7 +106,7 @@ impl Core {
             let refund =
                 settle::bucket_refund(limit.unit, taken.units, flow.admitted, actual.as_ref());
             if refund != 0 {
-                let spec = spec_of(config, taken.limit);
+                let spec = spec_of(config, taken.limit, taken.amount);
                 if settle_bucket(env, &taken.local_key, mode, &spec, refund, now).is_err() {
                     self.count("bucket_refund_lost", 1);
                 }

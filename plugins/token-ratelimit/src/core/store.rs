@@ -78,8 +78,8 @@ pub(super) fn settle_bucket(
     })
 }
 
-pub(super) fn want(env: &dyn Env, keys: &BucketKeys) {
-    let line = format!("{}\t{}\t{}", keys.local, keys.redis, keys.owner);
+pub(super) fn want(env: &dyn Env, keys: &BucketKeys, amount: u64) {
+    let line = format!("{}\t{}\t{}\t{amount}", keys.local, keys.redis, keys.owner);
     // best effort: the bucket asks again on its next take while it is low
     let _ = update(env, WANT_KEY, &[], |v| {
         let text = String::from_utf8_lossy(v);

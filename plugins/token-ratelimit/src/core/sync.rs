@@ -58,6 +58,9 @@ impl Core {
             ) else {
                 continue;
             };
+            // the amount of the tier the bucket was taken at (absent: a line written before
+            // tiers existed)
+            let amount = fields.next().and_then(|a| a.parse::<u64>().ok());
             let keys = BucketKeys {
                 local: local.to_string(),
                 redis: redis.to_string(),
@@ -74,7 +77,14 @@ impl Core {
             }) else {
                 continue;
             };
-            let spec = spec_of(config, index);
+            let Some(limit) = config.limits.get(index) else {
+                continue;
+            };
+            // only an amount the limit has: shared data is another VM's word
+            let amount = amount
+                .filter(|a| limit.has_amount(*a))
+                .unwrap_or(limit.amount);
+            let spec = spec_of(config, index, amount);
             if down {
                 lease_failed(env, &keys.local);
                 continue;

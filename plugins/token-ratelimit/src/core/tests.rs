@@ -1429,3 +1429,395 @@ fn the_shared_data_update_retries_lost_rounds_then_gives_up() {
     let got = update(&env, "new", &[9], |v| (None, v.to_vec()));
     assert_eq!(got, Ok(vec![9]));
 }
+
+// ---------------------------------------------------------------------------------------
+// Tiers, group-scoped budgets, key ids
+
+fn tiered(key: &str, tier: Option<&str>) -> Head {
+    let mut h = head(key);
+    h.identity.tier = tier.map(str::to_string);
+    h.stream_id = Some(format!("req-{key}-{}", tier.unwrap_or("-")));
+    h
+}
+
+fn in_group(key: &str, group: &str) -> Head {
+    let mut h = head(key);
+    h.identity.model_group = Some(group.to_string());
+    h
+}
+
+fn admitted_of(core: &mut Core, env: &Fake, ctx: &mut u32, head: &Head, n: u32) -> u32 {
+    let mut admitted = 0;
+    for _ in 0..n {
+        *ctx += 1;
+        let out = request(core, env, T0, *ctx, head.clone());
+        if proceeded(&out, *ctx) {
+            admitted += 1;
+        }
+        drive(
+            core,
+            env,
+            T0,
+            Input::Log {
+                ctx: *ctx,
+                superseded: false,
+            },
+        );
+    }
+    admitted
+}
+
+const TIERED_RPM: &str = r#"{"default_max_tokens":100,
+    "limits":[{"name":"key-rpm","by":"key","requests":2,"per":"minute",
+               "tiers":{"free":1,"pro":4}}]}"#;
+
+#[test]
+fn a_limit_takes_the_amount_of_the_requests_tier_and_its_own_for_no_or_an_unknown_tier() {
+    let env = Fake::default();
+    let mut core = new_core(TIERED_RPM, false);
+    let mut ctx = 0;
+    for (key, tier, admitted) in [
+        ("f", Some("free"), 1),
+        ("p", Some("pro"), 4),
+        ("n", None, 2),
+        ("u", Some("gold"), 2),
+    ] {
+        assert_eq!(
+            admitted_of(&mut core, &env, &mut ctx, &tiered(key, tier), 6),
+            admitted,
+            "{key} ({tier:?})"
+        );
+    }
+    // the 429 and the rate headers state the tier's amount
+    ctx += 1;
+    let out = request(&mut core, &env, T0, ctx, tiered("f", Some("free")));
+    let reject = refusal(&out).expect("refused");
+    assert!(reject
+        .response_headers()
+        .contains(&("x-ratelimit-limit-requests", "1")));
+    assert!(
+        reject.message.contains("1 requests per minute"),
+        "{}",
+        reject.message
+    );
+    ctx += 1;
+    assert!(proceeded(
+        &request(&mut core, &env, T0, ctx, tiered("q", Some("pro"))),
+        ctx
+    ));
+    let headers = drive(&mut core, &env, T0, Input::ResponseHeaders { ctx });
+    assert!(headers.contains(&Command::SetResponseHeader {
+        ctx,
+        name: "x-ratelimit-limit-requests",
+        value: "4".into(),
+    }));
+}
+
+#[test]
+fn a_key_that_changes_tier_keeps_its_bucket() {
+    let env = Fake::default();
+    let mut core = new_core(TIERED_RPM, false);
+    let mut ctx = 0;
+    // pro spends its 4, then the same key comes as free: still empty, not a fresh bucket
+    assert_eq!(
+        admitted_of(&mut core, &env, &mut ctx, &tiered("k", Some("pro")), 4),
+        4
+    );
+    assert_eq!(
+        admitted_of(&mut core, &env, &mut ctx, &tiered("k", Some("free")), 1),
+        0
+    );
+    assert_eq!(
+        admitted_of(&mut core, &env, &mut ctx, &tiered("k", None), 1),
+        0
+    );
+}
+
+#[test]
+fn a_budget_takes_the_amount_of_the_requests_tier_and_a_key_that_changes_tier_keeps_its_spend() {
+    let env = Fake::default();
+    // each request reserves about 110 tokens (a short prompt plus the cap of 100)
+    let mut core = new_core(
+        r#"{"default_max_tokens":100,
+        "budgets":[{"name":"key-day","by":"key","period":"day","tokens":1000,
+                    "tiers":{"free":150,"pro":400}}]}"#,
+        false,
+    );
+    let mut ctx = 0;
+    // nothing used at settlement: reservations are held until log, so admit without logs
+    let mut admit = |core: &mut Core, head: Head| {
+        ctx += 1;
+        let out = request(core, &env, T0, ctx, head);
+        proceeded(&out, ctx)
+    };
+    assert!(admit(&mut core, tiered("f", Some("free"))));
+    assert!(
+        !admit(&mut core, tiered("f", Some("free"))),
+        "150 covers one"
+    );
+    for _ in 0..3 {
+        assert!(admit(&mut core, tiered("p", Some("pro"))));
+    }
+    assert!(
+        !admit(&mut core, tiered("p", Some("pro"))),
+        "400 covers three"
+    );
+    // the pro key demoted to free: its 330 spent are over free's 150
+    assert!(!admit(&mut core, tiered("p", Some("free"))));
+    // the free key promoted to pro: its 110 spent leave room under 400
+    assert!(admit(&mut core, tiered("f", Some("pro"))));
+    for _ in 0..8 {
+        assert!(admit(&mut core, tiered("n", None)), "no tier: 1000");
+    }
+    assert!(!admit(&mut core, tiered("n", None)));
+}
+
+#[test]
+fn a_budget_warning_is_a_percentage_of_the_tiers_amount() {
+    let env = Fake::default();
+    let mut core = new_core(
+        r#"{"default_max_tokens":100,
+        "budgets":[{"name":"key-day","by":"key","period":"day","tokens":100000,
+                    "tiers":{"free":200},"warn_at":[50]}]}"#,
+        false,
+    );
+    assert!(proceeded(
+        &request(&mut core, &env, T0, 1, tiered("f", Some("free"))),
+        1
+    ));
+    let headers = drive(&mut core, &env, T0, Input::ResponseHeaders { ctx: 1 });
+    assert!(headers.contains(&Command::SetResponseHeader {
+        ctx: 1,
+        name: decide::BUDGET_WARNING_HEADER,
+        value: "key-day=50".into(),
+    }));
+    let out = request(&mut core, &env, T0, 2, tiered("n", None));
+    assert_eq!(counted(&out, "budget_warning.key-day.50"), 0);
+}
+
+const SMART_MONEY: &str = r#"{"default_max_tokens":100,
+    "budgets":[{"name":"smart-day","by":"tenant","period":"day","money":"1",
+                "currency":"USD","model_groups":["smart"]}]}"#;
+
+#[test]
+fn a_budget_scoped_to_a_group_neither_reserves_nor_settles_for_another_group() {
+    let env = Fake::default();
+    let mut core = new_core(SMART_MONEY, false);
+    *env.route.borrow_mut() = Some(route("fast", 1_000_000));
+    let out = request(&mut core, &env, T0, 1, in_group("k", "fast"));
+    assert!(proceeded(&out, 1));
+    *env.record.borrow_mut() = Some(record(10, 20));
+    drive(
+        &mut core,
+        &env,
+        T0,
+        Input::Log {
+            ctx: 1,
+            superseded: false,
+        },
+    );
+    assert!(
+        env.data
+            .borrow()
+            .keys()
+            .all(|k| !k.starts_with(LOCAL_BUDGET_PREFIX)),
+        "a fast request touches no level of the smart budget"
+    );
+    // a smart request reserves and settles against it
+    *env.route.borrow_mut() = Some(route("smart", 1_000_000));
+    assert!(proceeded(
+        &request(&mut core, &env, T0, 2, in_group("k", "smart")),
+        2
+    ));
+    let levels = budget::levels(
+        &core.rules().global().unwrap().budgets,
+        &in_group("k", "smart").identity,
+        T0,
+    );
+    assert!(env.local_spent(&levels[0].key) > 0, "reserved");
+    drive(
+        &mut core,
+        &env,
+        T0,
+        Input::Log {
+            ctx: 2,
+            superseded: false,
+        },
+    );
+    // 10 prompt + 20 completion tokens at $1 per 1M tokens
+    assert_eq!(
+        env.local_spent(&levels[0].key),
+        30_000,
+        "settled to the usage"
+    );
+}
+
+#[test]
+fn in_redis_a_budget_scoped_to_a_group_sends_nothing_for_another_group() {
+    let env = Fake::default();
+    let mut core = new_core(
+        r#"{"default_max_tokens":100,
+        "budgets":[{"name":"smart-day","by":"tenant","period":"day","tokens":100000,
+                    "model_groups":["smart"]}],
+        "redis":{"transport":"http","cluster":"webdis"}}"#,
+        false,
+    );
+    let out = request(&mut core, &env, T0, 1, in_group("k", "fast"));
+    assert!(proceeded(&out, 1), "no reservation to wait for");
+    *env.record.borrow_mut() = Some(record(10, 20));
+    drive(
+        &mut core,
+        &env,
+        T0,
+        Input::Log {
+            ctx: 1,
+            superseded: false,
+        },
+    );
+    drive(&mut core, &env, T0 + 1, Input::Tick);
+    assert!(env.take_sent().is_empty(), "no RESERVE, no RECONCILE");
+    let out = request(&mut core, &env, T0, 2, in_group("k", "smart"));
+    assert!(!proceeded(&out, 2));
+    assert_eq!(env.take_sent()[0].script(), "RESERVE");
+}
+
+#[test]
+fn the_budget_fallback_leaves_a_budget_scoped_to_the_refused_group() {
+    // only the smart budget: the fallback to fast reserves nothing
+    let env = Fake::default();
+    let mut core = new_core(
+        r#"{"default_max_tokens":1000,
+        "budgets":[{"name":"smart-day","by":"tenant","period":"day","money":"0.01",
+                    "currency":"USD","model_groups":["smart"]}]}"#,
+        false,
+    );
+    *env.route.borrow_mut() = Some(route("smart", 100_000_000));
+    *env.alternative.borrow_mut() = Some(alternative("fast", 1_000_000));
+    let out = request(&mut core, &env, T0, 1, in_group("k", "smart"));
+    assert!(proceeded(&out, 1), "{out:?}");
+    assert_eq!(counted(&out, "budget_fallback"), 1);
+    assert!(out.contains(&Command::RewriteModel {
+        ctx: 1,
+        model: "cheap-model".into()
+    }));
+    *env.record.borrow_mut() = Some(record(10, 20));
+    drive(
+        &mut core,
+        &env,
+        T0,
+        Input::Log {
+            ctx: 1,
+            superseded: false,
+        },
+    );
+    assert!(
+        env.data
+            .borrow()
+            .iter()
+            .filter(|(k, _)| k.starts_with(LOCAL_BUDGET_PREFIX))
+            .all(|(_, (v, _))| decode_u64(v) == 0),
+        "nothing charged to the smart budget"
+    );
+
+    // with a tenant budget over every group as well, the fallback reserves that one only
+    let env = Fake::default();
+    let mut core = new_core(
+        r#"{"default_max_tokens":1000,
+        "budgets":[{"name":"smart-day","by":"tenant","period":"day","money":"0.01",
+                    "currency":"USD","model_groups":["smart"]},
+                   {"name":"all-day","by":"tenant","period":"day","money":"10",
+                    "currency":"USD"}]}"#,
+        false,
+    );
+    *env.route.borrow_mut() = Some(route("smart", 100_000_000));
+    *env.alternative.borrow_mut() = Some(alternative("fast", 1_000_000));
+    let out = request(&mut core, &env, T0, 1, in_group("k", "smart"));
+    assert!(proceeded(&out, 1), "{out:?}");
+    assert_eq!(counted(&out, "budget_fallback"), 1);
+    let budgets = &core.rules().global().unwrap().budgets;
+    let smart = budget::levels(budgets, &in_group("k", "smart").identity, T0);
+    let fast = budget::levels(budgets, &in_group("k", "fast").identity, T0);
+    assert_eq!((smart.len(), fast.len()), (2, 1));
+    assert_eq!(env.local_spent(&smart[0].key), 0, "smart budget untouched");
+    let all = env.local_spent(&fast[0].key);
+    assert!(
+        all > 0 && all < 10_000_000,
+        "reserved at fast's price: {all}"
+    );
+}
+
+#[test]
+fn the_sync_worker_leases_at_the_amount_of_the_tier_the_bucket_was_taken_at() {
+    let env = Fake::default();
+    let mut core = new_core(
+        r#"{"default_max_tokens":100,"lease":{"low_percent":100,"batch_percent":10},
+        "limits":[{"name":"key-tpm","by":"key","tokens":100000,"per":"minute",
+                   "tiers":{"free":2000}}],
+        "redis":{"transport":"http","cluster":"webdis"}}"#,
+        false,
+    );
+    request(&mut core, &env, T0, 1, tiered("k", Some("free")));
+    let lease = env.take_sent();
+    assert_eq!(
+        lease[0].argv()[0],
+        2000,
+        "the request's lease: free's capacity"
+    );
+    let out = reply(&mut core, &env, T0, lease[0].token, &ints(&[200, 0, 0]));
+    assert!(proceeded(&out, 1));
+    drive(&mut core, &env, T0 + 2, Input::Tick);
+    let topup = env.take_sent();
+    assert_eq!(topup.len(), 1);
+    assert_eq!(
+        topup[0].argv()[..4],
+        [2000, 60_000, 200, 200],
+        "capacity and a batch of 10% of free's amount"
+    );
+    // an amount the limit does not have (shared data is another VM's word): the default
+    let line = String::from_utf8(env.get(WANT_KEY).unwrap_or_default()).unwrap();
+    assert!(line.is_empty());
+    let keys = budget::bucket_keys(
+        &core.rules().global().unwrap().limits[0],
+        &tiered("k", None).identity,
+    )
+    .unwrap();
+    env.data.borrow_mut().insert(
+        WANT_KEY.into(),
+        (
+            format!("{}\t{}\t{}\t777\n", keys.local, keys.redis, keys.owner).into_bytes(),
+            1,
+        ),
+    );
+    drive(&mut core, &env, T0 + 3, Input::Tick);
+    assert_eq!(env.take_sent()[0].argv()[0], 100_000);
+}
+
+#[test]
+fn a_per_key_budget_counts_by_the_key_id_whatever_else_differs() {
+    // key-auth gives a rotated key (a new digest) the id of the key it replaces; the old and
+    // the new key arrive with the same x-llm-key-id and share the budget
+    let env = Fake::default();
+    let mut core = new_core(
+        r#"{"default_max_tokens":100,
+        "budgets":[{"name":"key-day","by":"key","period":"day","tokens":250}]}"#,
+        false,
+    );
+    let mut old = head("team-a-prod");
+    old.stream_id = Some("req-old".into());
+    let mut new = head("team-a-prod");
+    new.stream_id = Some("req-new".into());
+    new.identity.tier = Some("pro".into());
+    assert!(proceeded(&request(&mut core, &env, T0, 1, old.clone()), 1));
+    assert!(proceeded(&request(&mut core, &env, T0, 2, new.clone()), 2));
+    let out = request(&mut core, &env, T0, 3, new);
+    assert_eq!(
+        refusal(&out).map(|r| r.status),
+        Some(402),
+        "spend carried over"
+    );
+    // another id has its own
+    assert!(proceeded(
+        &request(&mut core, &env, T0, 4, head("team-b")),
+        4
+    ));
+}

@@ -445,6 +445,7 @@ fn read_head(header: impl Fn(&str) -> Option<String>) -> Head {
         model_group: header(headers::MODEL_GROUP),
         ip,
         user: header("x-user-id"),
+        tier: header(headers::TIER),
     };
     let logical_id = header(headers::REQUEST_ID);
     let stream_id = match logical_id {
