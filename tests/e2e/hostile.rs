@@ -1198,6 +1198,7 @@ async fn hostile_headers_never_change_identity_route_or_reach_a_provider() {
         "x-llm-tenant: other-tenant",
         "x-llm-groups: *",
         "x-llm-key-id: 4ab4d281142e669c",
+        "x-llm-tier: enterprise",
         "x-llm-model-group: smart",
         "x-llm-deployment: azure-mini",
         "x-llm-cluster: azure",
