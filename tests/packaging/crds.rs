@@ -445,3 +445,62 @@ fn the_mcpbridge_declares_every_cluster_the_plugins_name() {
         "the plugins' Redis cluster is not routed: {routed:?}"
     );
 }
+
+/// Every shipped route that strips the identity headers (envoy-config/*.yaml, higress/*.yaml)
+/// strips all of them: a header key-auth sets (shared::headers::IDENTITY, e.g. the newer
+/// `x-llm-tier`) must never reach a provider, and this list is kept by hand in each file.
+#[test]
+fn every_shipped_route_removes_every_identity_header() {
+    fn lists<'a>(value: &'a Value, out: &mut Vec<&'a Vec<Value>>) {
+        match value {
+            Value::Object(map) => {
+                for (key, inner) in map {
+                    match inner {
+                        Value::Array(items) if key == "request_headers_to_remove" => {
+                            out.push(items)
+                        }
+                        _ => lists(inner, out),
+                    }
+                }
+            }
+            Value::Array(items) => items.iter().for_each(|v| lists(v, out)),
+            _ => {}
+        }
+    }
+    let dir = llm_gateway_tests::workspace::root().join("envoy-config");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    files.extend(higress_files());
+    let mut checked = 0;
+    for file in files {
+        let mut text = std::fs::read_to_string(&file).unwrap();
+        // the Envoy templates' `${PORT}`-style placeholders, as the test suites fill them
+        while let Some(start) = text.find("${") {
+            let end = text[start..]
+                .find('}')
+                .map_or(text.len(), |e| start + e + 1);
+            text.replace_range(start..end, "1");
+        }
+        let docs = yaml_documents(&text).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        let mut found = Vec::new();
+        docs.iter().for_each(|doc| lists(doc, &mut found));
+        for list in found {
+            let names: BTreeSet<&str> = list.iter().filter_map(Value::as_str).collect();
+            if !names.contains(llm_gateway_shared::headers::CONSUMER) {
+                continue; // not a gateway route
+            }
+            for header in llm_gateway_shared::headers::IDENTITY {
+                assert!(
+                    names.contains(header),
+                    "{}: {header} is not removed",
+                    file.display()
+                );
+            }
+            checked += 1;
+        }
+    }
+    assert!(checked >= 10, "only {checked} gateway routes found");
+}
