@@ -198,29 +198,34 @@ impl Core {
             .property(&[ROUTE_PROPERTY])
             .and_then(|bytes| RouteInfo::from_json(&bytes))?;
         let info = answered_by(info, &attempt.deployment, &attempt.plan, attempt.number);
-        let group = info.model_group.clone();
         self.set_property(
             ROUTE_PROPERTY,
             info.to_json(),
             OnFailure::Log(Level::Warn, "cannot publish the answering deployment"),
         );
-        Some(group)
+        Some(info.model_group)
     }
 
-    /// The group's `retry_on` and the router's `max_cooldown_ms`, from the configuration that
-    /// has both the group and the deployment (this role's document, else the listener's).
-    fn group_policy(&self, group: &str, deployment: &str) -> Option<(RetryOn, u64)> {
+    /// For an error `status` of `deployment` in `group`: whether the group's `retry_on` has
+    /// it, and the router's `max_cooldown_ms`; from the configuration that has both the group
+    /// and the deployment (this role's document, else the listener's). Neither found: the
+    /// defaults.
+    fn group_policy(&self, group: Option<&str>, deployment: &str, status: u16) -> (bool, u64) {
         let find = |rules: &RuleSet<RouterConfig>| {
             rules.configs().find_map(|c| {
                 c.deployment(deployment)?;
-                let g = c.group(group)?;
-                Some((g.retry_on.clone(), c.max_cooldown_ms))
+                let g = c.group(group?)?;
+                Some((g.retry_on.matches(status), c.max_cooldown_ms))
             })
         };
         self.rules
             .as_deref()
             .and_then(find)
             .or_else(|| self.listener.try_borrow().ok()?.as_deref().and_then(find))
+            .unwrap_or((
+                RetryOn::default().matches(status),
+                crate::config::DEFAULT_MAX_COOLDOWN_MS,
+            ))
     }
 
     fn attempt_response(
@@ -234,22 +239,20 @@ impl Core {
         let Some(attempt) = self.upstream.get(&context) else {
             return Flow::ContinueSkipResponseBody;
         };
+        let status = view
+            .response_header(":status")
+            .and_then(|s| std::str::from_utf8(&s).ok()?.parse::<u16>().ok());
+        let Some(status) = status.filter(|s| *s >= 400) else {
+            return Flow::ContinueSkipResponseBody; // a success: nothing to mark or cool
+        };
         let has_next = attempt.has_next;
-        let name = attempt.deployment.name.clone();
-        let raw_status = view.response_header(":status");
-        let status = raw_status
-            .as_deref()
-            .and_then(|s| std::str::from_utf8(s).ok())
-            .and_then(|s| s.parse::<u16>().ok());
-        let policy = group.as_deref().and_then(|g| self.group_policy(g, &name));
-        let retry_on = policy.as_ref().map(|(r, _)| r.clone()).unwrap_or_default();
-        if status.is_some_and(is_cooldown_status) {
-            let max_cooldown_ms = policy
-                .as_ref()
-                .map_or(crate::config::DEFAULT_MAX_COOLDOWN_MS, |(_, m)| *m);
+        let (retriable, max_cooldown_ms) =
+            self.group_policy(group.as_deref(), &attempt.deployment.name, status);
+        if is_cooldown_status(status) {
+            let name = attempt.deployment.name.clone();
             self.cool_down_on_signal(&name, max_cooldown_ms, view, store);
         }
-        if let Some(status) = status.filter(|s| has_next && retry_on.matches(*s)) {
+        if retriable && has_next {
             self.set_header(
                 Map::Response,
                 FALLBACK_HEADER,
@@ -259,12 +262,11 @@ impl Core {
             self.count(format!("status_fallbacks.{status}"));
             return Flow::ContinueSkipResponseBody;
         }
-        let Some(attempt) = self.upstream.get_mut(&context) else {
-            return Flow::ContinueSkipResponseBody;
-        };
-        if raw_status.as_deref() == Some(b"400".as_slice()) && attempt.has_next && !end_of_stream {
+        if status == 400 && has_next && !end_of_stream {
             // hold the headers until the body tells whether it is a context-length error
-            attempt.inspecting = true;
+            if let Some(attempt) = self.upstream.get_mut(&context) {
+                attempt.inspecting = true;
+            }
             return Flow::Pause;
         }
         Flow::ContinueSkipResponseBody
