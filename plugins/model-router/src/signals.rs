@@ -49,8 +49,9 @@ const ANTHROPIC: [(&str, &str); 4] = [
 ];
 
 /// Does a response with this status ask the router to cool its deployment down (when it
-/// carries a signal)? 429 (rate limited) and 503 (overloaded), as the issue of the signal
-/// headers' providers define them.
+/// carries a signal)? 429 (rate limited) and 503 (overloaded): the statuses with which
+/// RFC 9110 pairs `retry-after` and the providers send their rate-limit resets. A 500 or 502
+/// with a `retry-after` says nothing about when the deployment recovers.
 pub fn is_cooldown_status(status: u16) -> bool {
     status == 429 || status == 503
 }
