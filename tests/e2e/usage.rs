@@ -885,6 +885,14 @@ async fn genai_metrics_follow_opentelemetry_and_match_the_records() {
         {
             // the names and labels an OpenTelemetry Prometheus exporter writes
             assert!(prometheus.contains("# TYPE gen_ai_client_token_usage histogram"));
+            // OpenTelemetry's advised bounds (the bootstrap's histogram_bucket_settings)
+            assert!(
+                prometheus
+                    .lines()
+                    .any(|l| l.starts_with("gen_ai_client_token_usage_bucket{")
+                        && l.contains("le=\"16384\"")),
+                "{prometheus}"
+            );
             assert!(prometheus.lines().any(|l| l
                 .starts_with("gen_ai_client_operation_duration_milliseconds_bucket{")
                 && l.contains("le=\"")));

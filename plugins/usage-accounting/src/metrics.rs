@@ -89,6 +89,38 @@ pub const STATS_TAGS: [(&str, &str); 10] = [
     ),
 ];
 
+/// The bootstrap's `stats_config.histogram_bucket_settings` for the GenAI histograms (name
+/// prefix before tag extraction, bucket bounds): OpenTelemetry GenAI's advised bounds, its
+/// seconds converted to each series' unit (ms, µs).
+pub const HISTOGRAM_BUCKETS: [(&str, &[u64]); 4] = [
+    (
+        "wasmcustom.gen_ai.client.token.usage.gen_ai_token_type.",
+        &[
+            1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216,
+            67108864,
+        ],
+    ),
+    (
+        "wasmcustom.gen_ai.client.operation.duration_milliseconds.",
+        &[
+            10, 20, 40, 80, 160, 320, 640, 1280, 2560, 5120, 10240, 20480, 40960, 81920,
+        ],
+    ),
+    (
+        "wasmcustom.gen_ai.server.time_to_first_token_milliseconds.",
+        &[
+            1, 5, 10, 20, 40, 60, 80, 100, 250, 500, 750, 1000, 2500, 5000, 7500, 10000,
+        ],
+    ),
+    (
+        "wasmcustom.gen_ai.server.time_per_output_token_microseconds.",
+        &[
+            10000, 25000, 50000, 75000, 100000, 150000, 200000, 300000, 400000, 500000, 750000,
+            1000000, 2500000,
+        ],
+    ),
+];
+
 /// Kind of a host metric.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Kind {
@@ -533,6 +565,26 @@ mod tests {
                 assert!(
                     yaml.contains(&format!("- tag_name: {tag}\n    regex: '{regex}'\n")),
                     "{file}: {tag}: {regex}"
+                );
+            }
+            for (prefix, bounds) in HISTOGRAM_BUCKETS {
+                let bounds: Vec<String> = bounds.iter().map(u64::to_string).collect();
+                let entry = format!(
+                    "  - match: {{ prefix: {prefix} }}\n    buckets: [{}]\n",
+                    bounds.join(", ")
+                );
+                assert!(yaml.contains(&entry), "{file}: {entry}");
+            }
+            // every prefix names GenAI series
+            for (prefix, _) in HISTOGRAM_BUCKETS {
+                let base = prefix.trim_start_matches("wasmcustom.");
+                assert!(
+                    SERIES.iter().any(|(b, kind, scope)| {
+                        b.starts_with(base.trim_end_matches('.'))
+                            && *kind == Kind::Histogram
+                            && *scope == Scope::GenAi
+                    }),
+                    "{prefix}"
                 );
             }
         }
