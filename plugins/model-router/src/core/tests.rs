@@ -1585,102 +1585,6 @@ fn a_context_length_400_is_marked_for_a_retry_when_a_deployment_is_left() {
     }
 }
 
-#[test]
-fn forget_drops_a_requests_state() {
-    let mut rig = Rig::new(DOC);
-    let view = FakeView::request("/v1/chat/completions", &[("x-llm-groups", "*")], CHAT);
-    rig.send(&view, 9);
-    assert_eq!(rig.core.requests(), 1);
-    rig.core.forget(9);
-    assert_eq!(rig.core.requests(), 0);
-    view.respond("200", &[]);
-    assert!(rig.response(&view, 9).is_empty());
-}
-
-// ---------------------------------------------------------------------------------------
-// Whatever the client, the provider or another filter sends
-
-mod arbitrary {
-    use super::*;
-    use proptest::prelude::*;
-
-    fn text() -> impl Strategy<Value = String> {
-        prop_oneof![
-            Just(String::new()),
-            Just("*".to_string()),
-            Just("2|fast|rid|a,b".to_string()),
-            "[ -~]{0,40}",
-        ]
-    }
-
-    proptest! {
-        #![proptest_config(ProptestConfig::with_cases(200))]
-
-        /// Every event of both roles with junk in every header, property and body: no panic,
-        /// a refusal always pauses, and a request's state goes with its context.
-        #[test]
-        fn the_core_never_panics_and_a_refusal_always_pauses(
-            path in prop_oneof![
-                Just("/v1/chat/completions"), Just("/v1/messages"), Just("/v1/models"),
-                Just("/v1/models/fast"), Just("/v1/messages/count_tokens"), Just("/x"),
-            ],
-            get in any::<bool>(),
-            upstream_role in any::<bool>(),
-            redirect in any::<bool>(),
-            groups in text(),
-            route_next in text(),
-            attempt in text(),
-            plan in text(),
-            body in prop_oneof![
-                Just(CHAT.as_bytes().to_vec()),
-                Just(chat("smart").into_bytes()),
-                proptest::collection::vec(any::<u8>(), 0..120),
-            ],
-            status in text(),
-            chunks in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..60), 0..4),
-            details in text(),
-        ) {
-            let doc = if redirect { redirect_doc() } else { DOC.to_string() };
-            let mut rig = if upstream_role { upstream() } else { Rig::new(&doc) };
-            let view = FakeView::request(path, &[
-                ("x-llm-groups", &groups),
-                ("x-llm-reentry", "t"),
-                ("x-llm-route-next", &route_next),
-                ("x-envoy-attempt-count", &attempt),
-            ], "");
-            *view.request_body.borrow_mut() = body.clone();
-            if get {
-                put(&mut view.request.borrow_mut(), ":method", b"GET");
-            }
-            view.set_prop("llm_route_plan", plan.as_bytes());
-            view.set_prop("llm_budget_fallback", b"cheap");
-            view.set_prop("response.code_details", details.as_bytes());
-            let mut events = vec![
-                Input::RequestHeaders { end_of_stream: false },
-                Input::RequestBody { size: body.len(), end_of_stream: true },
-            ];
-            view.respond(&status, &[SSE]);
-            events.push(Input::ResponseHeaders { end_of_stream: false });
-            for (n, chunk) in chunks.iter().enumerate() {
-                events.push(Input::ResponseBody { size: chunk.len(), end_of_stream: n + 1 == chunks.len() });
-            }
-            events.push(Input::Log);
-            let mut chunk = chunks.iter();
-            for input in events {
-                if let Input::ResponseBody { .. } = input {
-                    *view.response_body.borrow_mut() = chunk.next().cloned().unwrap_or_default();
-                }
-                let (flow, commands) = rig.run(&view, 1, input);
-                if commands.iter().any(|c| matches!(c, Command::Refuse(_) | Command::Reply { .. })) {
-                    prop_assert_eq!(flow, Flow::Pause);
-                }
-            }
-            rig.core.forget(1);
-            prop_assert_eq!(rig.core.requests(), 0);
-        }
-    }
-}
-
 // ---------------------------------------------------------------------------------------
 // Provider signals: cooldowns and per-group retry statuses
 
@@ -1925,4 +1829,100 @@ fn a_redirect_pass_that_answers_429_cools_its_deployment_down() {
     let commands = rig.response(&view, 1);
     assert!(counted(&commands, "cooldown.a"));
     assert_eq!(cooldown_until(&rig.store, "a"), 4_000);
+}
+
+#[test]
+fn forget_drops_a_requests_state() {
+    let mut rig = Rig::new(DOC);
+    let view = FakeView::request("/v1/chat/completions", &[("x-llm-groups", "*")], CHAT);
+    rig.send(&view, 9);
+    assert_eq!(rig.core.requests(), 1);
+    rig.core.forget(9);
+    assert_eq!(rig.core.requests(), 0);
+    view.respond("200", &[]);
+    assert!(rig.response(&view, 9).is_empty());
+}
+
+// ---------------------------------------------------------------------------------------
+// Whatever the client, the provider or another filter sends
+
+mod arbitrary {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn text() -> impl Strategy<Value = String> {
+        prop_oneof![
+            Just(String::new()),
+            Just("*".to_string()),
+            Just("2|fast|rid|a,b".to_string()),
+            "[ -~]{0,40}",
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+
+        /// Every event of both roles with junk in every header, property and body: no panic,
+        /// a refusal always pauses, and a request's state goes with its context.
+        #[test]
+        fn the_core_never_panics_and_a_refusal_always_pauses(
+            path in prop_oneof![
+                Just("/v1/chat/completions"), Just("/v1/messages"), Just("/v1/models"),
+                Just("/v1/models/fast"), Just("/v1/messages/count_tokens"), Just("/x"),
+            ],
+            get in any::<bool>(),
+            upstream_role in any::<bool>(),
+            redirect in any::<bool>(),
+            groups in text(),
+            route_next in text(),
+            attempt in text(),
+            plan in text(),
+            body in prop_oneof![
+                Just(CHAT.as_bytes().to_vec()),
+                Just(chat("smart").into_bytes()),
+                proptest::collection::vec(any::<u8>(), 0..120),
+            ],
+            status in text(),
+            chunks in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..60), 0..4),
+            details in text(),
+        ) {
+            let doc = if redirect { redirect_doc() } else { DOC.to_string() };
+            let mut rig = if upstream_role { upstream() } else { Rig::new(&doc) };
+            let view = FakeView::request(path, &[
+                ("x-llm-groups", &groups),
+                ("x-llm-reentry", "t"),
+                ("x-llm-route-next", &route_next),
+                ("x-envoy-attempt-count", &attempt),
+            ], "");
+            *view.request_body.borrow_mut() = body.clone();
+            if get {
+                put(&mut view.request.borrow_mut(), ":method", b"GET");
+            }
+            view.set_prop("llm_route_plan", plan.as_bytes());
+            view.set_prop("llm_budget_fallback", b"cheap");
+            view.set_prop("response.code_details", details.as_bytes());
+            let mut events = vec![
+                Input::RequestHeaders { end_of_stream: false },
+                Input::RequestBody { size: body.len(), end_of_stream: true },
+            ];
+            view.respond(&status, &[SSE]);
+            events.push(Input::ResponseHeaders { end_of_stream: false });
+            for (n, chunk) in chunks.iter().enumerate() {
+                events.push(Input::ResponseBody { size: chunk.len(), end_of_stream: n + 1 == chunks.len() });
+            }
+            events.push(Input::Log);
+            let mut chunk = chunks.iter();
+            for input in events {
+                if let Input::ResponseBody { .. } = input {
+                    *view.response_body.borrow_mut() = chunk.next().cloned().unwrap_or_default();
+                }
+                let (flow, commands) = rig.run(&view, 1, input);
+                if commands.iter().any(|c| matches!(c, Command::Refuse(_) | Command::Reply { .. })) {
+                    prop_assert_eq!(flow, Flow::Pause);
+                }
+            }
+            rig.core.forget(1);
+            prop_assert_eq!(rig.core.requests(), 0);
+        }
+    }
 }
