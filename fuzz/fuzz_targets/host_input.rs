@@ -8,7 +8,9 @@
 //! - every client-supplied internal header (`x-llm-*`, `x-mse-consumer`) is removed, and so
 //!   is every key-carrying header and query parameter when the request is let through;
 //! - attribution values carry no control characters and are bounded;
-//! - whatever decodes, encoded again, decodes to the same value.
+//! - whatever decodes, encoded again, decodes to the same value;
+//! - a provider's reset headers (`retry-after` & co., model-router's signals) never name a
+//!   delay over a day.
 #![no_main]
 
 use key_auth::auth::{authenticate, Outcome};
@@ -112,6 +114,20 @@ fn check_headers(pairs: &[(String, Vec<u8>)], now: i64) {
     }
 }
 
+/// model-router's reading of a provider response's reset headers.
+fn check_signals(pairs: &[(String, Vec<u8>)], now: i64) {
+    let header = |name: &str| {
+        pairs
+            .iter()
+            .find(|(n, _)| n == name)
+            .and_then(|(_, v)| String::from_utf8(v.clone()).ok())
+    };
+    let now_ms = u64::try_from(now).unwrap_or(0).saturating_mul(1000);
+    if let Some(ms) = model_router::signals::reset_after_ms(&header, now_ms) {
+        assert!(ms <= model_router::signals::MAX_SIGNAL_MS, "{ms}");
+    }
+}
+
 fuzz_target!(|data: &[u8]| {
     let mut input = Input::new(data);
     let mode = input.byte();
@@ -136,7 +152,11 @@ fuzz_target!(|data: &[u8]| {
                 check_headers(&pairs, now);
             }
         }
-        1 => check_headers(&text_headers(payload), now),
+        1 => {
+            let pairs = text_headers(payload);
+            check_headers(&pairs, now);
+            check_signals(&pairs, now);
+        }
         _ => {
             let _ = wire::decode_property_u64(payload);
             if let Some(info) = RouteInfo::from_json(payload) {

@@ -278,3 +278,49 @@ fn gateway_136_is_derived_from_gateway_yaml() {
         "envoy-config/gateway-1.36.yaml is not what scripts/derive-gateway-1.36 writes: run it"
     );
 }
+
+/// With the redirect the router sees the response of the pass that answers: the last
+/// deployment's 429 with `retry-after: 2` cools it down (a pass the redirect superseded never
+/// reaches the router: see the model-router README, "Provider signals").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_answering_pass_retry_after_cools_its_deployment_down() {
+    workspace::use_envoy_136();
+    let demo = Demo::start(0).await.unwrap();
+    let key = bearer(DEMO_KEY);
+    demo.openai.set_default_knobs(&[("x-mock-status", "429")]);
+    demo.azure
+        .set_default_knobs(&[("x-mock-status", "429"), ("x-mock-retry-after", "2")]);
+    let before = std::time::Instant::now();
+    let response = chat(&demo, &[("authorization", &key)], false).await;
+    assert_eq!(response.status, 429, "{}", response.text());
+    assert_eq!(response.header("x-llm-deployment"), Some("azure-mini"));
+    demo.azure.set_default_knobs(&[]);
+    demo.azure.clear_requests();
+    // while azure-mini cools down the plan is openai-mini alone: its 429 is the answer
+    let response = chat(&demo, &[("authorization", &key)], false).await;
+    if before.elapsed() < std::time::Duration::from_millis(1_500) {
+        assert_eq!(response.status, 429, "{}", response.text());
+        assert_eq!(response.header("x-llm-deployment"), Some("openai-mini"));
+        assert_eq!(response.header("x-llm-attempts"), Some("1"));
+        assert!(demo.azure.requests().is_empty(), "azure-mini was skipped");
+    }
+    // then azure-mini serves again (after openai-mini's 429), within 6 s of the signal
+    let back = loop {
+        let response = chat(&demo, &[("authorization", &key)], false).await;
+        if response.status == 200 {
+            assert_eq!(response.header("x-llm-deployment"), Some("azure-mini"));
+            break before.elapsed();
+        }
+        assert!(
+            before.elapsed() < std::time::Duration::from_secs(6),
+            "azure-mini not back: {} {}",
+            response.status,
+            response.text()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    };
+    assert!(
+        back >= std::time::Duration::from_millis(1_900),
+        "back after {back:?}"
+    );
+}

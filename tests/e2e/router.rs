@@ -34,13 +34,14 @@ struct Gateway {
 
 fn key_auth_config() -> Value {
     json!({"keys": [
-        {"key_sha256": sha256_hex(KEY_ALL.as_bytes()), "consumer": "team-all", "groups": ["fast", "smart", "canary", "long", "pair"]},
+        {"key_sha256": sha256_hex(KEY_ALL.as_bytes()), "consumer": "team-all", "groups": ["fast", "smart", "canary", "long", "pair", "strict"]},
         {"key_sha256": sha256_hex(KEY_FAST.as_bytes()), "consumer": "team-fast", "groups": ["fast"]},
     ]})
 }
 
 /// The workloads' router config plus group `pair`: two deployments of one provider, on one
-/// cluster (dep-a), a larger model falling back to a smaller one.
+/// cluster (dep-a), a larger model falling back to a smaller one; and group `strict`, `fast`'s
+/// deployments moving on only on a 429 (`retry_on`).
 fn router_config() -> Value {
     let mut config = workloads::router_config_with_cooldown(COOLDOWN_MS);
     if let Some(deployments) = config["deployments"].as_array_mut() {
@@ -53,6 +54,8 @@ fn router_config() -> Value {
         groups.push(
             json!({"name": "pair", "deployments": [{"deployment": "big"}, {"deployment": "a"}]}),
         );
+        groups.push(json!({"name": "strict", "retry_on": [429],
+            "deployments": [{"deployment": "a"}, {"deployment": "b"}]}));
     }
     config
 }
@@ -667,4 +670,111 @@ async fn an_upstream_role_that_cannot_resolve_its_deployment_refuses_it() {
     let message = error["error"]["message"].as_str().unwrap();
     assert!(message.contains("`openai-mini`"), "{message}");
     assert!(demo.openai.requests().is_empty() && demo.azure.requests().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_429_with_retry_after_cools_its_deployment_down_on_every_worker() {
+    let gw = Gateway::start().await;
+    // a answers this one request 429 with `retry-after: 2` (b, which gets the same client
+    // headers, answers: the status is for model-a only)
+    let before = std::time::Instant::now();
+    let response = gw
+        .ask(
+            "fast",
+            &[
+                ("x-mock-status", "429"),
+                ("x-mock-status-model", "model-a"),
+                ("x-mock-retry-after", "2"),
+            ],
+        )
+        .await;
+    assert_eq!(response.status, 200, "{}", response.text());
+    assert_eq!(response.header("x-llm-deployment"), Some("b"));
+    assert_eq!(response.header("x-llm-attempts"), Some("2"));
+    assert_eq!(
+        response.header("x-llm-fallback"),
+        None,
+        "the mark stays inside"
+    );
+    assert_eq!(gw.stat("cooldown.a"), 1);
+    assert_eq!(gw.stat("status_fallbacks.429"), 1);
+    assert_eq!(Gateway::take(&gw.a).len(), 1);
+    Gateway::take(&gw.b);
+
+    // while it cools (< 1.5 s since the 429, on whichever of the 2 workers): b only, first try
+    let mut cooled = 0;
+    while before.elapsed() < Duration::from_millis(1_500) {
+        let response = gw.ask("fast", &[]).await;
+        let elapsed = before.elapsed();
+        assert_eq!(response.status, 200, "{}", response.text());
+        if elapsed < Duration::from_millis(1_500) {
+            assert_eq!(
+                response.header("x-llm-deployment"),
+                Some("b"),
+                "{elapsed:?} after the 429"
+            );
+            assert_eq!(response.header("x-llm-attempts"), Some("1"));
+            cooled += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(cooled >= 2, "{cooled} requests while a cooled down");
+    assert!(
+        Gateway::take(&gw.a).is_empty(),
+        "a got nothing while cooling"
+    );
+
+    // then back to a, within 6 s of the 429 (and never before the 2 s it asked for)
+    let back = loop {
+        let response = gw.ask("fast", &[]).await;
+        assert_eq!(response.status, 200, "{}", response.text());
+        if response.header("x-llm-deployment") == Some("a") {
+            break before.elapsed();
+        }
+        assert!(
+            before.elapsed() < Duration::from_secs(6),
+            "a not back after {:?}",
+            before.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(
+        back >= Duration::from_millis(1_900),
+        "a back after {back:?}"
+    );
+    // a cooldown is not a breaker: a's breaker saw one failure and stays closed
+    assert_eq!(gw.stat("breaker.opened.a"), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_groups_retry_on_decides_whether_a_500_moves_on() {
+    let gw = Gateway::start().await;
+    let fail_a = [("x-mock-status", "500"), ("x-mock-status-model", "model-a")];
+    // `strict` moves on only on a 429: a's 500 reaches the client
+    let response = gw.ask("strict", &fail_a).await;
+    http::assert_openai_error(&response, 500, "mock_500");
+    assert_eq!(response.header("x-llm-deployment"), Some("a"));
+    assert_eq!(response.header("x-llm-attempts"), Some("1"));
+    assert_eq!(response.header("x-llm-fallback"), None);
+    assert!(Gateway::take(&gw.b).is_empty(), "b was never tried");
+    // `fast` (no retry_on: 429 and 5xx) moves on to b
+    let response = gw.ask("fast", &fail_a).await;
+    assert_eq!(response.status, 200, "{}", response.text());
+    assert_eq!(response.header("x-llm-deployment"), Some("b"));
+    assert_eq!(response.header("x-llm-attempts"), Some("2"));
+    assert_eq!(gw.stat("status_fallbacks.500"), 1);
+    assert_eq!(
+        (Gateway::take(&gw.a).len(), Gateway::take(&gw.b).len()),
+        (2, 1)
+    );
+    // and `strict` still moves on on a 429 (a's breaker is open now: two failures, so the
+    // plan may start at b; either way b answers)
+    let response = gw
+        .ask(
+            "strict",
+            &[("x-mock-status", "429"), ("x-mock-status-model", "model-a")],
+        )
+        .await;
+    assert_eq!(response.status, 200, "{}", response.text());
+    assert_eq!(response.header("x-llm-deployment"), Some("b"));
 }

@@ -519,7 +519,7 @@ async fn metrics_have_labels_at_stats_prometheus() {
     assert!(
         find(
             "gen_ai_client_token_usage_bucket{",
-            &with("token_type=\"output\"")
+            &with("gen_ai_token_type=\"output\"")
         )
         .is_some(),
         "{}",
@@ -713,4 +713,200 @@ async fn a_client_that_goes_away_mid_stream_gets_an_estimated_record() {
         record["usage"]["prompt_tokens"],
         estimate_prompt_tokens(Api::ChatCompletions, &chat(true), Encoding::O200k)
     );
+}
+
+/// What Envoy's histogram (circllhist: bins of two significant digits) adds to its `_sum`
+/// for a sample `v`: the harmonic mean of the bounds of `v`'s bin, `2ab / (a + b)` (seen at
+/// `/stats/prometheus` of Envoy 1.40: 3 counts as 3.04918…, 23 as 23.4894…). Counts are
+/// exact; the exact totals are the `llm_gateway_usage_tokens` counters.
+fn binned(v: u64) -> f64 {
+    if v == 0 {
+        return 0.0;
+    }
+    let mut width = 0.1;
+    while (v as f64) >= width * 100.0 {
+        width *= 10.0;
+    }
+    let low = (v as f64 / width).floor() * width;
+    let high = low + width;
+    2.0 * low * high / (low + high)
+}
+
+/// The sum and the count of histogram `name` over every series whose labels include all of
+/// `labels` (Envoy's `/stats/prometheus` text).
+fn histogram_totals(prometheus: &str, name: &str, labels: &[String]) -> (f64, u64) {
+    let value = |suffix: &str| -> f64 {
+        prometheus
+            .lines()
+            .filter(|l| l.starts_with(&format!("{name}_{suffix}{{")))
+            .filter(|l| labels.iter().all(|x| l.contains(x.as_str())))
+            .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+            .sum()
+    };
+    (value("sum"), value("count") as u64)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn genai_metrics_follow_opentelemetry_and_match_the_records() {
+    let gw = Gateway::start().await;
+    let knobs = [("x-mock-prompt-tokens", "300"), ("x-mock-chunks", "12")];
+    let streamed = [
+        ("x-mock-prompt-tokens", "200"),
+        ("x-mock-chunks", "9"),
+        ("x-mock-chunk-delay-ms", "20"),
+    ];
+    let sent = [
+        ("g-chat", "/v1/chat/completions", chat(false), &knobs[..]),
+        (
+            "g-stream",
+            "/v1/chat/completions",
+            chat(true),
+            &streamed[..],
+        ),
+        (
+            "g-embed",
+            "/v1/embeddings",
+            json!({"model": "text-embedding-3-small", "input": "abcd efgh"}),
+            &[][..],
+        ),
+    ];
+    let mut records = Vec::new();
+    for (id, path, body, extra) in &sent {
+        let response = gw.post(path, id, "east", body, extra).await.unwrap();
+        assert_eq!(response.status, 200, "{id}: {}", response.text());
+        records.push(gw.record(id).await);
+    }
+    let number = |r: &Value, field: &str| r[field].as_u64();
+    let tokens = |r: &Value, field: &str| r["usage"][field].as_u64().unwrap();
+
+    // every series carries OpenTelemetry's attributes and the route's labels
+    let common = |operation: &str, model: &str| -> Vec<String> {
+        vec![
+            format!("gen_ai_operation_name=\"{operation}\""),
+            "gen_ai_provider_name=\"openai\"".into(),
+            "gen_ai_request_model=\"fast\"".into(),
+            format!("gen_ai_response_model=\"{model}\""),
+            "tenant=\"acme\"".into(),
+            "model_group=\"fast\"".into(),
+            "deployment=\"east\"".into(),
+        ]
+    };
+    let model = |r: &Value| r["model"].as_str().unwrap().to_string();
+    let (chat_a, chat_b, embed) = (&records[0], &records[1], &records[2]);
+    assert_eq!(
+        model(chat_a),
+        model(chat_b),
+        "one response model for both chats"
+    );
+    let chat_labels = common("chat", &model(chat_a));
+    let embed_labels = common("embeddings", &model(embed));
+    let with = |base: &[String], extra: &str| -> Vec<String> {
+        let mut v = base.to_vec();
+        v.push(extra.to_string());
+        v
+    };
+
+    // what the records say the histograms must hold
+    let chats = [chat_a, chat_b];
+    let ttfts: Vec<u64> = chats.iter().filter_map(|r| number(r, "ttft_ms")).collect();
+    assert!(!ttfts.is_empty(), "the stream has a first token: {chat_b}");
+    let tpots: Vec<u64> = chats
+        .iter()
+        .filter_map(|r| {
+            let ttft = number(r, "ttft_ms")?;
+            let after_first = tokens(r, "completion_tokens")
+                .checked_sub(1)
+                .filter(|n| *n > 0)?;
+            Some((number(r, "duration_ms")? - ttft) * 1_000 / after_first)
+        })
+        .collect();
+    assert!(!tpots.is_empty(), "{chat_b}");
+    let expected: Vec<(&str, Vec<String>, f64, u64)> = vec![
+        (
+            "gen_ai_client_token_usage",
+            with(&chat_labels, "gen_ai_token_type=\"input\""),
+            chats
+                .iter()
+                .map(|r| binned(tokens(r, "prompt_tokens")))
+                .sum(),
+            2,
+        ),
+        (
+            "gen_ai_client_token_usage",
+            with(&chat_labels, "gen_ai_token_type=\"output\""),
+            chats
+                .iter()
+                .map(|r| binned(tokens(r, "completion_tokens")))
+                .sum(),
+            2,
+        ),
+        (
+            "gen_ai_client_token_usage",
+            with(&embed_labels, "gen_ai_token_type=\"input\""),
+            binned(tokens(embed, "prompt_tokens")),
+            1,
+        ),
+        (
+            "gen_ai_client_operation_duration_milliseconds",
+            chat_labels.clone(),
+            chats
+                .iter()
+                .map(|r| binned(number(r, "duration_ms").unwrap()))
+                .sum(),
+            2,
+        ),
+        (
+            "gen_ai_server_time_to_first_token_milliseconds",
+            chat_labels.clone(),
+            ttfts.iter().map(|v| binned(*v)).sum(),
+            ttfts.len() as u64,
+        ),
+        (
+            "gen_ai_server_time_per_output_token_microseconds",
+            chat_labels.clone(),
+            tpots.iter().map(|v| binned(*v)).sum(),
+            tpots.len() as u64,
+        ),
+    ];
+    // histograms reach the admin page when Envoy merges them (its stats flush): poll
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let prometheus = gw.envoy.admin_get("/stats/prometheus").unwrap();
+        let seen: Vec<(f64, u64)> = expected
+            .iter()
+            .map(|(name, labels, ..)| histogram_totals(&prometheus, name, labels))
+            .collect();
+        let want: Vec<(f64, u64)> = expected.iter().map(|(.., sum, n)| (*sum, *n)).collect();
+        let close = |a: f64, b: f64| (a - b).abs() <= 1e-6 * b.max(1.0);
+        if seen
+            .iter()
+            .zip(&want)
+            .all(|((s, n), (ws, wn))| n == wn && close(*s, *ws))
+        {
+            // the names and labels an OpenTelemetry Prometheus exporter writes
+            assert!(prometheus.contains("# TYPE gen_ai_client_token_usage histogram"));
+            // OpenTelemetry's advised bounds (the bootstrap's histogram_bucket_settings)
+            assert!(
+                prometheus
+                    .lines()
+                    .any(|l| l.starts_with("gen_ai_client_token_usage_bucket{")
+                        && l.contains("le=\"16384\"")),
+                "{prometheus}"
+            );
+            assert!(prometheus.lines().any(|l| l
+                .starts_with("gen_ai_client_operation_duration_milliseconds_bucket{")
+                && l.contains("le=\"")));
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "GenAI histograms (sum, count) {seen:?}, records say {want:?}:\n{}",
+            prometheus
+                .lines()
+                .filter(|l| l.starts_with("gen_ai_") && !l.contains("_bucket{"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }

@@ -84,6 +84,8 @@ struct RawGroup {
     deployments: Vec<RawTarget>,
     #[serde(default)]
     budget_fallback: Option<String>,
+    #[serde(default)]
+    retry_on: Option<Vec<u16>>,
 }
 
 #[derive(Debug, Deserialize, Default)]
@@ -117,10 +119,19 @@ struct RawConfig {
     breaker: RawBreaker,
     #[serde(default)]
     fallback: Fallback,
+    #[serde(default = "default_max_cooldown_ms")]
+    max_cooldown_ms: u64,
 }
 
 fn default_max_attempts() -> usize {
     3
+}
+
+/// Longest provider cooldown (`retry-after` & co.) the router honours by default.
+pub const DEFAULT_MAX_COOLDOWN_MS: u64 = 60_000;
+
+fn default_max_cooldown_ms() -> u64 {
+    DEFAULT_MAX_COOLDOWN_MS
 }
 
 fn yes() -> bool {
@@ -174,6 +185,29 @@ pub struct Group {
     /// to (`budget_fallback`); never the group itself. Followed one hop only: the fallback
     /// group's own `budget_fallback` is not used for requests switched to it.
     pub budget_fallback: Option<usize>,
+    /// The response statuses that move a request to the next deployment (`retry_on`).
+    pub retry_on: RetryOn,
+}
+
+/// The provider response statuses on which a group's request moves to its next deployment
+/// (besides resets, connect failures and a context-length 400, which always do).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum RetryOn {
+    /// 429 and every 5xx (no `retry_on` configured).
+    #[default]
+    RateLimitedAndServerErrors,
+    /// Exactly these statuses (each in 400..=599).
+    Statuses(Vec<u16>),
+}
+
+impl RetryOn {
+    /// Does a response with `status` move the request on?
+    pub fn matches(&self, status: u16) -> bool {
+        match self {
+            RetryOn::RateLimitedAndServerErrors => status == 429 || (500..=599).contains(&status),
+            RetryOn::Statuses(list) => list.contains(&status),
+        }
+    }
 }
 
 /// Circuit-breaker thresholds.
@@ -222,6 +256,8 @@ pub struct RouterConfig {
     pub breaker: BreakerConfig,
     /// How a request moves to the next deployment (`crate::redirect`).
     pub fallback: Fallback,
+    /// Longest provider cooldown honoured (ms; 0: provider signals are ignored).
+    pub max_cooldown_ms: u64,
     group_index: HashMap<String, usize>,
     deployment_index: HashMap<String, usize>,
 }
@@ -339,11 +375,36 @@ impl RouterConfig {
             if group_index.insert(g.name.clone(), i).is_some() {
                 return Err(ConfigError::new(at("name"), "duplicate group name"));
             }
+            let retry_on = match g.retry_on {
+                None => RetryOn::default(),
+                Some(list) => {
+                    if list.is_empty() || list.len() > 200 {
+                        return Err(ConfigError::new(
+                            at("retry_on"),
+                            "must list 1 to 200 statuses",
+                        ));
+                    }
+                    if let Some(bad) = list.iter().find(|s| !(400..=599).contains(*s)) {
+                        return Err(ConfigError::new(
+                            at("retry_on"),
+                            format!("status {bad} is not in 400..=599"),
+                        ));
+                    }
+                    if raw.fallback == Fallback::Redirect {
+                        return Err(ConfigError::new(
+                            at("retry_on"),
+                            "needs \"fallback\": \"retry\" (with the redirect, the custom_response policy's status matcher decides)",
+                        ));
+                    }
+                    RetryOn::Statuses(list)
+                }
+            };
             groups.push(Group {
                 name: g.name,
                 targets,
                 total_weight,
                 budget_fallback: None,
+                retry_on,
             });
             fallbacks.push(g.budget_fallback);
         }
@@ -393,6 +454,12 @@ impl RouterConfig {
         if breaker.cooldown_ms == 0 {
             return Err(ConfigError::new("breaker.cooldown_ms", "must be positive"));
         }
+        if raw.max_cooldown_ms > crate::signals::MAX_SIGNAL_MS {
+            return Err(ConfigError::new(
+                "max_cooldown_ms",
+                format!("must be at most {}", crate::signals::MAX_SIGNAL_MS),
+            ));
+        }
 
         crate::redirect::validate(
             raw.fallback,
@@ -401,6 +468,7 @@ impl RouterConfig {
 
         Ok(RouterConfig {
             fallback: raw.fallback,
+            max_cooldown_ms: raw.max_cooldown_ms,
             role: raw.role,
             version,
             max_attempts: raw.max_attempts,
@@ -607,6 +675,58 @@ pub(crate) mod tests {
         let doc =
             r#"{"deployments":[{"name":"a","cluster":"x y","model":"m","provider":"openai"}]}"#;
         assert_eq!(error(doc).field(), "deployments[0].cluster");
+    }
+
+    #[test]
+    fn retry_on_is_a_list_of_error_statuses_for_the_retry_fallback() {
+        let doc = |retry_on: &str, fallback: &str| {
+            format!(
+                r#"{{"fallback":"{fallback}","deployments":[{{"name":"a","cluster":"c","model":"m","provider":"openai"}}],
+                   "groups":[{{"name":"g","deployments":[{{"deployment":"a"}}]{retry_on}}}]}}"#
+            )
+        };
+        let set = parse_document(doc("", "retry").as_bytes()).unwrap();
+        let g = set.global().unwrap().group("g").unwrap().clone();
+        assert_eq!(g.retry_on, RetryOn::RateLimitedAndServerErrors);
+        for (status, yes) in [
+            (429, true),
+            (500, true),
+            (599, true),
+            (400, false),
+            (404, false),
+        ] {
+            assert_eq!(g.retry_on.matches(status), yes, "{status}");
+        }
+        let set = parse_document(doc(r#","retry_on":[429,500]"#, "retry").as_bytes()).unwrap();
+        let g = set.global().unwrap().group("g").unwrap().clone();
+        assert!(g.retry_on.matches(500) && g.retry_on.matches(429));
+        assert!(!g.retry_on.matches(503) && !g.retry_on.matches(502));
+        for bad in [
+            r#","retry_on":[]"#,
+            r#","retry_on":[200]"#,
+            r#","retry_on":[600]"#,
+        ] {
+            assert_eq!(
+                error(&doc(bad, "retry")).field(),
+                "groups[0].retry_on",
+                "{bad}"
+            );
+        }
+        let err = error(&doc(r#","retry_on":[500]"#, "redirect"));
+        assert_eq!(err.field(), "groups[0].retry_on");
+        assert!(err.reason().contains("retry"), "{err}");
+        assert!(parse_document(doc(r#","retry_on":["500"]"#, "retry").as_bytes()).is_err());
+    }
+
+    #[test]
+    fn max_cooldown_defaults_to_a_minute_and_is_bounded() {
+        assert_eq!(example().max_cooldown_ms, DEFAULT_MAX_COOLDOWN_MS);
+        let set = parse_document(br#"{"max_cooldown_ms":0}"#).unwrap();
+        assert_eq!(set.global().unwrap().max_cooldown_ms, 0);
+        assert_eq!(
+            error(r#"{"max_cooldown_ms":86400001}"#).field(),
+            "max_cooldown_ms"
+        );
     }
 
     #[test]

@@ -40,6 +40,7 @@ pub mod ids;
 pub mod models;
 pub mod plan;
 pub mod redirect;
+pub mod signals;
 pub mod stream;
 
 #[cfg(target_arch = "wasm32")]

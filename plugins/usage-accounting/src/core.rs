@@ -140,6 +140,8 @@ pub enum Command {
         json: String,
         /// The configuration it was built with.
         config: Rc<UsageConfig>,
+        /// The provider of the deployment that answered (the router's), for the metrics.
+        provider: Option<String>,
     },
     /// Write a log line (never a prompt or a key).
     Log(Level, String),
@@ -548,6 +550,7 @@ impl Stage {
             record: Box::new(record),
             json,
             config,
+            provider: route.provider,
         });
     }
 

@@ -84,6 +84,8 @@ pub struct RouteInfo {
     pub attempts: Vec<Attempt>,
     /// The deployment's price, overriding the plugin's table.
     pub price: Option<Price>,
+    /// The deployment's provider (`openai`, `anthropic`, `openai-compatible`).
+    pub provider: Option<String>,
 }
 
 /// Filter state the model router publishes ([`llm_gateway_shared::route_info`]).
@@ -130,6 +132,7 @@ impl RouteInfo {
             deployment: non_empty(state.deployment),
             attempts,
             price,
+            provider: non_empty(state.provider),
         })
     }
 }

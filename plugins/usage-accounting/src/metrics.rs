@@ -2,24 +2,40 @@
 //! into the name and Envoy's `stats_tags` regexes ([`STATS_TAGS`]) turn them back into
 //! Prometheus labels.
 //!
-//! Names (Envoy adds the `wasmcustom.` prefix):
+//! Names (Envoy adds the `wasmcustom.` prefix, which `/stats/prometheus` drops with the
+//! `envoy_` one: `gen_ai.client.token.usage` is exported as `gen_ai_client_token_usage`):
 //!
-//! | name | kind | meaning |
-//! |---|---|---|
-//! | `gen_ai.client.token.usage.token_type.input\|output` | histogram | tokens per request (OpenTelemetry GenAI) |
-//! | `llm_gateway.usage.tokens.token_type.input\|output\|cached_input\|cache_write\|reasoning` | counter | tokens, summed |
-//! | `llm_gateway.usage.cost_nano` | counter | cost, nano-units of the configured currency |
-//! | `llm_gateway.usage.requests` | counter | records |
-//! | `llm_gateway.usage.estimated` | counter | records whose usage was counted by the gateway |
-//! | `gen_ai.client.operation.duration_ms` | histogram | request to end of response, ms (OTel's `gen_ai.client.operation.duration`, in ms as Envoy histograms hold integers) |
-//! | `gen_ai.server.time_to_first_token_ms` | histogram | request to first output, ms |
+//! | name | kind | labels | meaning |
+//! |---|---|---|---|
+//! | `gen_ai.client.token.usage` | histogram | GenAI | tokens per request, `gen_ai_token_type` `input` / `output` (OpenTelemetry GenAI) |
+//! | `gen_ai.client.operation.duration_milliseconds` | histogram | GenAI | request to end of response, ms |
+//! | `gen_ai.server.time_to_first_token_milliseconds` | histogram | GenAI | request to first output, ms |
+//! | `gen_ai.server.time_per_output_token_microseconds` | histogram | GenAI | after the first token, per further output token, µs |
+//! | `llm_gateway.usage.tokens` | counter | route, `token_type` | tokens, summed (`input`, `output`, `cached_input`, `cache_write`, `reasoning`) |
+//! | `llm_gateway.usage.cost_nano` | counter | route | cost, nano-units of the configured currency |
+//! | `llm_gateway.usage.requests` | counter | route | records |
+//! | `llm_gateway.usage.estimated` | counter | route | records whose usage was counted by the gateway |
+//! | `gen_ai.client.operation.duration_ms` | histogram | route | request to end of response, ms (the older form of the one above) |
+//! | `gen_ai.server.time_to_first_token_ms` | histogram | route | request to first output, ms (the older form) |
 //!
-//! each followed by `.tenant.<t>.model_group.<g>.deployment.<d>` and, only when
-//! `consumer_label` is on, `.consumer.<c>`. Label values keep `[A-Za-z0-9_-]` (anything else
-//! becomes `_`, at most 64 characters, `none` when absent), so a value never contains the
-//! `.` the regexes split on. Cardinality is bounded by the configured tenants, groups and
-//! deployments (set by trusted filters, never by the client), and per VM by
-//! [`MAX_LABEL_SETS`]: past it new combinations are counted under `_other`.
+//! *Route* labels follow the base name as `.tenant.<t>.model_group.<g>.deployment.<d>` and,
+//! only when `consumer_label` is on, `.consumer.<c>`. *GenAI* labels are the route labels
+//! followed by OpenTelemetry's attributes `.gen_ai_operation_name.<o>.gen_ai_provider_name.<p>
+//! .gen_ai_request_model.<r>.gen_ai_response_model.<m>` ([`Labels`]).
+//!
+//! Envoy histograms hold integers (a wasm module defines them without a unit, and Envoy
+//! exports the recorded numbers and the configured bucket bounds as they are): a duration in
+//! seconds would lose everything below a second. The GenAI durations are therefore recorded in
+//! milliseconds (µs per output token) and named with that unit, as an OpenTelemetry Prometheus
+//! exporter names an instrument whose unit is `ms` (`…_milliseconds`); divide by 1 000
+//! (1 000 000) for OpenTelemetry's seconds.
+//!
+//! Label values keep `[A-Za-z0-9_-]` (anything else becomes `_`, at most 64 characters, `none`
+//! when absent), so a value never contains the `.` the regexes split on; the response model,
+//! last in the name, also keeps `.` (`gpt-4.1-mini`). Cardinality is bounded by the configured
+//! tenants, groups and deployments (set by trusted filters, never by the client) and the
+//! models their providers answer with, and per VM by [`MAX_LABEL_SETS`]: past it new
+//! combinations are counted under `_other`.
 
 use crate::record::{Record, UsageSource};
 
@@ -28,7 +44,9 @@ pub const MAX_LABEL_SETS: usize = 512;
 
 /// The Envoy `stats_config.stats_tags` that turn the name parts into labels (tag name, regex),
 /// for the bootstrap. The first capture group is cut from the name, the second is the value.
-pub const STATS_TAGS: [(&str, &str); 5] = [
+/// The GenAI ones find the first marker after `wasmcustom.gen_ai.` (`.*?`): only the response
+/// model, last, may hold a `.`, so no value before it can look like a marker.
+pub const STATS_TAGS: [(&str, &str); 10] = [
     (
         "tenant",
         r"^wasmcustom\.[a-z_.]+?(\.tenant\.([^.]+))\.model_group\.",
@@ -49,6 +67,58 @@ pub const STATS_TAGS: [(&str, &str); 5] = [
         "token_type",
         r"^wasmcustom\.[a-z_.]+?(\.token_type\.([a-z_]+))\.tenant\.",
     ),
+    (
+        "gen_ai_token_type",
+        r"^wasmcustom\.gen_ai\.client\.token\.usage(\.gen_ai_token_type\.([a-z_]+))\.tenant\.",
+    ),
+    (
+        "gen_ai_operation_name",
+        r"^wasmcustom\.gen_ai\..*?(\.gen_ai_operation_name\.([^.]+))\.gen_ai_provider_name\.",
+    ),
+    (
+        "gen_ai_provider_name",
+        r"^wasmcustom\.gen_ai\..*?(\.gen_ai_provider_name\.([^.]+))\.gen_ai_request_model\.",
+    ),
+    (
+        "gen_ai_request_model",
+        r"^wasmcustom\.gen_ai\..*?(\.gen_ai_request_model\.([^.]+))\.gen_ai_response_model\.",
+    ),
+    (
+        "gen_ai_response_model",
+        r"^wasmcustom\.gen_ai\..*?\.gen_ai_request_model\.[^.]+(\.gen_ai_response_model\.(.+))$",
+    ),
+];
+
+/// The bootstrap's `stats_config.histogram_bucket_settings` for the GenAI histograms (name
+/// prefix before tag extraction, bucket bounds): OpenTelemetry GenAI's advised bounds, its
+/// seconds converted to each series' unit (ms, µs).
+pub const HISTOGRAM_BUCKETS: [(&str, &[u64]); 4] = [
+    (
+        "wasmcustom.gen_ai.client.token.usage.gen_ai_token_type.",
+        &[
+            1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216,
+            67108864,
+        ],
+    ),
+    (
+        "wasmcustom.gen_ai.client.operation.duration_milliseconds.",
+        &[
+            10, 20, 40, 80, 160, 320, 640, 1280, 2560, 5120, 10240, 20480, 40960, 81920,
+        ],
+    ),
+    (
+        "wasmcustom.gen_ai.server.time_to_first_token_milliseconds.",
+        &[
+            1, 5, 10, 20, 40, 60, 80, 100, 250, 500, 750, 1000, 2500, 5000, 7500, 10000,
+        ],
+    ),
+    (
+        "wasmcustom.gen_ai.server.time_per_output_token_microseconds.",
+        &[
+            10000, 25000, 50000, 75000, 100000, 150000, 200000, 300000, 400000, 500000, 750000,
+            1000000, 2500000,
+        ],
+    ),
 ];
 
 /// Kind of a host metric.
@@ -58,6 +128,15 @@ pub enum Kind {
     Counter,
     /// Histogram.
     Histogram,
+}
+
+/// Which labels a series carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Scope {
+    /// Tenant, model group, deployment (and consumer).
+    Route,
+    /// The route labels and OpenTelemetry's GenAI attributes.
+    GenAi,
 }
 
 /// One value to record.
@@ -73,19 +152,24 @@ pub struct Sample {
 
 /// A label value safe inside a stat name.
 pub fn label_value(value: Option<&str>) -> String {
+    sanitized(value, |c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+}
+
+/// A label value that may keep `.` (only the last label of a name: the response model).
+fn dotted_label_value(value: Option<&str>) -> String {
+    sanitized(value, |c| {
+        c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.'
+    })
+}
+
+fn sanitized(value: Option<&str>, keep: impl Fn(char) -> bool) -> String {
     let Some(value) = value.filter(|v| !v.is_empty()) else {
         return "none".into();
     };
     value
         .chars()
         .take(64)
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
-                c
-            } else {
-                '_'
-            }
-        })
+        .map(|c| if keep(c) { c } else { '_' })
         .collect()
 }
 
@@ -104,36 +188,152 @@ pub fn label_suffix(record: &Record, consumer_label: bool) -> String {
     suffix
 }
 
+/// OpenTelemetry's `gen_ai.operation.name` for an API: `chat` for the chat-like ones
+/// (`chat.completions`, `messages`, `responses`), `embeddings`.
+pub fn operation_name(api: &str) -> String {
+    match api {
+        "chat.completions" | "messages" | "responses" => "chat".into(),
+        "embeddings" => "embeddings".into(),
+        other => label_value(Some(other)),
+    }
+}
+
+/// OpenTelemetry's `gen_ai.provider.name`: the router's provider of the deployment that
+/// answered (`openai`, `anthropic`, `openai-compatible`), else the owner of the API the
+/// client called (`messages`: `anthropic`; the others: `openai`).
+pub fn provider_name(provider: Option<&str>, api: &str) -> String {
+    match provider.filter(|p| !p.is_empty()) {
+        Some(provider) => label_value(Some(provider)),
+        None if api == "messages" => "anthropic".into(),
+        None => "openai".into(),
+    }
+}
+
+/// The labels of a record's series.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Labels {
+    /// [`label_suffix`].
+    pub route: String,
+    /// What the GenAI series add after the route labels.
+    pub gen_ai: String,
+}
+
+impl Labels {
+    /// The labels of `record`, answered by a deployment of `provider` (the router's).
+    pub fn of(record: &Record, provider: Option<&str>, consumer_label: bool) -> Labels {
+        Labels {
+            route: label_suffix(record, consumer_label),
+            gen_ai: format!(
+                ".gen_ai_operation_name.{}.gen_ai_provider_name.{}.gen_ai_request_model.{}.gen_ai_response_model.{}",
+                operation_name(&record.api),
+                provider_name(provider, &record.api),
+                // the model the client asked for: the router validated it as a group name
+                label_value(record.model_group.as_deref()),
+                dotted_label_value(record.model.as_deref()),
+            ),
+        }
+    }
+
+    /// Where label sets past [`MAX_LABEL_SETS`] are counted.
+    pub fn other(consumer_label: bool) -> Labels {
+        let mut route = ".tenant._other.model_group._other.deployment._other".to_string();
+        if consumer_label {
+            route.push_str(".consumer._other");
+        }
+        Labels {
+            route,
+            gen_ai: ".gen_ai_operation_name._other.gen_ai_provider_name._other.gen_ai_request_model._other.gen_ai_response_model._other".into(),
+        }
+    }
+
+    /// The full name of series `base` of `scope`.
+    pub fn name(&self, base: &str, scope: Scope) -> String {
+        match scope {
+            Scope::Route => format!("{base}{}", self.route),
+            Scope::GenAi => format!("{base}{}{}", self.route, self.gen_ai),
+        }
+    }
+}
+
 /// Every series a label set has, by base name (the labels follow the base name).
-pub const SERIES: [(&str, Kind); 12] = [
+pub const SERIES: [(&str, Kind, Scope); 15] = [
     (
-        "gen_ai.client.token.usage.token_type.input",
+        "gen_ai.client.token.usage.gen_ai_token_type.input",
         Kind::Histogram,
+        Scope::GenAi,
     ),
     (
-        "gen_ai.client.token.usage.token_type.output",
+        "gen_ai.client.token.usage.gen_ai_token_type.output",
         Kind::Histogram,
+        Scope::GenAi,
     ),
-    ("llm_gateway.usage.tokens.token_type.input", Kind::Counter),
-    ("llm_gateway.usage.tokens.token_type.output", Kind::Counter),
+    (
+        "llm_gateway.usage.tokens.token_type.input",
+        Kind::Counter,
+        Scope::Route,
+    ),
+    (
+        "llm_gateway.usage.tokens.token_type.output",
+        Kind::Counter,
+        Scope::Route,
+    ),
     (
         "llm_gateway.usage.tokens.token_type.cached_input",
         Kind::Counter,
+        Scope::Route,
     ),
     (
         "llm_gateway.usage.tokens.token_type.cache_write",
         Kind::Counter,
+        Scope::Route,
     ),
     (
         "llm_gateway.usage.tokens.token_type.reasoning",
         Kind::Counter,
+        Scope::Route,
     ),
-    ("llm_gateway.usage.cost_nano", Kind::Counter),
-    ("llm_gateway.usage.requests", Kind::Counter),
-    ("llm_gateway.usage.estimated", Kind::Counter),
-    ("gen_ai.client.operation.duration_ms", Kind::Histogram),
-    ("gen_ai.server.time_to_first_token_ms", Kind::Histogram),
+    ("llm_gateway.usage.cost_nano", Kind::Counter, Scope::Route),
+    ("llm_gateway.usage.requests", Kind::Counter, Scope::Route),
+    ("llm_gateway.usage.estimated", Kind::Counter, Scope::Route),
+    (
+        "gen_ai.client.operation.duration_ms",
+        Kind::Histogram,
+        Scope::Route,
+    ),
+    (
+        "gen_ai.server.time_to_first_token_ms",
+        Kind::Histogram,
+        Scope::Route,
+    ),
+    (
+        "gen_ai.client.operation.duration_milliseconds",
+        Kind::Histogram,
+        Scope::GenAi,
+    ),
+    (
+        "gen_ai.server.time_to_first_token_milliseconds",
+        Kind::Histogram,
+        Scope::GenAi,
+    ),
+    (
+        "gen_ai.server.time_per_output_token_microseconds",
+        Kind::Histogram,
+        Scope::GenAi,
+    ),
 ];
+
+/// OpenTelemetry's `gen_ai.server.time_per_output_token` in µs: the time after the first
+/// token, per output token after the first, for a successful response with a first token and
+/// at least two output tokens.
+pub fn time_per_output_token_us(record: &Record) -> Option<u64> {
+    let ttft = record.ttft_ms?;
+    let after_first = record.usage.completion_tokens.checked_sub(1)?;
+    if after_first == 0 || !(200..300).contains(&record.status) {
+        return None;
+    }
+    let rest_us = record.duration_ms.checked_sub(ttft)?.saturating_mul(1_000);
+    Some(rest_us / after_first)
+}
 
 /// What a record adds to each of [`SERIES`]: `None` where there is nothing to record (a
 /// counter at 0 — Envoy refuses those —, no cost, no first token).
@@ -153,18 +353,20 @@ pub fn values(record: &Record) -> [Option<u64>; SERIES.len()] {
         (record.usage_source == UsageSource::Estimated).then_some(1),
         Some(record.duration_ms),
         record.ttft_ms,
+        Some(record.duration_ms),
+        record.ttft_ms,
+        time_per_output_token_us(record),
     ]
 }
 
-/// Every sample of a record, with full names. `labels` is [`label_suffix`] (or `_other`
-/// labels past the series bound).
-pub fn samples(record: &Record, labels: &str) -> Vec<Sample> {
+/// Every sample of a record, with full names.
+pub fn samples(record: &Record, labels: &Labels) -> Vec<Sample> {
     SERIES
         .iter()
         .zip(values(record))
-        .filter_map(|((base, kind), value)| {
+        .filter_map(|((base, kind, scope), value)| {
             value.map(|value| Sample {
-                name: format!("{base}{labels}"),
+                name: labels.name(base, *scope),
                 kind: *kind,
                 value,
             })
@@ -254,27 +456,60 @@ mod tests {
         let mut r = record();
         r.usage.reasoning_tokens = 1;
         r.usage_source = UsageSource::Estimated;
+        r.ttft_ms = Some(3);
+        r.usage.completion_tokens = 5;
+        r.usage.cached_prompt_tokens = 1;
+        r.usage.cache_write_tokens = 1;
         for consumer in [false, true] {
             // values chosen to look like the markers
             r.tenant = Some("tenant".into());
             r.model_group = Some("model_group".into());
             r.deployment = Some("token_type".into());
-            let labels = label_suffix(&r, consumer);
-            for sample in samples(&r, &labels) {
+            r.model = Some("gpt-4.1.gen_ai_operation_name.x".into());
+            let labels = Labels::of(&r, Some("gen_ai_provider_name"), consumer);
+            let all = samples(&r, &labels);
+            assert_eq!(all.len(), SERIES.len(), "every series has a value here");
+            for sample in all {
                 let (name, tags) = extract(&format!("wasmcustom.{}", sample.name));
-                assert!(
-                    !name.contains(".tenant.") && !name.contains(".token_type."),
-                    "{} -> {name}",
-                    sample.name
-                );
+                let base = SERIES
+                    .iter()
+                    .find(|(b, ..)| sample.name.starts_with(b))
+                    .map(|(b, ..)| *b)
+                    .unwrap();
+                let bare = base
+                    .split_once(".token_type.")
+                    .or_else(|| base.split_once(".gen_ai_token_type."))
+                    .map_or(base, |(b, _)| b);
+                assert_eq!(name, format!("wasmcustom.{bare}"), "{}", sample.name);
                 let get = |t: &str| tags.iter().find(|(n, _)| n == t).map(|(_, v)| v.as_str());
                 assert_eq!(get("tenant"), Some("tenant"), "{}", sample.name);
                 assert_eq!(get("model_group"), Some("model_group"));
                 assert_eq!(get("deployment"), Some("token_type"));
                 assert_eq!(get("consumer"), consumer.then_some("team_a"));
-                if sample.name.starts_with("gen_ai.client.token.")
-                    || sample.name.starts_with("llm_gateway.usage.tokens.")
-                {
+                let gen_ai = sample.name.starts_with("gen_ai.")
+                    && !sample
+                        .name
+                        .starts_with("gen_ai.client.operation.duration_ms")
+                    && !sample
+                        .name
+                        .starts_with("gen_ai.server.time_to_first_token_ms");
+                if gen_ai {
+                    assert_eq!(get("gen_ai_operation_name"), Some("chat"));
+                    assert_eq!(get("gen_ai_provider_name"), Some("gen_ai_provider_name"));
+                    assert_eq!(get("gen_ai_request_model"), Some("model_group"));
+                    assert_eq!(
+                        get("gen_ai_response_model"),
+                        Some("gpt-4.1.gen_ai_operation_name.x")
+                    );
+                    assert_eq!(get("token_type"), None, "{}", sample.name);
+                } else {
+                    assert_eq!(get("gen_ai_operation_name"), None, "{}", sample.name);
+                    assert_eq!(get("gen_ai_response_model"), None, "{}", sample.name);
+                }
+                if sample.name.starts_with("gen_ai.client.token.") {
+                    assert!(get("gen_ai_token_type").is_some(), "{}", sample.name);
+                }
+                if sample.name.starts_with("llm_gateway.usage.tokens.") {
                     assert!(get("token_type").is_some(), "{}", sample.name);
                 }
             }
@@ -284,27 +519,167 @@ mod tests {
             label_suffix(&record(), true)
         ));
         assert_eq!(name, "wasmcustom.llm_gateway.usage.tokens");
+        // the `_other` labels extract too
+        let other = Labels::other(true);
+        let (name, tags) = extract(&format!(
+            "wasmcustom.{}",
+            other.name(
+                "gen_ai.client.token.usage.gen_ai_token_type.input",
+                Scope::GenAi
+            )
+        ));
+        assert_eq!(name, "wasmcustom.gen_ai.client.token.usage");
+        assert_eq!(tags.len(), 9, "{tags:?}");
+        assert!(tags
+            .iter()
+            .all(|(t, v)| v == "_other" || t == "gen_ai_token_type"));
     }
 
     #[test]
-    fn the_e2e_bootstrap_uses_these_regexes() {
-        let yaml = include_str!("../../../envoy-config/e2e-usage.yaml");
-        for (tag, regex) in STATS_TAGS {
-            assert!(yaml.contains(&format!("tag_name: {tag}")), "{tag}");
-            assert!(
-                yaml.contains(&format!("regex: '{regex}'")),
-                "{tag}: {regex}"
-            );
+    fn every_shipped_bootstrap_has_the_genai_tags_and_buckets() {
+        for (file, yaml) in [
+            (
+                "e2e-usage",
+                include_str!("../../../envoy-config/e2e-usage.yaml"),
+            ),
+            (
+                "gateway",
+                include_str!("../../../envoy-config/gateway.yaml"),
+            ),
+            (
+                "gateway-1.36",
+                include_str!("../../../envoy-config/gateway-1.36.yaml"),
+            ),
+            (
+                "gateway-fused",
+                include_str!("../../../envoy-config/gateway-fused.yaml"),
+            ),
+            (
+                "gateway-fleet",
+                include_str!("../../../envoy-config/gateway-fleet.yaml"),
+            ),
+            (
+                "gateway-bundle",
+                include_str!("../../../envoy-config/gateway-bundle.yaml"),
+            ),
+        ] {
+            // The e2e bootstrap has exactly these rules; a gateway's may widen the route ones
+            // for other plugins' names (and must keep them matching ours), never the GenAI ones.
+            for (tag, regex) in STATS_TAGS
+                .into_iter()
+                .filter(|(tag, _)| file == "e2e-usage" || tag.starts_with("gen_ai_"))
+            {
+                assert!(
+                    yaml.contains(&format!("- tag_name: {tag}\n    regex: '{regex}'\n")),
+                    "{file}: {tag}: {regex}"
+                );
+            }
+            for (prefix, bounds) in HISTOGRAM_BUCKETS {
+                let bounds: Vec<String> = bounds.iter().map(u64::to_string).collect();
+                let entry = format!(
+                    "  - match: {{ prefix: {prefix} }}\n    buckets: [{}]\n",
+                    bounds.join(", ")
+                );
+                assert!(yaml.contains(&entry), "{file}: {entry}");
+            }
+            // every prefix names GenAI series
+            for (prefix, _) in HISTOGRAM_BUCKETS {
+                let base = prefix.trim_start_matches("wasmcustom.");
+                assert!(
+                    SERIES.iter().any(|(b, kind, scope)| {
+                        b.starts_with(base.trim_end_matches('.'))
+                            && *kind == Kind::Histogram
+                            && *scope == Scope::GenAi
+                    }),
+                    "{prefix}"
+                );
+            }
         }
+    }
+
+    #[test]
+    fn genai_labels_name_the_operation_provider_and_models() {
+        let mut r = record();
+        r.model = Some("gpt-4o-mini-2024-07-18".into());
+        let labels = Labels::of(&r, Some("openai"), false);
+        assert_eq!(
+            labels.gen_ai,
+            ".gen_ai_operation_name.chat.gen_ai_provider_name.openai.gen_ai_request_model.fast.gen_ai_response_model.gpt-4o-mini-2024-07-18"
+        );
+        for (api, operation) in [
+            ("chat.completions", "chat"),
+            ("messages", "chat"),
+            ("responses", "chat"),
+            ("embeddings", "embeddings"),
+            ("x.y", "x_y"),
+        ] {
+            assert_eq!(operation_name(api), operation);
+        }
+        // without the router: the API's owner
+        assert_eq!(provider_name(None, "messages"), "anthropic");
+        assert_eq!(provider_name(Some(""), "chat.completions"), "openai");
+        assert_eq!(
+            provider_name(Some("openai-compatible"), "messages"),
+            "openai-compatible"
+        );
+        // a hostile response model stays one bounded label value
+        r.model = Some(format!("a b/c{}", "x".repeat(100)));
+        let labels = Labels::of(&r, None, false);
+        let value = labels
+            .gen_ai
+            .rsplit(".gen_ai_response_model.")
+            .next()
+            .unwrap();
+        assert_eq!(value.len(), 64);
+        assert!(value.starts_with("a_b_c"), "{value}");
+        r.model = None;
+        assert!(Labels::of(&r, None, false)
+            .gen_ai
+            .ends_with(".gen_ai_response_model.none"));
+    }
+
+    #[test]
+    fn time_per_output_token_counts_after_the_first_token() {
+        let mut r = record();
+        r.ttft_ms = Some(100);
+        r.duration_ms = 1_100;
+        r.usage.completion_tokens = 11;
+        assert_eq!(time_per_output_token_us(&r), Some(100_000));
+        r.usage.completion_tokens = 1;
+        assert_eq!(
+            time_per_output_token_us(&r),
+            None,
+            "no token after the first"
+        );
+        r.usage.completion_tokens = 11;
+        r.ttft_ms = None;
+        assert_eq!(time_per_output_token_us(&r), None, "no first token");
+        r.ttft_ms = Some(2_000);
+        assert_eq!(
+            time_per_output_token_us(&r),
+            None,
+            "a first token after the end"
+        );
+        r.ttft_ms = Some(100);
+        r.status = 500;
+        assert_eq!(time_per_output_token_us(&r), None, "not a success");
     }
 
     #[test]
     fn samples_skip_zero_counters() {
         let r = record();
-        let names: Vec<String> = samples(&r, ".x").into_iter().map(|s| s.name).collect();
+        let labels = Labels {
+            route: ".x".into(),
+            gen_ai: ".y".into(),
+        };
+        let names: Vec<String> = samples(&r, &labels).into_iter().map(|s| s.name).collect();
         assert!(names.contains(&"llm_gateway.usage.tokens.token_type.input.x".to_string()));
         assert!(!names.iter().any(|n| n.contains("reasoning")));
         assert!(!names.iter().any(|n| n.contains("estimated")));
         assert!(names.contains(&"gen_ai.server.time_to_first_token_ms.x".to_string()));
+        assert!(
+            names.contains(&"gen_ai.client.token.usage.gen_ai_token_type.output.x.y".to_string())
+        );
+        assert!(names.contains(&"gen_ai.server.time_per_output_token_microseconds.x.y".to_string()));
     }
 }

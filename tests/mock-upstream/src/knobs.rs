@@ -13,6 +13,7 @@ pub(crate) const CUT_AFTER: &str = "x-mock-cut-after";
 pub(crate) const END_AFTER: &str = "x-mock-end-after";
 pub(crate) const ERROR_CODE: &str = "x-mock-error-code";
 pub(crate) const STATUS_MODEL: &str = "x-mock-status-model";
+pub(crate) const RETRY_AFTER: &str = "x-mock-retry-after";
 pub(crate) const NO_USAGE: &str = "x-mock-no-usage";
 pub(crate) const USAGE_IN_FINAL_CHUNK: &str = "x-mock-usage-in-final-chunk";
 pub(crate) const PROMPT_TOKENS: &str = "x-mock-prompt-tokens";
@@ -52,6 +53,7 @@ pub(crate) struct Knobs {
     pub(crate) end_after: Option<u64>,
     pub(crate) error_code: Option<String>,
     pub(crate) status_model: Option<String>,
+    pub(crate) retry_after: Option<String>,
     pub(crate) no_usage: bool,
     pub(crate) usage_in_final_chunk: bool,
     pub(crate) prompt_tokens: Option<u64>,
@@ -109,6 +111,9 @@ impl Knobs {
                 .map(str::to_owned),
             status_model: text(headers, STATUS_MODEL, "a visible ASCII model name")?
                 .filter(|model| !model.is_empty())
+                .map(str::to_owned),
+            retry_after: text(headers, RETRY_AFTER, "a visible ASCII retry-after value")?
+                .filter(|value| !value.is_empty())
                 .map(str::to_owned),
             no_usage: flag(headers, NO_USAGE)?,
             usage_in_final_chunk: flag(headers, USAGE_IN_FINAL_CHUNK)?,

@@ -62,8 +62,10 @@
 //! the header name).
 //!
 //! * `x-mock-status: NNN` (200..=599) — answer that status with the body
-//!   `{"error":{"message":"mock status NNN","type":"mock_error","code":"mock_NNN"}}`; a 429 also
-//!   carries `retry-after: 1`. Applied after `x-mock-delay-ms`, before the body is validated.
+//!   `{"error":{"message":"mock status NNN","type":"mock_error","code":"mock_NNN"}}`. Applied
+//!   after `x-mock-delay-ms`, before the body is validated.
+//! * `x-mock-retry-after: VALUE` — with `x-mock-status`: the error carries `retry-after: VALUE`
+//!   (none without this knob: a provider's signal cools its deployment down in the router).
 //! * `x-mock-error-code: CODE` — with `x-mock-status`: `CODE` instead of `mock_NNN` in
 //!   `error.code` (e.g. `context_length_exceeded`).
 //! * `x-mock-status-model: MODEL` — with `x-mock-status`: the status only for a request whose

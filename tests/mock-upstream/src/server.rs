@@ -302,9 +302,12 @@ async fn handle_inner(
                 .unwrap_or_else(|| format!("mock_{code}")),
             param: None,
         });
-        if status == StatusCode::TOO_MANY_REQUESTS {
-            resp.headers_mut()
-                .insert(RETRY_AFTER, HeaderValue::from_static("1"));
+        if let Some(value) = knobs
+            .retry_after
+            .as_deref()
+            .and_then(|v| HeaderValue::from_str(v).ok())
+        {
+            resp.headers_mut().insert(RETRY_AFTER, value);
         }
         return resp;
     }

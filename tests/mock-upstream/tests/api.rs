@@ -678,27 +678,27 @@ async fn status_knob() {
     )
     .await;
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(
-        headers.get("retry-after").and_then(|v| v.to_str().ok()),
-        Some("1")
-    );
+    assert!(headers.get("retry-after").is_none(), "only on request");
     assert_eq!(content_type(&headers), "application/json");
     assert_eq!(
         json_of(&body),
         json!({"error": {"message": "mock status 429", "type": "mock_error", "code": "mock_429"}})
     );
 
-    // Any route, before body validation, no retry-after on other statuses.
+    // Any route, before body validation; x-mock-retry-after names the provider's signal
     let (status, headers, body) = call(
         &mock,
         "POST",
         "/v1/messages",
-        &[("x-mock-status", "503")],
+        &[("x-mock-status", "503"), ("x-mock-retry-after", "2")],
         "not json",
     )
     .await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
-    assert!(headers.get("retry-after").is_none());
+    assert_eq!(
+        headers.get("retry-after").and_then(|v| v.to_str().ok()),
+        Some("2")
+    );
     assert_eq!(json_of(&body)["error"]["code"], "mock_503");
 }
 

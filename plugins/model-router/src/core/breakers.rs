@@ -2,6 +2,11 @@
 //! `llm_router:breaker:<name>`, updated with compare-and-swap so every worker of an instance
 //! agrees. The decisions are [`crate::breaker`]'s; this is the accounting around them (CAS
 //! rounds, fail-open, who claims the probe), over a [`Store`].
+//!
+//! Next to each breaker, a provider's cooldown (`llm_router:cooldown:<name>`: the Unix ms until
+//! which the deployment asked to be left alone, [`crate::signals`]): admission skips a cooling
+//! deployment as it skips an open breaker. A cooldown only ever grows (the later deadline of
+//! the stored one and a new one wins), capped by `max_cooldown_ms`.
 
 use super::{Core, Level};
 use crate::breaker::{State, Transition, Verdict};
@@ -34,6 +39,29 @@ pub fn key(deployment: &str) -> String {
     format!("llm_router:breaker:{deployment}")
 }
 
+/// The shared-data key of a deployment's provider cooldown.
+pub fn cooldown_key(deployment: &str) -> String {
+    format!("llm_router:cooldown:{deployment}")
+}
+
+/// A stored cooldown deadline (Unix ms); junk reads as none.
+fn decode_cooldown(bytes: &[u8]) -> u64 {
+    std::str::from_utf8(bytes)
+        .ok()
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(0)
+}
+
+/// The deployment's provider cooldown: `Skip(remaining ms)` while it lasts. No shared data:
+/// none (fail open).
+fn cooling(deployment: &str, now_ms: u64, store: &dyn Store) -> Option<Admission> {
+    let Ok((Some(value), _)) = store.get(&cooldown_key(deployment)) else {
+        return None;
+    };
+    let until = decode_cooldown(&value);
+    (until > now_ms).then(|| Admission::Skip(until - now_ms))
+}
+
 /// Creates every deployment's breaker entry that does not exist yet. proxy-wasm has no
 /// create-if-absent: a first write is unconditional (CAS 0), so doing it at configuration,
 /// before traffic, leaves every later update a real compare-and-swap.
@@ -44,6 +72,10 @@ pub fn seed(rules: &RuleSet<RouterConfig>, store: &dyn Store) {
             if let Ok((None, _)) = store.get(&key) {
                 // a failed seed leaves the first update unconditional: still correct
                 let _ = store.set(&key, &State::default().encode(), 0);
+            }
+            let key = cooldown_key(&deployment.name);
+            if let Ok((None, _)) = store.get(&key) {
+                let _ = store.set(&key, b"0", 0);
             }
         }
     }
@@ -60,6 +92,9 @@ impl Core {
         now_ms: u64,
         store: &dyn Store,
     ) -> Admission {
+        if let Some(skip) = cooling(&deployment.name, now_ms, store) {
+            return skip;
+        }
         let key = key(&deployment.name);
         for _ in 0..CAS_ROUNDS {
             let Ok((value, cas)) = store.get(&key) else {
@@ -137,6 +172,48 @@ impl Core {
     }
 }
 
+impl Core {
+    /// Cools `deployment` down for `ms` from `now_ms` (capped at `max_cooldown_ms`):
+    /// stores the later of its current deadline and the new one. Returns the deadline stored
+    /// (`None`: nothing changed, or no shared data).
+    pub(crate) fn cool_down(
+        &mut self,
+        max_cooldown_ms: u64,
+        deployment: &str,
+        ms: u64,
+        now_ms: u64,
+        store: &dyn Store,
+    ) -> Option<u64> {
+        let ms = ms.min(max_cooldown_ms);
+        if ms == 0 {
+            return None;
+        }
+        let until = now_ms.saturating_add(ms);
+        let key = cooldown_key(deployment);
+        for _ in 0..CAS_ROUNDS {
+            let Ok((value, cas)) = store.get(&key) else {
+                return None;
+            };
+            if value.as_deref().map(decode_cooldown).unwrap_or(0) >= until {
+                return None;
+            }
+            match store.set(&key, until.to_string().as_bytes(), cas) {
+                Ok(()) => {
+                    self.log(
+                        Level::Info,
+                        format!("deployment {deployment} cooling down for {ms} ms as its provider asked"),
+                    );
+                    self.count(format!("cooldown.{deployment}"));
+                    return Some(until);
+                }
+                Err(StoreError::CasMismatch) => continue,
+                Err(StoreError::Unavailable) => return None,
+            }
+        }
+        None
+    }
+}
+
 /// Asks the deployment's breaker without claiming a probe (for a budget fallback's plan,
 /// which the request will most likely not take): a breaker due for a probe skips it.
 pub fn admit_without_probe(
@@ -145,6 +222,9 @@ pub fn admit_without_probe(
     now_ms: u64,
     store: &dyn Store,
 ) -> Admission {
+    if let Some(skip) = cooling(&deployment.name, now_ms, store) {
+        return skip;
+    }
     let Ok((value, _)) = store.get(&key(&deployment.name)) else {
         return Admission::Admit; // no shared data: fail open
     };

@@ -24,6 +24,7 @@ use crate::config::{Deployment, Provider, RouterConfig};
 use crate::models::{self, Listing};
 use crate::plan::{plan, route_info, Admission, Plan, Request as PlanRequest};
 use crate::redirect::{Continuation, Fallback};
+use crate::signals::is_cooldown_status;
 use crate::stream::{interrupted_event, StreamWatcher};
 use llm_gateway_shared::headers;
 use llm_gateway_shared::reject::{ErrorType, Reject};
@@ -685,6 +686,15 @@ impl Core {
             pass.status = status;
             if attempts > 1 {
                 self.count("fallbacks.answered");
+            }
+            // the pass's own deployment answered: its reset signals cool it down (a pass the
+            // redirect superseded never reaches this filter)
+            if let (Some(deployment), true) = (
+                served,
+                status.is_some_and(is_cooldown_status) && answered_by_router(view),
+            ) {
+                let name = deployment.name.clone();
+                self.cool_down_on_signal(&name, config.max_cooldown_ms, view, store);
             }
             return Some(status);
         }

@@ -365,7 +365,7 @@ impl Core {
     ) -> Flow {
         match self.role {
             Role::Downstream => self.handle_downstream(context, input, view, store),
-            Role::Upstream => self.handle_upstream(context, input, view),
+            Role::Upstream => self.handle_upstream(context, input, view, store),
         }
     }
 

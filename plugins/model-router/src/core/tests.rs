@@ -1244,8 +1244,8 @@ fn a_reentering_pass_continues_the_plan_and_its_breaker_learns_at_on_log() {
     );
     assert_eq!(
         rig.store.writes.get(),
-        4,
-        "only the seeds so far: on_log decides"
+        8,
+        "only the seeds (breakers and cooldowns) so far: on_log decides"
     );
     view.set_prop("response.code_details", b"via_upstream");
     rig.run(&view, 1, Input::Log);
@@ -1583,6 +1583,252 @@ fn a_context_length_400_is_marked_for_a_retry_when_a_deployment_is_left() {
         );
         assert_eq!(counted(&commands, "context_length_fallbacks"), marked);
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// Provider signals: cooldowns and per-group retry statuses
+
+/// DOC with a group `strict` (a, b) that moves on only on 429 and 500.
+fn signals_doc() -> String {
+    DOC.replace(
+        r#"{"name": "solo", "#,
+        r#"{"name": "strict", "deployments": [{"deployment": "a"}, {"deployment": "b"}], "retry_on": [429, 500]},
+        {"name": "solo", "#,
+    )
+}
+
+/// The stored cooldown deadline (0: none).
+fn cooldown_until(store: &FakeStore, deployment: &str) -> u64 {
+    store
+        .data
+        .borrow()
+        .get(&super::breakers::cooldown_key(deployment))
+        .and_then(|(v, _)| String::from_utf8(v.clone()).ok())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// An upstream core whose listener has `doc`.
+fn upstream_with(doc: &str) -> Rig {
+    let rig = Rig::new(UPSTREAM);
+    *rig.listener.borrow_mut() = Some(Rc::new(parse_document(doc.as_bytes()).unwrap()));
+    rig
+}
+
+/// Attempt `number` of `plan` in `group` answers `status` with `headers` at `ms`; the
+/// commands of the response callback.
+fn attempt_answers(
+    rig: &mut Rig,
+    group: &str,
+    (number, plan): (&str, &str),
+    status: &str,
+    headers: &[(&str, &str)],
+    ms: u64,
+) -> (FakeView, Vec<Command>) {
+    let view = attempt(number, plan);
+    view.set_ms(ms);
+    let parsed = parse_document(DOC.as_bytes()).unwrap();
+    let config = parsed.global().unwrap();
+    let info = crate::plan::route_info(
+        config,
+        group,
+        &[0, 1],
+        &config.deployments[0],
+        "r",
+        1,
+        vec![],
+    );
+    view.set_prop("llm_route", &info.to_json());
+    rig.run(
+        &view,
+        1,
+        Input::RequestHeaders {
+            end_of_stream: true,
+        },
+    );
+    view.respond(status, headers);
+    let (_, commands) = rig.run(
+        &view,
+        1,
+        Input::ResponseHeaders {
+            end_of_stream: false,
+        },
+    );
+    (view, commands)
+}
+
+#[test]
+fn a_429_with_retry_after_cools_its_deployment_down_and_moves_on() {
+    let mut rig = upstream();
+    let (view, commands) = attempt_answers(
+        &mut rig,
+        "fast",
+        ("1", "a,b"),
+        "429",
+        &[("retry-after", "2")],
+        10_000,
+    );
+    assert_eq!(cooldown_until(&rig.store, "a"), 12_000);
+    assert!(counted(&commands, "cooldown.a"));
+    assert!(logged(
+        &commands,
+        Level::Info,
+        "deployment a cooling down for 2000 ms"
+    ));
+    assert_eq!(
+        view.response_header_text("x-llm-fallback").as_deref(),
+        Some("status_429")
+    );
+    assert!(counted(&commands, "status_fallbacks.429"));
+    // the b it moved to is untouched
+    assert_eq!(cooldown_until(&rig.store, "b"), 0);
+}
+
+#[test]
+fn cooldowns_only_grow_are_capped_and_ignore_junk_and_other_statuses() {
+    let mut rig = upstream();
+    // OpenAI's reset header, as a 503
+    attempt_answers(
+        &mut rig,
+        "fast",
+        ("1", "a,b"),
+        "503",
+        &[("x-ratelimit-reset-requests", "5s")],
+        0,
+    );
+    assert_eq!(cooldown_until(&rig.store, "a"), 5_000);
+    // a shorter signal later does not shorten it
+    let (_, commands) = attempt_answers(
+        &mut rig,
+        "fast",
+        ("1", "a,b"),
+        "429",
+        &[("retry-after", "1")],
+        1_000,
+    );
+    assert_eq!(cooldown_until(&rig.store, "a"), 5_000);
+    assert!(!counted(&commands, "cooldown.a"));
+    // an hour is capped at max_cooldown_ms (60 s by default)
+    attempt_answers(
+        &mut rig,
+        "fast",
+        ("1", "a,b"),
+        "429",
+        &[("retry-after", "3600")],
+        2_000,
+    );
+    assert_eq!(cooldown_until(&rig.store, "a"), 62_000);
+    // junk, no signal, and a signal on a status that is not 429/503: nothing
+    for (status, headers) in [
+        ("429", vec![("retry-after", "soon")]),
+        ("429", vec![]),
+        ("500", vec![("retry-after", "30")]),
+        ("200", vec![("x-ratelimit-reset-tokens", "9s")]),
+    ] {
+        let (_, commands) = attempt_answers(&mut rig, "fast", ("1", "a,b"), status, &headers, 0);
+        assert!(!counted(&commands, "cooldown.b"), "{status} {headers:?}");
+        let mut rig = upstream();
+        attempt_answers(&mut rig, "fast", ("1", "a,b"), status, &headers, 0);
+        assert_eq!(cooldown_until(&rig.store, "a"), 0, "{status} {headers:?}");
+    }
+    // max_cooldown_ms 0: provider signals ignored
+    let mut rig = upstream_with(&DOC.replace(
+        "\"version\": \"v1\",",
+        "\"version\": \"v1\", \"max_cooldown_ms\": 0,",
+    ));
+    attempt_answers(
+        &mut rig,
+        "fast",
+        ("1", "a,b"),
+        "429",
+        &[("retry-after", "2")],
+        0,
+    );
+    assert_eq!(cooldown_until(&rig.store, "a"), 0);
+}
+
+#[test]
+fn a_groups_retry_on_decides_which_statuses_move_on() {
+    for (group, status, plan, marked) in [
+        ("fast", "500", "a,b", true),
+        ("fast", "502", "a,b", true),
+        ("fast", "429", "a,b", true),
+        ("fast", "404", "a,b", false),
+        ("strict", "500", "a,b", true),
+        ("strict", "429", "a,b", true),
+        ("strict", "503", "a,b", false),
+        ("strict", "502", "a,b", false),
+        // the last deployment's error goes to the client as it is
+        ("fast", "500", "a", false),
+    ] {
+        let mut rig = upstream_with(&signals_doc());
+        let (view, commands) = attempt_answers(&mut rig, group, ("1", plan), status, &[], 0);
+        assert_eq!(
+            view.response_header_text("x-llm-fallback"),
+            marked.then(|| format!("status_{status}")),
+            "{group} {status} {plan}"
+        );
+        assert_eq!(
+            counted(&commands, &format!("status_fallbacks.{status}")),
+            marked
+        );
+    }
+}
+
+#[test]
+fn admission_skips_a_cooling_deployment_until_its_deadline() {
+    let mut rig = Rig::new(DOC);
+    rig.store
+        .set(&super::breakers::cooldown_key("a"), b"2000", 0)
+        .unwrap();
+    let first = |rig: &mut Rig, ms: u64, context: u32, group: &str| {
+        let view = FakeView::request(
+            "/v1/chat/completions",
+            &[("x-llm-groups", "*")],
+            &chat(group),
+        );
+        view.set_ms(ms);
+        let (_, commands) = rig.send(&view, context);
+        (view.header("x-llm-deployment"), commands)
+    };
+    assert_eq!(first(&mut rig, 1_000, 1, "fast").0.as_deref(), Some("b"));
+    assert_eq!(first(&mut rig, 1_999, 2, "fast").0.as_deref(), Some("b"));
+    // every deployment cooling: 503 with the remaining time as retry-after
+    let (_, commands) = first(&mut rig, 500, 3, "solo");
+    let reject = refusal(&commands).expect("refused");
+    assert_eq!(reject.status, 503);
+    assert!(
+        reject
+            .headers
+            .iter()
+            .any(|(n, v)| *n == "retry-after" && v == "2"),
+        "{:?}",
+        reject.headers
+    );
+    // over: a again, and its breaker was never touched
+    assert_eq!(first(&mut rig, 2_000, 4, "fast").0.as_deref(), Some("a"));
+    assert_eq!(rig.store.breaker("a"), State::default());
+    // junk in shared data is no cooldown
+    rig.store
+        .set(&super::breakers::cooldown_key("a"), b"soon", 0)
+        .unwrap();
+    assert_eq!(first(&mut rig, 0, 5, "fast").0.as_deref(), Some("a"));
+}
+
+#[test]
+fn a_redirect_pass_that_answers_429_cools_its_deployment_down() {
+    let mut rig = Rig::new(&redirect_doc());
+    let view = FakeView::request(
+        "/v1/chat/completions",
+        &[("x-llm-groups", "*")],
+        &chat("solo"),
+    );
+    view.set_ms(1_000);
+    rig.send(&view, 1);
+    view.respond("429", &[("retry-after", "3")]);
+    let commands = rig.response(&view, 1);
+    assert!(counted(&commands, "cooldown.a"));
+    assert_eq!(cooldown_until(&rig.store, "a"), 4_000);
 }
 
 #[test]

@@ -1,13 +1,16 @@
 //! The upstream role (each provider cluster's upstream HTTP filter, once per attempt):
 //! rewrites `model` and the credential for the attempt's deployment, frames the body's
-//! length, publishes the answering deployment, and marks a provider's context-length 400 so
-//! the route retries it on the next deployment (`x-llm-fallback`).
+//! length, publishes the answering deployment, and marks a response the route retries on the
+//! next deployment (`x-llm-fallback`): a status in the group's `retry_on` (429 and 5xx by
+//! default) or a provider's context-length 400. A 429 or 503 that says when to come back
+//! (`retry-after` & co., [`crate::signals`]) cools the deployment down in shared data.
 
 use super::downstream::{attempt_number, FALLBACK_HEADER};
-use super::{property_string, Command, Core, Flow, Input, Level, Map, OnFailure, View};
+use super::{property_string, Command, Core, Flow, Input, Level, Map, OnFailure, Store, View};
 use crate::body::{is_context_length_error, rewrite_model};
-use crate::config::{Deployment, RouterConfig};
+use crate::config::{Deployment, RetryOn, RouterConfig};
 use crate::plan::answered_by;
+use crate::signals::{is_cooldown_status, reset_after_ms};
 use llm_gateway_shared::reject::Reject;
 use llm_gateway_shared::route_info::{
     RouteInfo, ATTEMPT_PROPERTY, PLAN_PROPERTY, PROPERTY as ROUTE_PROPERTY,
@@ -31,7 +34,13 @@ pub(super) struct Attempt {
 }
 
 impl Core {
-    pub(super) fn handle_upstream(&mut self, context: u32, input: Input, view: &dyn View) -> Flow {
+    pub(super) fn handle_upstream(
+        &mut self,
+        context: u32,
+        input: Input,
+        view: &dyn View,
+        store: &dyn Store,
+    ) -> Flow {
         match input {
             Input::RequestHeaders { end_of_stream } => {
                 self.attempt_headers(context, end_of_stream, view)
@@ -41,7 +50,7 @@ impl Core {
                 end_of_stream,
             } => self.attempt_body(context, size, end_of_stream, view),
             Input::ResponseHeaders { end_of_stream } => {
-                self.attempt_response(context, end_of_stream, view)
+                self.attempt_response(context, end_of_stream, view, store)
             }
             Input::ResponseBody {
                 size,
@@ -182,37 +191,103 @@ impl Core {
     }
 
     /// Publishes this attempt as the one that answered ([`answered_by`]); a later attempt
-    /// that answers publishes itself in turn.
-    fn publish_answer(&mut self, context: u32, view: &dyn View) {
-        let Some(attempt) = self.upstream.get(&context) else {
-            return;
-        };
-        let Some(info) = view
+    /// that answers publishes itself in turn. Returns the request's model group.
+    fn publish_answer(&mut self, context: u32, view: &dyn View) -> Option<String> {
+        let attempt = self.upstream.get(&context)?;
+        let info = view
             .property(&[ROUTE_PROPERTY])
-            .and_then(|bytes| RouteInfo::from_json(&bytes))
-        else {
-            return;
-        };
+            .and_then(|bytes| RouteInfo::from_json(&bytes))?;
         let info = answered_by(info, &attempt.deployment, &attempt.plan, attempt.number);
         self.set_property(
             ROUTE_PROPERTY,
             info.to_json(),
             OnFailure::Log(Level::Warn, "cannot publish the answering deployment"),
         );
+        Some(info.model_group)
     }
 
-    fn attempt_response(&mut self, context: u32, end_of_stream: bool, view: &dyn View) -> Flow {
-        self.publish_answer(context, view);
-        let Some(attempt) = self.upstream.get_mut(&context) else {
+    /// For an error `status` of `deployment` in `group`: whether the group's `retry_on` has
+    /// it, and the router's `max_cooldown_ms`; from the configuration that has both the group
+    /// and the deployment (this role's document, else the listener's). Neither found: the
+    /// defaults.
+    fn group_policy(&self, group: Option<&str>, deployment: &str, status: u16) -> (bool, u64) {
+        let find = |rules: &RuleSet<RouterConfig>| {
+            rules.configs().find_map(|c| {
+                c.deployment(deployment)?;
+                let g = c.group(group?)?;
+                Some((g.retry_on.matches(status), c.max_cooldown_ms))
+            })
+        };
+        self.rules
+            .as_deref()
+            .and_then(find)
+            .or_else(|| self.listener.try_borrow().ok()?.as_deref().and_then(find))
+            .unwrap_or((
+                RetryOn::default().matches(status),
+                crate::config::DEFAULT_MAX_COOLDOWN_MS,
+            ))
+    }
+
+    fn attempt_response(
+        &mut self,
+        context: u32,
+        end_of_stream: bool,
+        view: &dyn View,
+        store: &dyn Store,
+    ) -> Flow {
+        let group = self.publish_answer(context, view);
+        let Some(attempt) = self.upstream.get(&context) else {
             return Flow::ContinueSkipResponseBody;
         };
-        let status = view.response_header(":status");
-        if status.as_deref() == Some(b"400".as_slice()) && attempt.has_next && !end_of_stream {
+        let status = view
+            .response_header(":status")
+            .and_then(|s| std::str::from_utf8(&s).ok()?.parse::<u16>().ok());
+        let Some(status) = status.filter(|s| *s >= 400) else {
+            return Flow::ContinueSkipResponseBody; // a success: nothing to mark or cool
+        };
+        let has_next = attempt.has_next;
+        let (retriable, max_cooldown_ms) =
+            self.group_policy(group.as_deref(), &attempt.deployment.name, status);
+        if is_cooldown_status(status) {
+            let name = attempt.deployment.name.clone();
+            self.cool_down_on_signal(&name, max_cooldown_ms, view, store);
+        }
+        if retriable && has_next {
+            self.set_header(
+                Map::Response,
+                FALLBACK_HEADER,
+                format!("status_{status}"),
+                OnFailure::Log(Level::Error, "cannot mark a retriable status"),
+            );
+            self.count(format!("status_fallbacks.{status}"));
+            return Flow::ContinueSkipResponseBody;
+        }
+        if status == 400 && has_next && !end_of_stream {
             // hold the headers until the body tells whether it is a context-length error
-            attempt.inspecting = true;
+            if let Some(attempt) = self.upstream.get_mut(&context) {
+                attempt.inspecting = true;
+            }
             return Flow::Pause;
         }
         Flow::ContinueSkipResponseBody
+    }
+
+    /// Reads the response's reset signals and cools deployment `name` down for that long.
+    pub(super) fn cool_down_on_signal(
+        &mut self,
+        name: &str,
+        max_cooldown_ms: u64,
+        view: &dyn View,
+        store: &dyn Store,
+    ) {
+        let now = view.now_nanos() / 1_000_000;
+        let header = |h: &str| {
+            view.response_header(h)
+                .and_then(|v| String::from_utf8(v).ok())
+        };
+        if let Some(ms) = reset_after_ms(&header, now) {
+            self.cool_down(max_cooldown_ms, name, ms, now, store);
+        }
     }
 
     fn attempt_response_body(

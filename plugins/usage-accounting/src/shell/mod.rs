@@ -6,7 +6,7 @@
 use crate::config::{parse_shared, UsageConfig};
 use crate::core::{Command, Flow, Input, Level, Lookup, Stage, Worker};
 use crate::exchange::{RouteInfo, ROUTER_PROPERTY};
-use crate::metrics::{label_suffix, values, Kind, MAX_LABEL_SETS, SERIES};
+use crate::metrics::{values, Kind, Labels, MAX_LABEL_SETS, SERIES};
 use crate::record::Record;
 use llm_gateway_shared::chain::{self, Direction, Step};
 use llm_gateway_shared::host::{self, Buffer, HeaderMap, HostError, LogLevel, Metric, Sink};
@@ -40,7 +40,7 @@ struct Root {
 struct State {
     rules: RuleSet<Rc<UsageConfig>>,
     /// The metrics of each label set seen so far in this VM ([`SERIES`] order).
-    series: RefCell<HashMap<String, [Option<Metric>; SERIES.len()]>>,
+    series: RefCell<HashMap<Labels, [Option<Metric>; SERIES.len()]>>,
     /// `llm_gateway.usage.ledger_errors`: ledger appends that failed (Higress build).
     #[cfg_attr(not(feature = "higress"), allow(dead_code))]
     ledger_errors: Option<Metric>,
@@ -49,15 +49,15 @@ struct State {
 }
 
 impl State {
-    fn record_metrics(&self, record: &Record, config: &UsageConfig) {
-        let mut labels = label_suffix(record, config.consumer_label);
+    fn record_metrics(&self, record: &Record, provider: Option<&str>, config: &UsageConfig) {
+        let mut labels = Labels::of(record, provider, config.consumer_label);
         let mut series = self.series.borrow_mut();
         if series.len() >= MAX_LABEL_SETS && !series.contains_key(&labels) {
-            labels = ".tenant._other.model_group._other.deployment._other".into();
+            labels = Labels::other(config.consumer_label);
         }
         let metrics = series.entry(labels).or_insert_with_key(|labels| {
-            SERIES.map(|(base, kind)| {
-                let name = format!("{base}{labels}");
+            SERIES.map(|(base, kind, scope)| {
+                let name = labels.name(base, scope);
                 match kind {
                     Kind::Counter => Metric::counter(&name),
                     Kind::Histogram => Metric::histogram(&name),
@@ -65,7 +65,7 @@ impl State {
                 .ok()
             })
         });
-        for ((metric, (_, kind)), value) in metrics.iter().zip(SERIES).zip(values(record)) {
+        for ((metric, (_, kind, _)), value) in metrics.iter().zip(SERIES).zip(values(record)) {
             let (Some(metric), Some(value)) = (metric, value) else {
                 continue;
             };
@@ -193,12 +193,13 @@ fn execute(state: &State, command: &Command, target: &mut Sink<'_>) -> Result<()
             record,
             json,
             config,
+            provider,
         } => {
             let published = host::set_property(&[config.filter_state.as_str()], json.as_bytes());
             if config.log_records {
                 host::log(LogLevel::Info, &format!("usage_record: {json}"));
             }
-            state.record_metrics(record, config);
+            state.record_metrics(record, provider.as_deref(), config);
             if let Some(ledger) = &config.ledger {
                 ledger::append(ledger, json, state.ledger_errors);
             }
