@@ -118,6 +118,7 @@ impl Core {
                                 ),
                             );
                             self.count(format!("breaker.opened.{deployment}"));
+                            self.gauge(format!("breaker.open.{deployment}"), 1);
                         }
                         Transition::Recovered => {
                             self.log(
@@ -125,6 +126,7 @@ impl Core {
                                 format!("breaker closed: deployment {deployment} recovered"),
                             );
                             self.count(format!("breaker.recovered.{deployment}"));
+                            self.gauge(format!("breaker.open.{deployment}"), 0);
                         }
                         Transition::Probing | Transition::None => {}
                     }
