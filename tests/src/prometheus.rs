@@ -36,6 +36,17 @@ pub fn scrape_config(targets: &[String], interval: &str, rules: Option<&str>) ->
     config
 }
 
+/// What `scripts/run` prints about monitoring the gateways whose admin addresses are `admins`:
+/// the Prometheus scrape config and how to import the dashboard.
+pub fn monitoring_note(admins: &[String]) -> String {
+    format!(
+        "\nMonitoring: Prometheus scrapes each gateway's admin endpoint (prometheus.yml):\n\n{}\n\
+         Grafana: Dashboards -> New -> Import -> upload observability/grafana-dashboard.json, pick the\n\
+         Prometheus data source. Panels and alerts: docs/operator-guide.md, \"Dashboard and alerts\".\n",
+        scrape_config(admins, "15s", Some("observability/alerts.yaml"))
+    )
+}
+
 /// `%XX`-encodes everything but unreserved characters (a query string value).
 pub fn url_encode(text: &str) -> String {
     let mut out = String::new();
