@@ -473,6 +473,33 @@ async fn prometheus_scraping_envoy_sees_every_panel_and_fires_the_alerts() {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
 
+    // The labels the stats_tags spell out of the names: refusal codes, PII rules, budgets.
+    for (expr, want) in [
+        (
+            "sum(llm_gateway_key_auth_denied{code=\"missing_api_key\"})",
+            30.0,
+        ),
+        (
+            "sum(llm_gateway_key_auth_denied{code=\"invalid_api_key\"})",
+            10.0,
+        ),
+        ("sum(llm_gateway_pii_matches{rule=\"email\"})", 2.0),
+        (
+            "sum(llm_gateway_model_router_rejected{code=\"model_not_allowed\"})",
+            1.0,
+        ),
+        (
+            "sum(llm_gateway_ratelimit_rate_limited{limit=\"user-rpm\"})",
+            2.0,
+        ),
+        (
+            "sum(llm_gateway_ratelimit_budget_exceeded{budget=\"user-day\"})",
+            2.0,
+        ),
+    ] {
+        assert_eq!(prometheus.scalar(expr).await.unwrap(), Some(want), "{expr}");
+    }
+
     // Every panel query of the dashboard returns data.
     let dashboard = dashboard();
     let mut empty = Vec::new();
