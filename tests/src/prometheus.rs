@@ -41,8 +41,9 @@ pub fn scrape_config(targets: &[String], interval: &str, rules: Option<&str>) ->
 pub fn monitoring_note(admins: &[String]) -> String {
     format!(
         "\nMonitoring: Prometheus scrapes each gateway's admin endpoint (prometheus.yml):\n\n{}\n\
-         Grafana: Dashboards -> New -> Import -> upload observability/grafana-dashboard.json, pick the\n\
-         Prometheus data source. Panels and alerts: docs/operator-guide.md, \"Dashboard and alerts\".\n",
+         Grafana: Dashboards -> New -> Import -> upload observability/grafana-dashboard.json, then pick\n\
+         the Prometheus data source in its \"Prometheus\" variable. Panels and alerts:\n\
+         docs/operator-guide.md, \"Dashboard and alerts\".\n",
         scrape_config(admins, "15s", Some("observability/alerts.yaml"))
     )
 }
