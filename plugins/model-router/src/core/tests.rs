@@ -1689,3 +1689,11 @@ mod arbitrary {
         }
     }
 }
+
+#[test]
+fn breaker_metric_names_keep_a_deployment_in_one_label_segment() {
+    use super::breakers::metric_segment;
+    assert_eq!(metric_segment("openai-4o_mini"), "openai-4o_mini");
+    // names may hold `.:@/` (shared::config::validate_name); `.` would split the label
+    assert_eq!(metric_segment("us.east:gpt@4/o"), "us_east_gpt_4_o");
+}
