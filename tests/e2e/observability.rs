@@ -159,6 +159,24 @@ fn the_dashboard_is_well_formed() {
     assert!(queries >= 20, "{queries} queries");
 }
 
+/// `observability/check-dashboard.py`: the file against the dashboard types of Grafana's
+/// grafana-foundation-sdk (pinned into `.venv` by `scripts/setup`).
+#[test]
+fn the_dashboard_fits_grafanas_dashboard_schema() {
+    let root = workspace::root();
+    let out = std::process::Command::new(root.join(".venv/bin/python"))
+        .arg(root.join("observability/check-dashboard.py"))
+        .output()
+        .expect(".venv/bin/python (scripts/setup)");
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("20 panels, every field known to the dashboard schema"),
+        "{text}"
+    );
+}
+
 #[test]
 fn promtool_accepts_the_alert_rules() {
     let out = std::process::Command::new("promtool")
