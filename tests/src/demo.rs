@@ -282,6 +282,10 @@ impl Demo {
                 step.look_for
             ));
         }
+        out.push_str(&crate::prometheus::monitoring_note(&[self
+            .envoy
+            .admin()
+            .to_string()]));
         out.push_str(
             "\nAnthropic clients use the same gateway: POST /v1/messages with `x-api-key` and model `claude`.\n\
              Each request a provider receives is printed below. Ctrl-C stops everything.\n",
@@ -404,10 +408,16 @@ impl FleetDemo {
             "\n3. one budget for the fleet: what both gateways spent, in Redis (nano-USD, then tokens):\n\n\
              for k in $(redis-cli -p {port} --scan --pattern 'llm:*:bud:*'); do echo \"$k $(redis-cli -p {port} GET $k)\"; done\n\
              \n4. the usage ledger, one entry per request of either gateway:\n\n\
-             redis-cli -p {port} XLEN {FLEET_LEDGER}\n\
-             \nCtrl-C stops everything.\n",
+             redis-cli -p {port} XLEN {FLEET_LEDGER}\n",
             port = self.redis.addr().port()
         ));
+        let admins: Vec<String> = self
+            .gateways
+            .iter()
+            .map(|g| g.admin().to_string())
+            .collect();
+        out.push_str(&crate::prometheus::monitoring_note(&admins));
+        out.push_str("\nCtrl-C stops everything.\n");
         out
     }
 }

@@ -7,6 +7,8 @@
 //! - [`redis::Redis`] runs a real `redis-server` without persistence;
 //! - [`webdis::Webdis`] runs a real `webdis` (Redis over HTTP) in front of one;
 //! - [`http`] is a small HTTP/1.1 client for the tests;
+//! - [`prometheus::Prometheus`] runs a real Prometheus scraping Envoy admin endpoints;
+//! - [`usage_html`] renders `scripts/usage-report --html` (one HTML file, inline SVG charts);
 //! - [`harness`] is a proxy-wasm host on wasmtime that runs the compiled plugins with Envoy's
 //!   semantics and Higress's Redis calls (see `tests/README.md`);
 //! - [`workloads`] are the plugins' configurations and requests the cost figures
@@ -37,7 +39,9 @@ pub mod harness;
 pub mod http;
 #[cfg(feature = "harness")]
 pub mod journey;
+pub mod prometheus;
 pub mod redis;
+pub mod usage_html;
 pub mod webdis;
 #[cfg(feature = "harness")]
 pub mod workloads;

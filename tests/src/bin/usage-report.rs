@@ -2,8 +2,10 @@
 //! hit rate, from the usage ledger.
 //!
 //! ```text
-//! usage-report [--month YYYY-MM] [--csv] (--redis HOST:PORT [--stream KEY] | FILE...)
+//! usage-report [--month YYYY-MM] [--csv | --html] (--redis HOST:PORT [--stream KEY] | FILE...)
 //! ```
+//! - `--html`: one self-contained HTML document on stdout (`llm_gateway_tests::usage_html`):
+//!   the totals, inline SVG charts of spend per day and per model group, and the table;
 //! - `--redis`: reads the Redis stream ledger (Higress builds write it; default key
 //!   `llm:usage`, field `record`) with `XRANGE` over the month, 1 000 entries a call;
 //! - `FILE...` (`-` for stdin): JSON lines — bare records, Envoy access-log lines whose `usage`
@@ -21,13 +23,14 @@ use usage_accounting::report::{aggregate, record_from_line, render_csv, render_t
 struct Args {
     month: Month,
     csv: bool,
+    html: bool,
     redis: Option<String>,
     stream: String,
     files: Vec<String>,
 }
 
 fn usage() -> ! {
-    eprintln!("usage: usage-report [--month YYYY-MM] [--csv] (--redis HOST:PORT [--stream KEY] | FILE...)");
+    eprintln!("usage: usage-report [--month YYYY-MM] [--csv | --html] (--redis HOST:PORT [--stream KEY] | FILE...)");
     std::process::exit(2)
 }
 
@@ -42,6 +45,7 @@ fn parse_args() -> Args {
     let mut args = Args {
         month: current_month(),
         csv: false,
+        html: false,
         redis: None,
         stream: "llm:usage".into(),
         files: Vec::new(),
@@ -57,6 +61,7 @@ fn parse_args() -> Args {
                 });
             }
             "--csv" => args.csv = true,
+            "--html" => args.html = true,
             "--redis" => args.redis = Some(it.next().unwrap_or_else(|| usage())),
             "--stream" => args.stream = it.next().unwrap_or_else(|| usage()),
             "-h" | "--help" => usage(),
@@ -64,7 +69,7 @@ fn parse_args() -> Args {
             _ => args.files.push(arg),
         }
     }
-    if args.redis.is_none() && args.files.is_empty() {
+    if (args.redis.is_none() && args.files.is_empty()) || (args.csv && args.html) {
         usage();
     }
     args
@@ -82,11 +87,13 @@ fn main() {
         },
         None => read_files(&args.files),
     };
-    let rows = aggregate(records, Some(args.month));
-    let out = if args.csv {
+    let out = if args.html {
+        llm_gateway_tests::usage_html::render_html(records, Some(args.month))
+    } else if args.csv {
+        let rows = aggregate(records, Some(args.month));
         render_csv(&rows)
     } else {
-        render_text(&rows)
+        render_text(&aggregate(records, Some(args.month)))
     };
     print!("{out}");
     if skipped > 0 {

@@ -14,6 +14,22 @@ use crate::config::{Deployment, RouterConfig};
 use crate::plan::Admission;
 use llm_gateway_shared::rules::RuleSet;
 
+/// A deployment name as the last segment of a breaker metric (`breaker.open.<d>`): characters
+/// other than `[A-Za-z0-9_-]` (a name may hold `.:@/`) become `_`, so the `stats_tags` regex
+/// that labels it `deployment` (`[^.]+` up to the end) takes the whole name.
+pub fn metric_segment(deployment: &str) -> String {
+    deployment
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
 /// Compare-and-swap rounds before giving up.
 pub const CAS_ROUNDS: usize = 8;
 
@@ -110,7 +126,10 @@ impl Core {
                             Level::Info,
                             format!("breaker half-open: probing deployment {}", deployment.name),
                         );
-                        self.count(format!("breaker.probe.{}", deployment.name));
+                        self.count(format!(
+                            "breaker.probe.{}",
+                            metric_segment(&deployment.name)
+                        ));
                         return Admission::Admit;
                     }
                     Err(StoreError::CasMismatch) => continue,
@@ -152,14 +171,18 @@ impl Core {
                                     config.breaker.cooldown_ms
                                 ),
                             );
-                            self.count(format!("breaker.opened.{deployment}"));
+                            let segment = metric_segment(deployment);
+                            self.count(format!("breaker.opened.{segment}"));
+                            self.gauge(format!("breaker.open.{segment}"), 1);
                         }
                         Transition::Recovered => {
                             self.log(
                                 Level::Info,
                                 format!("breaker closed: deployment {deployment} recovered"),
                             );
-                            self.count(format!("breaker.recovered.{deployment}"));
+                            let segment = metric_segment(deployment);
+                            self.count(format!("breaker.recovered.{segment}"));
+                            self.gauge(format!("breaker.open.{segment}"), 0);
                         }
                         Transition::Probing | Transition::None => {}
                     }

@@ -265,6 +265,8 @@ pub enum Command {
     Refuse(Reject),
     /// Add one to counter `llm_gateway.model_router.<name>`.
     Count(Name),
+    /// Set gauge `llm_gateway.model_router.<name>` to the value.
+    Gauge(Name, u64),
     /// Log a line (never a credential, a key or a prompt).
     Log(Level, String),
 }
@@ -437,6 +439,10 @@ impl Core {
 
     fn count(&mut self, name: impl Into<Name>) {
         self.push(Command::Count(name.into()), OnFailure::Ignore);
+    }
+
+    fn gauge(&mut self, name: impl Into<Name>, value: u64) {
+        self.push(Command::Gauge(name.into(), value), OnFailure::Ignore);
     }
 
     /// Refuses with `reject`: counted, sent, the callback pauses.

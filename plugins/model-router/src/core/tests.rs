@@ -327,6 +327,12 @@ fn counted(commands: &[Command], name: &str) -> bool {
         .any(|c| matches!(c, Command::Count(n) if n == name))
 }
 
+fn gauged(commands: &[Command], name: &str, value: u64) -> bool {
+    commands
+        .iter()
+        .any(|c| matches!(c, Command::Gauge(n, v) if n == name && *v == value))
+}
+
 fn refusal(commands: &[Command]) -> Option<&Reject> {
     commands.iter().find_map(|c| match c {
         Command::Refuse(r) => Some(r),
@@ -835,6 +841,8 @@ fn a_breaker_opens_skips_its_deployment_then_lets_one_probe_through() {
         "breaker opened: deployment a skipped for 1000 ms"
     ));
     assert!(counted(&commands, "breaker.opened.a"));
+    // the breaker state gauge the dashboard and the `breaker open` alert read
+    assert!(gauged(&commands, "breaker.open.a", 1));
     assert_eq!(
         rig.store.breaker("a").phase,
         Phase::Open { until_ms: 1_010 }
@@ -858,6 +866,7 @@ fn a_breaker_opens_skips_its_deployment_then_lets_one_probe_through() {
     view.respond("200", &[]);
     let commands = rig.response(&view, 100);
     assert!(counted(&commands, "breaker.recovered.a"));
+    assert!(gauged(&commands, "breaker.open.a", 0));
     assert_eq!(rig.store.breaker("a"), State::default());
 }
 
@@ -1925,4 +1934,12 @@ mod arbitrary {
             prop_assert_eq!(rig.core.requests(), 0);
         }
     }
+}
+
+#[test]
+fn breaker_metric_names_keep_a_deployment_in_one_label_segment() {
+    use super::breakers::metric_segment;
+    assert_eq!(metric_segment("openai-4o_mini"), "openai-4o_mini");
+    // names may hold `.:@/` (shared::config::validate_name); `.` would split the label
+    assert_eq!(metric_segment("us.east:gpt@4/o"), "us_east_gpt_4_o");
 }

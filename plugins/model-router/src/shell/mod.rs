@@ -206,6 +206,9 @@ fn execute(command: Command) -> Result<(), HostError> {
         Command::Count(name) => {
             Metric::counter(&format!("llm_gateway.model_router.{name}"))?.increment(1)
         }
+        Command::Gauge(name, value) => {
+            Metric::gauge(&format!("llm_gateway.model_router.{name}"))?.record(value)
+        }
         Command::Log(level, message) => {
             let level = match level {
                 Level::Info => LogLevel::Info,
