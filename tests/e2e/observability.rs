@@ -221,14 +221,14 @@ async fn start_gateway() -> Gateway {
     let anthropic = MockUpstream::start(addr).await.unwrap();
     let shipped = read(&format!("envoy-config/{FLEET_CONFIG}"));
     let drain_key = format!(
-        r#""consumer": "intern", "tenant": "demo", "groups": ["fast"]}},
+        r#""consumer": "intern", "tenant": "demo", "groups": ["fast"], "tier": "free"}},
                         {{"key_sha256": "{}", "consumer": "drain", "tenant": "drain", "groups": ["smart"]}}"#,
         sha256_hex(DRAIN_KEY.as_bytes())
     );
     let mut text = shipped.clone();
     for (from, to) in [
         (
-            r#""consumer": "intern", "tenant": "demo", "groups": ["fast"]}"#,
+            r#""consumer": "intern", "tenant": "demo", "groups": ["fast"], "tier": "free"}"#,
             drain_key.as_str(),
         ),
         (r#""money": "100.00""#, r#""money": "0.10""#),
@@ -401,6 +401,18 @@ async fn prometheus_scraping_envoy_sees_every_panel_and_fires_the_alerts() {
     }
     gateway.openai.set_default_knobs(&[]);
 
+    // a provider's 429 with retry-after: openai-4o is cooled down for that long (the request
+    // falls back to azure-4o), counted per deployment
+    gateway
+        .openai
+        .set_default_knobs(&[("x-mock-status", "429"), ("x-mock-retry-after", "1")]);
+    let r = gateway
+        .chat(Some(DEMO_KEY), &[], chat_body("smart", false, "Hello"))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-llm-deployment"), Some("azure-4o"));
+    gateway.openai.set_default_knobs(&[]);
+
     // a tenant spends its budget (0.10 USD): ~0.01 USD a request (1 000 output tokens of
     // gpt-4o), warn_at 80 then 402
     let spend = [("x-mock-chunks", "1000")];
@@ -509,6 +521,10 @@ async fn prometheus_scraping_envoy_sees_every_panel_and_fires_the_alerts() {
         (
             "sum(llm_gateway_ratelimit_rate_limited{limit=\"user-rpm\"})",
             2.0,
+        ),
+        (
+            "sum(llm_gateway_model_router_cooldown{deployment=\"openai-4o\"})",
+            1.0,
         ),
         (
             "sum(llm_gateway_ratelimit_budget_exceeded{budget=\"user-day\"})",

@@ -226,7 +226,7 @@ impl Core {
                         Level::Info,
                         format!("deployment {deployment} cooling down for {ms} ms as its provider asked"),
                     );
-                    self.count(format!("cooldown.{deployment}"));
+                    self.count(format!("cooldown.{}", metric_segment(deployment)));
                     return Some(until);
                 }
                 Err(StoreError::CasMismatch) => continue,
