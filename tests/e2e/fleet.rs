@@ -578,4 +578,42 @@ async fn the_fleet_demo_gateways_share_their_budgets_and_ledger() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(fleet.banner().contains(&fleet.gateways[1].url()));
+
+    // A failed append is counted although webdis answers after the request has ended: the
+    // request hands its append to the root context (a shared queue), which gets the answer.
+    // The stream's key of the wrong type makes every XADD a RESP error.
+    let errors = || {
+        fleet.gateways[0]
+            .stat("wasmcustom.llm_gateway.usage.ledger_errors")
+            .unwrap()
+            .unwrap_or(0)
+    };
+    assert_eq!(errors(), 0);
+    fleet.redis.command(&["DEL", FLEET_LEDGER]).unwrap();
+    fleet
+        .redis
+        .command(&["SET", FLEET_LEDGER, "not a stream"])
+        .unwrap();
+    let response = http::post(format!("{}/v1/chat/completions", fleet.gateways[0].url()))
+        .header("authorization", &format!("Bearer {DEMO_KEY}"))
+        .header("content-type", "application/json")
+        .body(body.to_string().into_bytes())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        response.status, 200,
+        "a ledger failure never fails the request"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while errors() < 1 {
+        assert!(
+            Instant::now() < deadline,
+            "the failed append was never counted\n{}",
+            fleet.gateways[0].logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(errors(), 1);
+    assert!(fleet.gateways[0].logs().contains("ledger append failed"));
 }

@@ -3,9 +3,13 @@
 //! `scripts/usage-report --redis` reads it back; the plain build's cost per SSE event in wasm
 //! fuel.
 
+use llm_gateway_tests::harness::http_call::loopback;
 use llm_gateway_tests::harness::{FilterSpec, Fleet, Host, Request, Response};
 use llm_gateway_tests::redis::Redis;
+use llm_gateway_tests::webdis::{Webdis, AUTH};
 use serde_json::{json, Value};
+use std::cell::Cell;
+use std::rc::Rc;
 
 const SERVICE: &str = "outbound|6379||redis.static";
 
@@ -125,6 +129,58 @@ fn a_failing_redis_is_counted_and_never_fails_the_request() {
         "{}",
         fleet.log_text()
     );
+}
+
+/// The plain build's ledger over HTTP to a real webdis in front of a real Redis, two workers.
+/// Requests hand their appends to the root context through a shared queue, so that webdis's
+/// answer, which comes after the request has ended, is still read: a failed append is counted.
+#[test]
+fn over_webdis_the_root_sends_the_appends_and_counts_a_failed_one() {
+    let redis = Redis::start().unwrap();
+    let webdis = Webdis::start(redis.addr()).unwrap();
+    let mut config = config(false);
+    config["ledger"] = json!({"transport": "http", "cluster": "webdis", "auth": AUTH,
+                              "stream": "llm:usage", "max_len": 1000});
+    let calls = Rc::new(Cell::new(0u32));
+    let counted = calls.clone();
+    let mut forward = loopback(webdis.addr());
+    let fleet = Fleet::builder()
+        .filter(FilterSpec::plugin("usage-accounting", &config).unwrap())
+        .http_cluster("webdis", move |request| {
+            counted.set(counted.get() + 1);
+            forward(request)
+        })
+        .workers(2)
+        .build()
+        .unwrap();
+    for (i, worker) in [0, 1].into_iter().enumerate() {
+        let ex = fleet
+            .exchange(0, worker, &chat(&format!("webdis-{i}"), false), |_| {
+                answer()
+            })
+            .unwrap();
+        assert_eq!(ex.status(), 200);
+    }
+    fleet.pump().unwrap();
+    assert_eq!(calls.get(), 2, "one append per record");
+    assert_eq!(redis.command(&["XLEN", "llm:usage"]).unwrap(), ":2\r\n");
+    assert_eq!(fleet.metric_sum("llm_gateway.usage.ledger_errors"), 0);
+
+    // a key of the wrong type: the XADD is a RESP error, answered after the request ended
+    redis.command(&["DEL", "llm:usage"]).unwrap();
+    redis
+        .command(&["SET", "llm:usage", "not a stream"])
+        .unwrap();
+    let ex = fleet
+        .exchange(0, 1, &chat("webdis-bad", false), |_| answer())
+        .unwrap();
+    assert_eq!(ex.status(), 200, "a ledger failure never fails the request");
+    fleet.pump().unwrap();
+    assert_eq!(calls.get(), 3);
+    assert_eq!(fleet.metric_sum("llm_gateway.usage.ledger_errors"), 1);
+    let log = fleet.log_text();
+    assert!(log.contains("ledger append failed"), "{log}");
+    assert!(!log.contains("Say hello"), "the prompt is never logged");
 }
 
 #[test]

@@ -223,6 +223,8 @@ mod tests {
             ts_ms,
             consumer: None,
             tenant: Some(tenant.into()),
+            key_id: None,
+            tier: None,
             project: None,
             agent: None,
             run_id: None,

@@ -83,6 +83,21 @@ extern "C" {
         value_size: usize,
         cas: u32,
     ) -> u32;
+    pub fn proxy_register_shared_queue(
+        queue_name_data: *const u8,
+        queue_name_size: usize,
+        return_queue_id: *mut u32,
+    ) -> u32;
+    pub fn proxy_enqueue_shared_queue(
+        queue_id: u32,
+        value_data: *const u8,
+        value_size: usize,
+    ) -> u32;
+    pub fn proxy_dequeue_shared_queue(
+        queue_id: u32,
+        return_value_data: *mut *mut u8,
+        return_value_size: *mut usize,
+    ) -> u32;
     pub fn proxy_continue_stream(stream_type: u32) -> u32;
     pub fn proxy_send_local_response(
         status_code: u32,

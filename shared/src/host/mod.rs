@@ -540,6 +540,34 @@ pub fn set_shared_data(key: &str, value: &[u8], cas: u32) -> HostResult<()> {
     })
 }
 
+/// Registers (or finds) this VM's shared queue `name`: the host then calls this root
+/// context's `on_queue_ready` when an item is enqueued (Envoy: the root that registered last).
+pub fn register_shared_queue(name: &str) -> HostResult<u32> {
+    let mut id = 0u32;
+    // SAFETY: `name` is live; out-pointer to a live local.
+    check(unsafe { abi::proxy_register_shared_queue(name.as_ptr(), name.len(), &mut id) })?;
+    Ok(id)
+}
+
+/// Appends an item to shared queue `id`.
+pub fn enqueue_shared_queue(id: u32, value: &[u8]) -> HostResult<()> {
+    // SAFETY: pointer and length of a live slice.
+    check(unsafe { abi::proxy_enqueue_shared_queue(id, value.as_ptr(), value.len()) })
+}
+
+/// Takes the oldest item of shared queue `id`; `None` when it is empty.
+pub fn dequeue_shared_queue(id: u32) -> HostResult<Option<Vec<u8>>> {
+    let mut data = null_mut();
+    let mut size = 0usize;
+    // SAFETY: out-pointers to live locals.
+    match unsafe { abi::proxy_dequeue_shared_queue(id, &mut data, &mut size) } {
+        // SAFETY: OK status: the host allocated `size` bytes at `data` (or null).
+        0 => Ok(Some(unsafe { take_buffer(data, size) })),
+        7 => Ok(None),
+        other => Err(HostError::from_status(other)),
+    }
+}
+
 /// Rounds of [`update_shared_data`] before it gives up on a contended key.
 pub const CAS_ROUNDS: usize = 16;
 

@@ -19,6 +19,8 @@ impl Fused {
             rules,
             series: RefCell::new(HashMap::new()),
             ledger_errors,
+            // the fused filter's requests send their appends themselves
+            ledger_queue: None,
             worker: RefCell::default(),
         })))
     }

@@ -41,9 +41,11 @@ struct State {
     rules: RuleSet<Rc<UsageConfig>>,
     /// The metrics of each label set seen so far in this VM ([`SERIES`] order).
     series: RefCell<HashMap<Labels, [Option<Metric>; SERIES.len()]>>,
-    /// `llm_gateway.usage.ledger_errors`: ledger appends that failed (Higress build).
-    #[cfg_attr(not(feature = "higress"), allow(dead_code))]
+    /// `llm_gateway.usage.ledger_errors`: ledger appends that failed.
     ledger_errors: Option<Metric>,
+    /// The shared queue through which requests hand their webdis appends to the root context
+    /// (`None`: no HTTP ledger, or the host has no queue: requests send them themselves).
+    ledger_queue: Option<u32>,
     /// What superseded passes left for their re-entering pass (the core's per-worker state).
     worker: RefCell<Worker>,
 }
@@ -77,7 +79,20 @@ impl State {
     }
 }
 
-impl Context for Root {}
+impl Context for Root {
+    fn on_http_call_response(
+        &mut self,
+        _token_id: u32,
+        _num_headers: usize,
+        body_size: usize,
+        _num_trailers: usize,
+    ) {
+        // the ledger appends the root sent for the requests (`on_queue_ready`)
+        if let Some(state) = &self.state {
+            ledger::http_reply(body_size, state.ledger_errors);
+        }
+    }
+}
 
 impl RootContext for Root {
     fn on_configure(&mut self, _size: usize) -> bool {
@@ -93,13 +108,23 @@ impl RootContext for Root {
         if !ledger::init(&rules, ledger_errors) {
             return false;
         }
+        let ledger_queue = ledger::register_queue(&rules);
         self.state = Some(Rc::new(State {
             rules,
             series: RefCell::new(HashMap::new()),
             ledger_errors,
+            ledger_queue,
             worker: RefCell::default(),
         }));
         true
+    }
+
+    fn on_queue_ready(&mut self, queue_id: u32) {
+        if let Some(state) = &self.state {
+            if state.ledger_queue == Some(queue_id) {
+                ledger::drain_queue(queue_id, &state.rules, state.ledger_errors);
+            }
+        }
     }
 
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
@@ -201,7 +226,7 @@ fn execute(state: &State, command: &Command, target: &mut Sink<'_>) -> Result<()
             }
             state.record_metrics(record, provider.as_deref(), config);
             if let Some(ledger) = &config.ledger {
-                ledger::append(ledger, json, state.ledger_errors);
+                ledger::submit(ledger, config, json, state);
             }
             published
         }
