@@ -34,12 +34,9 @@ use std::time::{Duration, Instant};
 /// The key of tenant `drain`, added to the key-auth config of the test's variant.
 const DRAIN_KEY: &str = "sk-obs-drain-tenant-not-a-secret";
 
-/// The alerts of `observability/alerts.yaml` the traffic must fire: all but
-/// `LlmGatewayLedgerErrors`, which this traffic cannot fire in a plain Envoy: an append's
-/// answer from webdis never reaches usage-accounting (the append is sent from the request's
-/// `on_log`, whose context is gone when the answer comes), so the counter moves only when an
-/// append cannot be sent at all. Its rule still evaluates here (health `ok`, data `0`).
-const FIRING: [&str; 8] = [
+/// The alerts of `observability/alerts.yaml` the traffic must fire: all of them
+/// (`LlmGatewayLedgerErrors` from the appends that fail once Redis and webdis are stopped).
+const FIRING: [&str; 9] = [
     "LlmGatewayBudgetWarning",
     "LlmGatewayBudgetExhausted",
     "LlmGatewayBreakerOpen",
@@ -48,6 +45,7 @@ const FIRING: [&str; 8] = [
     "LlmGatewayTimeToFirstTokenHigh",
     "LlmGatewayRedisUnreachable",
     "LlmGatewayJournalGrowing",
+    "LlmGatewayLedgerErrors",
 ];
 
 fn read(path: &str) -> String {
