@@ -44,7 +44,9 @@ fn redis_fleet(config: &Value, redis: &Redis, instances: usize, workers: usize) 
         .workers(workers)
         .build()
         .unwrap();
-    fleet.clock().set_nanos(1_796_000_000_000_000_000);
+    fleet
+        .clock()
+        .set_nanos(llm_gateway_tests::harness::redis_suite_start_nanos());
     fleet
 }
 
@@ -234,8 +236,13 @@ fn leases_from_redis_in_batches_and_settles_budgets_there_exactly_once() {
 }
 
 fn budget_key() -> String {
-    // 1_796_000_000_000 ms is 2026-11-30
-    "llm:{t:acme}:bud:tenant-day:tenant:acme:2026-11-30".to_string()
+    format!("llm:{{t:acme}}:bud:tenant-day:tenant:acme:{}", start_day())
+}
+
+/// The UTC day (`YYYY-MM-DD`, as budget keys spell it) of the harness clock's start.
+fn start_day() -> String {
+    let ms = llm_gateway_tests::harness::redis_suite_start_nanos() / 1_000_000;
+    token_ratelimit::budget::period(token_ratelimit::config::Period::Day, ms).0
 }
 
 // ---------------------------------------------------------------------------------------
@@ -258,7 +265,9 @@ fn proxied_fleet(config: &Value, proxy: &FaultProxy) -> Fleet {
         .workers(2)
         .build()
         .unwrap();
-    fleet.clock().set_nanos(1_796_000_000_000_000_000);
+    fleet
+        .clock()
+        .set_nanos(llm_gateway_tests::harness::redis_suite_start_nanos());
     fleet
 }
 
@@ -339,7 +348,7 @@ fn budgets_without_redis_reject_or_journal_and_replay_exactly_once() {
         ]
     }));
     let fleet = proxied_fleet(&config, &proxy);
-    let tenant_key = "llm:{t:acme}:bud:tenant-day:tenant:acme:2026-11-30";
+    let tenant_key = &budget_key();
     let send = |id: &str, key: &str| {
         let request = chat(id, "alice", 400, Some(100)).header("x-llm-key-id", key);
         fleet.exchange(0, 0, &request, |_| answer(104, 20)).unwrap()
@@ -412,7 +421,7 @@ fn a_reconcile_that_cannot_reach_redis_is_replayed_and_nothing_is_left_behind() 
         "budgets": [{"name": "tenant-day", "by": "tenant", "period": "day", "tokens": 1000000}]
     }));
     let fleet = proxied_fleet(&config, &proxy);
-    let tenant_key = "llm:{t:acme}:bud:tenant-day:tenant:acme:2026-11-30";
+    let tenant_key = &budget_key();
     let stream = fleet.stream(0, 0).unwrap();
     let request = chat("cut-1", "alice", 400, Some(100));
     stream
@@ -452,7 +461,7 @@ fn a_client_gone_while_the_reservation_is_in_flight_gets_it_all_back() {
         "budgets": [{"name": "tenant-day", "by": "tenant", "period": "day", "tokens": 1000000}]
     }));
     let fleet = redis_fleet(&config, &redis, 1, 1);
-    let tenant_key = "llm:{t:acme}:bud:tenant-day:tenant:acme:2026-11-30";
+    let tenant_key = &budget_key();
     let stream = fleet.stream(0, 0).unwrap();
     let request = chat("gone-1", "alice", 400, Some(100));
     stream
@@ -476,7 +485,7 @@ fn a_flushed_script_cache_is_reloaded() {
         "budgets": [{"name": "tenant-day", "by": "tenant", "period": "day", "tokens": 1000000}]
     }));
     let fleet = redis_fleet(&config, &redis, 1, 1);
-    let tenant_key = "llm:{t:acme}:bud:tenant-day:tenant:acme:2026-11-30";
+    let tenant_key = &budget_key();
     for i in 0..4 {
         if i == 2 {
             redis.command(&["SCRIPT", "FLUSH"]).unwrap();
@@ -667,7 +676,7 @@ fn script_errors_fail_the_call_not_the_worker() {
     assert_eq!(ex.status(), 200, "{}", fleet.log_text());
     assert!(fleet.metric_sum("llm_gateway.ratelimit.emergency_admits.tenant-tpm") >= 1);
     assert!(fleet.redis().calls() - calls <= 3, "no retry loop");
-    let budget = "llm:{t:acme}:bud:tenant-day:tenant:acme:2026-11-30";
+    let budget = &budget_key();
     redis.command(&["DEL", budget]).unwrap();
     redis.command(&["LPUSH", budget, "x"]).unwrap();
     let ex = fleet

@@ -35,9 +35,22 @@ const SERVICE: &str = "outbound|6379||redis.static";
 const VM_ID: &str = "token-ratelimit";
 const INSTANCES: usize = 2;
 const WORKERS: usize = 4;
-/// 2026-11-30T...: budget keys carry the day.
-const START_NANOS: u64 = 1_796_000_000_000_000_000;
-const BUDGET_KEY: &str = "llm:{t:acme}:bud:tenant-day:tenant:acme:2026-11-30";
+/// The harness clock's start (see `redis_suite_start_nanos`): budget keys carry its day.
+fn start_nanos() -> u64 {
+    llm_gateway_tests::harness::redis_suite_start_nanos()
+}
+
+/// The tenant's day budget key on the start's day.
+fn budget_key() -> String {
+    format!("llm:{{t:acme}}:bud:tenant-day:tenant:acme:{}", start_day())
+}
+
+/// The UTC day (`YYYY-MM-DD`, as budget keys spell it) of the harness clock's start.
+fn start_day() -> String {
+    let ms = llm_gateway_tests::harness::redis_suite_start_nanos() / 1_000_000;
+    token_ratelimit::budget::period(token_ratelimit::config::Period::Day, ms).0
+}
+
 const MARGIN_PERCENT: u8 = 10;
 const DEFAULT_MAX_TOKENS: u64 = 1024;
 
@@ -170,7 +183,7 @@ fn fleet(transport: Transport, config: &Value, redis_addr: std::net::SocketAddr)
             (fleet, Some(webdis))
         }
     };
-    fleet.clock().set_nanos(START_NANOS);
+    fleet.clock().set_nanos(start_nanos());
     Gateway {
         fleet,
         transport,
@@ -575,7 +588,7 @@ fn budget_scenario(transport: Transport, variant: Variant, seed: u64) -> BudgetR
             for req in journaled.drain(..) {
                 model += actual_of[&req] as i64 - reserved[&req] as i64;
             }
-            assert_eq!(redis_int(&redis, BUDGET_KEY), model, "after the replay");
+            assert_eq!(redis_int(&redis, &budget_key()), model, "after the replay");
         }
         let batch = if outage || next < burst {
             1 + rng.index(if outage { 1 } else { 8 })
@@ -754,7 +767,7 @@ fn budget_scenario(transport: Transport, variant: Variant, seed: u64) -> BudgetR
             .max(live.iter().filter(|l| l.admitted).count());
         if !outage {
             assert_eq!(
-                redis_int(&redis, BUDGET_KEY),
+                redis_int(&redis, &budget_key()),
                 model,
                 "the budget in Redis and the test's ledger"
             );
@@ -776,9 +789,9 @@ fn budget_scenario(transport: Transport, variant: Variant, seed: u64) -> BudgetR
     assert!(outage_done);
     // the end: nothing left to replay, nothing left reserved
     recover(&fleet);
-    assert_eq!(redis_int(&redis, BUDGET_KEY), model, "at the end");
+    assert_eq!(redis_int(&redis, &budget_key()), model, "at the end");
     assert_eq!(journal_depth(&fleet), 0);
-    run.spent = redis_int(&redis, BUDGET_KEY);
+    run.spent = redis_int(&redis, &budget_key());
     run.actual = reserved.keys().map(|r| actual_of[r]).sum();
     run.redis_calls = fleet.redis_calls() - calls_before;
     assert_eq!(
@@ -954,7 +967,10 @@ fn a_client_gone_while_its_reserve_is_in_flight_leaves_nothing_reserved_over_htt
         .unwrap();
     stream.finish().unwrap();
     fleet.pump_and_flush();
-    assert_eq!(redis_int(&redis, BUDGET_KEY), first.actual_tokens() as i64);
+    assert_eq!(
+        redis_int(&redis, &budget_key()),
+        first.actual_tokens() as i64
+    );
 
     let gone = Req::random(&mut rng, "gone".into(), (40, 400), true);
     let stream = gone.open(&fleet);
@@ -970,7 +986,7 @@ fn a_client_gone_while_its_reserve_is_in_flight_leaves_nothing_reserved_over_htt
         fleet.log_text()
     );
     assert_eq!(
-        redis_int(&redis, BUDGET_KEY),
+        redis_int(&redis, &budget_key()),
         first.actual_tokens() as i64,
         "the RESERVE ran, then its CANCEL gave it back"
     );
@@ -1065,7 +1081,7 @@ fn run_limiter(
     let mut streams: HashMap<usize, Stream> = HashMap::new();
     let mut next_tick = 0u64;
     let mut calls = fleet.redis_calls();
-    let set_clock = |t: u64| fleet.clock().set_nanos(START_NANOS + t * 1_000_000);
+    let set_clock = |t: u64| fleet.clock().set_nanos(start_nanos() + t * 1_000_000);
     let mut account = |t: u64, figures: &mut Vec<WindowFigures>| {
         let now = fleet.redis_calls();
         let w = ((t / WINDOW_MS) as usize).min(windows - 1);

@@ -13,8 +13,17 @@ use serde_json::{json, Value};
 use std::time::Duration;
 
 const SERVICE: &str = "outbound|6379||redis.static";
-/// 2026-11-30T00:53:20Z.
-const START_NANOS: u64 = 1_796_000_000_000_000_000;
+/// The harness clock's start (see `redis_suite_start_nanos`): 00:53:20 UTC.
+fn start_nanos() -> u64 {
+    llm_gateway_tests::harness::redis_suite_start_nanos()
+}
+
+/// 06:00 UTC on the start's day, RFC 3339.
+fn six_am() -> String {
+    let ms = start_nanos() / 1_000_000;
+    let day = token_ratelimit::budget::period(token_ratelimit::config::Period::Day, ms).0;
+    format!("{day}T06:00:00Z")
+}
 
 const FREE: &str = "sk-tier-free-1a2b3c4d5e";
 const PRO: &str = "sk-tier-pro-6f7a8b9c0d";
@@ -31,7 +40,7 @@ fn keys() -> Value {
          "consumer": "team-pro", "tenant": "acme", "groups": ["*"], "id": "pro-key", "tier": "pro"},
         {"key_sha256": "2912c1aa3535238e3fc851b890113bb8cf6aa65f74691fc49f3cde007c30bf41",
          "consumer": "team-a", "tenant": "acme", "groups": ["*"], "id": "k1",
-         "expires_at": "2026-11-30T06:00:00Z"},
+         "expires_at": six_am()},
         {"key_sha256": "911abe44a75a167a8c7aa841f0424379143f53559846068d93bee08cf20399c2",
          "consumer": "team-a", "tenant": "acme", "groups": ["*"], "id": "k1"}
     ]})
@@ -48,7 +57,7 @@ fn higress_chain(limiter: &Value, redis: &Redis) -> Fleet {
         .workers(2)
         .build()
         .unwrap();
-    fleet.clock().set_nanos(START_NANOS);
+    fleet.clock().set_nanos(start_nanos());
     fleet
 }
 
@@ -65,7 +74,7 @@ fn plain_chain(limiter: &Value) -> Fleet {
         .workers(2)
         .build()
         .unwrap();
-    fleet.clock().set_nanos(START_NANOS);
+    fleet.clock().set_nanos(start_nanos());
     fleet
 }
 
@@ -264,7 +273,7 @@ fn in_redis_a_budget_scoped_to_a_group_counts_only_that_groups_requests() {
         .redis(SERVICE, redis.addr())
         .build()
         .unwrap();
-    fleet.clock().set_nanos(START_NANOS);
+    fleet.clock().set_nanos(start_nanos());
     let in_group = |id: &str, group: &str| {
         let request = chat(id, PRO)
             .header("x-llm-tenant", "acme")

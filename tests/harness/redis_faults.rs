@@ -31,9 +31,17 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 use token_ratelimit::bucket::Local;
 
-/// 2026-11-30T00:53Z: the budget keys carry the day.
-const START_NANOS: u64 = 1_796_000_000_000_000_000;
-const DAY: &str = "2026-11-30";
+/// The harness clock's start (see `redis_suite_start_nanos`): the budget keys carry its day.
+fn start_nanos() -> u64 {
+    llm_gateway_tests::harness::redis_suite_start_nanos()
+}
+
+/// The UTC day (`YYYY-MM-DD`, as budget keys spell it) of the harness clock's start.
+fn start_day() -> String {
+    let ms = llm_gateway_tests::harness::redis_suite_start_nanos() / 1_000_000;
+    token_ratelimit::budget::period(token_ratelimit::config::Period::Day, ms).0
+}
+
 /// token-ratelimit's Redis timeout.
 const TIMEOUT_MS: u32 = 100;
 /// usage-accounting's ledger timeout (each append given up on costs the test this long).
@@ -66,7 +74,7 @@ fn rig(seed: u64) -> Rig {
         &traffic::usage_config(LEDGER_TIMEOUT_MS),
     )
     .unwrap();
-    fleet.clock().set_nanos(START_NANOS);
+    fleet.clock().set_nanos(start_nanos());
     let mix = Mix {
         user_percent: 30,
         ..Mix::default()
@@ -214,7 +222,7 @@ fn check_books(rig: &Rig, expect: &Expect<'_>) -> Books {
         .filter(|o| o.admitted && (expect.charged)(o))
         .collect();
     let tokens: u64 = charged.iter().map(|o| o.total_tokens()).sum();
-    let spent = books.spent(&traffic::tenant_key(DAY));
+    let spent = books.spent(&traffic::tenant_key(&start_day()));
     eprintln!(
         "tenant-day: {spent} spent in Redis, {tokens} in the records of {} requests (drift {})",
         charged.len(),
@@ -227,7 +235,7 @@ fn check_books(rig: &Rig, expect: &Expect<'_>) -> Books {
             .filter(|o| o.consumer == consumer)
             .map(|o| o.cost_nano())
             .sum();
-        let spent = books.spent(&traffic::consumer_key(consumer, DAY));
+        let spent = books.spent(&traffic::consumer_key(consumer, &start_day()));
         assert_eq!(spent, cost as i64, "{consumer}'s money budget drift");
     }
     // nothing reserved any more, nothing waiting in a journal
@@ -359,7 +367,7 @@ fn report(name: &str, rig: &Rig) {
 fn spent_now(redis: &Redis) -> Value {
     json!(Books::read(redis.addr())
         .unwrap()
-        .spent(&traffic::tenant_key(DAY)))
+        .spent(&traffic::tenant_key(&start_day())))
 }
 
 /// Redis stopped with streams in flight, traffic goes on without it (budgets `allow`:
@@ -462,7 +470,7 @@ fn redis_slower_than_its_timeout() {
     rig.proxy.set(Fault::Pass);
     rig.traffic.phase = BACK;
     rig.recover();
-    let tenant = traffic::tenant_key(DAY);
+    let tenant = traffic::tenant_key(&start_day());
     let settled = Books::read(rig.redis.addr()).unwrap().spent(&tenant);
     // the stragglers arrive (SLOW_MS after they were sent) and find their tombstones
     std::thread::sleep(Duration::from_millis(SLOW_MS + 500));

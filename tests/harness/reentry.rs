@@ -41,7 +41,9 @@ fn fleet(limiter: &Value, redis: Option<&Redis>) -> Fleet {
             .redis(SERVICE, redis.addr()),
     };
     let fleet = builder.build().unwrap();
-    fleet.clock().set_nanos(1_796_000_000_000_000_000);
+    fleet
+        .clock()
+        .set_nanos(llm_gateway_tests::harness::redis_suite_start_nanos());
     fleet
 }
 
@@ -298,7 +300,10 @@ fn redis_budgets_reserve_and_reconcile_once_across_the_redirect() {
         fleet.log_text()
     );
     let reply = redis
-        .command(&["GET", "llm:{t:acme}:bud:tenant-day:tenant:acme:2026-11-30"])
+        .command(&[
+            "GET",
+            &format!("llm:{{t:acme}}:bud:tenant-day:tenant:acme:{}", start_day()),
+        ])
         .unwrap();
     let spent: u64 = reply.lines().nth(1).unwrap().parse().unwrap();
     assert_eq!(spent, USED.0 + USED.1);
@@ -394,4 +399,10 @@ fn a_budget_fallback_of_the_superseded_pass_is_kept() {
     // charged once, at the cheap price: 1004 × 0.15 + 200 × 0.60 (µ$/token ×1000 = nano)
     assert_eq!(budget_spent(&fleet), 1004 * 150 + 200 * 600);
     assert_eq!(records(&fleet).len(), 1);
+}
+
+/// The UTC day (`YYYY-MM-DD`, as budget keys spell it) of the harness clock's start.
+fn start_day() -> String {
+    let ms = llm_gateway_tests::harness::redis_suite_start_nanos() / 1_000_000;
+    token_ratelimit::budget::period(token_ratelimit::config::Period::Day, ms).0
 }

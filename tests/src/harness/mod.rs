@@ -37,3 +37,20 @@ pub use services::Clock;
 pub use state::{HttpCallOutcome, HttpCallRequest};
 pub use stream::{Direction, LocalReply, Property};
 pub use vm::FilterSpec;
+
+/// Where the harness clock starts in the suites whose keys live in a real `redis-server`:
+/// 00:53:20 UTC of the day after the real one (Unix nanoseconds).
+///
+/// The gateway's clock decides absolute expiries (`PEXPIREAT` of a budget's key: its period's
+/// end plus a day), and Redis judges them by its own, real clock: a fixed date makes those keys
+/// vanish as soon as they are written once it lies two days in the past. A start in the near
+/// future keeps every such expiry ahead of Redis's clock (by an hour at least), and the fixed
+/// time of day keeps the suites' timelines (hours of simulated traffic stay within one day).
+pub fn redis_suite_start_nanos() -> u64 {
+    const DAY_S: u64 = 86_400;
+    let now_s = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let tomorrow = (now_s / DAY_S + 1) * DAY_S;
+    (tomorrow + 53 * 60 + 20) * 1_000_000_000
+}
