@@ -12,10 +12,14 @@
 //!   "allow": null,
 //!   "global_auth": true,
 //!   "reentry": true,
+//!   "redis": {"service": "outbound|6379||redis.static", "prefix": "llm:key:",
+//!             "cache_ttl_ms": 30000, "negative_ttl_ms": 30000},
 //!   "_rules_": [{"_match_route_": ["billing"], "allow": ["team-a"]}]
 //! }
 //! ```
 //! Only SHA-256 digests of keys ever appear in config (`scripts/hash-key` prints one).
+//! With `redis` (the Higress build), a digest the config does not have is looked up in Redis:
+//! one hash per digest whose fields are those of a config key ([`entry_from_hash`]).
 
 use crate::rfc3339;
 use llm_gateway_shared::config::{self, validate_name, ConfigError};
@@ -90,12 +94,61 @@ pub struct KeyAuthConfig {
     /// Issue and accept re-entry tickets (`crate::reentry`): the internal-redirect fallback of
     /// Higress and Envoy < 1.39 sends the request through the chain again without its key.
     pub reentry: bool,
+    /// Keys the config does not have are looked up in Redis (the Higress build).
+    pub store: Option<Rc<KeyStoreConfig>>,
 }
 
 impl KeyAuthConfig {
     /// True if some key expires, so a decision needs the current time.
     pub fn needs_clock(&self) -> bool {
-        self.any_expiry || self.reentry
+        self.any_expiry || self.reentry || self.store.is_some()
+    }
+}
+
+/// This build has Higress's Redis calls (the Higress build, cargo feature `higress`).
+pub const REDIS_TRANSPORT: bool = cfg!(feature = "higress");
+
+/// Where Redis-held keys are and how long a worker trusts what it read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyStoreConfig {
+    /// The Higress Redis service (`outbound|6379||redis.static`).
+    pub service: String,
+    /// ACL user.
+    pub username: Option<String>,
+    /// Password (never logged).
+    pub password: Option<String>,
+    /// Call timeout.
+    pub timeout_ms: u32,
+    /// A key's hash is `<prefix><digest hex>`.
+    pub prefix: String,
+    /// How long a key read from Redis is used without asking again: a key disabled or
+    /// changed in Redis is seen by every worker within this time.
+    pub cache_ttl_ms: u64,
+    /// How long "no such key" is remembered: a wrong key asks Redis once per this time.
+    pub negative_ttl_ms: u64,
+    /// The most digests the shared cache holds (in buckets of [`crate::cache::BUCKET_WAYS`]).
+    pub cache_entries: u32,
+}
+
+impl KeyStoreConfig {
+    /// The Redis key of a digest's hash.
+    pub fn redis_key(&self, digest: &[u8; 32]) -> String {
+        let mut key = String::with_capacity(self.prefix.len() + 64);
+        key.push_str(&self.prefix);
+        push_hex(&mut key, digest);
+        key
+    }
+}
+
+/// Appends the lowercase hex of `bytes`.
+pub fn push_hex(out: &mut String, bytes: &[u8]) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    for b in bytes {
+        for nibble in [b >> 4, b & 0xf] {
+            out.push(char::from(
+                HEX.get(usize::from(nibble)).copied().unwrap_or(b'0'),
+            ));
+        }
     }
 }
 
@@ -114,6 +167,95 @@ struct RawConfig {
     global_auth: bool,
     #[serde(default = "default_true")]
     reentry: bool,
+    #[serde(default)]
+    redis: Option<RawStore>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawStore {
+    #[serde(default)]
+    service: Option<String>,
+    #[serde(default)]
+    username: Option<String>,
+    #[serde(default)]
+    password: Option<String>,
+    #[serde(default = "default_timeout")]
+    timeout_ms: u32,
+    #[serde(default = "default_prefix")]
+    prefix: String,
+    #[serde(default = "default_ttl")]
+    cache_ttl_ms: u64,
+    #[serde(default)]
+    negative_ttl_ms: Option<u64>,
+    #[serde(default = "default_cache_entries")]
+    cache_entries: u32,
+}
+
+fn default_timeout() -> u32 {
+    200
+}
+fn default_prefix() -> String {
+    "llm:key:".into()
+}
+fn default_ttl() -> u64 {
+    30_000
+}
+fn default_cache_entries() -> u32 {
+    262_144
+}
+
+fn parse_store(raw: RawStore) -> Result<KeyStoreConfig, ConfigError> {
+    if !REDIS_TRANSPORT {
+        return Err(ConfigError::new(
+            "redis",
+            "this build has no Higress Redis calls: Redis-held keys need the Higress build (dist/higress/key-auth.wasm); plain Envoy keeps keys in `keys`",
+        ));
+    }
+    let service = match raw.service {
+        Some(service) if !service.is_empty() => service,
+        _ => return Err(ConfigError::new("redis.service", "must not be empty")),
+    };
+    if raw.timeout_ms == 0 || raw.timeout_ms > 60_000 {
+        return Err(ConfigError::new(
+            "redis.timeout_ms",
+            "must be between 1 and 60000",
+        ));
+    }
+    if raw.prefix.len() > 128 || raw.prefix.bytes().any(|b| !b.is_ascii_graphic()) {
+        return Err(ConfigError::new(
+            "redis.prefix",
+            "must be at most 128 printable ASCII characters without spaces",
+        ));
+    }
+    let negative_ttl_ms = raw.negative_ttl_ms.unwrap_or(raw.cache_ttl_ms);
+    for (field, ttl) in [
+        ("redis.cache_ttl_ms", raw.cache_ttl_ms),
+        ("redis.negative_ttl_ms", negative_ttl_ms),
+    ] {
+        if ttl == 0 || ttl > 86_400_000 {
+            return Err(ConfigError::new(
+                field,
+                "must be between 1 and 86400000 (a day)",
+            ));
+        }
+    }
+    if !(64..=16_777_216).contains(&raw.cache_entries) {
+        return Err(ConfigError::new(
+            "redis.cache_entries",
+            "must be between 64 and 16777216",
+        ));
+    }
+    Ok(KeyStoreConfig {
+        service,
+        username: raw.username.filter(|u| !u.is_empty()),
+        password: raw.password.filter(|p| !p.is_empty()),
+        timeout_ms: raw.timeout_ms,
+        prefix: raw.prefix,
+        cache_ttl_ms: raw.cache_ttl_ms,
+        negative_ttl_ms,
+        cache_entries: raw.cache_entries,
+    })
 }
 
 #[derive(Deserialize)]
@@ -174,9 +316,13 @@ fn parse_scope(
     };
 
     let sources = key_sources(&raw.key_sources, raw.query_param.as_deref())?;
+    let store = match raw.redis {
+        None => None,
+        Some(raw) => Some(Rc::new(parse_store(raw)?)),
+    };
     let allow = match raw.allow {
         None => None,
-        Some(names) => Some(allow_list(&names, &keys)?),
+        Some(names) => Some(allow_list(&names, &keys, store.is_some())?),
     };
     let missing_message = missing_message(&sources);
     let any_expiry = keys.values().any(|k| k.expires_at.is_some());
@@ -191,6 +337,7 @@ fn parse_scope(
         },
         missing_message,
         reentry: raw.reentry,
+        store,
     })
 }
 
@@ -203,33 +350,14 @@ fn key_table(raw: &[RawKey]) -> Result<KeyTable, ConfigError> {
         let at = |field: &str| format!("keys[{i}].{field}");
         let digest = parse_digest(&key.key_sha256)
             .map_err(|reason| ConfigError::new(at("key_sha256"), reason))?;
-        validate_name(&at("consumer"), &key.consumer)?;
-        validate_name(&at("tenant"), &key.tenant)?;
-        for (g, group) in key.groups.iter().enumerate() {
-            if group != "*" {
-                validate_name(&format!("keys[{i}].groups[{g}]"), group)?;
-            }
-        }
-        let expires_at = match &key.expires_at {
-            None => None,
-            Some(text) => Some(rfc3339::parse_unix_seconds(text).map_err(|reason| {
-                ConfigError::new(
-                    at("expires_at"),
-                    format!("not an RFC 3339 timestamp: {reason}"),
-                )
-            })?),
-        };
+        let entry = validate_key(key, &digest, &at)?;
         if let Some(previous) = first_index.insert(digest, i) {
             return Err(ConfigError::new(
                 at("key_sha256"),
                 format!("duplicate digest: keys[{previous}] has the same one"),
             ));
         }
-        if let Some(tier) = &key.tier {
-            validate_name(&at("tier"), tier)?;
-        }
         if let Some(id) = &key.id {
-            validate_name(&at("id"), id)?;
             match ids.get(id.as_str()) {
                 Some((j, first))
                     if (&first.consumer, &first.tenant) != (&key.consumer, &key.tenant) =>
@@ -245,27 +373,114 @@ fn key_table(raw: &[RawKey]) -> Result<KeyTable, ConfigError> {
                 }
             }
         }
-        table.insert(
-            digest,
-            KeyEntry {
-                consumer: key.consumer.clone(),
-                tenant: key.tenant.clone(),
-                groups: key.groups.join(","),
-                expires_at,
-                disabled: key.disabled,
-                key_id: match &key.id {
-                    Some(id) => id.clone(),
-                    None => key
-                        .key_sha256
-                        .get(..16)
-                        .unwrap_or_default()
-                        .to_ascii_lowercase(),
-                },
-                tier: key.tier.clone(),
-            },
-        );
+        table.insert(digest, entry);
     }
     Ok(table)
+}
+
+/// One key's fields checked and turned into its entry; `at(field)` names a field in errors.
+/// The one validation of a key, whether it comes from the config or from Redis.
+fn validate_key(
+    key: &RawKey,
+    digest: &[u8; 32],
+    at: &dyn Fn(&str) -> String,
+) -> Result<KeyEntry, ConfigError> {
+    validate_name(&at("consumer"), &key.consumer)?;
+    validate_name(&at("tenant"), &key.tenant)?;
+    for (g, group) in key.groups.iter().enumerate() {
+        if group != "*" {
+            validate_name(&format!("{}[{g}]", at("groups")), group)?;
+        }
+    }
+    let expires_at = match &key.expires_at {
+        None => None,
+        Some(text) => Some(rfc3339::parse_unix_seconds(text).map_err(|reason| {
+            ConfigError::new(
+                at("expires_at"),
+                format!("not an RFC 3339 timestamp: {reason}"),
+            )
+        })?),
+    };
+    if let Some(tier) = &key.tier {
+        validate_name(&at("tier"), tier)?;
+    }
+    if let Some(id) = &key.id {
+        validate_name(&at("id"), id)?;
+    }
+    Ok(KeyEntry {
+        consumer: key.consumer.clone(),
+        tenant: key.tenant.clone(),
+        groups: key.groups.join(","),
+        expires_at,
+        disabled: key.disabled,
+        key_id: match &key.id {
+            Some(id) => id.clone(),
+            None => {
+                let mut prefix = String::with_capacity(16);
+                push_hex(&mut prefix, digest.get(..8).unwrap_or_default());
+                prefix
+            }
+        },
+        tier: key.tier.clone(),
+    })
+}
+
+/// A key's entry from the fields of its Redis hash (`HGETALL`: field, value, field, value…):
+/// `consumer` (required), `tenant` (default `default`), `groups` (comma-separated, `*` any,
+/// empty none), `tier`, `id`, `disabled` (`1`/`true`/`0`/`false`), `expires_at` (RFC 3339).
+/// Other fields (`created_at`, …) are ignored. `Ok(None)`: no such hash. A field that fails
+/// the config's validation is an error naming it (the value is never quoted).
+pub fn entry_from_hash(
+    digest: &[u8; 32],
+    fields: &[(Vec<u8>, Vec<u8>)],
+) -> Result<Option<KeyEntry>, ConfigError> {
+    if fields.is_empty() {
+        return Ok(None);
+    }
+    let text = |name: &str, value: &[u8]| -> Result<String, ConfigError> {
+        String::from_utf8(value.to_vec()).map_err(|_| ConfigError::new(name, "not UTF-8"))
+    };
+    let mut consumer = None;
+    let mut key = RawKey {
+        key_sha256: String::new(),
+        consumer: String::new(),
+        tenant: default_tenant(),
+        groups: Vec::new(),
+        expires_at: None,
+        disabled: false,
+        id: None,
+        tier: None,
+    };
+    for (name, value) in fields {
+        let Ok(name) = std::str::from_utf8(name) else {
+            continue;
+        };
+        match name {
+            "consumer" => consumer = Some(text(name, value)?),
+            "tenant" => key.tenant = text(name, value)?,
+            "groups" => {
+                let groups = text(name, value)?;
+                key.groups = groups
+                    .split(',')
+                    .filter(|g| !g.is_empty())
+                    .map(str::to_string)
+                    .collect();
+            }
+            "tier" if !value.is_empty() => key.tier = Some(text(name, value)?),
+            "id" if !value.is_empty() => key.id = Some(text(name, value)?),
+            "expires_at" if !value.is_empty() => key.expires_at = Some(text(name, value)?),
+            "disabled" => {
+                key.disabled = match value.as_slice() {
+                    b"1" | b"true" => true,
+                    b"0" | b"false" | b"" => false,
+                    _ => return Err(ConfigError::new("disabled", "must be 1, true, 0 or false")),
+                }
+            }
+            _ => {}
+        }
+    }
+    key.consumer = consumer.ok_or_else(|| ConfigError::new("consumer", "missing"))?;
+    validate_key(&key, digest, &|field: &str| field.to_string()).map(Some)
 }
 
 /// 64 hex digits (any case) -> 32 bytes.
@@ -345,11 +560,18 @@ fn is_header_token(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
 }
 
-fn allow_list(names: &[String], keys: &KeyTable) -> Result<HashSet<String>, ConfigError> {
+/// The `allow` list. Without Redis every name must belong to a configured key (a typo would
+/// lock a route); with Redis a consumer may have keys only there, so a name is only checked.
+fn allow_list(
+    names: &[String],
+    keys: &KeyTable,
+    redis: bool,
+) -> Result<HashSet<String>, ConfigError> {
     let known: HashSet<&str> = keys.values().map(|k| k.consumer.as_str()).collect();
     let mut allow = HashSet::with_capacity(names.len());
     for (i, name) in names.iter().enumerate() {
-        if !known.contains(name.as_str()) {
+        validate_name(&format!("allow[{i}]"), name)?;
+        if !redis && !known.contains(name.as_str()) {
             return Err(ConfigError::new(
                 format!("allow[{i}]"),
                 format!("no key belongs to consumer {name:?}"),
