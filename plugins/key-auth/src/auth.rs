@@ -632,6 +632,138 @@ mod tests {
         }
     }
 
+    fn with_store(set: &RuleSet<KeyAuthConfig>) -> KeyAuthConfig {
+        let mut cfg = set.global().unwrap().clone();
+        cfg.store = Some(std::rc::Rc::new(crate::config::KeyStoreConfig {
+            service: "redis".into(),
+            username: None,
+            password: None,
+            timeout_ms: 100,
+            prefix: "llm:key:".into(),
+            cache_ttl_ms: 30_000,
+            negative_ttl_ms: 30_000,
+            cache_entries: 1024,
+        }));
+        cfg
+    }
+
+    /// A store that answers every digest the same and counts the questions.
+    struct Fixed(Found, usize);
+
+    impl KeyLookup for Fixed {
+        fn find(&mut self, _digest: &[u8; 32]) -> Found {
+            self.1 += 1;
+            self.0.clone()
+        }
+    }
+
+    #[test]
+    fn a_digest_beyond_the_config_is_fetched_then_decided_by_the_answer() {
+        let cfg = with_store(&config(""));
+        let headers = req(&[
+            ("authorization", "Bearer sk-only-in-redis"),
+            ("x-llm-tenant", "spoof"),
+        ]);
+        let digest: [u8; 32] = Sha256::digest(b"sk-only-in-redis").into();
+        // not cached: fetch, and nothing is edited yet
+        let mut fetch = Fixed(Found::Fetch, 0);
+        let plan = authenticate_with(Some(&cfg), &headers, NOW, None, &mut fetch);
+        assert_eq!(plan.outcome, Outcome::Fetch { digest });
+        // Redis's answer: an entry is decided like a config key (disabled, expired, allowed)
+        let entry = KeyEntry {
+            consumer: "team-r".into(),
+            tenant: "acme".into(),
+            groups: "fast".into(),
+            expires_at: None,
+            disabled: false,
+            key_id: "team-r-1".into(),
+            tier: Some("pro".into()),
+        };
+        let mut answered = Answered {
+            digest,
+            found: Found::Entry(entry.clone()),
+        };
+        let plan = authenticate_with(Some(&cfg), &headers, NOW, None, &mut answered);
+        let Outcome::Allow { identity, key_id } = &plan.outcome else {
+            panic!("{:?}", plan.outcome);
+        };
+        assert_eq!(key_id, "team-r-1");
+        assert!(identity.contains(&(headers::TIER, "pro".into())));
+        assert!(plan.remove.contains(&"x-llm-tenant".to_string()));
+        assert!(plan.remove.contains(&"authorization".to_string()));
+        for (entry, expected) in [
+            (
+                KeyEntry {
+                    disabled: true,
+                    ..entry.clone()
+                },
+                "disabled_api_key",
+            ),
+            (
+                KeyEntry {
+                    expires_at: Some(NOW),
+                    ..entry.clone()
+                },
+                "expired_api_key",
+            ),
+        ] {
+            let mut answered = Answered {
+                digest,
+                found: Found::Entry(entry),
+            };
+            let plan = authenticate_with(Some(&cfg), &headers, NOW, None, &mut answered);
+            assert_eq!(code(&plan), Some(expected));
+        }
+        let mut unknown = Answered {
+            digest,
+            found: Found::Unknown,
+        };
+        let plan = authenticate_with(Some(&cfg), &headers, NOW, None, &mut unknown);
+        assert_eq!(code(&plan), Some("invalid_api_key"));
+        let mut down = Answered {
+            digest,
+            found: Found::Unavailable,
+        };
+        let plan = authenticate_with(Some(&cfg), &headers, NOW, None, &mut down);
+        assert_eq!(code(&plan), Some("key_store_unavailable"));
+        let Outcome::Deny { reject, key_id, .. } = &plan.outcome else {
+            unreachable!()
+        };
+        assert_eq!(reject.status, 503);
+        assert_eq!(key_id.as_deref(), Some(&sha("sk-only-in-redis")[..16]));
+    }
+
+    #[test]
+    fn the_config_wins_and_a_config_without_redis_never_asks_the_store() {
+        let set = config("");
+        let cfg = with_store(&set);
+        let bearer = format!("Bearer {KEY_A}");
+        let mut store = Fixed(Found::Unavailable, 0);
+        let plan = authenticate_with(
+            Some(&cfg),
+            &req(&[("authorization", &bearer)]),
+            NOW,
+            None,
+            &mut store,
+        );
+        assert!(
+            matches!(plan.outcome, Outcome::Allow { .. }),
+            "{:?}",
+            plan.outcome
+        );
+        assert_eq!(store.1, 0);
+        // a missing key asks nothing either
+        let plan = authenticate_with(Some(&cfg), &req(&[]), NOW, None, &mut store);
+        assert_eq!(code(&plan), Some("missing_api_key"));
+        assert_eq!(store.1, 0);
+        // without `redis` an unknown digest is unknown, whatever a store would say
+        let plain = set.global().unwrap();
+        let headers = req(&[("authorization", "Bearer sk-nope")]);
+        let plan = authenticate_with(Some(plain), &headers, NOW, None, &mut store);
+        assert_eq!(code(&plan), Some("invalid_api_key"));
+        assert_eq!(store.1, 0);
+    }
+
     #[test]
     fn valid_key_from_each_source() {
         let set = config("");

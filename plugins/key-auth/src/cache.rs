@@ -373,6 +373,54 @@ mod tests {
         assert_eq!(bucket_key(&d, 65_536), "llm_keys/4464");
     }
 
+    #[test]
+    fn a_hgetall_reply_is_an_entry_an_unknown_key_or_unavailable() {
+        let digest = [0x8e; 32];
+        let hash = b"*4\r\n$8\r\nconsumer\r\n$6\r\nteam-a\r\n$6\r\ngroups\r\n$1\r\n*\r\n";
+        let (found, line) = found_from_reply(&digest, Ok(hash));
+        let Found::Entry(entry) = found else {
+            panic!("{found:?}");
+        };
+        assert_eq!(
+            (entry.consumer.as_str(), entry.groups.as_str()),
+            ("team-a", "*")
+        );
+        assert_eq!(line, None);
+        assert_eq!(
+            found_from_reply(&digest, Ok(b"*0\r\n")),
+            (Found::Unknown, None)
+        );
+        // a hash that fails validation: unknown, with a line naming the field and the key id
+        let bad = b"*2\r\n$6\r\ntenant\r\n$1\r\nt\r\n";
+        let (found, line) = found_from_reply(&digest, Ok(bad));
+        assert_eq!(found, Found::Unknown);
+        let line = line.unwrap();
+        assert!(
+            line.contains("`consumer`") && line.contains("8e8e8e8e8e8e8e8e"),
+            "{line}"
+        );
+        assert!(
+            !line.contains(&"8e".repeat(32)),
+            "the whole digest in a log line"
+        );
+        // no answer, a RESP error, another type, a broken reply: unavailable
+        for reply in [
+            Err("call failed (status 1)"),
+            Ok(
+                b"-WRONGTYPE Operation against a key holding the wrong kind of value\r\n"
+                    .as_slice(),
+            ),
+            Ok(b"$1\r\nx\r\n".as_slice()),
+            Ok(b"*1\r\n$1\r\nx\r\n".as_slice()),
+            Ok(b"*2\r\n$1\r\nx\r\n:1\r\n".as_slice()),
+            Ok(b"garbage".as_slice()),
+        ] {
+            let (found, line) = found_from_reply(&digest, reply);
+            assert_eq!(found, Found::Unavailable, "{reply:?}");
+            assert!(line.is_some());
+        }
+    }
+
     proptest! {
         #[test]
         fn any_bytes_decode_without_panicking_and_never_grow_a_bucket(

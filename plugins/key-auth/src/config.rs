@@ -695,6 +695,135 @@ mod tests {
         assert!(err.contains("keys[0].id"), "{err}");
     }
 
+    fn fields(pairs: &[(&str, &str)]) -> Vec<(Vec<u8>, Vec<u8>)> {
+        pairs
+            .iter()
+            .map(|(n, v)| (n.as_bytes().to_vec(), v.as_bytes().to_vec()))
+            .collect()
+    }
+
+    #[test]
+    fn a_redis_hash_becomes_the_entry_a_config_key_would() {
+        let digest = parse_digest(DIGEST_A).unwrap();
+        let entry = entry_from_hash(
+            &digest,
+            &fields(&[
+                ("consumer", "team-a"),
+                ("tenant", "acme"),
+                ("groups", "fast,smart"),
+                ("tier", "pro"),
+                ("id", "team-a-prod"),
+                ("disabled", "1"),
+                ("expires_at", "2027-01-01T00:00:00Z"),
+                ("created_at", "2026-12-01T00:00:00Z"),
+            ]),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            entry,
+            KeyEntry {
+                consumer: "team-a".into(),
+                tenant: "acme".into(),
+                groups: "fast,smart".into(),
+                expires_at: Some(1_798_761_600),
+                disabled: true,
+                key_id: "team-a-prod".into(),
+                tier: Some("pro".into()),
+            }
+        );
+        // defaults: tenant, no groups, digest-prefix id, enabled, no tier
+        let minimal = entry_from_hash(&digest, &fields(&[("consumer", "c")]))
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            (
+                minimal.tenant.as_str(),
+                minimal.groups.as_str(),
+                minimal.key_id.as_str()
+            ),
+            ("default", "", "8e5bfa1d0c9f10a0")
+        );
+        assert!(!minimal.disabled && minimal.tier.is_none());
+        assert_eq!(entry_from_hash(&digest, &[]).unwrap(), None);
+        for (pairs, field) in [
+            (vec![("tenant", "t")], "consumer"),
+            (vec![("consumer", "a b")], "consumer"),
+            (vec![("consumer", "c"), ("groups", "ok,a b")], "groups[1]"),
+            (vec![("consumer", "c"), ("disabled", "yes")], "disabled"),
+            (
+                vec![("consumer", "c"), ("expires_at", "soon")],
+                "expires_at",
+            ),
+            (vec![("consumer", "c"), ("tier", "x y")], "tier"),
+            (vec![("consumer", "c"), ("id", "x,y")], "id"),
+        ] {
+            let err = entry_from_hash(&digest, &fields(&pairs)).unwrap_err();
+            assert_eq!(err.field(), field, "{pairs:?}: {err}");
+        }
+        let bad_utf8 = vec![(b"consumer".to_vec(), vec![0xff, 0xfe])];
+        assert_eq!(
+            entry_from_hash(&digest, &bad_utf8).unwrap_err().field(),
+            "consumer"
+        );
+    }
+
+    #[test]
+    fn the_redis_section_is_for_the_higress_build_and_is_checked() {
+        let result = parse_document(br#"{"redis":{"service":"outbound|6379||redis.static"}}"#);
+        if !REDIS_TRANSPORT {
+            let err = result.unwrap_err();
+            assert_eq!(err.field(), "redis");
+            assert!(err.reason().contains("Higress build"), "{err}");
+            return;
+        }
+        let set = result.unwrap();
+        let store = set.global().unwrap().store.clone().unwrap();
+        assert_eq!(
+            (
+                store.prefix.as_str(),
+                store.cache_ttl_ms,
+                store.negative_ttl_ms,
+                store.timeout_ms
+            ),
+            ("llm:key:", 30_000, 30_000, 200)
+        );
+        assert!(set.global().unwrap().needs_clock());
+        assert_eq!(
+            store.redis_key(&[0xab; 32]),
+            format!("llm:key:{}", "ab".repeat(32))
+        );
+        // with Redis, `allow` may name consumers whose keys live only there
+        parse_document(br#"{"redis":{"service":"s"},"allow":["only-in-redis"]}"#).unwrap();
+        for (doc, field) in [
+            (r#"{"redis":{}}"#, "redis.service"),
+            (
+                r#"{"redis":{"service":"s","timeout_ms":0}}"#,
+                "redis.timeout_ms",
+            ),
+            (
+                r#"{"redis":{"service":"s","cache_ttl_ms":0}}"#,
+                "redis.cache_ttl_ms",
+            ),
+            (
+                r#"{"redis":{"service":"s","negative_ttl_ms":0}}"#,
+                "redis.negative_ttl_ms",
+            ),
+            (
+                r#"{"redis":{"service":"s","prefix":"a b"}}"#,
+                "redis.prefix",
+            ),
+            (
+                r#"{"redis":{"service":"s","cache_entries":1}}"#,
+                "redis.cache_entries",
+            ),
+            (r#"{"redis":{"service":"s","allow":[]}}"#, "redis"),
+        ] {
+            let err = parse_document(doc.as_bytes()).unwrap_err();
+            assert!(err.field().starts_with(field), "{doc}: {err}");
+        }
+    }
+
     #[test]
     fn defaults() {
         let set = parse_document(b"{}").unwrap();
