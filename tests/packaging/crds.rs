@@ -509,10 +509,9 @@ fn every_shipped_route_removes_every_identity_header() {
 /// default); uncommented, that form is what the plugin's Higress build accepts.
 #[test]
 fn the_commented_redis_keys_form_of_key_auth_is_accepted() {
-    let text = std::fs::read_to_string(
-        llm_gateway_tests::workspace::root().join("higress/key-auth.yaml"),
-    )
-    .unwrap();
+    let text =
+        std::fs::read_to_string(llm_gateway_tests::workspace::root().join("higress/key-auth.yaml"))
+            .unwrap();
     let uncommented: String = text
         .lines()
         .map(|line| match line.strip_prefix("    # ") {

@@ -155,8 +155,6 @@ pub fn push_hex(out: &mut String, bytes: &[u8]) {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawConfig {
-    #[serde(default)]
-    keys: Vec<RawKey>,
     #[serde(default = "default_sources")]
     key_sources: Vec<String>,
     #[serde(default)]
@@ -290,29 +288,79 @@ fn default_tenant() -> String {
 
 /// Parses a whole configuration document (plain JSON or Higress form).
 pub fn parse_document(document: &[u8]) -> Result<RuleSet<KeyAuthConfig>, ConfigError> {
+    // Top-level `keys` are read straight from the bytes into keys, never into a JSON tree: at
+    // 100 000 keys the tree and its copies were most of a VM's memory (README, "Many keys").
+    // The rest of the document (small) then goes the usual way, with `keys: null` standing
+    // for the table built here. A document that does not read this way (a bad key, not an
+    // object) goes the usual way whole, for the usual errors.
+    if let Ok(Streamed {
+        keys: Some(keys),
+        mut rest,
+    }) = serde_json::from_slice::<Streamed>(document)
+    {
+        let streamed = Rc::new(key_table(&keys)?);
+        drop(keys);
+        rest.insert("keys".into(), Value::Null);
+        let rest = serde_json::to_vec(&Value::Object(rest))
+            .map_err(|e| ConfigError::new("", e.to_string()))?;
+        let mut built = None;
+        return RuleSet::parse(&rest, |fields, scope| {
+            parse_scope(fields, scope, &mut built, &streamed)
+        });
+    }
     // Rules inherit the global `keys`; build the table once and share it when a scope's
     // `keys` are the same JSON value.
     let mut built: Option<(Value, Rc<KeyTable>)> = None;
+    let none = Rc::new(KeyTable::new());
     RuleSet::parse(document, |fields, scope| {
-        parse_scope(fields, scope, &mut built)
+        parse_scope(fields, scope, &mut built, &none)
     })
 }
 
+/// The document's top-level `keys`, read without a JSON tree, and everything else.
+#[derive(Deserialize)]
+struct Streamed {
+    #[serde(default)]
+    keys: Option<Vec<RawKey>>,
+    #[serde(flatten)]
+    rest: Map<String, Value>,
+}
+
+/// A scope's own `keys`, read from its JSON value.
+#[derive(Deserialize)]
+struct KeysOnly {
+    keys: Vec<RawKey>,
+}
+
+/// One scope's config. `streamed`: the table of a `keys: null` (the top-level keys read by
+/// [`parse_document`]), or of a scope without `keys`.
 fn parse_scope(
     fields: &Map<String, Value>,
     scope: Scope,
     built: &mut Option<(Value, Rc<KeyTable>)>,
+    streamed: &Rc<KeyTable>,
 ) -> Result<KeyAuthConfig, ConfigError> {
-    let raw: RawConfig = config::from_value("", Value::Object(fields.clone()))?;
+    let others: Map<String, Value> = fields
+        .iter()
+        .filter(|(name, _)| *name != "keys")
+        .map(|(name, value)| (name.clone(), value.clone()))
+        .collect();
+    let raw: RawConfig = config::from_value("", Value::Object(others))?;
 
-    let keys_value = fields.get("keys").cloned().unwrap_or(Value::Null);
-    let keys = match built {
-        Some((value, table)) if *value == keys_value => Rc::clone(table),
-        _ => {
-            let table = Rc::new(key_table(&raw.keys)?);
-            *built = Some((keys_value, Rc::clone(&table)));
-            table
-        }
+    let keys = match fields.get("keys") {
+        None | Some(Value::Null) => Rc::clone(streamed),
+        Some(value) => match built {
+            Some((seen, table)) if seen == value => Rc::clone(table),
+            _ => {
+                let own: KeysOnly = config::from_value(
+                    "",
+                    Value::Object(Map::from_iter([("keys".to_string(), value.clone())])),
+                )?;
+                let table = Rc::new(key_table(&own.keys)?);
+                *built = Some((value.clone(), Rc::clone(&table)));
+                table
+            }
+        },
     };
 
     let sources = key_sources(&raw.key_sources, raw.query_param.as_deref())?;
@@ -822,6 +870,36 @@ mod tests {
             let err = parse_document(doc.as_bytes()).unwrap_err();
             assert!(err.field().starts_with(field), "{doc}: {err}");
         }
+    }
+
+    #[test]
+    fn top_level_keys_read_without_a_tree_and_a_rule_with_its_own_keys_gets_them() {
+        let doc = doc(&format!(
+            r#","_rules_":[{{"_match_route_":["own"],"keys":[{{"key_sha256":"{}","consumer":"team-x","groups":["*"]}}]}},
+                           {{"_match_route_":["inherit"],"allow":["team-a"]}}]"#,
+            "C".repeat(64)
+        ));
+        let set = parse_document(doc.as_bytes()).unwrap();
+        let global = set.global().unwrap();
+        assert_eq!(global.keys.len(), 2);
+        let select = |route| {
+            set.select(&MatchInput {
+                route,
+                ..MatchInput::default()
+            })
+            .unwrap()
+        };
+        let own = select("own");
+        assert_eq!(own.keys.len(), 1);
+        assert_eq!(own.keys.get(&[0xcc; 32]).unwrap().consumer, "team-x");
+        assert!(Rc::ptr_eq(&select("inherit").keys, &global.keys));
+        // the same document read the slow way (its `keys` not first-class) gives the same keys
+        let slow = parse_document(
+            doc.replacen(r#""keys""#, r#""keys":[],"keys""#, 1)
+                .as_bytes(),
+        )
+        .unwrap();
+        assert_eq!(*slow.global().unwrap().keys, *global.keys);
     }
 
     #[test]
