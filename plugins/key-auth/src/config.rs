@@ -294,12 +294,11 @@ pub fn parse_document(document: &[u8]) -> Result<RuleSet<KeyAuthConfig>, ConfigE
     // for the table built here. A document that does not read this way (a bad key, not an
     // object) goes the usual way whole, for the usual errors.
     if let Ok(Streamed {
-        keys: Some(keys),
+        keys: Some(StreamedTable(table)),
         mut rest,
     }) = serde_json::from_slice::<Streamed>(document)
     {
-        let streamed = Rc::new(key_table(&keys)?);
-        drop(keys);
+        let streamed = Rc::new(table);
         rest.insert("keys".into(), Value::Null);
         let rest = serde_json::to_vec(&Value::Object(rest))
             .map_err(|e| ConfigError::new("", e.to_string()))?;
@@ -321,9 +320,62 @@ pub fn parse_document(document: &[u8]) -> Result<RuleSet<KeyAuthConfig>, ConfigE
 #[derive(Deserialize)]
 struct Streamed {
     #[serde(default)]
-    keys: Option<Vec<RawKey>>,
+    keys: Option<StreamedTable>,
     #[serde(flatten)]
     rest: Map<String, Value>,
+}
+
+/// A key table built one key at a time as the array is read: no key is held longer than its
+/// own validation. Any key the config would refuse fails the read (its message is not the
+/// config's: [`parse_document`] then reads the document the usual way, whose error names the
+/// field).
+struct StreamedTable(KeyTable);
+
+impl<'de> Deserialize<'de> for StreamedTable {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_seq(TableVisitor)
+    }
+}
+
+struct TableVisitor;
+
+impl<'de> serde::de::Visitor<'de> for TableVisitor {
+    type Value = StreamedTable;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("an array of keys")
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(
+        self,
+        mut seq: A,
+    ) -> Result<StreamedTable, A::Error> {
+        use serde::de::Error;
+        let mut table = KeyTable::with_capacity(seq.size_hint().unwrap_or(0));
+        // id -> (consumer, tenant) of its first key
+        let mut ids: HashMap<String, (String, String)> = HashMap::new();
+        let refused = || A::Error::custom("a key the config refuses");
+        while let Some(key) = seq.next_element::<RawKey>()? {
+            let digest = parse_digest(&key.key_sha256).map_err(|_| refused())?;
+            let entry = validate_key(&key, &digest, &|field: &str| field.to_string())
+                .map_err(|_| refused())?;
+            if let Some(id) = key.id {
+                match ids.get(&id) {
+                    Some(first) if (&first.0, &first.1) != (&key.consumer, &key.tenant) => {
+                        return Err(refused())
+                    }
+                    Some(_) => {}
+                    None => {
+                        ids.insert(id, (key.consumer, key.tenant));
+                    }
+                }
+            }
+            if table.insert(digest, entry).is_some() {
+                return Err(refused()); // a duplicate digest
+            }
+        }
+        Ok(StreamedTable(table))
+    }
 }
 
 /// A scope's own `keys`, read from its JSON value.
