@@ -126,6 +126,21 @@ fn a_key_from_scripts_keys_passes_on_every_worker_and_its_disable_reaches_them_w
         ],
     );
     assert!(key.starts_with("sk-llmgw-") && key.len() == 41, "{key}");
+    // Redis holds the digest, never the key; `list` names the key by id and digest prefix
+    let digest = workspace::sha256_hex(key.as_bytes());
+    let stored = redis
+        .command(&["HGET", &format!("llm:key:{digest}"), "consumer"])
+        .unwrap();
+    assert_eq!(stored, "$6\r\nteam-a\r\n");
+    let listed = keys(&redis, &["list"]);
+    assert!(
+        listed.contains("team-a-prod") && listed.contains(&digest[..16]),
+        "{listed}"
+    );
+    assert!(
+        !listed.contains(&key) && !listed.contains(&digest),
+        "{listed}"
+    );
 
     // The first request waits for Redis: its headers and its body (Higress delivers the body
     // while the headers are held) go nowhere until the reply.

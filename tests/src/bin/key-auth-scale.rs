@@ -11,8 +11,12 @@
 //!    simulated minutes (default 10): Redis calls per request and the cache hit rate with the
 //!    default TTLs (30 s).
 //!
+//! 3. **Envoy** (`--envoy`): the plain build in a real Envoy 1.40 (`envoy-config/e2e-key-auth.yaml`,
+//!    `--concurrency 2`) with 10 and with `--keys` keys: the process's resident memory (VmRSS)
+//!    once it listens, and how long it took to start.
+//!
 //! Usage (after `scripts/build`): `cargo run --release -p llm-gateway-tests --bin
-//! key-auth-scale -- [--keys N] [--redis-keys N] [--requests N] [--minutes N] [--runs N]`.
+//! key-auth-scale -- [--envoy [--wasm-dir DIR]] [--keys N] [--redis-keys N] [--requests N] [--minutes N] [--runs N]`.
 
 use llm_gateway_tests::harness::{cost, FilterSpec, Fleet, Host, Request, Response};
 use llm_gateway_tests::redis::Redis;
@@ -38,8 +42,18 @@ fn main() -> Result<(), String> {
         minutes: 10,
         runs: 3,
     };
-    let mut args = std::env::args().skip(1);
+    let mut args = std::env::args().skip(1).peekable();
+    let mut envoy = false;
+    let mut wasm_dir = None;
     while let Some(arg) = args.next() {
+        if arg == "--envoy" {
+            envoy = true;
+            continue;
+        }
+        if arg == "--wasm-dir" {
+            wasm_dir = Some(args.next().ok_or("--wasm-dir DIR")?);
+            continue;
+        }
         let value = args.next().ok_or(format!("{arg} needs a value"))?;
         let n: usize = value.parse().map_err(|_| format!("{arg} N"))?;
         match arg.as_str() {
@@ -51,8 +65,42 @@ fn main() -> Result<(), String> {
             other => return Err(format!("unknown argument {other}")),
         }
     }
+    if envoy {
+        return envoy_rss(&opts, wasm_dir);
+    }
     config_keys(&opts)?;
     redis_keys(&opts)
+}
+
+/// `wasm_dir`: where `key-auth.wasm` is (default `dist/`; another build to compare).
+fn envoy_rss(opts: &Options, wasm_dir: Option<String>) -> Result<(), String> {
+    use llm_gateway_tests::envoy::Envoy;
+    println!("## Envoy 1.40, --concurrency 2\n");
+    println!("| keys | start until listening | VmRSS |");
+    println!("|---:|---:|---:|");
+    for n in [10, opts.keys] {
+        let mut vars = vec![
+            ("MOCK_PORT", "9".to_string()),
+            ("KEY_AUTH_CONFIG", config(n).to_string().replace('\'', "''")),
+        ];
+        if let Some(dir) = &wasm_dir {
+            vars.push(("WASM_DIR", dir.clone()));
+        }
+        let started = Instant::now();
+        let envoy = Envoy::start("e2e-key-auth.yaml", &vars)?;
+        let took = started.elapsed();
+        std::thread::sleep(Duration::from_secs(2));
+        let status = std::fs::read_to_string(format!("/proc/{}/status", envoy.pid()))
+            .map_err(|e| e.to_string())?;
+        let rss = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .unwrap_or("?")
+            .trim()
+            .to_string();
+        println!("| {n} | {:.1} s | {rss} |", took.as_secs_f64());
+    }
+    Ok(())
 }
 
 fn key(i: usize) -> String {
