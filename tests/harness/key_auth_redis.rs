@@ -395,3 +395,29 @@ fn a_config_key_wins_over_redis_and_costs_no_lookup() {
     assert_refused(&ex, 401, "missing_api_key");
     assert_eq!(fleet.redis().calls(), 0);
 }
+
+#[test]
+fn a_silent_or_slow_redis_times_out_into_503_and_recovers() {
+    use llm_gateway_tests::harness::{Fault, FaultProxy};
+    let redis = Redis::start().unwrap();
+    let proxy = FaultProxy::start(redis.addr()).unwrap();
+    let mut config = config();
+    config["redis"]["timeout_ms"] = json!(300);
+    let fleet = Fleet::builder()
+        .host(Host::Higress)
+        .filter(FilterSpec::higress("key-auth", &config).unwrap())
+        .redis(SERVICE, proxy.addr())
+        .build()
+        .unwrap();
+    fleet.clock().set_nanos(START_NANOS);
+    let key = keys(&redis, &["create", "--consumer", "team-a"]);
+    for fault in [Fault::Blackhole, Fault::Delay(Duration::from_millis(1_000))] {
+        proxy.set(fault);
+        assert_refused(&send(&fleet, 0, &key), 503, "key_store_unavailable");
+    }
+    // nothing was cached by the failures: once Redis answers in time the key passes
+    proxy.set(Fault::Pass);
+    let ex = send(&fleet, 0, &key);
+    assert_eq!(ex.status(), 200, "{}", ex.text());
+    assert_eq!(ex.upstream_header("x-llm-consumer"), Some("team-a"));
+}

@@ -230,7 +230,7 @@ fn redis_keys(opts: &Options) -> Result<(), String> {
     let (mut allowed, mut refused) = (0u64, 0u64);
     let started = Instant::now();
     for i in 0..opts.requests {
-        let presented = if rng.next() % 100 == 0 {
+        let presented = if rng.next().is_multiple_of(100) {
             format!("sk-wrong-{}", rng.next() % 500)
         } else {
             let u = rng.unit();
