@@ -3,7 +3,7 @@
 //! `proxy_abi_version_0_2_1` (upstream Envoy), the Higress `dist/higress/<plugin>.wasm` only
 //! `proxy_abi_version_0_2_100` (Higress passes a headers `Pause` through as `StopIteration`
 //! for it alone); a renamed module is valid and differs from its plain build in that export
-//! only; the Redis imports are in the two `higress`-feature builds and in no plain one. And
+//! only; the Redis imports are in the three `higress`-feature builds and in no plain one. And
 //! the harness's two hosts hold modules and filters to the same rules as the real ones.
 
 mod common;
@@ -117,7 +117,7 @@ fn plain_builds_declare_only_0_2_1_and_higress_builds_only_0_2_100() {
 
 #[test]
 fn the_higress_build_of_a_plugin_without_redis_differs_only_in_the_abi_export() {
-    for plugin in ["key-auth", "model-router", "pii-redaction"] {
+    for plugin in ["model-router", "pii-redaction"] {
         let (plain, higress) = (plain(plugin), higress(plugin));
         let renamed: Vec<_> = plain
             .exports
@@ -142,13 +142,13 @@ fn redis_imports_are_in_the_higress_feature_builds_only() {
         assert!(!redis(&plain(plugin)), "dist/{plugin}.wasm imports Redis");
     }
     assert!(!redis(&plain("llm-gateway")));
-    for plugin in ["token-ratelimit", "usage-accounting"] {
+    for plugin in ["key-auth", "token-ratelimit", "usage-accounting"] {
         assert!(
             redis(&higress(plugin)),
             "dist/higress/{plugin}.wasm is not the `higress` feature build"
         );
     }
-    for plugin in ["key-auth", "model-router", "pii-redaction"] {
+    for plugin in ["model-router", "pii-redaction"] {
         assert!(!redis(&higress(plugin)), "{plugin}");
     }
 }

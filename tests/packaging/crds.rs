@@ -504,3 +504,34 @@ fn every_shipped_route_removes_every_identity_header() {
     }
     assert!(checked >= 10, "only {checked} gateway routes found");
 }
+
+/// key-auth's CRD carries its Redis-held keys form commented out (config keys stay the
+/// default); uncommented, that form is what the plugin's Higress build accepts.
+#[test]
+fn the_commented_redis_keys_form_of_key_auth_is_accepted() {
+    let text =
+        std::fs::read_to_string(llm_gateway_tests::workspace::root().join("higress/key-auth.yaml"))
+            .unwrap();
+    let uncommented: String = text
+        .lines()
+        .map(|line| match line.strip_prefix("    # ") {
+            Some(rest) if rest.starts_with("redis:") || rest.starts_with("  ") => {
+                format!("    {rest}\n")
+            }
+            _ => format!("{line}\n"),
+        })
+        .collect();
+    assert_ne!(uncommented, format!("{text}\n"), "no commented redis form");
+    let docs = common::yaml_documents(&uncommented).unwrap();
+    let spec = docs
+        .iter()
+        .find(|d| d["kind"] == "WasmPlugin")
+        .map(|d| d["spec"].clone())
+        .unwrap();
+    let document = higress_plugin_config(&spec).unwrap();
+    assert_eq!(
+        document["redis"]["service"], "outbound|6379||redis.static",
+        "{document}"
+    );
+    parse_with_plugin("key-auth", &document).unwrap();
+}

@@ -26,16 +26,19 @@ pub enum DenyReason {
     Disabled,
     /// A valid key whose consumer is not on this route's allow list.
     NotAllowed,
+    /// The key is neither in the config nor in the cache, and Redis did not answer.
+    StoreUnavailable,
 }
 
 impl DenyReason {
     /// Every reason, for defining one metric each.
-    pub const ALL: [DenyReason; 5] = [
+    pub const ALL: [DenyReason; 6] = [
         DenyReason::Missing,
         DenyReason::Unknown,
         DenyReason::Expired,
         DenyReason::Disabled,
         DenyReason::NotAllowed,
+        DenyReason::StoreUnavailable,
     ];
 
     /// The error code.
@@ -46,6 +49,55 @@ impl DenyReason {
             DenyReason::Expired => "expired_api_key",
             DenyReason::Disabled => "disabled_api_key",
             DenyReason::NotAllowed => "consumer_not_allowed",
+            DenyReason::StoreUnavailable => "key_store_unavailable",
+        }
+    }
+}
+
+/// What the key store (Redis and its cache) says about a digest the config does not have.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Found {
+    /// A key with this entry.
+    Entry(KeyEntry),
+    /// No such key.
+    Unknown,
+    /// Not known yet: ask Redis, then decide again with its answer.
+    Fetch,
+    /// Redis did not answer.
+    Unavailable,
+}
+
+/// Looks digests up beyond the config: the shell's cache and Redis, or nothing.
+pub trait KeyLookup {
+    /// What is known about `digest` now.
+    fn find(&mut self, digest: &[u8; 32]) -> Found;
+}
+
+/// No key store: a digest the config does not have is unknown.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoStore;
+
+impl KeyLookup for NoStore {
+    fn find(&mut self, _digest: &[u8; 32]) -> Found {
+        Found::Unknown
+    }
+}
+
+/// The store's answer for one digest (Redis's reply, just read): what deciding again uses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answered {
+    /// The digest asked about.
+    pub digest: [u8; 32],
+    /// Redis's answer.
+    pub found: Found,
+}
+
+impl KeyLookup for Answered {
+    fn find(&mut self, digest: &[u8; 32]) -> Found {
+        if *digest == self.digest {
+            self.found.clone()
+        } else {
+            Found::Fetch
         }
     }
 }
@@ -53,6 +105,12 @@ impl DenyReason {
 /// What happens to the request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
+    /// The key is not in the config and not cached: nothing is edited yet; ask the key store
+    /// for `digest`, then decide again ([`authenticate_with`] with an [`Answered`]).
+    Fetch {
+        /// The presented key's SHA-256.
+        digest: [u8; 32],
+    },
     /// No config applies here (a rules-only config with no matching rule, or
     /// `global_auth: false` outside the rules): forward without authenticating.
     Skip,
@@ -121,6 +179,18 @@ pub fn authenticate_pass(
     now: i64,
     pass: Option<Pass<'_>>,
 ) -> Plan {
+    authenticate_with(config, headers, now, pass, &mut NoStore)
+}
+
+/// [`authenticate_pass`] with a key store: a digest the config does not have is looked up in
+/// `store` when the config has `redis` (the config wins over Redis for a digest in both).
+pub fn authenticate_with(
+    config: Option<&KeyAuthConfig>,
+    headers: &[(String, Vec<u8>)],
+    now: i64,
+    pass: Option<Pass<'_>>,
+    store: &mut dyn KeyLookup,
+) -> Plan {
     let mut remove: Vec<String> = Vec::new();
     for (name, _) in headers {
         if headers::is_internal(name) && !remove.iter().any(|r| r.eq_ignore_ascii_case(name)) {
@@ -139,7 +209,7 @@ pub fn authenticate_pass(
     };
     let pass = pass.filter(|_| config.reentry);
 
-    if let Some(plan) = pass.and_then(|p| reenter(config, headers, now, p, &remove)) {
+    if let Some(plan) = pass.and_then(|p| reenter(config, headers, now, p, &remove, store)) {
         return plan;
     }
 
@@ -180,7 +250,7 @@ pub fn authenticate_pass(
         }
     }
 
-    let (outcome, digest) = decide(config, presented.as_deref(), now);
+    let (outcome, digest) = decide(config, presented.as_deref(), now, store);
     let ticket = match (&outcome, pass, digest) {
         (Outcome::Allow { .. }, Some(pass), Some(digest)) => issue(headers, now, pass, &digest),
         _ => None,
@@ -228,10 +298,43 @@ fn reenter(
     now: i64,
     pass: Pass<'_>,
     internal: &[String],
+    store: &mut dyn KeyLookup,
 ) -> Option<Plan> {
     let (_, ticket) = headers.iter().find(|(n, _)| n == reentry::HEADER)?;
     let claims = pass.secret.verify(ticket, now, pass.envoy_request_id)?;
-    let entry = config.keys.get(&claims.digest)?;
+    let found;
+    let entry = match config.keys.get(&claims.digest) {
+        Some(entry) => entry,
+        None if config.store.is_some() => {
+            found = store.find(&claims.digest);
+            match &found {
+                Found::Entry(entry) => entry,
+                Found::Fetch => {
+                    return Some(Plan {
+                        remove: Vec::new(),
+                        path: None,
+                        outcome: Outcome::Fetch {
+                            digest: claims.digest,
+                        },
+                        restore: Vec::new(),
+                        ticket: None,
+                    })
+                }
+                Found::Unavailable => {
+                    let outcome = unavailable(Some(digest_prefix(&claims.digest)));
+                    return Some(Plan {
+                        remove: internal.to_vec(),
+                        path: None,
+                        outcome,
+                        restore: Vec::new(),
+                        ticket: None,
+                    });
+                }
+                Found::Unknown => return None,
+            }
+        }
+        None => return None,
+    };
     let mut remove: Vec<String> = internal
         .iter()
         .filter(|name| !headers::REENTRY_CARRIED.contains(&name.as_str()))
@@ -281,6 +384,7 @@ fn decide(
     config: &KeyAuthConfig,
     presented: Option<&[u8]>,
     now: i64,
+    store: &mut dyn KeyLookup,
 ) -> (Outcome, Option<[u8; 32]>) {
     let Some(key) = presented else {
         return (
@@ -297,16 +401,35 @@ fn decide(
         return (outcome, None);
     }
     let digest: [u8; 32] = Sha256::digest(key).into();
-    let Some(entry) = config.keys.get(&digest) else {
-        let key_id = digest_prefix(&digest);
-        let outcome = deny(
-            DenyReason::Unknown,
-            "Incorrect API key provided.".into(),
-            Some(key_id),
-        );
-        return (outcome, None);
+    if let Some(entry) = config.keys.get(&digest) {
+        return (decide_entry(config, entry, now), Some(digest));
+    }
+    let found = match config.store {
+        Some(_) => store.find(&digest),
+        None => Found::Unknown,
     };
-    (decide_entry(config, entry, now), Some(digest))
+    let key_id = || Some(digest_prefix(&digest));
+    match found {
+        Found::Entry(entry) => (decide_entry(config, &entry, now), Some(digest)),
+        Found::Fetch => (Outcome::Fetch { digest }, None),
+        Found::Unavailable => (unavailable(key_id()), None),
+        Found::Unknown => {
+            let outcome = deny(
+                DenyReason::Unknown,
+                "Incorrect API key provided.".into(),
+                key_id(),
+            );
+            (outcome, None)
+        }
+    }
+}
+
+fn unavailable(key_id: Option<String>) -> Outcome {
+    deny(
+        DenyReason::StoreUnavailable,
+        "The key store cannot be reached; try again shortly.".into(),
+        key_id,
+    )
 }
 
 /// The outcome for a known key.
@@ -347,6 +470,13 @@ fn decide_entry(config: &KeyAuthConfig, entry: &KeyEntry, now: i64) -> Outcome {
 fn deny(reason: DenyReason, message: String, key_id: Option<String>) -> Outcome {
     let reject = match reason {
         DenyReason::NotAllowed => Reject::forbidden(reason.code(), message),
+        DenyReason::StoreUnavailable => Reject::new(
+            503,
+            llm_gateway_shared::reject::ErrorType::Api,
+            reason.code(),
+            message,
+        )
+        .with_header("retry-after", "1"),
         DenyReason::Missing => Reject::unauthorized(reason.code(), message, false),
         _ => Reject::unauthorized(reason.code(), message, true),
     };
@@ -372,7 +502,7 @@ fn identity_headers(entry: &KeyEntry) -> Vec<(&'static str, String)> {
 }
 
 /// The first 16 hex digits of a digest: how a key is named in logs.
-fn digest_prefix(digest: &[u8; 32]) -> String {
+pub fn digest_prefix(digest: &[u8; 32]) -> String {
     let mut out = String::with_capacity(16);
     for b in digest.iter().take(8) {
         for nibble in [b >> 4, b & 0xf] {
@@ -500,6 +630,138 @@ mod tests {
             Outcome::Deny { reason, .. } => Some(reason.code()),
             _ => None,
         }
+    }
+
+    fn with_store(set: &RuleSet<KeyAuthConfig>) -> KeyAuthConfig {
+        let mut cfg = set.global().unwrap().clone();
+        cfg.store = Some(std::rc::Rc::new(crate::config::KeyStoreConfig {
+            service: "redis".into(),
+            username: None,
+            password: None,
+            timeout_ms: 100,
+            prefix: "llm:key:".into(),
+            cache_ttl_ms: 30_000,
+            negative_ttl_ms: 30_000,
+            cache_entries: 1024,
+        }));
+        cfg
+    }
+
+    /// A store that answers every digest the same and counts the questions.
+    struct Fixed(Found, usize);
+
+    impl KeyLookup for Fixed {
+        fn find(&mut self, _digest: &[u8; 32]) -> Found {
+            self.1 += 1;
+            self.0.clone()
+        }
+    }
+
+    #[test]
+    fn a_digest_beyond_the_config_is_fetched_then_decided_by_the_answer() {
+        let cfg = with_store(&config(""));
+        let headers = req(&[
+            ("authorization", "Bearer sk-only-in-redis"),
+            ("x-llm-tenant", "spoof"),
+        ]);
+        let digest: [u8; 32] = Sha256::digest(b"sk-only-in-redis").into();
+        // not cached: fetch, and nothing is edited yet
+        let mut fetch = Fixed(Found::Fetch, 0);
+        let plan = authenticate_with(Some(&cfg), &headers, NOW, None, &mut fetch);
+        assert_eq!(plan.outcome, Outcome::Fetch { digest });
+        // Redis's answer: an entry is decided like a config key (disabled, expired, allowed)
+        let entry = KeyEntry {
+            consumer: "team-r".into(),
+            tenant: "acme".into(),
+            groups: "fast".into(),
+            expires_at: None,
+            disabled: false,
+            key_id: "team-r-1".into(),
+            tier: Some("pro".into()),
+        };
+        let mut answered = Answered {
+            digest,
+            found: Found::Entry(entry.clone()),
+        };
+        let plan = authenticate_with(Some(&cfg), &headers, NOW, None, &mut answered);
+        let Outcome::Allow { identity, key_id } = &plan.outcome else {
+            panic!("{:?}", plan.outcome);
+        };
+        assert_eq!(key_id, "team-r-1");
+        assert!(identity.contains(&(headers::TIER, "pro".into())));
+        assert!(plan.remove.contains(&"x-llm-tenant".to_string()));
+        assert!(plan.remove.contains(&"authorization".to_string()));
+        for (entry, expected) in [
+            (
+                KeyEntry {
+                    disabled: true,
+                    ..entry.clone()
+                },
+                "disabled_api_key",
+            ),
+            (
+                KeyEntry {
+                    expires_at: Some(NOW),
+                    ..entry.clone()
+                },
+                "expired_api_key",
+            ),
+        ] {
+            let mut answered = Answered {
+                digest,
+                found: Found::Entry(entry),
+            };
+            let plan = authenticate_with(Some(&cfg), &headers, NOW, None, &mut answered);
+            assert_eq!(code(&plan), Some(expected));
+        }
+        let mut unknown = Answered {
+            digest,
+            found: Found::Unknown,
+        };
+        let plan = authenticate_with(Some(&cfg), &headers, NOW, None, &mut unknown);
+        assert_eq!(code(&plan), Some("invalid_api_key"));
+        let mut down = Answered {
+            digest,
+            found: Found::Unavailable,
+        };
+        let plan = authenticate_with(Some(&cfg), &headers, NOW, None, &mut down);
+        assert_eq!(code(&plan), Some("key_store_unavailable"));
+        let Outcome::Deny { reject, key_id, .. } = &plan.outcome else {
+            unreachable!()
+        };
+        assert_eq!(reject.status, 503);
+        assert_eq!(key_id.as_deref(), Some(&sha("sk-only-in-redis")[..16]));
+    }
+
+    #[test]
+    fn the_config_wins_and_a_config_without_redis_never_asks_the_store() {
+        let set = config("");
+        let cfg = with_store(&set);
+        let bearer = format!("Bearer {KEY_A}");
+        let mut store = Fixed(Found::Unavailable, 0);
+        let plan = authenticate_with(
+            Some(&cfg),
+            &req(&[("authorization", &bearer)]),
+            NOW,
+            None,
+            &mut store,
+        );
+        assert!(
+            matches!(plan.outcome, Outcome::Allow { .. }),
+            "{:?}",
+            plan.outcome
+        );
+        assert_eq!(store.1, 0);
+        // a missing key asks nothing either
+        let plan = authenticate_with(Some(&cfg), &req(&[]), NOW, None, &mut store);
+        assert_eq!(code(&plan), Some("missing_api_key"));
+        assert_eq!(store.1, 0);
+        // without `redis` an unknown digest is unknown, whatever a store would say
+        let plain = set.global().unwrap();
+        let headers = req(&[("authorization", "Bearer sk-nope")]);
+        let plan = authenticate_with(Some(plain), &headers, NOW, None, &mut store);
+        assert_eq!(code(&plan), Some("invalid_api_key"));
+        assert_eq!(store.1, 0);
     }
 
     #[test]

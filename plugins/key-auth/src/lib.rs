@@ -8,6 +8,10 @@
 //! success it sets `x-llm-consumer`, `x-mse-consumer`, `x-llm-tenant`, `x-llm-groups` and
 //! `x-llm-key-id`, and removes the client's credential so it never reaches a provider.
 //!
+//! The Higress build (cargo feature `higress`) can also take keys from Redis (`redis`): a
+//! digest the config does not have is read from its Redis hash once, kept in a bounded
+//! shared-data cache ([`cache`]) for a TTL, and decided like a config key.
+//!
 //! It does not know about models, budgets or bodies, and never logs a key or a full digest.
 //! Decisions live in [`auth`] and [`config`] (pure, tested natively); the proxy-wasm shell is
 //! compiled only for `wasm32`.
@@ -22,6 +26,7 @@
 )]
 
 pub mod auth;
+pub mod cache;
 pub mod config;
 pub mod reentry;
 pub mod rfc3339;

@@ -13,6 +13,7 @@ impl Fused {
             rules,
             metrics: Metrics::define(),
             secret: random_secret(),
+            store: None,
         })))
     }
 

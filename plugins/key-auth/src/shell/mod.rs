@@ -1,7 +1,7 @@
 //! The proxy-wasm adapter: copies host data in, calls [`crate::auth::authenticate`], applies
 //! the plan (to the host, or to the fused filter's exchange). Every host call goes through `llm_gateway_shared::host`; nothing here decides.
 
-use crate::auth::{authenticate_pass, DenyReason, Outcome, Pass, Plan};
+use crate::auth::{authenticate_with, DenyReason, Found, KeyLookup, NoStore, Outcome, Pass, Plan};
 use crate::config::{parse_document, KeyAuthConfig};
 use crate::reentry::{self, Secret};
 use llm_gateway_shared::chain::{self, Direction, Step};
@@ -44,6 +44,12 @@ impl Metrics {
         }
     }
 
+    fn bump(metric: Option<Metric>) {
+        if let Some(metric) = metric {
+            let _ = metric.increment(1);
+        }
+    }
+
     fn count(&self, outcome: &Outcome) {
         let metric = match outcome {
             Outcome::Allow { .. } => self.allowed,
@@ -51,7 +57,7 @@ impl Metrics {
                 .iter()
                 .position(|r| r == reason)
                 .and_then(|i| self.denied.get(i).copied().flatten()),
-            Outcome::Skip => None,
+            Outcome::Skip | Outcome::Fetch { .. } => None,
         };
         if let Some(metric) = metric {
             let _ = metric.increment(1);
@@ -69,6 +75,8 @@ struct State {
     metrics: Metrics,
     /// This VM's re-entry ticket secret.
     secret: Secret,
+    /// Redis-held keys (the Higress build with `redis`).
+    store: Option<store::Store>,
 }
 
 /// 32 bytes from the host's randomness: std seeds `RandomState` from WASI `random_get`, once
@@ -95,16 +103,26 @@ impl RootContext for Root {
             LogLevel::Info,
             &format!("key-auth: configured with {keys} keys"),
         );
-        self.state = Some(Rc::new(State {
+        let store = rules
+            .configs()
+            .find_map(|c| c.store.clone())
+            .map(store::Store::new);
+        let state = Rc::new(State {
             rules,
             metrics: Metrics::define(),
             secret: random_secret(),
-        }));
+            store,
+        });
+        if !store::connect(&state) {
+            return false;
+        }
+        self.state = Some(state);
         true
     }
 
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
         Some(Box::new(Request {
+            id: _context_id,
             state: self.state.clone(),
         }))
     }
@@ -115,10 +133,18 @@ impl RootContext for Root {
 }
 
 struct Request {
+    id: u32,
     state: Option<Rc<State>>,
 }
 
-impl Context for Request {}
+impl Context for Request {
+    fn on_done(&mut self) -> bool {
+        if let Some(store) = self.state.as_ref().and_then(|s| s.store.as_ref()) {
+            store.forget(self.id);
+        }
+        true
+    }
+}
 
 impl HttpContext for Request {
     fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
@@ -135,16 +161,49 @@ impl HttpContext for Request {
                 return refuse(&Reject::internal("cannot read the request"));
             }
         };
-        let plan = decide(&state, &headers);
+        let plan = match &state.store {
+            Some(store) => {
+                let plan = decide_with(&state, &headers, &mut store.lookup());
+                match plan.outcome {
+                    Outcome::Fetch { digest } => match store.fetch(self.id, digest, headers) {
+                        Ok(()) => return Action::Pause,
+                        Err(headers) => {
+                            let mut failed = crate::auth::Answered {
+                                digest,
+                                found: Found::Unavailable,
+                            };
+                            decide_with(&state, &headers, &mut failed)
+                        }
+                    },
+                    _ => plan,
+                }
+            }
+            None => decide(&state, &headers),
+        };
         match apply(plan, &mut Sink::Host) {
             Ok(()) => Action::Continue,
             Err(reject) => refuse(&reject),
         }
     }
+
+    fn on_http_request_body(&mut self, _size: usize, _end_of_stream: bool) -> Action {
+        // Higress (ABI 0.2.100) delivers the body while the headers wait for Redis: hold it
+        // too, or it would carry the headers past an undecided key.
+        match self.state.as_ref().and_then(|s| s.store.as_ref()) {
+            Some(store) if store.is_parked(self.id) => Action::Pause,
+            _ => Action::Continue,
+        }
+    }
 }
 
-/// Authenticates the request whose headers are `headers`; counts the outcome.
+/// Authenticates the request whose headers are `headers` with the config's keys only; counts
+/// the outcome.
 fn decide(state: &State, headers: &[(String, Vec<u8>)]) -> Plan {
+    decide_with(state, headers, &mut NoStore)
+}
+
+/// [`decide`] with a key store for digests the config does not have.
+fn decide_with(state: &State, headers: &[(String, Vec<u8>)], store: &mut dyn KeyLookup) -> Plan {
     // every header is at hand: no need for the host to fetch `:authority` again
     let text = |name: &str| {
         headers
@@ -166,7 +225,7 @@ fn decide(state: &State, headers: &[(String, Vec<u8>)]) -> Plan {
         secret: &state.secret,
         envoy_request_id: text("x-request-id"),
     };
-    let plan = authenticate_pass(config, headers, now, Some(pass));
+    let plan = authenticate_with(config, headers, now, Some(pass), store);
     state.metrics.count(&plan.outcome);
     plan
 }
@@ -201,6 +260,7 @@ fn apply(plan: Plan, target: &mut Sink<'_>) -> Result<(), Reject> {
     }
     match plan.outcome {
         Outcome::Skip => Ok(()),
+        Outcome::Fetch { .. } => Err(Reject::internal("the key was not looked up")),
         Outcome::Allow { identity, .. } => {
             // Every internal header was removed above, so adding cannot leave a second value.
             for (name, value) in &identity {
@@ -267,4 +327,5 @@ fn refuse(reject: &Reject) -> Action {
 }
 
 mod fused;
+mod store;
 pub use fused::{Fused, FusedStage};

@@ -1,0 +1,284 @@
+//! Redis-held keys on the host: the shared-data cache read at each request, one `HGETALL`
+//! per digest missing from it (requests of one worker waiting for the same digest share the
+//! call), and the waiting requests decided and resumed when the reply comes.
+//!
+//! What is decided is pure ([`crate::cache`], [`crate::auth`]); this file moves bytes between
+//! them and the host.
+
+use super::{apply, decide_with, refuse, Metrics, State};
+use crate::auth::{Answered, Found, KeyLookup, Outcome};
+use crate::cache::{self, Cached, Slot, Ttl};
+use crate::config::KeyStoreConfig;
+use llm_gateway_shared::host::{self, LogLevel, Metric, Sink};
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+
+/// Most lookups in flight on one worker; more are refused (503) rather than queued.
+const MAX_IN_FLIGHT: usize = 1024;
+
+type Headers = Vec<(String, Vec<u8>)>;
+
+/// One worker's view of the key store.
+pub(super) struct Store {
+    config: Rc<KeyStoreConfig>,
+    buckets: u32,
+    /// Redis call token -> the digest it asks for.
+    calls: RefCell<HashMap<u32, [u8; 32]>>,
+    /// Digest -> the requests waiting for it.
+    waiting: RefCell<HashMap<[u8; 32], Vec<u32>>>,
+    /// Request -> its headers, while it waits.
+    parked: RefCell<HashMap<u32, Headers>>,
+    hits: Option<Metric>,
+    lookups: Option<Metric>,
+    errors: Option<Metric>,
+}
+
+impl Store {
+    pub(super) fn new(config: Rc<KeyStoreConfig>) -> Store {
+        let counter = |name: &str| Metric::counter(name).ok();
+        Store {
+            buckets: cache::bucket_count(config.cache_entries),
+            config,
+            calls: RefCell::default(),
+            waiting: RefCell::default(),
+            parked: RefCell::default(),
+            hits: counter("llm_gateway.key_auth.cache.hit"),
+            lookups: counter("llm_gateway.key_auth.redis.lookup"),
+            errors: counter("llm_gateway.key_auth.redis.error"),
+        }
+    }
+
+    fn ttl(&self) -> Ttl {
+        Ttl {
+            entry_ms: self.config.cache_ttl_ms,
+            unknown_ms: self.config.negative_ttl_ms,
+        }
+    }
+
+    /// The cache, as a [`KeyLookup`] for one decision.
+    pub(super) fn lookup(&self) -> CacheLookup<'_> {
+        CacheLookup { store: self }
+    }
+
+    /// True while request `ctx` waits for Redis.
+    pub(super) fn is_parked(&self, ctx: u32) -> bool {
+        self.parked.borrow().contains_key(&ctx)
+    }
+
+    /// Request `ctx` is gone.
+    pub(super) fn forget(&self, ctx: u32) {
+        self.parked.borrow_mut().remove(&ctx);
+    }
+
+    /// Parks request `ctx` until Redis answers for `digest`: joins a lookup in flight or
+    /// sends one. `Err` gives the headers back when no lookup could be sent.
+    pub(super) fn fetch(
+        &self,
+        ctx: u32,
+        digest: [u8; 32],
+        headers: Headers,
+    ) -> Result<(), Headers> {
+        let mut waiting = self.waiting.borrow_mut();
+        if let Some(contexts) = waiting.get_mut(&digest) {
+            contexts.push(ctx);
+            self.parked.borrow_mut().insert(ctx, headers);
+            return Ok(());
+        }
+        if self.calls.borrow().len() >= MAX_IN_FLIGHT {
+            log(LogLevel::Warn, "too many Redis lookups in flight");
+            return Err(headers);
+        }
+        let key = self.config.redis_key(&digest);
+        let query =
+            llm_gateway_shared::resp::encode_command(&[b"HGETALL".as_slice(), key.as_bytes()]);
+        match redis_call(&self.config.service, &query) {
+            Ok(token) => {
+                Metrics::bump(self.lookups);
+                self.calls.borrow_mut().insert(token, digest);
+                waiting.insert(digest, vec![ctx]);
+                self.parked.borrow_mut().insert(ctx, headers);
+                Ok(())
+            }
+            Err(err) => {
+                Metrics::bump(self.errors);
+                let id = crate::auth::digest_prefix(&digest);
+                log(
+                    LogLevel::Warn,
+                    &format!("cannot send the Redis lookup of key_id={id}: {err}"),
+                );
+                Err(headers)
+            }
+        }
+    }
+
+    /// Redis answered call `token` (`reply`: the raw RESP, or why the call failed): caches the
+    /// answer, then decides and resumes (or refuses) every request waiting for it.
+    #[cfg_attr(not(feature = "higress"), allow(dead_code))] // no replies without Redis calls
+    fn answered(&self, state: &State, token: u32, reply: Result<Vec<u8>, String>) {
+        let Some(digest) = self.calls.borrow_mut().remove(&token) else {
+            return;
+        };
+        let contexts = self
+            .waiting
+            .borrow_mut()
+            .remove(&digest)
+            .unwrap_or_default();
+        let (found, line) =
+            cache::found_from_reply(&digest, reply.as_deref().map_err(String::as_str));
+        if let Some(line) = line {
+            log(LogLevel::Warn, &line);
+        }
+        match &found {
+            Found::Entry(entry) => self.remember(&digest, Cached::Entry(entry.clone())),
+            Found::Unknown => self.remember(&digest, Cached::Unknown),
+            Found::Unavailable | Found::Fetch => Metrics::bump(self.errors),
+        }
+        for ctx in contexts {
+            let Some(headers) = self.parked.borrow_mut().remove(&ctx) else {
+                continue; // the request went away
+            };
+            if host::set_effective_context(ctx).is_err() {
+                continue;
+            }
+            let mut answered = Answered {
+                digest,
+                found: found.clone(),
+            };
+            let mut plan = decide_with(state, &headers, &mut answered);
+            if let Outcome::Fetch { .. } = plan.outcome {
+                // another digest (a re-entry ticket's): not answered here, refuse cleanly
+                let mut failed = Answered {
+                    digest,
+                    found: Found::Unavailable,
+                };
+                plan = decide_with(state, &headers, &mut failed);
+            }
+            let done = match apply(plan, &mut Sink::Host) {
+                Ok(()) => host::resume_request(),
+                Err(reject) => {
+                    refuse(&reject);
+                    Ok(())
+                }
+            };
+            if let Err(err) = done {
+                log(LogLevel::Warn, &format!("cannot resume a request: {err}"));
+            }
+        }
+    }
+
+    /// Writes what Redis said about `digest` into its bucket.
+    #[cfg_attr(not(feature = "higress"), allow(dead_code))]
+    fn remember(&self, digest: &[u8; 32], value: Cached) {
+        let now = now_ms();
+        let slot = Slot {
+            digest: *digest,
+            fetched_ms: now,
+            value,
+        };
+        let key = cache::bucket_key(digest, self.buckets);
+        let ttl = self.ttl();
+        let written = host::update_shared_data(&key, b"", |bucket| {
+            (Some(cache::insert(bucket, slot.clone(), now, ttl)), ())
+        });
+        if let Err(err) = written {
+            // not cached: the next request asks Redis again; nothing else goes wrong
+            log(
+                LogLevel::Warn,
+                &format!("cannot write the key cache: {err}"),
+            );
+        }
+    }
+}
+
+/// The shared-data cache for one decision: a fresh slot answers, anything else is a fetch.
+pub(super) struct CacheLookup<'a> {
+    store: &'a Store,
+}
+
+impl KeyLookup for CacheLookup<'_> {
+    fn find(&mut self, digest: &[u8; 32]) -> Found {
+        let key = cache::bucket_key(digest, self.store.buckets);
+        let bucket = match host::shared_data(&key) {
+            Ok((Some(bucket), _)) => bucket,
+            Ok((None, _)) => return Found::Fetch,
+            Err(err) => {
+                log(LogLevel::Warn, &format!("cannot read the key cache: {err}"));
+                return Found::Fetch;
+            }
+        };
+        match cache::find(&bucket, digest, now_ms(), self.store.ttl()) {
+            Some(Cached::Entry(entry)) => {
+                Metrics::bump(self.store.hits);
+                Found::Entry(entry)
+            }
+            Some(Cached::Unknown) => {
+                Metrics::bump(self.store.hits);
+                Found::Unknown
+            }
+            None => Found::Fetch,
+        }
+    }
+}
+
+fn log(level: LogLevel, message: &str) {
+    host::log(level, &format!("key-auth: {message}"));
+}
+
+fn now_ms() -> u64 {
+    host::now_nanos().unwrap_or_default() / 1_000_000
+}
+
+#[cfg(feature = "higress")]
+fn redis_call(service: &str, query: &[u8]) -> host::HostResult<u32> {
+    host::redis::redis_call(service, query)
+}
+
+#[cfg(not(feature = "higress"))]
+fn redis_call(_service: &str, _query: &[u8]) -> host::HostResult<u32> {
+    Err(host::HostError::Unimplemented)
+}
+
+/// Connects Redis when the config has a key store: `false` (logged) refuses the configuration.
+pub(super) fn connect(state: &Rc<State>) -> bool {
+    let Some(store) = &state.store else {
+        return true;
+    };
+    connect_higress(state, &store.config)
+}
+
+#[cfg(feature = "higress")]
+fn connect_higress(state: &Rc<State>, config: &KeyStoreConfig) -> bool {
+    use host::redis::{on_redis_call_response, redis_init, redis_reply};
+    let user = config.username.as_deref().unwrap_or_default();
+    let password = config.password.as_deref().unwrap_or_default();
+    if let Err(err) = redis_init(&config.service, user, password, config.timeout_ms) {
+        let service = &config.service;
+        log(
+            LogLevel::Error,
+            &format!("cannot connect Redis service {service}: {err}"),
+        );
+        return false;
+    }
+    let for_replies = Rc::clone(state);
+    on_redis_call_response(move |response| {
+        let reply = if response.answered() {
+            redis_reply(response.size).map_err(|err| format!("reply not read: {err}"))
+        } else {
+            Err(format!("call failed (status {})", response.status))
+        };
+        if let Some(store) = &for_replies.store {
+            store.answered(&for_replies, response.token, reply);
+        }
+    });
+    true
+}
+
+#[cfg(not(feature = "higress"))]
+fn connect_higress(_state: &Rc<State>, _config: &KeyStoreConfig) -> bool {
+    log(
+        LogLevel::Error,
+        "this build has no Redis calls: use the Higress build",
+    );
+    false
+}
