@@ -717,7 +717,8 @@ async fn a_client_that_goes_away_mid_stream_gets_an_estimated_record() {
 
 /// What Envoy's histogram (circllhist: bins of two significant digits) adds to its `_sum`
 /// for a sample `v`: the harmonic mean of the bounds of `v`'s bin, `2ab / (a + b)` (seen at
-/// `/stats/prometheus` of Envoy 1.40: 3 counts as 3.04918…, 23 as 23.4894…). Counts are
+/// `/stats/prometheus` of Envoy 1.40: 3 counts as 3.04918…, 23 as 23.4894…; Envoy 1.36.4 counts
+/// the bin's midpoint instead). Counts are
 /// exact; the exact totals are the `llm_gateway_usage_tokens` counters.
 fn binned(v: u64) -> f64 {
     if v == 0 {
@@ -729,6 +730,10 @@ fn binned(v: u64) -> f64 {
     }
     let low = (v as f64 / width).floor() * width;
     let high = low + width;
+    if llm_gateway_tests::workspace::envoy_136() {
+        // Envoy 1.36.4 counts the bin's midpoint (300 as 305, 3 as 3.05)
+        return (low + high) / 2.0;
+    }
     2.0 * low * high / (low + high)
 }
 
