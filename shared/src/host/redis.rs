@@ -93,6 +93,32 @@ impl RedisResponse {
     pub fn answered(&self) -> bool {
         self.status == 0
     }
+
+    /// The raw RESP reply (inside the handler), or why there is none: a failed call (its
+    /// status) or a reply the host would not hand over.
+    pub fn reply(&self) -> Result<Vec<u8>, String> {
+        if !self.answered() {
+            return Err(format!("call failed (status {})", self.status));
+        }
+        redis_reply(self.size).map_err(|err| format!("reply not read: {err}"))
+    }
+}
+
+/// [`redis_init`] with a configuration's optional credentials; the error names the service
+/// (never the password), ready for a log line.
+pub fn connect(
+    service: &str,
+    username: Option<&str>,
+    password: Option<&str>,
+    timeout_ms: u32,
+) -> Result<(), String> {
+    redis_init(
+        service,
+        username.unwrap_or_default(),
+        password.unwrap_or_default(),
+        timeout_ms,
+    )
+    .map_err(|err| format!("cannot connect Redis service {service}: {err}"))
 }
 
 type Handler = Box<dyn FnMut(RedisResponse)>;

@@ -249,24 +249,20 @@ pub(super) fn connect(state: &Rc<State>) -> bool {
 
 #[cfg(feature = "higress")]
 fn connect_higress(state: &Rc<State>, config: &KeyStoreConfig) -> bool {
-    use host::redis::{on_redis_call_response, redis_init, redis_reply};
-    let user = config.username.as_deref().unwrap_or_default();
-    let password = config.password.as_deref().unwrap_or_default();
-    if let Err(err) = redis_init(&config.service, user, password, config.timeout_ms) {
-        let service = &config.service;
-        log(
-            LogLevel::Error,
-            &format!("cannot connect Redis service {service}: {err}"),
-        );
+    use host::redis::{connect, on_redis_call_response};
+    let connected = connect(
+        &config.service,
+        config.username.as_deref(),
+        config.password.as_deref(),
+        config.timeout_ms,
+    );
+    if let Err(why) = connected {
+        log(LogLevel::Error, &why);
         return false;
     }
     let for_replies = Rc::clone(state);
     on_redis_call_response(move |response| {
-        let reply = if response.answered() {
-            redis_reply(response.size).map_err(|err| format!("reply not read: {err}"))
-        } else {
-            Err(format!("call failed (status {})", response.status))
-        };
+        let reply = response.reply();
         if let Some(store) = &for_replies.store {
             store.answered(&for_replies, response.token, reply);
         }

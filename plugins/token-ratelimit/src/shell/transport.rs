@@ -72,25 +72,21 @@ pub(super) fn connect(state: &Rc<State>, redis: &RedisConfig) -> bool {
 #[cfg(feature = "higress")]
 fn connect_higress(state: &Rc<State>, redis: &RedisConfig) -> bool {
     use super::log;
-    use llm_gateway_shared::host::redis::{on_redis_call_response, redis_init, redis_reply};
+    use llm_gateway_shared::host::redis::{connect, on_redis_call_response};
     use llm_gateway_shared::host::LogLevel;
-    let user = redis.username.as_deref().unwrap_or_default();
-    let password = redis.password.as_deref().unwrap_or_default();
-    if let Err(err) = redis_init(&redis.service, user, password, redis.timeout_ms) {
-        let service = &redis.service;
-        log(
-            LogLevel::Error,
-            &format!("cannot connect Redis service {service}: {err}"),
-        );
+    let connected = connect(
+        &redis.service,
+        redis.username.as_deref(),
+        redis.password.as_deref(),
+        redis.timeout_ms,
+    );
+    if let Err(why) = connected {
+        log(LogLevel::Error, &why);
         return false;
     }
     let for_replies = Rc::clone(state);
     on_redis_call_response(move |response| {
-        let reply = if response.answered() {
-            redis_reply(response.size).map_err(|err| format!("reply not read: {err}"))
-        } else {
-            Err(format!("call failed (status {})", response.status))
-        };
+        let reply = response.reply();
         let reply = reply.map_err(|why| Unanswered {
             why,
             forbidden: false,

@@ -118,32 +118,26 @@ pub(super) fn init(rules: &RuleSet<Rc<UsageConfig>>, errors: Option<Metric>) -> 
 
 #[cfg(feature = "higress")]
 fn init_higress(configs: &[&LedgerConfig], errors: Option<Metric>) -> bool {
-    use llm_gateway_shared::host::redis::{on_redis_call_response, redis_init, redis_reply};
+    use llm_gateway_shared::host::redis::{connect, on_redis_call_response};
     let mut done: Vec<&str> = Vec::new();
     for config in configs {
         if done.contains(&config.service.as_str()) {
             continue;
         }
         done.push(&config.service);
-        let user = config.username.as_deref().unwrap_or_default();
-        let password = config.password.as_deref().unwrap_or_default();
-        if let Err(err) = redis_init(&config.service, user, password, config.timeout_ms) {
-            host::log(
-                LogLevel::Error,
-                &format!(
-                    "usage-accounting: ledger: cannot connect Redis service {}: {err}",
-                    config.service
-                ),
-            );
+        let connected = connect(
+            &config.service,
+            config.username.as_deref(),
+            config.password.as_deref(),
+            config.timeout_ms,
+        );
+        if let Err(why) = connected {
+            host::log(LogLevel::Error, &format!("usage-accounting: ledger: {why}"));
             return false;
         }
     }
     on_redis_call_response(move |response| {
-        let reply = if response.answered() {
-            Ok(redis_reply(response.size).unwrap_or_default())
-        } else {
-            Err(format!("call failed (status {})", response.status))
-        };
+        let reply = response.reply();
         check(reply, errors);
     });
     true
