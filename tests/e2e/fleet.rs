@@ -374,6 +374,13 @@ async fn outage(kind: &str, on_failure: &str) {
     for (instance, tag) in &long.admitted {
         fleet.logged(*instance, tag).await;
     }
+    // a settlement is journaled when its RECONCILE fails, which may come a Redis timeout after
+    // the request's log line: wait for all ten before Redis comes back
+    fleet
+        .until("the long streams' settlements journaled", |f| {
+            f.metric("journal_appended") >= 10
+        })
+        .await;
     let appended = fleet.metric("journal_appended");
     // back
     match kind {
