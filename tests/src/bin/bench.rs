@@ -451,12 +451,17 @@ fn harness_only(
     workloads: &[Workload],
     started: Instant,
 ) -> Result<(), String> {
+    // scripts/profile-wasm asks for more runs, so perf samples the plugins' code, not the compile
+    let runs = std::env::var("BENCH_HARNESS_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20);
     let chain_config = config::chain(mock.port, Build::PerPlugin)?;
     let filters = config::wasm_filters(&chain_config)?;
-    let chain_cost = cost::measure(&filters, workloads, DEMO_KEY, &mock.url(), 20);
+    let chain_cost = cost::measure(&filters, workloads, DEMO_KEY, &mock.url(), runs);
     push_vms(results, &filters, &chain_cost, &[]);
     results.chain_cost = Some(chain_cost);
-    results.fused_cost = fused_cost(mock, workloads, 20);
+    results.fused_cost = fused_cost(mock, workloads, runs);
     results.modules = modules()?;
     results.elapsed_s = started.elapsed().as_secs_f64();
     let text = results.render_harness_only();

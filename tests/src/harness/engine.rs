@@ -37,6 +37,10 @@ pub fn engine() -> &'static Engine {
         let mut config = Config::new();
         config.consume_fuel(fuel_metering());
         config.cranelift_opt_level(OptLevel::Speed);
+        #[cfg(feature = "profiling")]
+        if std::env::var_os("HARNESS_PERFMAP").is_some() {
+            config.profiler(wasmtime::ProfilingStrategy::PerfMap);
+        }
         Engine::new(&config).unwrap_or_else(|e| panic!("cannot create the wasmtime engine: {e}"))
     })
 }
@@ -65,6 +69,10 @@ pub fn module(path: &Path) -> crate::Result<Arc<Module>> {
 
 /// Compiles `wasm`, or loads the code an earlier test process compiled from the same bytes.
 fn compile_cached(wasm: &[u8]) -> Result<Module, String> {
+    if std::env::var_os("HARNESS_PERFMAP").is_some() {
+        // compiled here, so the profiler sees the code (and its names) being published
+        return Module::new(engine(), wasm).map_err(|e| format!("cannot compile: {e:#}"));
+    }
     let digest = crate::workspace::sha256_hex(wasm);
     let dir = crate::workspace::root()
         .join("target")
