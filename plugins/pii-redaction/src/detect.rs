@@ -13,7 +13,7 @@ use std::ops::Range;
 use std::str::FromStr;
 
 pub use crate::card::luhn;
-use crate::scan::find_byte;
+use crate::scan::{find_byte, find_pair, next_not_lower_or_space};
 
 /// A built-in detector.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -158,6 +158,17 @@ impl Builtin {
         }
     }
 
+    /// For the anchored scanners whose matcher returns [`Step::No`] unless these two bytes
+    /// start the text at the position: the pair (the sweep searches it instead of trying the
+    /// matcher at every first byte: `s` and `e` are frequent letters).
+    fn pair(self) -> Option<[u8; 2]> {
+        match self {
+            Builtin::OpenAiKey => Some(*b"sk"),
+            Builtin::Jwt => Some(*b"ey"),
+            _ => None,
+        }
+    }
+
     /// For the anchored scanners whose matcher returns [`Step::No`] unless the byte after
     /// the first passes a test: that test (the sweep then skips the call).
     fn second_byte(self) -> Option<FirstByte> {
@@ -230,6 +241,12 @@ pub struct Sweep {
     /// Byte value -> bit set of `scanners` that may start right before it: those whose
     /// matcher rejects every other second byte ([`Builtin::second_byte`]) and all others.
     seconds: Box<[u32; 256]>,
+    /// Scanners that can only start at a pair of bytes ([`Builtin::pair`]; not in
+    /// `starts`): each runs at the pair's occurrences, found by a search of its own.
+    pairs: Vec<(usize, [u8; 2])>,
+    /// No scanner in `starts` begins at an ASCII lower-case letter or a space: runs of
+    /// those (most of prose) are skipped eight bytes per step.
+    skip_prose: bool,
 }
 
 impl Sweep {
@@ -241,6 +258,8 @@ impl Sweep {
             scanners: Vec::new(),
             starts: Box::new([0; 256]),
             seconds: Box::new([0; 256]),
+            pairs: Vec::new(),
+            skip_prose: false,
         };
         for &(builtin, tag) in builtins {
             let Some((first, try_at)) = builtin.anchored() else {
@@ -248,6 +267,11 @@ impl Sweep {
             };
             if sweep.scanners.len() == 32 {
                 break;
+            }
+            if let Some(pair) = builtin.pair() {
+                sweep.pairs.push((sweep.scanners.len(), pair));
+                sweep.scanners.push((try_at, tag));
+                continue;
             }
             let bit = 1u32 << sweep.scanners.len();
             for (value, set) in (0u8..=255).zip(sweep.starts.iter_mut()) {
@@ -263,6 +287,9 @@ impl Sweep {
             }
             sweep.scanners.push((try_at, tag));
         }
+        sweep.skip_prose = (b'a'..=b'z')
+            .chain([b' '])
+            .all(|c| sweep.starts.get(usize::from(c)) == Some(&0));
         sweep
     }
 
@@ -280,9 +307,17 @@ impl Sweep {
         let b = text.as_bytes();
         // per scanner: no match of it starts before this position
         let mut resume = [0usize; 32];
-        for (i, &c) in b.iter().enumerate() {
+        let mut i = 0;
+        while i < b.len() {
+            if self.skip_prose {
+                i = next_not_lower_or_space(b, i);
+            }
+            let Some(&c) = b.get(i) else {
+                break;
+            };
             let mut set = self.starts.get(usize::from(c)).copied().unwrap_or(0);
             if set == 0 {
+                i += 1;
                 continue; // most bytes of prose
             }
             set &= self
@@ -308,6 +343,24 @@ impl Sweep {
                     Step::Skip(next) if next > i => *from = next,
                     _ => {}
                 }
+            }
+            i += 1;
+        }
+        // each pair scanner where its pair occurs, with its own resume position
+        for &(k, pair) in &self.pairs {
+            let Some(&(try_at, tag)) = self.scanners.get(k) else {
+                continue;
+            };
+            let mut i = 0;
+            while let Some(p) = find_pair(b, i, pair) {
+                i = match try_at(b, p) {
+                    Step::Match(end) if end > p => {
+                        found(tag, p..end);
+                        end
+                    }
+                    Step::Skip(next) if next > p => next,
+                    _ => p + 1,
+                };
             }
         }
     }

@@ -31,6 +31,34 @@ pub(crate) fn find_byte(b: &[u8], from: usize, needle: u8) -> Option<usize> {
         .map(|p| base + p)
 }
 
+/// The position of the first of `needles` in `b` at or after `from`.
+pub(crate) fn find_any3(b: &[u8], from: usize, needles: [u8; 3]) -> Option<usize> {
+    let rest = b.get(from..)?;
+    let patterns = needles.map(|n| ONES.wrapping_mul(u64::from(n)));
+    let mut chunks = rest.chunks_exact(8);
+    let mut base = from;
+    for chunk in &mut chunks {
+        if let Ok(word) = <[u8; 8]>::try_from(chunk) {
+            let w = u64::from_le_bytes(word);
+            let mut zero = 0;
+            for pattern in patterns {
+                let x = w ^ pattern;
+                // exact per byte (no borrow between bytes): high bit set where `x` is zero
+                zero |= !((x & !HIGHS).wrapping_add(!HIGHS) | x) & HIGHS;
+            }
+            if zero != 0 {
+                return Some(base + (zero.trailing_zeros() / 8) as usize);
+            }
+        }
+        base += 8;
+    }
+    chunks
+        .remainder()
+        .iter()
+        .position(|c| needles.contains(c))
+        .map(|p| base + p)
+}
+
 /// The first position at or after `from` whose byte is an ASCII capital or not ASCII
 /// (`b.len()` if none): what the name scan stops at, eight bytes per step.
 pub(crate) fn next_upper_or_non_ascii(b: &[u8], from: usize) -> usize {
@@ -59,6 +87,52 @@ pub(crate) fn next_upper_or_non_ascii(b: &[u8], from: usize) -> usize {
         .iter()
         .position(|&c| c.is_ascii_uppercase() || !c.is_ascii())
         .map_or(b.len(), |p| base + p)
+}
+
+/// The first position at or after `from` whose byte is neither an ASCII lower-case letter
+/// nor a space (`b.len()` if none), eight bytes per step: the run of prose before it
+/// starts no anchored scanner's match (see `detect::Sweep`).
+pub(crate) fn next_not_lower_or_space(b: &[u8], from: usize) -> usize {
+    let Some(rest) = b.get(from..) else {
+        return b.len();
+    };
+    let spaces = ONES.wrapping_mul(u64::from(b' '));
+    let mut chunks = rest.chunks_exact(8);
+    let mut base = from;
+    for chunk in &mut chunks {
+        if let Ok(word) = <[u8; 8]>::try_from(chunk) {
+            let x = u64::from_le_bytes(word);
+            let low = x & !HIGHS;
+            let from_a = low.wrapping_add(ONES.wrapping_mul(0x80 - u64::from(b'a')));
+            let past_z = low.wrapping_add(ONES.wrapping_mul(0x7F - u64::from(b'z')));
+            let lower = from_a & !past_z & !x;
+            let s = x ^ spaces;
+            let space = !((s & !HIGHS).wrapping_add(!HIGHS) | s);
+            let other = !(lower | space) & HIGHS;
+            if other != 0 {
+                return base + (other.trailing_zeros() / 8) as usize;
+            }
+        }
+        base += 8;
+    }
+    chunks
+        .remainder()
+        .iter()
+        .position(|&c| !(c.is_ascii_lowercase() || c == b' '))
+        .map_or(b.len(), |p| base + p)
+}
+
+/// The first position `j` at or after `from` with `b[j..j + 2] == pair`.
+pub(crate) fn find_pair(b: &[u8], from: usize, pair: [u8; 2]) -> Option<usize> {
+    let [first, second] = pair;
+    let mut k = from.checked_add(1)?;
+    while let Some(q) = find_byte(b, k, second) {
+        if q.checked_sub(1).and_then(|j| b.get(j)) == Some(&first) {
+            return Some(q - 1);
+        }
+        k = q + 1;
+    }
+    None
 }
 
 /// Whether `c` is an ASCII letter or digit, by a table (one load instead of three range
@@ -154,6 +228,35 @@ mod tests {
     }
 
     proptest! {
+        #[test]
+        fn next_not_lower_or_space_is_position(text in proptest::collection::vec(
+                                                   prop_oneof![Just(b' '), Just(b'a'), Just(b'z'),
+                                                               Just(b'{'), Just(b'`'), Just(0xE1), Just(0xA0),
+                                                               any::<u8>()], 0..80),
+                                               from in 0usize..90) {
+            let want = text.get(from..).and_then(|r| {
+                r.iter().position(|&c| !(c.is_ascii_lowercase() || c == b' '))
+            });
+            prop_assert_eq!(next_not_lower_or_space(&text, from), want.map_or(text.len(), |p| p + from));
+        }
+
+        #[test]
+        fn find_pair_is_a_window_search(text in proptest::collection::vec(
+                                            prop_oneof![Just(b's'), Just(b'k'), any::<u8>()], 0..80),
+                                        from in 0usize..90) {
+            let want = text.windows(2).enumerate().skip(from).find(|(_, w)| w == b"sk").map(|(j, _)| j);
+            prop_assert_eq!(find_pair(&text, from, *b"sk"), want);
+        }
+
+        #[test]
+        fn find_any3_is_position(text in proptest::collection::vec(
+                                     prop_oneof![Just(b'"'), Just(b'['), Just(b'\\'), any::<u8>()], 0..80),
+                                 from in 0usize..90) {
+            let needles = [b'"', b'\\', b'['];
+            let want = text.get(from..).and_then(|r| r.iter().position(|c| needles.contains(c)));
+            prop_assert_eq!(find_any3(&text, from, needles), want.map(|p| p + from));
+        }
+
         #[test]
         fn next_upper_or_non_ascii_is_position(text in proptest::collection::vec(any::<u8>(), 0..80),
                                                from in 0usize..90) {
