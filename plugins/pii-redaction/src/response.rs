@@ -16,7 +16,7 @@
 //! it. Every other event has its strings restored whole.
 
 use crate::mask::{OutputHold, PlaceholderMap, Redactor, TextRestorer};
-use crate::scan::{find_any3, find_byte};
+use crate::scan::{byte_flags, find_any3, find_byte};
 use llm_gateway_shared::json::{self, Scalar, Seg};
 use llm_gateway_shared::sse::{Event, Framer};
 use std::collections::BTreeMap;
@@ -270,8 +270,52 @@ impl StreamRestorer {
 /// True if a JSON string in `data` holds a `[`, raw or escaped as `\u005b` (one pass, no
 /// allocation; what is not JSON counts as having one, to be looked at properly).
 fn bracket_in_a_string(data: &[u8]) -> bool {
-    // from quote to quote, eight bytes per step: outside strings only `"` counts; inside,
-    // `"`, `\` and `[`
+    // without a backslash (most events), a byte is inside a string exactly when an odd number
+    // of quotes precede it: quotes and brackets are flagged eight bytes per step
+    match brackets_by_quote_parity(data) {
+        Some(found) => found,
+        None => bracket_in_a_string_escaped(data),
+    }
+}
+
+/// [`bracket_in_a_string`] for `data` without a backslash; `None` if it has one.
+fn brackets_by_quote_parity(data: &[u8]) -> Option<bool> {
+    let mut odd = false; // inside a string where the word begins
+    let mut chunks = data.chunks_exact(8);
+    for chunk in &mut chunks {
+        let Ok(word) = <[u8; 8]>::try_from(chunk) else {
+            return None;
+        };
+        let w = u64::from_le_bytes(word);
+        if byte_flags(w, b'\\') != 0 {
+            return None;
+        }
+        let quotes = byte_flags(w, b'"');
+        let mut brackets = byte_flags(w, b'[');
+        while brackets != 0 {
+            let lane = brackets & brackets.wrapping_neg();
+            if odd ^ ((quotes & (lane - 1)).count_ones() % 2 == 1) {
+                return Some(true);
+            }
+            brackets &= brackets - 1;
+        }
+        odd ^= quotes.count_ones() % 2 == 1;
+    }
+    for &c in chunks.remainder() {
+        match c {
+            b'\\' => return None,
+            b'"' => odd = !odd,
+            b'[' if odd => return Some(true),
+            _ => {}
+        }
+    }
+    // an unterminated string: the next event may complete anything
+    Some(odd)
+}
+
+/// [`bracket_in_a_string`] for data with escapes: from quote to quote, eight bytes per
+/// step; outside strings only `"` counts, inside `"`, `\` and `[`.
+fn bracket_in_a_string_escaped(data: &[u8]) -> bool {
     let mut i = 0;
     loop {
         let Some(open) = find_byte(data, i, b'"') else {
@@ -622,6 +666,21 @@ mod tests {
                 bracket_in_a_string(&data),
                 bracket_in_a_string_bytewise(&data)
             );
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn bracket_scan_without_escapes_is_the_bytewise_one(data in proptest::collection::vec(
+            proptest::prop_oneof![
+                proptest::strategy::Just(b'"'),
+                proptest::strategy::Just(b'['),
+                proptest::strategy::Just(b'a'),
+                proptest::strategy::Just(b'{'),
+            ],
+            0..120,
+        )) {
+            proptest::prop_assert_eq!(brackets_by_quote_parity(&data), Some(bracket_in_a_string_bytewise(&data)));
         }
     }
 

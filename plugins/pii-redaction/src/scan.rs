@@ -31,21 +31,25 @@ pub(crate) fn find_byte(b: &[u8], from: usize, needle: u8) -> Option<usize> {
         .map(|p| base + p)
 }
 
+/// The high bit of each byte of `word` that equals `needle` (exact: no borrow between
+/// bytes).
+#[inline(always)]
+pub(crate) fn byte_flags(word: u64, needle: u8) -> u64 {
+    let x = word ^ ONES.wrapping_mul(u64::from(needle));
+    !((x & !HIGHS).wrapping_add(!HIGHS) | x) & HIGHS
+}
+
 /// The position of the first of `needles` in `b` at or after `from`.
 pub(crate) fn find_any3(b: &[u8], from: usize, needles: [u8; 3]) -> Option<usize> {
     let rest = b.get(from..)?;
-    let patterns = needles.map(|n| ONES.wrapping_mul(u64::from(n)));
     let mut chunks = rest.chunks_exact(8);
     let mut base = from;
     for chunk in &mut chunks {
         if let Ok(word) = <[u8; 8]>::try_from(chunk) {
             let w = u64::from_le_bytes(word);
-            let mut zero = 0;
-            for pattern in patterns {
-                let x = w ^ pattern;
-                // exact per byte (no borrow between bytes): high bit set where `x` is zero
-                zero |= !((x & !HIGHS).wrapping_add(!HIGHS) | x) & HIGHS;
-            }
+            let zero = needles
+                .iter()
+                .fold(0, |flags, &needle| flags | byte_flags(w, needle));
             if zero != 0 {
                 return Some(base + (zero.trailing_zeros() / 8) as usize);
             }
