@@ -146,6 +146,8 @@ pub(crate) fn is_alnum(c: u8) -> bool {
     ALNUM.get(usize::from(c)).copied().unwrap_or(false)
 }
 
+// evaluated at compile time: an index out of range would fail the build, not panic
+#[allow(clippy::indexing_slicing)]
 static ALNUM: [bool; 256] = {
     let mut table = [false; 256];
     let mut c = 0;
