@@ -20,6 +20,7 @@
 //! Spans start and end on `char` boundaries.
 
 use crate::names::has_cjk;
+use crate::scan::{is_alnum, run_end};
 use std::ops::Range;
 use std::sync::OnceLock;
 
@@ -427,6 +428,27 @@ const FR_TYPES: &[&str] = &[
 /// Whether `word` is one of [`FR_TYPES`] (ASCII letters in any case), by a `match` (a
 /// length switch) instead of a scan of the list: this runs at most words of prose.
 fn is_fr_type(word: &str) -> bool {
+    // the types' first letters: most capitalised words of prose are out at once
+    let first = word.as_bytes().first().map(u8::to_ascii_lowercase);
+    if !matches!(
+        first,
+        Some(
+            b'a' | b'b'
+                | b'c'
+                | b'e'
+                | b'f'
+                | b'h'
+                | b'i'
+                | b'l'
+                | b'p'
+                | b'q'
+                | b'r'
+                | b's'
+                | b'v'
+        )
+    ) {
+        return false;
+    }
     let mut buf = [0u8; 12];
     let Some(lower) = buf.get_mut(..word.len()) else {
         return false;
@@ -468,31 +490,22 @@ fn is_fr_type(word: &str) -> bool {
 
 /// [`is_fr_type`] for a word of ASCII lower-case letters (the common case in prose).
 fn is_fr_type_ascii(word: &[u8]) -> bool {
-    matches!(
-        word,
-        b"allee"
-            | b"av"
-            | b"avenue"
-            | b"bd"
-            | b"boulevard"
-            | b"chemin"
-            | b"cours"
-            | b"esplanade"
-            | b"faubourg"
-            | b"hameau"
-            | b"impasse"
-            | b"parvis"
-            | b"passage"
-            | b"place"
-            | b"promenade"
-            | b"quai"
-            | b"route"
-            | b"rue"
-            | b"ruelle"
-            | b"sentier"
-            | b"square"
-            | b"voie"
-    )
+    // by the first letter: most words of prose are out after one comparison
+    match word {
+        [b'a', rest @ ..] => matches!(rest, b"llee" | b"v" | b"venue"),
+        [b'b', rest @ ..] => matches!(rest, b"d" | b"oulevard"),
+        [b'c', rest @ ..] => matches!(rest, b"hemin" | b"ours"),
+        [b'e', rest @ ..] => rest == b"splanade",
+        [b'f', rest @ ..] => rest == b"aubourg",
+        [b'h', rest @ ..] => rest == b"ameau",
+        [b'i', rest @ ..] => rest == b"mpasse",
+        [b'p', rest @ ..] => matches!(rest, b"arvis" | b"assage" | b"lace" | b"romenade"),
+        [b'q', rest @ ..] => rest == b"uai",
+        [b'r', rest @ ..] => matches!(rest, b"oute" | b"ue" | b"uelle"),
+        [b's', rest @ ..] => matches!(rest, b"entier" | b"quare"),
+        [b'v', rest @ ..] => rest == b"oie",
+        _ => false,
+    }
 }
 
 /// Words inside a French street name that are not capitalised.
@@ -560,11 +573,19 @@ impl<'t> Cursor<'t> {
     }
 
     fn char_at(&self, i: usize) -> Option<char> {
-        self.text.get(i..).and_then(|r| r.chars().next())
+        match self.text.as_bytes().get(i) {
+            // an ASCII byte is a whole character (no decoding)
+            Some(&c) if c.is_ascii() => Some(char::from(c)),
+            _ => self.text.get(i..).and_then(|r| r.chars().next()),
+        }
     }
 
     fn char_before(&self, i: usize) -> Option<char> {
-        self.text.get(..i).and_then(|r| r.chars().next_back())
+        match i.checked_sub(1).and_then(|j| self.text.as_bytes().get(j)) {
+            // an ASCII byte is a whole character, and the next one starts at `i`
+            Some(&c) if c.is_ascii() => Some(char::from(c)),
+            _ => self.text.get(..i).and_then(|r| r.chars().next_back()),
+        }
     }
 
     fn slice(&self, t: Tok) -> &'t str {
@@ -598,12 +619,10 @@ impl<'t> Cursor<'t> {
         let capital = c.is_uppercase() || !(c.is_lowercase());
         // ASCII letters, the common case
         let b = self.text.as_bytes();
-        let ascii = b.get(i..).map_or(0, |r| {
-            r.iter()
-                .take(41)
-                .take_while(|c| c.is_ascii_alphabetic())
-                .count()
-        });
+        let ascii = run_end(b.get(..b.len().min(i + 41)).unwrap_or_default(), i, |c| {
+            c.is_ascii_alphabetic()
+        })
+        .saturating_sub(i);
         let e = i + ascii;
         if ascii <= 40 && !matches!(self.byte(e), b'-' | b'\'' | 0x80..=0xFF) {
             return Some(Tok {
@@ -675,20 +694,16 @@ fn latin_addresses(text: &str, found: &mut dyn FnMut(Range<usize>)) {
     let mut i = 0;
     while i < text.len() {
         let c = cur.byte(i);
-        if c < 0x80 && !c.is_ascii_alphanumeric() {
+        if c < 0x80 && !is_alnum(c) {
             i += 1;
             continue;
         }
         let prev = cur.byte(i.wrapping_sub(1));
-        if i > 0
-            && prev < 0x80
-            && (prev.is_ascii_alphanumeric() || matches!(prev, b'.' | b'-' | b'_'))
-        {
+        if i > 0 && prev < 0x80 && (is_alnum(prev) || matches!(prev, b'.' | b'-' | b'_')) {
             // inside a word or number: skip the rest of it at once
             i += ascii_alnum_run(text, i).max(1);
             continue;
         }
-        let step = cur.char_at(i).map_or(1, char::len_utf8);
         if c.is_ascii_lowercase() {
             // a lower-case word can only start a French street (`rue …`): most words of
             // prose are ruled out by their letters without decoding anything
@@ -701,6 +716,7 @@ fn latin_addresses(text: &str, found: &mut dyn FnMut(Range<usize>)) {
                 continue;
             }
         }
+        let step = cur.char_at(i).map_or(1, char::len_utf8);
         let boundary = prev < 0x80
             || cur
                 .char_before(i)
@@ -736,10 +752,9 @@ fn latin_addresses(text: &str, found: &mut dyn FnMut(Range<usize>)) {
 }
 
 /// Length of the run of ASCII letters and digits at `i`.
+#[inline]
 fn ascii_alnum_run(text: &str, i: usize) -> usize {
-    text.as_bytes().get(i..).map_or(0, |r| {
-        r.iter().take_while(|c| c.is_ascii_alphanumeric()).count()
-    })
+    run_end(text.as_bytes(), i, is_alnum).saturating_sub(i)
 }
 
 /// The German street suffix `word` ends with (ASCII letters in any case).
@@ -1104,6 +1119,52 @@ fn fr_name_and_town(cur: &Cursor, type_end: usize) -> Option<(usize, usize)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ascii_fr_types_are_exactly_the_list() {
+        const TYPES: &[&str] = &[
+            "allee",
+            "av",
+            "avenue",
+            "bd",
+            "boulevard",
+            "chemin",
+            "cours",
+            "esplanade",
+            "faubourg",
+            "hameau",
+            "impasse",
+            "parvis",
+            "passage",
+            "place",
+            "promenade",
+            "quai",
+            "route",
+            "rue",
+            "ruelle",
+            "sentier",
+            "square",
+            "voie",
+        ];
+        for t in TYPES {
+            assert!(is_fr_type_ascii(t.as_bytes()), "{t}");
+            assert!(is_fr_type(t), "{t}");
+            // one letter more, one less, or another last letter is not a type
+            for other in [
+                format!("{t}s"),
+                t[..t.len() - 1].to_string(),
+                format!("{t}e"),
+            ] {
+                assert_eq!(
+                    is_fr_type_ascii(other.as_bytes()),
+                    TYPES.contains(&other.as_str())
+                );
+            }
+        }
+        for w in ["", "a", "the", "review", "rues", "placed", "b", "quay"] {
+            assert!(!is_fr_type_ascii(w.as_bytes()), "{w}");
+        }
+    }
 
     fn addresses(text: &str) -> Vec<&str> {
         let mut out = Vec::new();

@@ -85,6 +85,15 @@ pub enum Input<'a> {
     },
 }
 
+impl Input<'_> {
+    /// Whether [`Exchange::handle`] reads its `now_ms` for this input (the request headers
+    /// and the log, which adopt and stash a carried map): the shell reads the host's clock
+    /// only then.
+    pub fn reads_clock(&self) -> bool {
+        matches!(self, Input::RequestHeaders { .. } | Input::Log { .. })
+    }
+}
+
 /// A counter of `wasmcustom.llm_gateway.pii.*`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Counter {
@@ -344,7 +353,8 @@ impl Exchange {
         }
     }
 
-    /// Takes one event; the commands it produced wait in [`Exchange::poll`].
+    /// Takes one event; the commands it produced wait in [`Exchange::poll`]. `now_ms` is
+    /// read only for [`Input::reads_clock`] inputs.
     pub fn handle(&mut self, worker: &mut Worker, now_ms: u64, input: Input<'_>) -> Flow {
         match input {
             Input::RequestHeaders {

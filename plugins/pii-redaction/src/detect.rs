@@ -13,6 +13,7 @@ use std::ops::Range;
 use std::str::FromStr;
 
 pub use crate::card::luhn;
+use crate::scan::{find_byte, find_pair, next_not_lower_or_space};
 
 /// A built-in detector.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -157,6 +158,28 @@ impl Builtin {
         }
     }
 
+    /// For the anchored scanners whose matcher returns [`Step::No`] unless these two bytes
+    /// start the text at the position: the pair (the sweep searches it instead of trying the
+    /// matcher at every first byte: `s` and `e` are frequent letters).
+    fn pair(self) -> Option<[u8; 2]> {
+        match self {
+            Builtin::OpenAiKey => Some(*b"sk"),
+            Builtin::Jwt => Some(*b"ey"),
+            _ => None,
+        }
+    }
+
+    /// For the anchored scanners whose matcher returns [`Step::No`] unless the byte after
+    /// the first passes a test: that test (the sweep then skips the call).
+    fn second_byte(self) -> Option<FirstByte> {
+        match self {
+            Builtin::OpenAiKey => Some(|c| c == b'k'),
+            Builtin::AwsAccessKey => Some(|c| matches!(c, b'K' | b'S')),
+            Builtin::Jwt => Some(|c| c == b'y'),
+            _ => None,
+        }
+    }
+
     /// For the scanners that try a match at each byte passing a first-byte test: that test
     /// and the matcher. `None` for the ones with a scan of their own.
     fn anchored(self) -> Option<(FirstByte, Matcher)> {
@@ -215,6 +238,15 @@ pub struct Sweep {
     scanners: Vec<(Matcher, usize)>,
     /// Byte value -> bit set of `scanners` whose first-byte test passes.
     starts: Box<[u32; 256]>,
+    /// Byte value -> bit set of `scanners` that may start right before it: those whose
+    /// matcher rejects every other second byte ([`Builtin::second_byte`]) and all others.
+    seconds: Box<[u32; 256]>,
+    /// Scanners that can only start at a pair of bytes ([`Builtin::pair`]; not in
+    /// `starts`): each runs at the pair's occurrences, found by a search of its own.
+    pairs: Vec<(usize, [u8; 2])>,
+    /// No scanner in `starts` begins at an ASCII lower-case letter or a space: runs of
+    /// those (most of prose) are skipped eight bytes per step.
+    skip_prose: bool,
 }
 
 impl Sweep {
@@ -225,6 +257,9 @@ impl Sweep {
         let mut sweep = Sweep {
             scanners: Vec::new(),
             starts: Box::new([0; 256]),
+            seconds: Box::new([0; 256]),
+            pairs: Vec::new(),
+            skip_prose: false,
         };
         for &(builtin, tag) in builtins {
             let Some((first, try_at)) = builtin.anchored() else {
@@ -233,14 +268,28 @@ impl Sweep {
             if sweep.scanners.len() == 32 {
                 break;
             }
+            if let Some(pair) = builtin.pair() {
+                sweep.pairs.push((sweep.scanners.len(), pair));
+                sweep.scanners.push((try_at, tag));
+                continue;
+            }
             let bit = 1u32 << sweep.scanners.len();
             for (value, set) in (0u8..=255).zip(sweep.starts.iter_mut()) {
                 if first(value) {
                     *set |= bit;
                 }
             }
+            let second = builtin.second_byte();
+            for (value, set) in (0u8..=255).zip(sweep.seconds.iter_mut()) {
+                if second.is_none_or(|second| second(value)) {
+                    *set |= bit;
+                }
+            }
             sweep.scanners.push((try_at, tag));
         }
+        sweep.skip_prose = (b'a'..=b'z')
+            .chain([b' '])
+            .all(|c| sweep.starts.get(usize::from(c)) == Some(&0));
         sweep
     }
 
@@ -257,9 +306,25 @@ impl Sweep {
         }
         let b = text.as_bytes();
         // per scanner: no match of it starts before this position
-        let mut resume = vec![0usize; self.scanners.len()];
-        for (i, &c) in b.iter().enumerate() {
+        let mut resume = [0usize; 32];
+        let mut i = 0;
+        while i < b.len() {
+            if self.skip_prose {
+                i = next_not_lower_or_space(b, i);
+            }
+            let Some(&c) = b.get(i) else {
+                break;
+            };
             let mut set = self.starts.get(usize::from(c)).copied().unwrap_or(0);
+            if set == 0 {
+                i += 1;
+                continue; // most bytes of prose
+            }
+            set &= self
+                .seconds
+                .get(usize::from(at(b, i + 1)))
+                .copied()
+                .unwrap_or(0);
             while set != 0 {
                 let k = set.trailing_zeros() as usize;
                 set &= set - 1;
@@ -278,6 +343,24 @@ impl Sweep {
                     Step::Skip(next) if next > i => *from = next,
                     _ => {}
                 }
+            }
+            i += 1;
+        }
+        // each pair scanner where its pair occurs, with its own resume position
+        for &(k, pair) in &self.pairs {
+            let Some(&(try_at, tag)) = self.scanners.get(k) else {
+                continue;
+            };
+            let mut i = 0;
+            while let Some(p) = find_pair(b, i, pair) {
+                i = match try_at(b, p) {
+                    Step::Match(end) if end > p => {
+                        found(tag, p..end);
+                        end
+                    }
+                    Step::Skip(next) if next > p => next,
+                    _ => p + 1,
+                };
             }
         }
     }
@@ -494,11 +577,7 @@ fn email(b: &[u8], found: &mut dyn FnMut(Range<usize>)) {
     // byte is scanned left at most once and right at most once.
     let mut floor = 0;
     let mut i = 0;
-    while let Some(off) = b
-        .get(i..)
-        .and_then(|rest| rest.iter().position(|&c| c == b'@'))
-    {
-        let at_sign = i + off;
+    while let Some(at_sign) = find_byte(b, i, b'@') {
         let mut s = at_sign;
         while s > floor && is_local(before(b, s)) {
             s -= 1;
@@ -718,11 +797,7 @@ fn is_ipv6_char(c: u8) -> bool {
 fn ipv6_runs(b: &[u8], found: &mut dyn FnMut(Range<usize>)) {
     let mut done = 0; // bytes before this were part of a run already looked at
     let mut i = 0;
-    while let Some(off) = b
-        .get(i..)
-        .and_then(|rest| rest.iter().position(|&c| c == b':'))
-    {
-        let colon = i + off;
+    while let Some(colon) = find_byte(b, i, b':') {
         let mut start = colon;
         while start > done && is_ipv6_char(before(b, start)) {
             start -= 1;

@@ -40,6 +40,7 @@ pub mod national_id;
 pub mod phone;
 pub mod request;
 pub mod response;
+mod scan;
 
 #[cfg(target_arch = "wasm32")]
 mod shell;

@@ -185,8 +185,7 @@ impl PlaceholderMap {
         let b = text.as_bytes();
         let mut copied = 0;
         let mut i = 0;
-        while let Some(off) = b.get(i..).and_then(|r| r.iter().position(|&c| c == b'[')) {
-            let open = i + off;
+        while let Some(open) = crate::scan::find_byte(b, i, b'[') {
             let mut e = open + 1;
             while e - open <= MAX_NAME_LEN + MAX_COUNTER_DIGITS + 1
                 && b.get(e).is_some_and(|&c| is_placeholder_char(c))
@@ -401,8 +400,7 @@ impl Redactor {
         }
         let b = text.as_bytes();
         let mut i = 0;
-        while let Some(off) = b.get(i..).and_then(|r| r.iter().position(|&c| c == b'[')) {
-            let open = i + off;
+        while let Some(open) = crate::scan::find_byte(b, i, b'[') {
             let mut e = open + 1;
             while e - open <= MAX_NAME_LEN + MAX_COUNTER_DIGITS + 1
                 && b.get(e).is_some_and(|&c| is_placeholder_char(c))

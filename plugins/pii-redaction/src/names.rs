@@ -21,6 +21,7 @@
 //! linear: every word or character is looked at a bounded number of times, each lookup is
 //! logarithmic in a fixed list.
 
+use crate::scan::next_upper_or_non_ascii;
 use std::ops::Range;
 use std::sync::OnceLock;
 
@@ -496,11 +497,10 @@ fn latin_names(text: &str, found: &mut dyn FnMut(Range<usize>)) {
     let mut i = 0;
     while i < b.len() {
         let c = b.get(i).copied().unwrap_or(0);
-        if c.is_ascii_lowercase() {
-            // skip the rest of a lower-case word at once
-            i += b.get(i..).map_or(1, |r| {
-                r.iter().take_while(|c| c.is_ascii_lowercase()).count()
-            });
+        if c.is_ascii() && !c.is_ascii_uppercase() {
+            // only a capital or a non-ASCII letter can start a name: skip to the next one
+            // (eight bytes per step)
+            i = next_upper_or_non_ascii(b, i);
             continue;
         }
         // most bytes: not the start of a capitalised word
@@ -550,11 +550,19 @@ fn latin_names(text: &str, found: &mut dyn FnMut(Range<usize>)) {
 }
 
 fn char_at(text: &str, i: usize) -> Option<char> {
-    text.get(i..).and_then(|r| r.chars().next())
+    match text.as_bytes().get(i) {
+        // an ASCII byte is a whole character (no decoding)
+        Some(&c) if c.is_ascii() => Some(char::from(c)),
+        _ => text.get(i..).and_then(|r| r.chars().next()),
+    }
 }
 
 fn char_before(text: &str, i: usize) -> Option<char> {
-    text.get(..i).and_then(|r| r.chars().next_back())
+    match i.checked_sub(1).and_then(|j| text.as_bytes().get(j)) {
+        // an ASCII byte is a whole character, and the next one starts at `i`
+        Some(&c) if c.is_ascii() && i <= text.len() => Some(char::from(c)),
+        _ => text.get(..i).and_then(|r| r.chars().next_back()),
+    }
 }
 
 fn is_word_char(c: char) -> bool {

@@ -16,6 +16,7 @@
 //! it. Every other event has its strings restored whole.
 
 use crate::mask::{OutputHold, PlaceholderMap, Redactor, TextRestorer};
+use crate::scan::{byte_flags, find_any3, find_byte};
 use llm_gateway_shared::json::{self, Scalar, Seg};
 use llm_gateway_shared::sse::{Event, Framer};
 use std::collections::BTreeMap;
@@ -269,6 +270,87 @@ impl StreamRestorer {
 /// True if a JSON string in `data` holds a `[`, raw or escaped as `\u005b` (one pass, no
 /// allocation; what is not JSON counts as having one, to be looked at properly).
 fn bracket_in_a_string(data: &[u8]) -> bool {
+    // without a backslash (most events), a byte is inside a string exactly when an odd number
+    // of quotes precede it: quotes and brackets are flagged eight bytes per step
+    match brackets_by_quote_parity(data) {
+        Some(found) => found,
+        None => bracket_in_a_string_escaped(data),
+    }
+}
+
+/// [`bracket_in_a_string`] for `data` without a backslash; `None` if it has one.
+fn brackets_by_quote_parity(data: &[u8]) -> Option<bool> {
+    let mut odd = false; // inside a string where the word begins
+    let mut chunks = data.chunks_exact(8);
+    for chunk in &mut chunks {
+        let Ok(word) = <[u8; 8]>::try_from(chunk) else {
+            return None;
+        };
+        let w = u64::from_le_bytes(word);
+        if byte_flags(w, b'\\') != 0 {
+            return None;
+        }
+        let quotes = byte_flags(w, b'"');
+        let mut brackets = byte_flags(w, b'[');
+        while brackets != 0 {
+            let lane = brackets & brackets.wrapping_neg();
+            if odd ^ ((quotes & (lane - 1)).count_ones() % 2 == 1) {
+                return Some(true);
+            }
+            brackets &= brackets - 1;
+        }
+        odd ^= quotes.count_ones() % 2 == 1;
+    }
+    for &c in chunks.remainder() {
+        match c {
+            b'\\' => return None,
+            b'"' => odd = !odd,
+            b'[' if odd => return Some(true),
+            _ => {}
+        }
+    }
+    // an unterminated string: the next event may complete anything
+    Some(odd)
+}
+
+/// [`bracket_in_a_string`] for data with escapes: from quote to quote, eight bytes per
+/// step; outside strings only `"` counts, inside `"`, `\` and `[`.
+fn bracket_in_a_string_escaped(data: &[u8]) -> bool {
+    let mut i = 0;
+    loop {
+        let Some(open) = find_byte(data, i, b'"') else {
+            return false;
+        };
+        i = open + 1;
+        loop {
+            let Some(k) = find_any3(data, i, [b'"', b'\\', b'[']) else {
+                return true; // an unterminated string
+            };
+            match data.get(k) {
+                Some(b'"') => {
+                    i = k + 1;
+                    break;
+                }
+                Some(b'\\') => {
+                    // the escaped byte: `\u005b` is a `[`
+                    let Some(&escaped) = data.get(k + 1) else {
+                        return true;
+                    };
+                    let hex = data.get(k + 2..k + 6);
+                    if escaped == b'u' && hex.is_some_and(|h| h.eq_ignore_ascii_case(b"005b")) {
+                        return true;
+                    }
+                    i = k + 2;
+                }
+                _ => return true, // `[`
+            }
+        }
+    }
+}
+
+/// [`bracket_in_a_string`] byte by byte (what the tests compare it with).
+#[cfg(test)]
+fn bracket_in_a_string_bytewise(data: &[u8]) -> bool {
     let mut in_string = false;
     let mut escaped = false;
     for (i, &byte) in data.iter().enumerate() {
@@ -563,6 +645,68 @@ fn is_delta_path(path: &[Seg]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    proptest::proptest! {
+        #[test]
+        fn bracket_scan_is_the_bytewise_one(data in proptest::collection::vec(
+            proptest::prop_oneof![
+                proptest::strategy::Just(b'"'),
+                proptest::strategy::Just(b'['),
+                proptest::strategy::Just(b'\\'),
+                proptest::strategy::Just(b'u'),
+                proptest::strategy::Just(b'0'),
+                proptest::strategy::Just(b'5'),
+                proptest::strategy::Just(b'b'),
+                proptest::strategy::Just(b'B'),
+                proptest::prelude::any::<u8>(),
+            ],
+            0..60,
+        )) {
+            proptest::prop_assert_eq!(
+                bracket_in_a_string(&data),
+                bracket_in_a_string_bytewise(&data)
+            );
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn bracket_scan_without_escapes_is_the_bytewise_one(data in proptest::collection::vec(
+            proptest::prop_oneof![
+                proptest::strategy::Just(b'"'),
+                proptest::strategy::Just(b'['),
+                proptest::strategy::Just(b'a'),
+                proptest::strategy::Just(b'{'),
+            ],
+            0..120,
+        )) {
+            proptest::prop_assert_eq!(brackets_by_quote_parity(&data), Some(bracket_in_a_string_bytewise(&data)));
+        }
+    }
+
+    #[test]
+    fn bracket_scan_on_escapes_at_the_end_and_across_words() {
+        for data in [
+            &br#"{"a":"x\u005b"}"#[..],
+            br#"{"a":"x\u005"}"#,
+            br#"{"a":"x\"#,
+            br#"{"a":"\\[x"}"#,
+            br#"{"a":"\"[x"}"#,
+            br#"[{"a":"0123456789abcdef"},["x"]]"#,
+            br#"{"a":"0123456789abcdef\u005B"}"#,
+            b"",
+            b"\"",
+        ] {
+            assert_eq!(
+                bracket_in_a_string(data),
+                bracket_in_a_string_bytewise(data),
+                "{}",
+                String::from_utf8_lossy(data)
+            );
+        }
+        assert!(bracket_in_a_string(br#"{"a":"0123456789abcdef\u005B"}"#));
+        assert!(!bracket_in_a_string(br#"[{"a":"0123456789abcdef"},["x"]]"#));
+    }
     use crate::detect::Detector;
     use crate::mask::tests::redactor;
     use crate::mask::{Action, Redactor, Rule};

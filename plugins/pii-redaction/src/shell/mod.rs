@@ -116,9 +116,12 @@ fn drive(
     target: &mut Sink<'_>,
 ) -> Flow {
     let mut fallback = Worker::default();
+    // only the request headers and the log read the clock (the stash's expiry): the other
+    // callbacks, one per streamed event, save the host call
+    let now = if input.reads_clock() { now_ms() } else { 0 };
     let mut flow = match state {
-        Some(state) => exchange.handle(&mut state.worker.borrow_mut(), now_ms(), input),
-        None => exchange.handle(&mut fallback, now_ms(), input),
+        Some(state) => exchange.handle(&mut state.worker.borrow_mut(), now, input),
+        None => exchange.handle(&mut fallback, now, input),
     };
     while let Some(command) = exchange.poll() {
         if let Err(err) = execute(state, &command, target) {

@@ -1,0 +1,283 @@
+//! Byte scans the detectors share, written for wasm32 without SIMD, where every byte a loop
+//! touches costs several instructions: a word-at-a-time search for one byte (eight bytes per
+//! step) and plain index loops over runs of a byte class (no iterator adapters, which the
+//! size-optimised build leaves as calls).
+
+const ONES: u64 = 0x0101_0101_0101_0101;
+const HIGHS: u64 = 0x8080_8080_8080_8080;
+
+/// The position of the first `needle` in `b` at or after `from`.
+pub(crate) fn find_byte(b: &[u8], from: usize, needle: u8) -> Option<usize> {
+    let rest = b.get(from..)?;
+    let pattern = ONES.wrapping_mul(u64::from(needle));
+    let mut chunks = rest.chunks_exact(8);
+    let mut base = from;
+    for chunk in &mut chunks {
+        if let Ok(word) = <[u8; 8]>::try_from(chunk) {
+            // a byte of `x` is zero where the text has `needle`; the lowest flagged byte is
+            // always a true one (a borrow only flags bytes above a zero byte)
+            let x = u64::from_le_bytes(word) ^ pattern;
+            let zero = x.wrapping_sub(ONES) & !x & HIGHS;
+            if zero != 0 {
+                return Some(base + (zero.trailing_zeros() / 8) as usize);
+            }
+        }
+        base += 8;
+    }
+    chunks
+        .remainder()
+        .iter()
+        .position(|&c| c == needle)
+        .map(|p| base + p)
+}
+
+/// The high bit of each byte of `word` that equals `needle` (exact: no borrow between
+/// bytes).
+#[inline(always)]
+pub(crate) fn byte_flags(word: u64, needle: u8) -> u64 {
+    let x = word ^ ONES.wrapping_mul(u64::from(needle));
+    !((x & !HIGHS).wrapping_add(!HIGHS) | x) & HIGHS
+}
+
+/// The position of the first of `needles` in `b` at or after `from`.
+pub(crate) fn find_any3(b: &[u8], from: usize, needles: [u8; 3]) -> Option<usize> {
+    let rest = b.get(from..)?;
+    let mut chunks = rest.chunks_exact(8);
+    let mut base = from;
+    for chunk in &mut chunks {
+        if let Ok(word) = <[u8; 8]>::try_from(chunk) {
+            let w = u64::from_le_bytes(word);
+            let zero = needles
+                .iter()
+                .fold(0, |flags, &needle| flags | byte_flags(w, needle));
+            if zero != 0 {
+                return Some(base + (zero.trailing_zeros() / 8) as usize);
+            }
+        }
+        base += 8;
+    }
+    chunks
+        .remainder()
+        .iter()
+        .position(|c| needles.contains(c))
+        .map(|p| base + p)
+}
+
+/// The first position at or after `from` whose byte is an ASCII capital or not ASCII
+/// (`b.len()` if none): what the name scan stops at, eight bytes per step.
+pub(crate) fn next_upper_or_non_ascii(b: &[u8], from: usize) -> usize {
+    let Some(rest) = b.get(from..) else {
+        return b.len();
+    };
+    let mut chunks = rest.chunks_exact(8);
+    let mut base = from;
+    for chunk in &mut chunks {
+        if let Ok(word) = <[u8; 8]>::try_from(chunk) {
+            let x = u64::from_le_bytes(word);
+            // per byte, without carries between bytes: the low seven bits plus a constant
+            // set the high bit from a threshold on
+            let low = x & !HIGHS;
+            let from_a = low.wrapping_add(ONES.wrapping_mul(0x80 - u64::from(b'A')));
+            let past_z = low.wrapping_add(ONES.wrapping_mul(0x7F - u64::from(b'Z')));
+            let hit = ((from_a & !past_z) | x) & HIGHS;
+            if hit != 0 {
+                return base + (hit.trailing_zeros() / 8) as usize;
+            }
+        }
+        base += 8;
+    }
+    chunks
+        .remainder()
+        .iter()
+        .position(|&c| c.is_ascii_uppercase() || !c.is_ascii())
+        .map_or(b.len(), |p| base + p)
+}
+
+/// The first position at or after `from` whose byte is neither an ASCII lower-case letter
+/// nor a space (`b.len()` if none), eight bytes per step: the run of prose before it
+/// starts no anchored scanner's match (see `detect::Sweep`).
+pub(crate) fn next_not_lower_or_space(b: &[u8], from: usize) -> usize {
+    let Some(rest) = b.get(from..) else {
+        return b.len();
+    };
+    let spaces = ONES.wrapping_mul(u64::from(b' '));
+    let mut chunks = rest.chunks_exact(8);
+    let mut base = from;
+    for chunk in &mut chunks {
+        if let Ok(word) = <[u8; 8]>::try_from(chunk) {
+            let x = u64::from_le_bytes(word);
+            let low = x & !HIGHS;
+            let from_a = low.wrapping_add(ONES.wrapping_mul(0x80 - u64::from(b'a')));
+            let past_z = low.wrapping_add(ONES.wrapping_mul(0x7F - u64::from(b'z')));
+            let lower = from_a & !past_z & !x;
+            let s = x ^ spaces;
+            let space = !((s & !HIGHS).wrapping_add(!HIGHS) | s);
+            let other = !(lower | space) & HIGHS;
+            if other != 0 {
+                return base + (other.trailing_zeros() / 8) as usize;
+            }
+        }
+        base += 8;
+    }
+    chunks
+        .remainder()
+        .iter()
+        .position(|&c| !(c.is_ascii_lowercase() || c == b' '))
+        .map_or(b.len(), |p| base + p)
+}
+
+/// The first position `j` at or after `from` with `b[j..j + 2] == pair`.
+pub(crate) fn find_pair(b: &[u8], from: usize, pair: [u8; 2]) -> Option<usize> {
+    let [first, second] = pair;
+    let mut k = from.checked_add(1)?;
+    while let Some(q) = find_byte(b, k, second) {
+        if q.checked_sub(1).and_then(|j| b.get(j)) == Some(&first) {
+            return Some(q - 1);
+        }
+        k = q + 1;
+    }
+    None
+}
+
+/// Whether `c` is an ASCII letter or digit, by a table (one load instead of three range
+/// tests).
+#[inline(always)]
+pub(crate) fn is_alnum(c: u8) -> bool {
+    ALNUM.get(usize::from(c)).copied().unwrap_or(false)
+}
+
+// evaluated at compile time: an index out of range would fail the build, not panic
+#[allow(clippy::indexing_slicing)]
+static ALNUM: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut c = 0;
+    while c < 256 {
+        table[c] = (c as u8).is_ascii_alphanumeric();
+        c += 1;
+    }
+    table
+};
+
+/// The end of the run of bytes from `i` that pass `class`.
+#[inline(always)]
+pub(crate) fn run_end(b: &[u8], mut i: usize, class: impl Fn(u8) -> bool) -> usize {
+    while let Some(&c) = b.get(i) {
+        if !class(c) {
+            break;
+        }
+        i += 1;
+    }
+    i
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn finds_the_first_byte_in_every_lane() {
+        for len in 0..40 {
+            for at in 0..len {
+                let mut text = vec![b'x'; len];
+                text[at] = b'@';
+                if at + 3 < len {
+                    text[at + 3] = b'@';
+                }
+                for from in 0..=len {
+                    let want = text.iter().skip(from).position(|&c| c == b'@');
+                    assert_eq!(find_byte(&text, from, b'@'), want.map(|p| p + from));
+                }
+            }
+        }
+        assert_eq!(find_byte(b"abc", 4, b'a'), None);
+        // a byte one above the needle next to it (the borrow case) is not a match
+        assert_eq!(find_byte(b"AAAAAAA@A@", 0, b'@'), Some(7));
+        assert_eq!(
+            find_byte(b"\x01\x00\x01\x01\x01\x01\x01\x01", 0, 1),
+            Some(0)
+        );
+        assert_eq!(find_byte(b"\x00\x01", 0, 1), Some(1));
+    }
+
+    #[test]
+    fn run_end_stops_at_the_first_byte_outside_the_class() {
+        assert_eq!(run_end(b"abc1", 0, |c| c.is_ascii_lowercase()), 3);
+        assert_eq!(run_end(b"abc", 1, |c| c.is_ascii_lowercase()), 3);
+        assert_eq!(run_end(b"abc", 5, |c| c.is_ascii_lowercase()), 5);
+    }
+
+    #[test]
+    fn next_upper_or_non_ascii_in_every_lane() {
+        for len in 0..30 {
+            for at in 0..len {
+                for stop in [b'A', b'Z', b'M', 0x80, 0xC3, 0xFF] {
+                    let mut text = vec![b'a'; len];
+                    text[at] = stop;
+                    for from in 0..=len {
+                        let want = if from <= at { at } else { len };
+                        assert_eq!(next_upper_or_non_ascii(&text, from), want);
+                    }
+                }
+            }
+        }
+        // the bytes around the capitals are not capitals
+        let near = b"@[`{0 9az\x7f";
+        assert_eq!(next_upper_or_non_ascii(near, 0), near.len());
+    }
+
+    #[test]
+    fn alnum_table_is_is_ascii_alphanumeric() {
+        for c in 0..=255u8 {
+            assert_eq!(is_alnum(c), c.is_ascii_alphanumeric());
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn next_not_lower_or_space_is_position(text in proptest::collection::vec(
+                                                   prop_oneof![Just(b' '), Just(b'a'), Just(b'z'),
+                                                               Just(b'{'), Just(b'`'), Just(0xE1), Just(0xA0),
+                                                               any::<u8>()], 0..80),
+                                               from in 0usize..90) {
+            let want = text.get(from..).and_then(|r| {
+                r.iter().position(|&c| !(c.is_ascii_lowercase() || c == b' '))
+            });
+            prop_assert_eq!(next_not_lower_or_space(&text, from), want.map_or(text.len(), |p| p + from));
+        }
+
+        #[test]
+        fn find_pair_is_a_window_search(text in proptest::collection::vec(
+                                            prop_oneof![Just(b's'), Just(b'k'), any::<u8>()], 0..80),
+                                        from in 0usize..90) {
+            let want = text.windows(2).enumerate().skip(from).find(|(_, w)| w == b"sk").map(|(j, _)| j);
+            prop_assert_eq!(find_pair(&text, from, *b"sk"), want);
+        }
+
+        #[test]
+        fn find_any3_is_position(text in proptest::collection::vec(
+                                     prop_oneof![Just(b'"'), Just(b'['), Just(b'\\'), any::<u8>()], 0..80),
+                                 from in 0usize..90) {
+            let needles = [b'"', b'\\', b'['];
+            let want = text.get(from..).and_then(|r| r.iter().position(|c| needles.contains(c)));
+            prop_assert_eq!(find_any3(&text, from, needles), want.map(|p| p + from));
+        }
+
+        #[test]
+        fn next_upper_or_non_ascii_is_position(text in proptest::collection::vec(any::<u8>(), 0..80),
+                                               from in 0usize..90) {
+            let want = text.get(from..).and_then(|r| {
+                r.iter().position(|&c| c.is_ascii_uppercase() || !c.is_ascii())
+            });
+            prop_assert_eq!(next_upper_or_non_ascii(&text, from), want.map_or(text.len(), |p| p + from));
+        }
+
+
+        #[test]
+        fn find_byte_is_position(text in proptest::collection::vec(any::<u8>(), 0..80),
+                                 from in 0usize..90, needle in any::<u8>()) {
+            let want = text.get(from..).and_then(|r| r.iter().position(|&c| c == needle));
+            prop_assert_eq!(find_byte(&text, from, needle), want.map(|p| p + from));
+        }
+    }
+}
