@@ -23,6 +23,7 @@
 use crate::usage::Api;
 use serde_json::Value;
 
+mod body;
 #[cfg(feature = "tokenizer")]
 mod bpe;
 #[cfg(feature = "tokenizer")]
@@ -126,8 +127,35 @@ pub fn estimate_prompt_tokens_sampled(
     encoding: Encoding,
     sample_bytes: usize,
 ) -> u64 {
+    with_sampled_counter(encoding, sample_bytes, |count| {
+        estimate_with(api, body, count)
+    })
+}
+
+/// [`estimate_prompt_tokens_sampled`] read straight from the bytes of a body that
+/// [`crate::json::scan_object`] accepted, without parsing it into a `Value`: the same count.
+/// `None` for a body `serde_json` might refuse or read otherwise (a surrogate escape that is
+/// no pair, a number with an exponent or hundreds of digits): parse it with `serde_json` and
+/// call [`estimate_prompt_tokens_sampled`] then.
+pub fn estimate_body_tokens_sampled(
+    api: Api,
+    body: &[u8],
+    encoding: Encoding,
+    sample_bytes: usize,
+) -> Option<u64> {
+    with_sampled_counter(encoding, sample_bytes, |count| {
+        body::estimate(api, body, count)
+    })
+}
+
+/// Runs `f` with the counter of [`estimate_prompt_tokens_sampled`].
+fn with_sampled_counter<R>(
+    encoding: Encoding,
+    sample_bytes: usize,
+    f: impl FnOnce(&dyn Fn(&str) -> u64) -> R,
+) -> R {
     if !encoding.is_exact() {
-        return estimate_prompt_tokens(api, body, encoding);
+        return f(&|text: &str| count_tokens(encoding, text));
     }
     // (bytes counted with the tokenizer, their tokens)
     let sample = std::cell::Cell::new((0usize, 0u64));
@@ -155,7 +183,7 @@ pub fn estimate_prompt_tokens_sampled(
         };
         head_tokens.saturating_add(tail_tokens)
     };
-    estimate_with(api, body, &count)
+    f(&count)
 }
 
 fn estimate_with(api: Api, body: &Value, count: &dyn Fn(&str) -> u64) -> u64 {
