@@ -42,9 +42,9 @@ impl<'a> Doc<'a> {
 
     fn hex4(&self, i: usize) -> Option<u32> {
         let digits = self.bytes().get(i..i + 4)?;
-        digits.iter().try_fold(0u32, |n, &d| {
-            Some(n << 4 | char::from(d).to_digit(16)?)
-        })
+        digits
+            .iter()
+            .try_fold(0u32, |n, &d| Some(n << 4 | char::from(d).to_digit(16)?))
     }
 
     /// The end (after the closing quote) of the string literal at `i`, and whether it holds
@@ -112,21 +112,21 @@ impl<'a> Doc<'a> {
     fn value_end(&self, i: usize, depth: usize) -> Option<usize> {
         match self.at(i)? {
             b'"' => self.string_end(i).map(|(end, _)| end),
-            b'{' => self.members(i, depth, &mut |_, _| Some(())),
-            b'[' => self.elements(i, depth, &mut |_| Some(())),
+            b'{' => self.members(i, depth, &mut |_, start| self.value_end(start, depth + 1)),
+            b'[' => self.elements(i, depth, &mut |start| self.value_end(start, depth + 1)),
             b't' | b'n' => Some(i + 4),
             b'f' => Some(i + 5),
             _ => self.number_end(i),
         }
     }
 
-    /// Walks the object at `i`, calling `member(key literal, value span)` for each member in
-    /// document order; the end of the object.
+    /// Walks the object at `i`: `member(key literal, value start)` reads each member's value
+    /// and returns its end; the end of the object.
     fn members(
         &self,
         i: usize,
         depth: usize,
-        member: &mut dyn FnMut(Range<usize>, Range<usize>) -> Option<()>,
+        member: &mut dyn FnMut(Key, usize) -> Option<usize>,
     ) -> Option<usize> {
         if depth > MAX_DEPTH {
             return None;
@@ -139,14 +139,19 @@ impl<'a> Doc<'a> {
             if self.at(j)? != b'"' {
                 return None;
             }
-            let (key_end, _) = self.string_end(j)?;
+            let (key_end, escaped) = self.string_end(j)?;
             let colon = self.ws(key_end);
             if self.at(colon)? != b':' {
                 return None;
             }
             let start = self.ws(colon + 1);
-            let end = self.value_end(start, depth + 1)?;
-            member(j..key_end, start..end)?;
+            let end = member(
+                Key {
+                    span: j..key_end,
+                    escaped,
+                },
+                start,
+            )?;
             j = self.ws(end);
             match self.at(j)? {
                 b',' => j = self.ws(j + 1),
@@ -156,12 +161,13 @@ impl<'a> Doc<'a> {
         }
     }
 
-    /// Walks the array at `i`, calling `element(span)` for each element; the end of the array.
+    /// Walks the array at `i`: `element(start)` reads each element and returns its end; the
+    /// end of the array.
     fn elements(
         &self,
         i: usize,
         depth: usize,
-        element: &mut dyn FnMut(Range<usize>) -> Option<()>,
+        element: &mut dyn FnMut(usize) -> Option<usize>,
     ) -> Option<usize> {
         if depth > MAX_DEPTH {
             return None;
@@ -171,8 +177,7 @@ impl<'a> Doc<'a> {
             return Some(j + 1);
         }
         loop {
-            let end = self.value_end(j, depth + 1)?;
-            element(j..end)?;
+            let end = element(j)?;
             j = self.ws(end);
             match self.at(j)? {
                 b',' => j = self.ws(j + 1),
@@ -182,43 +187,202 @@ impl<'a> Doc<'a> {
         }
     }
 
-    /// The text of the string literal `span`, unescaped.
-    fn string(&self, span: Range<usize>) -> Option<Cow<'a, str>> {
-        let raw = self.text.get(span.clone())?;
-        let inner = raw.get(1..raw.len().checked_sub(1)?)?;
-        if !inner.contains('\\') {
-            return Some(Cow::Borrowed(inner));
+    /// The text of the string literal `span` (`escaped`: it holds a backslash).
+    fn text(&self, span: &Text) -> Option<Cow<'a, str>> {
+        let raw = self.text.get(span.span.clone())?;
+        if !span.escaped {
+            return raw.get(1..raw.len().checked_sub(1)?).map(Cow::Borrowed);
         }
-        json::unescape(raw.as_bytes(), span.start).ok().map(Cow::Owned)
+        json::unescape(raw.as_bytes(), span.span.start)
+            .ok()
+            .map(Cow::Owned)
     }
 
-    /// Whether the key literal `span` names `name`.
-    fn key_is(&self, span: Range<usize>, name: &str) -> bool {
-        self.string(span).is_some_and(|key| key == name)
+    /// Whether `key` names `name`.
+    fn key_is(&self, key: &Key, name: &str) -> bool {
+        if !key.escaped {
+            let inner = key.span.start + 1..key.span.end.saturating_sub(1);
+            return self.bytes().get(inner) == Some(name.as_bytes());
+        }
+        self.text(&Text {
+            span: key.span.clone(),
+            escaped: true,
+        })
+        .is_some_and(|key| key == name)
     }
 
-    /// The span of the last member named `name` of the object `span` (`Value::get`); `None`
-    /// inside for a value that is no object.
-    fn get(&self, span: &Range<usize>, name: &str) -> Option<Option<Range<usize>>> {
-        if self.at(span.start)? != b'{' {
+    /// The string at `i`, if there is one: its span and end.
+    fn string_at(&self, i: usize) -> Option<Option<Text>> {
+        if self.at(i)? != b'"' {
             return Some(None);
         }
-        let mut found = None;
-        self.members(span.start, 1, &mut |key, value| {
-            if self.key_is(key, name) {
-                found = Some(value);
-            }
-            Some(())
-        })?;
-        Some(found)
+        let (end, escaped) = self.string_end(i)?;
+        Some(Some(Text {
+            span: i..end,
+            escaped,
+        }))
     }
 
-    /// The string value `span`, if it is one (`Value::as_str`).
-    fn as_str(&self, span: &Range<usize>) -> Option<Option<Cow<'a, str>>> {
-        match self.at(span.start)? {
-            b'"' => self.string(span.clone()).map(Some),
-            _ => Some(None),
+    /// A `content` at `i` (`count_content`): a string, or the text parts of an array; its
+    /// texts pushed to `texts`; the value's end.
+    fn content(&self, i: usize, depth: usize, texts: &mut Vec<Text>) -> Option<usize> {
+        match self.at(i)? {
+            b'"' => {
+                let (end, escaped) = self.string_end(i)?;
+                texts.push(Text {
+                    span: i..end,
+                    escaped,
+                });
+                Some(end)
+            }
+            b'[' => self.elements(i, depth, &mut |part| {
+                if self.at(part)? != b'{' {
+                    return self.value_end(part, depth + 1);
+                }
+                // the last `type` (a string other than the text types excludes the part) and
+                // the last `text` (counted if it is a string)
+                let mut typed_text = true;
+                let mut text = None;
+                let end = self.members(part, depth + 1, &mut |key, value| {
+                    if self.key_is(&key, "type") {
+                        let kind = self.string_at(value)?;
+                        typed_text = match &kind {
+                            None => true,
+                            Some(kind) => matches!(
+                                self.text(kind)?.as_ref(),
+                                "text" | "input_text" | "output_text"
+                            ),
+                        };
+                        return match kind {
+                            Some(kind) => Some(kind.span.end),
+                            None => self.value_end(value, depth + 2),
+                        };
+                    }
+                    if self.key_is(&key, "text") {
+                        text = self.string_at(value)?;
+                        return match &text {
+                            Some(text) => Some(text.span.end),
+                            None => self.value_end(value, depth + 2),
+                        };
+                    }
+                    self.value_end(value, depth + 2)
+                })?;
+                if let Some(text) = text.filter(|_| typed_text) {
+                    texts.push(text);
+                }
+                Some(end)
+            }),
+            _ => self.value_end(i, depth),
         }
+    }
+
+    /// A message at `i` (`message(m.get("content"))`): its last `content`'s texts pushed to
+    /// `texts`; the value's end. (Not an object: no content.)
+    fn message(&self, i: usize, depth: usize, texts: &mut Vec<Text>) -> Option<usize> {
+        if self.at(i)? != b'{' {
+            return self.value_end(i, depth);
+        }
+        let mark = texts.len();
+        self.members(i, depth, &mut |key, value| {
+            if self.key_is(&key, "content") {
+                texts.truncate(mark); // the last one counts
+                return self.content(value, depth + 1, texts);
+            }
+            self.value_end(value, depth + 1)
+        })
+    }
+}
+
+/// A member name.
+struct Key {
+    /// Its literal, quotes included.
+    span: Range<usize>,
+    /// It holds a backslash.
+    escaped: bool,
+}
+
+/// A string literal to count.
+#[derive(Clone)]
+struct Text {
+    /// Quotes included.
+    span: Range<usize>,
+    /// It holds a backslash.
+    escaped: bool,
+}
+
+/// What one top-level member contributes: texts to count in order, messages (each adds
+/// [`super::MESSAGE_OVERHEAD`]) and tokens given as such (pre-tokenized embedding inputs).
+#[derive(Default)]
+struct Part {
+    texts: Vec<Text>,
+    messages: u64,
+    tokens: u64,
+}
+
+impl Part {
+    fn total(&self, doc: &Doc<'_>, count: &dyn Fn(&str) -> u64) -> Option<u64> {
+        let mut total = 0u64;
+        for text in &self.texts {
+            total = total.saturating_add(count(&doc.text(text)?));
+        }
+        Some(
+            total
+                .saturating_add(self.messages.saturating_mul(super::MESSAGE_OVERHEAD))
+                .saturating_add(self.tokens),
+        )
+    }
+}
+
+/// Reads the value at `i` of a top-level member that `api` counts (`key`) into `part`; the
+/// value's end.
+fn read(doc: &Doc<'_>, api: Api, key: &str, i: usize, part: &mut Part) -> Option<usize> {
+    const DEPTH: usize = 2;
+    let messages = |part: &mut Part| {
+        doc.elements(i, DEPTH, &mut |m| {
+            part.messages += 1;
+            doc.message(m, DEPTH + 1, &mut part.texts)
+        })
+    };
+    match (api, key) {
+        (Api::ChatCompletions | Api::AnthropicMessages, "messages") => match doc.at(i)? {
+            b'[' => messages(part),
+            _ => doc.value_end(i, DEPTH),
+        },
+        (Api::AnthropicMessages, "system") | (Api::Responses, "instructions") => {
+            part.messages = 1;
+            doc.content(i, DEPTH, &mut part.texts)
+        }
+        (Api::Responses, "input") => match doc.at(i)? {
+            b'"' => {
+                part.messages = 1;
+                doc.content(i, DEPTH, &mut part.texts)
+            }
+            b'[' => doc.elements(i, DEPTH, &mut |item| {
+                part.messages += 1;
+                match doc.at(item)? {
+                    b'"' => doc.content(item, DEPTH + 1, &mut part.texts),
+                    _ => doc.message(item, DEPTH + 1, &mut part.texts),
+                }
+            }),
+            _ => doc.value_end(i, DEPTH),
+        },
+        (Api::Embeddings, "input") => match doc.at(i)? {
+            b'"' => doc.content(i, DEPTH, &mut part.texts),
+            b'[' => doc.elements(i, DEPTH, &mut |item| match doc.at(item)? {
+                b'"' => doc.content(item, DEPTH + 1, &mut part.texts),
+                b'[' => doc.elements(item, DEPTH + 1, &mut |id| {
+                    part.tokens += 1; // pre-tokenized: one token per element
+                    doc.value_end(id, DEPTH + 2)
+                }),
+                b'{' | b't' | b'f' | b'n' => doc.value_end(item, DEPTH + 1),
+                _ => {
+                    part.tokens += 1; // a number
+                    doc.number_end(item)
+                }
+            }),
+            _ => doc.value_end(i, DEPTH),
+        },
+        _ => doc.value_end(i, DEPTH),
     }
 }
 
@@ -228,131 +392,39 @@ pub(super) fn estimate(api: Api, body: &[u8], count: &dyn Fn(&str) -> u64) -> Op
     let doc = Doc {
         text: std::str::from_utf8(body).ok()?,
     };
-    // the top level: every member walked (so nothing serde_json could refuse is left
-    // unseen), the last of each name kept
+    // the members each API reads, in the order it counts them
+    let keys: &[&str] = match api {
+        Api::ChatCompletions => &["messages"],
+        Api::AnthropicMessages => &["system", "messages"],
+        Api::Responses => &["instructions", "input"],
+        Api::Embeddings => &["input"],
+    };
+    let mut parts: [Part; 2] = Default::default();
+    // one walk over the whole document (so nothing serde_json could refuse is left unseen);
+    // a repeated member replaces what an earlier one read
     let start = doc.ws(0);
     if doc.at(start)? != b'{' {
         return None;
     }
-    let (mut messages, mut system, mut input, mut instructions) = (None, None, None, None);
-    let end = doc.members(start, 1, &mut |key, value| {
-        let slot = match doc.string(key)?.as_ref() {
-            "messages" => &mut messages,
-            "system" => &mut system,
-            "input" => &mut input,
-            "instructions" => &mut instructions,
-            _ => return Some(()),
-        };
-        *slot = Some(value);
-        Some(())
+    let end = doc.members(start, 1, &mut |key, value| match keys
+        .iter()
+        .enumerate()
+        .find(|(_, name)| doc.key_is(&key, name))
+    {
+        Some((n, name)) => {
+            let part = parts.get_mut(n)?;
+            *part = Part::default();
+            read(&doc, api, name, value, part)
+        }
+        None => doc.value_end(value, 2),
     })?;
     if doc.ws(end) != body.len() {
         return None;
     }
-    let content = |span: Option<Range<usize>>| -> Option<u64> {
-        let Some(span) = span else { return Some(0) };
-        match doc.at(span.start)? {
-            b'"' => Some(count(&doc.string(span)?)),
-            b'[' => {
-                let mut total = 0u64;
-                doc.elements(span.start, 1, &mut |part| {
-                    let type_ok = match doc.get(&part, "type")? {
-                        None => true,
-                        Some(kind) => match doc.as_str(&kind)? {
-                            None => true,
-                            Some(kind) => {
-                                matches!(kind.as_ref(), "text" | "input_text" | "output_text")
-                            }
-                        },
-                    };
-                    if !type_ok {
-                        return Some(());
-                    }
-                    if let Some(text) = doc.get(&part, "text")? {
-                        if let Some(text) = doc.as_str(&text)? {
-                            total = total.saturating_add(count(&text));
-                        }
-                    }
-                    Some(())
-                })?;
-                Some(total)
-            }
-            _ => Some(0),
-        }
-    };
-    let message = |span: Option<Range<usize>>| -> Option<u64> {
-        Some(content(span)?.saturating_add(super::MESSAGE_OVERHEAD))
-    };
-    // Σ message(m.content) over an array of messages
-    let each_message = |span: Option<Range<usize>>, total: u64| -> Option<u64> {
-        let Some(span) = span.filter(|s| doc.at(s.start) == Some(b'[')) else {
-            return Some(total);
-        };
-        let mut total = total;
-        doc.elements(span.start, 1, &mut |m| {
-            total = total.saturating_add(message(doc.get(&m, "content")?)?);
-            Some(())
-        })?;
-        Some(total)
-    };
-    let total = match api {
-        Api::ChatCompletions => each_message(messages, 0)?,
-        Api::AnthropicMessages => {
-            let system = match system {
-                Some(s) => message(Some(s))?,
-                None => 0,
-            };
-            each_message(messages, system)?
-        }
-        Api::Responses => {
-            let instructions = match instructions {
-                Some(s) => message(Some(s))?,
-                None => 0,
-            };
-            let input = match input {
-                Some(span) if doc.at(span.start) == Some(b'"') => message(Some(span))?,
-                Some(span) if doc.at(span.start) == Some(b'[') => {
-                    let mut total = 0u64;
-                    doc.elements(span.start, 1, &mut |item| {
-                        let n = match doc.at(item.start)? {
-                            b'"' => message(Some(item))?,
-                            _ => message(doc.get(&item, "content")?)?,
-                        };
-                        total = total.saturating_add(n);
-                        Some(())
-                    })?;
-                    total
-                }
-                _ => 0,
-            };
-            input.saturating_add(instructions)
-        }
-        Api::Embeddings => match input {
-            Some(span) if doc.at(span.start) == Some(b'"') => count(&doc.string(span)?),
-            Some(span) if doc.at(span.start) == Some(b'[') => {
-                let mut total = 0u64;
-                doc.elements(span.start, 1, &mut |item| {
-                    let n = match doc.at(item.start)? {
-                        b'"' => count(&doc.string(item)?),
-                        b'[' => {
-                            let mut ids = 0u64;
-                            doc.elements(item.start, 1, &mut |_| {
-                                ids += 1;
-                                Some(())
-                            })?;
-                            ids
-                        }
-                        b'{' | b't' | b'f' | b'n' => 0,
-                        _ => 1, // a number
-                    };
-                    total = total.saturating_add(n);
-                    Some(())
-                })?;
-                total
-            }
-            _ => 0,
-        },
-    };
+    let mut total = 0u64;
+    for part in &parts {
+        total = total.saturating_add(part.total(&doc, count)?);
+    }
     Some(total.max(1))
 }
 
@@ -408,25 +480,64 @@ mod tests {
     fn reads_what_the_parsed_body_holds() {
         // (body, whether the walk reads it without falling back)
         let cases: &[(&str, bool)] = &[
-            (r#"{"model":"gpt-4o","messages":[{"role":"user","content":"Hello there"}]}"#, true),
-            (r#"{"messages":[{"content":"a"},{"content":[{"type":"text","text":"b c"},{"type":"image_url","text":"no"},{"text":"untyped"},{"type":7,"text":"odd type"},"loose",{"type":"input_text","text":"in"}]}],"system":"sys","instructions":"do","input":"in put"}"#, true),
+            (
+                r#"{"model":"gpt-4o","messages":[{"role":"user","content":"Hello there"}]}"#,
+                true,
+            ),
+            (
+                r#"{"messages":[{"content":"a"},{"content":[{"type":"text","text":"b c"},{"type":"image_url","text":"no"},{"text":"untyped"},{"type":7,"text":"odd type"},"loose",{"type":"input_text","text":"in"}]}],"system":"sys","instructions":"do","input":"in put"}"#,
+                true,
+            ),
             // duplicates: the last one counts, at every level
-            (r#"{"messages":[{"content":"first","content":"second one"}],"messages":[{"content":"last","content":"really last"}]}"#, true),
-            (r#"{"messages":[{"content":[{"type":"image","type":"text","text":"x","text":"yy yy"}]}]}"#, true),
+            (
+                r#"{"messages":[{"content":"first","content":"second one"}],"messages":[{"content":"last","content":"really last"}]}"#,
+                true,
+            ),
+            (
+                r#"{"messages":[{"content":[{"type":"image","type":"text","text":"x","text":"yy yy"}]}]}"#,
+                true,
+            ),
             // escapes in keys and values, surrogate pairs, other scripts
-            (r#"{"m\u0065ssages":[{"c\u006fntent":"tab\there \"quoted\" \ud83d\ude00 \u00e9"}]}"#, true),
-            (r#"{"messages":[{"content":"日本語のテキスト e\u0301 👩‍👩‍👧"}], "system": ["not", "content"]}"#, true),
+            (
+                r#"{"m\u0065ssages":[{"c\u006fntent":"tab\there \"quoted\" \ud83d\ude00 \u00e9"}]}"#,
+                true,
+            ),
+            (
+                r#"{"messages":[{"content":"日本語のテキスト e\u0301 👩‍👩‍👧"}], "system": ["not", "content"]}"#,
+                true,
+            ),
             // not arrays, not objects, nulls
-            (r#"{"messages":{"content":"x"},"system":null,"input":{"content":"y"},"instructions":5}"#, true),
-            (r#"{"messages":[1,"two",null,[3],{"content":null},{"content":{"text":"x"}}]}"#, true),
-            (r#"{"input":["a",{"content":"b"},{"content":[{"text":"c"}]},3,null,[1,2,3],true]}"#, true),
-            (r#"{"input":[[1,2,3],[],"four",5,-6.5,{"x":1},false]}"#, true),
+            (
+                r#"{"messages":{"content":"x"},"system":null,"input":{"content":"y"},"instructions":5}"#,
+                true,
+            ),
+            (
+                r#"{"messages":[1,"two",null,[3],{"content":null},{"content":{"text":"x"}}]}"#,
+                true,
+            ),
+            (
+                r#"{"input":["a",{"content":"b"},{"content":[{"text":"c"}]},3,null,[1,2,3],true]}"#,
+                true,
+            ),
+            (
+                r#"{"input":[[1,2,3],[],"four",5,-6.5,{"x":1},false]}"#,
+                true,
+            ),
             (r#"{"input":[]}"#, true),
             (r#"{}"#, true),
-            ("  {\n\t\"messages\" : [ { \"content\" : \"spaced\" } ] \r\n}  ", true),
-            (r#"{"temperature":0.7,"max_tokens":12,"n":-1,"messages":[{"content":"x"}]}"#, true),
+            (
+                "  {\n\t\"messages\" : [ { \"content\" : \"spaced\" } ] \r\n}  ",
+                true,
+            ),
+            (
+                r#"{"temperature":0.7,"max_tokens":12,"n":-1,"messages":[{"content":"x"}]}"#,
+                true,
+            ),
             // what serde_json may refuse: the walk falls back
-            (r#"{"messages":[{"content":"lone \ud800 surrogate"}]}"#, false),
+            (
+                r#"{"messages":[{"content":"lone \ud800 surrogate"}]}"#,
+                false,
+            ),
             (r#"{"messages":[{"content":"lone \udc00 low"}]}"#, false),
             (r#"{"messages":[{"content":"x"}],"x":1e400}"#, false),
             (r#"{"messages":[{"content":"x"}],"x":1E2}"#, false),
@@ -434,9 +545,15 @@ mod tests {
         for &(body, raw) in cases {
             assert_eq!(agree(body), Ok(raw), "{body}");
         }
-        let long = format!(r#"{{"messages":[{{"content":"x"}}],"n":{}}}"#, "9".repeat(400));
+        let long = format!(
+            r#"{{"messages":[{{"content":"x"}}],"n":{}}}"#,
+            "9".repeat(400)
+        );
         assert_eq!(agree(&long), Ok(false));
-        let long = format!(r#"{{"messages":[{{"content":"x"}}],"n":{}}}"#, "9".repeat(250));
+        let long = format!(
+            r#"{{"messages":[{{"content":"x"}}],"n":{}}}"#,
+            "9".repeat(250)
+        );
         assert_eq!(agree(&long), Ok(true));
     }
 
