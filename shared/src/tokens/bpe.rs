@@ -18,7 +18,9 @@
 //! is a token, and count the parts. Pieces up to [`SMALL_PIECE`] bytes merge in a stack array
 //! (tiktoken's linear scan); longer ones with a heap (tiktoken's `_byte_pair_merge_large`),
 //! and pieces over [`MAX_PIECE`] bytes, which text never has but a hostile body may, are
-//! counted in [`MAX_PIECE`]-byte parts so that the scratch memory stays bounded.
+//! counted in [`MAX_PIECE`]-byte parts so that the scratch memory stays bounded. The counts
+//! of stack-array merges are kept in a per-thread (per-VM) [`Memo`], so a word seen before is
+//! not merged again.
 
 use super::split::{piece_ranges, Pattern};
 use super::Encoding;
