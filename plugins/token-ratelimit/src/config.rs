@@ -289,7 +289,7 @@ pub struct Config {
     pub prompt_margin_percent: u8,
     /// Prices for money budgets when the model router publishes none (chains without the
     /// router), by model group or model name.
-    pub prices: HashMap<String, Price>,
+    pub prices: crate::fxhash::FxHashMap<String, Price>,
     /// The tokenizer counts at most this much of a prompt's text; the rest is counted at the
     /// rate it measured (0: count everything).
     pub tokenizer_sample_bytes: usize,
@@ -352,7 +352,7 @@ struct RawConfig {
     #[serde(default = "default_margin")]
     prompt_margin_percent: u8,
     #[serde(default)]
-    prices: HashMap<String, Price>,
+    prices: crate::fxhash::FxHashMap<String, Price>,
     #[serde(default = "default_sample")]
     tokenizer_sample_bytes: usize,
     #[serde(default = "default_usage_filter_state")]

@@ -16,7 +16,9 @@
 
 use llm_gateway_shared::json::{self, Kind, Limits};
 use llm_gateway_shared::reject::Reject;
-use llm_gateway_shared::tokens::{estimate_prompt_tokens_sampled, Encoding};
+use llm_gateway_shared::tokens::{
+    estimate_body_tokens_sampled, estimate_prompt_tokens_sampled, Encoding,
+};
 use llm_gateway_shared::usage::Api;
 
 /// Tokens added to every reservation's prompt estimate (chat priming and separators the
@@ -127,10 +129,17 @@ pub fn inspect(
             default_max_tokens
         }
     };
-    let parsed: serde_json::Value = serde_json::from_slice(body)
-        .map_err(|_| Reject::bad_request("invalid_json", "the request body is not valid JSON"))?;
     let encoding = Encoding::for_model(model.as_deref().unwrap_or_default());
-    let estimate = estimate_prompt_tokens_sampled(api, &parsed, encoding, sample_bytes);
+    // read from the bytes; parsed with serde_json only where it might read them otherwise
+    let estimate = match estimate_body_tokens_sampled(api, body, encoding, sample_bytes) {
+        Some(estimate) => estimate,
+        None => {
+            let parsed: serde_json::Value = serde_json::from_slice(body).map_err(|_| {
+                Reject::bad_request("invalid_json", "the request body is not valid JSON")
+            })?;
+            estimate_prompt_tokens_sampled(api, &parsed, encoding, sample_bytes)
+        }
+    };
     let prompt = estimate
         .saturating_add(
             estimate

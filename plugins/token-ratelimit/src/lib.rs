@@ -32,6 +32,7 @@ pub mod config;
 pub mod core;
 pub mod cost;
 pub mod decide;
+pub mod fxhash;
 pub mod reentry;
 pub mod scripts;
 pub mod settle;

@@ -18,10 +18,13 @@
 //! is a token, and count the parts. Pieces up to [`SMALL_PIECE`] bytes merge in a stack array
 //! (tiktoken's linear scan); longer ones with a heap (tiktoken's `_byte_pair_merge_large`),
 //! and pieces over [`MAX_PIECE`] bytes, which text never has but a hostile body may, are
-//! counted in [`MAX_PIECE`]-byte parts so that the scratch memory stays bounded.
+//! counted in [`MAX_PIECE`]-byte parts so that the scratch memory stays bounded. The counts
+//! of stack-array merges are kept in a per-thread (per-VM) [`Memo`], so a word seen before is
+//! not merged again.
 
 use super::split::{piece_ranges, Pattern};
 use super::Encoding;
+use std::cell::RefCell;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::sync::OnceLock;
@@ -317,13 +320,27 @@ impl Ranks {
 
     /// Tokens of the piece `text[start..end]` of split text. The lookups read `text` past the
     /// piece's end (a whole word at a time, masked), never the merges.
-    fn count_piece(&self, text: &[u8], start: usize, end: usize, scratch: &mut Scratch) -> u64 {
+    fn count_piece(
+        &self,
+        text: &[u8],
+        (start, end): (usize, usize),
+        scratch: &mut Scratch,
+        memo: &mut Memo,
+    ) -> u64 {
         let len = end.saturating_sub(start);
         if len <= 1 || self.rank_in(text, start, end) != NONE {
             return len.min(1) as u64;
         }
         if len <= SMALL_PIECE {
-            return self.merge_small(text, start, end);
+            let Some(piece) = text.get(start..end) else {
+                return self.merge_small(text, start, end);
+            };
+            if let Some(count) = memo.get(piece) {
+                return count;
+            }
+            let count = self.merge_small(text, start, end);
+            memo.put(piece, count);
+            return count;
         }
         (start..end)
             .step_by(MAX_PIECE)
@@ -490,6 +507,64 @@ struct Scratch {
     heap: BinaryHeap<Reverse<(u32, u32)>>,
 }
 
+/// Slots of a [`Memo`] (a power of two).
+const MEMO_SLOTS: usize = 4096;
+
+/// The counts of pieces the stack-array merge counted, by their bytes. Text repeats its words
+/// (within a prompt, and from one request to the next): a hit costs a hash and a compare where
+/// the merge costs a lookup per byte and more per merge. Direct-mapped (a piece replaces the
+/// one in its slot), bounded (`MEMO_SLOTS` × 34 bytes, allocated on first use), and exact: a
+/// hit compares all the piece's bytes.
+#[derive(Default)]
+struct Memo {
+    slots: Vec<MemoSlot>,
+}
+
+#[derive(Clone, Copy)]
+struct MemoSlot {
+    /// The piece's bytes (its first `len`).
+    bytes: [u8; SMALL_PIECE],
+    /// The piece's length; 0: empty (a merged piece has at least 2 bytes).
+    len: u8,
+    /// Its tokens (at most its length).
+    count: u8,
+}
+
+impl Memo {
+    fn slot(piece: &[u8]) -> usize {
+        (hash(piece) >> (64 - MEMO_SLOTS.trailing_zeros())) as usize
+    }
+
+    /// The count memoized for `piece` (2 to [`SMALL_PIECE`] bytes).
+    fn get(&self, piece: &[u8]) -> Option<u64> {
+        let slot = self.slots.get(Self::slot(piece))?;
+        let bytes = slot.bytes.get(..usize::from(slot.len))?;
+        (bytes == piece).then_some(u64::from(slot.count))
+    }
+
+    fn put(&mut self, piece: &[u8], count: u64) {
+        let (Ok(len), Ok(count)) = (u8::try_from(piece.len()), u8::try_from(count)) else {
+            return;
+        };
+        if self.slots.is_empty() {
+            let empty = MemoSlot {
+                bytes: [0; SMALL_PIECE],
+                len: 0,
+                count: 0,
+            };
+            self.slots = vec![empty; MEMO_SLOTS];
+        }
+        let mut bytes = [0u8; SMALL_PIECE];
+        let Some(to) = bytes.get_mut(..piece.len()) else {
+            return;
+        };
+        to.copy_from_slice(piece);
+        if let Some(slot) = self.slots.get_mut(Self::slot(piece)) {
+            *slot = MemoSlot { bytes, len, count };
+        }
+    }
+}
+
 static O200K: OnceLock<Option<Ranks>> = OnceLock::new();
 static CL100K: OnceLock<Option<Ranks>> = OnceLock::new();
 
@@ -505,15 +580,32 @@ pub(super) fn ranks(encoding: Encoding) -> Option<(&'static Ranks, Pattern)> {
         .map(|ranks| (ranks, pattern))
 }
 
+thread_local! {
+    /// Each encoding's [`Memo`], kept for the thread's (the VM's) life.
+    static MEMOS: [RefCell<Memo>; 2] = Default::default();
+}
+
 /// Tokens of `text` under a BPE `encoding`; `None` for an encoding without ranks.
 pub(super) fn count(encoding: Encoding, text: &str) -> Option<u64> {
     let (ranks, pattern) = ranks(encoding)?;
     let mut scratch = Scratch::default();
-    Some(
+    let mut run = |memo: &mut Memo| {
         piece_ranges(pattern, text)
-            .map(|(start, end)| ranks.count_piece(text.as_bytes(), start, end, &mut scratch))
-            .fold(0u64, u64::saturating_add),
-    )
+            .map(|piece| ranks.count_piece(text.as_bytes(), piece, &mut scratch, memo))
+            .fold(0u64, u64::saturating_add)
+    };
+    let index = usize::from(encoding == Encoding::Cl100k);
+    let kept = MEMOS.try_with(|memos| {
+        memos
+            .get(index)
+            .and_then(|memo| memo.try_borrow_mut().ok())
+            .map(|mut memo| run(&mut memo))
+    });
+    Some(match kept {
+        Ok(Some(tokens)) => tokens,
+        // no memo to use (a thread being torn down): counted without one
+        _ => run(&mut Memo::default()),
+    })
 }
 
 #[cfg(test)]
@@ -548,6 +640,51 @@ mod tests {
         assert!(Ranks::new(b"\x01a\x00").is_none()); // an empty token
         let ranks = Ranks::new(b"\x01a\x01b\x02ab").unwrap();
         assert_eq!(ranks.rank(b"ab"), Some(2));
+    }
+
+    /// The memo answers only for the very bytes it was given: not for another piece in the
+    /// same slot, a prefix, or before anything was put; a later piece replaces an earlier one.
+    #[test]
+    fn memo_is_exact_and_bounded() {
+        let mut memo = Memo::default();
+        assert_eq!(memo.get(b"onboarding"), None);
+        memo.put(b"onboarding", 2);
+        assert_eq!(memo.get(b"onboarding"), Some(2));
+        assert_eq!(memo.get(b"onboardin"), None);
+        assert_eq!(memo.get(b"onboardinG"), None);
+        assert_eq!(memo.slots.len(), MEMO_SLOTS);
+        // two pieces of one slot: the later one is kept, the earlier one is no longer answered
+        let slot = Memo::slot(b"onboarding");
+        let other = (0u32..)
+            .map(|i| format!("w{i}x"))
+            .find(|w| Memo::slot(w.as_bytes()) == slot)
+            .unwrap();
+        assert_eq!(memo.get(other.as_bytes()), None);
+        memo.put(other.as_bytes(), 3);
+        assert_eq!(memo.get(other.as_bytes()), Some(3));
+        assert_eq!(memo.get(b"onboarding"), None);
+        // nothing longer than a slot holds
+        memo.put(&[b'a'; SMALL_PIECE + 1], 1);
+        assert_eq!(memo.get(&[b'a'; SMALL_PIECE + 1]), None);
+    }
+
+    /// Counting the same text again (its merged pieces now answered by the memo) and other
+    /// text in between gives the same counts.
+    #[test]
+    fn memoized_counts_are_the_merged_counts() {
+        let text = "The quarterly review covers onboarding, billing disputes, summarise \
+            follow-up antidisestablishmentarianism Übergrößenträger naïveté 日本語のテキスト";
+        for encoding in [Encoding::O200k, Encoding::Cl100k] {
+            let (ranks, pattern) = ranks(encoding).unwrap();
+            let mut scratch = Scratch::default();
+            let fresh: u64 = piece_ranges(pattern, text)
+                .map(|p| ranks.count_piece(text.as_bytes(), p, &mut scratch, &mut Memo::default()))
+                .sum();
+            let first = count(encoding, text).unwrap();
+            count(encoding, "something else entirely, to churn the memo").unwrap();
+            assert_eq!(first, fresh);
+            assert_eq!(count(encoding, text), Some(fresh));
+        }
     }
 
     /// The stack-array merge and the heap merge count alike (both are tiktoken's algorithm),

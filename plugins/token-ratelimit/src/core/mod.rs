@@ -38,6 +38,7 @@ use crate::budget::{self, BucketKeys, Identity, Journal, JournalEntry, Level};
 use crate::config::{Clock, Config, OnRedisFailure, Unit};
 use crate::cost::{self, Cost};
 use crate::decide;
+use crate::fxhash::{FxHashMap, FxHashSet};
 use crate::reentry::{self, AtLog};
 use crate::scripts::{self, Script, ScriptError};
 use crate::settle;
@@ -49,7 +50,7 @@ use llm_gateway_shared::rules::RuleSet;
 use llm_gateway_shared::usage_record::Record;
 use llm_gateway_shared::wire::HostError;
 use std::borrow::Cow;
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::VecDeque;
 use std::rc::Rc;
 
 mod admission;
@@ -377,11 +378,11 @@ pub struct Core {
     nonce: u64,
     /// Redis is reached over HTTP (webdis): replies reach only the sending context.
     http: bool,
-    flows: HashMap<u32, Flow>,
+    flows: FxHashMap<u32, Flow>,
     calls: Pending<Call>,
     /// Scripts this VM knows Redis has cached (else `EVAL` with the source).
-    loaded: HashSet<&'static str>,
-    replaying: HashSet<u64>,
+    loaded: FxHashSet<&'static str>,
+    replaying: FxHashSet<u64>,
     /// Admissions of superseded passes, waiting for their re-entering pass.
     stash: Stash<Flow>,
     /// Settlements waiting for the next tick (HTTP transport).
@@ -397,10 +398,10 @@ impl Core {
             rules: Rc::new(rules),
             nonce,
             http,
-            flows: HashMap::new(),
+            flows: FxHashMap::default(),
             calls: Pending::new(MAX_CALLS + 1),
-            loaded: HashSet::new(),
-            replaying: HashSet::new(),
+            loaded: FxHashSet::default(),
+            replaying: FxHashSet::default(),
             stash: Stash::default(),
             outbox: Vec::new(),
             commands: VecDeque::new(),

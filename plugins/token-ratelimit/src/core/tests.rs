@@ -5,6 +5,7 @@
 use super::*;
 use crate::config::parse_document;
 use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
 
 const CHAT: &str = "/v1/chat/completions";
 const BODY: &[u8] = br#"{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}"#;

@@ -22,7 +22,6 @@ use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType};
 use std::borrow::Cow;
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
 use std::rc::Rc;
 
 mod transport;
@@ -56,7 +55,7 @@ struct State {
     core: RefCell<Core>,
     /// The webdis cluster, when Redis is reached over HTTP.
     http: Option<HttpRedis>,
-    metrics: RefCell<HashMap<Cow<'static, str>, Option<Metric>>>,
+    metrics: RefCell<crate::fxhash::FxHashMap<Cow<'static, str>, Option<Metric>>>,
     /// The context the host currently acts on (`None`: the root's own).
     effective: Cell<Option<u32>>,
 }
