@@ -136,6 +136,34 @@ pub fn encode(event: Option<&str>, data: &str) -> Vec<u8> {
     out
 }
 
+/// The index of the first `\n` or `\r` in `bytes`, or its length: eight bytes per step (the
+/// framer and the parser look at nearly every byte of a stream through it, and wasm without
+/// SIMD has no faster `memchr`), as [`crate::json::plain_run`] does for JSON strings. A byte
+/// equal to LF or CR is a zero byte of the word XORed with that byte; `w - 0x01…01 & !w &
+/// 0x80…80` flags zero bytes, exactly for the lowest (a borrow starts only at a zero byte).
+fn line_end(bytes: &[u8]) -> usize {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    const LFS: u64 = ONES * b'\n' as u64;
+    const CRS: u64 = ONES * b'\r' as u64;
+    let mut done = 0;
+    let mut words = bytes.chunks_exact(8);
+    for chunk in words.by_ref() {
+        let word = chunk.try_into().map_or(0, u64::from_le_bytes);
+        let (lf, cr) = (word ^ LFS, word ^ CRS);
+        let flags = (lf.wrapping_sub(ONES) & !lf | cr.wrapping_sub(ONES) & !cr) & HIGH;
+        if flags != 0 {
+            return done + (flags.trailing_zeros() / 8) as usize;
+        }
+        done += 8;
+    }
+    let tail = words.remainder();
+    done + tail
+        .iter()
+        .position(|&b| b == b'\n' || b == b'\r')
+        .unwrap_or(tail.len())
+}
+
 /// Splits `raw` into lines at CRLF, LF or CR, terminators dropped.
 fn lines(raw: &[u8]) -> impl Iterator<Item = &[u8]> {
     let mut rest = raw;
@@ -143,7 +171,7 @@ fn lines(raw: &[u8]) -> impl Iterator<Item = &[u8]> {
         if rest.is_empty() {
             return None;
         }
-        match rest.iter().position(|&b| b == b'\n' || b == b'\r') {
+        match Some(line_end(rest)).filter(|&end| end < rest.len()) {
             Some(end) => {
                 let line = rest.get(..end).unwrap_or_default();
                 let skip = if rest.get(end..end + 2) == Some(b"\r\n") {
@@ -276,10 +304,7 @@ impl Framer {
                 self.in_line = true;
                 // the rest of the line in one search
                 let rest = self.buf.get(self.scan..).unwrap_or_default();
-                self.scan += rest
-                    .iter()
-                    .position(|&b| b == b'\n' || b == b'\r')
-                    .unwrap_or(rest.len());
+                self.scan += line_end(rest);
                 continue;
             }
             self.skip_lf = byte == b'\r';
@@ -508,10 +533,47 @@ mod tests {
         assert_eq!(event.data.as_deref(), Some("line1\nline2"));
     }
 
+    #[test]
+    fn line_end_finds_the_first_lf_or_cr() {
+        let naive = |b: &[u8]| {
+            b.iter()
+                .position(|&c| c == b'\n' || c == b'\r')
+                .unwrap_or(b.len())
+        };
+        // each terminator at each place of a run of bytes that could fool the borrow trick
+        for fill in [b'a', 0x00, 0x0b, 0x0c, 0x0e, 0x80, 0x8a, 0xff] {
+            for stop in [b'\n', b'\r'] {
+                for at in 0..=20 {
+                    let mut bytes = vec![fill; 20];
+                    if let Some(b) = bytes.get_mut(at) {
+                        *b = stop;
+                    }
+                    assert_eq!(line_end(&bytes), naive(&bytes), "{bytes:?}");
+                    assert_eq!(line_end(&bytes), at.min(20));
+                }
+            }
+        }
+        assert_eq!(line_end(b"data: {\"a\":1}\r\n"), 13);
+    }
+
     #[cfg(not(target_arch = "wasm32"))]
     mod properties {
         use super::*;
         use proptest::prelude::*;
+
+        proptest! {
+            #[test]
+            fn line_end_is_the_bytewise_search(bytes in prop::collection::vec(prop_oneof![
+                4 => any::<u8>(),
+                1 => prop::sample::select(vec![b'\n', b'\r', 0x00, 0x0b, 0x0e, 0x8a, 0x8d]),
+            ], 0..60)) {
+                let expected = bytes
+                    .iter()
+                    .position(|&c| c == b'\n' || c == b'\r')
+                    .unwrap_or(bytes.len());
+                prop_assert_eq!(line_end(&bytes), expected);
+            }
+        }
 
         fn raw_of(items: &[Result<Event, SseError>]) -> Vec<u8> {
             items
