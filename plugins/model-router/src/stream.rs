@@ -105,14 +105,13 @@ const fn equal(word: u64, byte: u8) -> u64 {
 /// (rare; the caller steps over them as plain), exactly for the lowest flagged byte.
 const fn stops(word: u64) -> u64 {
     // below 0x0e: LF, CR (and NUL to 0x0c)
-    let mut flags = word.wrapping_sub(ONES * 0x0e) & !word & HIGH;
-    flags |= equal(word, b'\\');
-    let mut i = 0;
-    while i < MARKERS.len() {
-        flags |= equal(word, (MARKERS[i] & 0xff) as u8);
-        i += 1;
-    }
-    flags
+    let [a, b, c, d] = MARKERS;
+    (word.wrapping_sub(ONES * 0x0e) & !word & HIGH)
+        | equal(word, b'\\')
+        | equal(word, (a & 0xff) as u8)
+        | equal(word, (b & 0xff) as u8)
+        | equal(word, (c & 0xff) as u8)
+        | equal(word, (d & 0xff) as u8)
 }
 
 /// How many bytes `bytes` starts with that [`stops`] lets pass, eight at a time (this loop
