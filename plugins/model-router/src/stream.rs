@@ -101,11 +101,11 @@ const fn equal(word: u64, byte: u8) -> u64 {
     x.wrapping_sub(ONES) & !x & HIGH
 }
 
-/// Flags every byte of `word` that is not [`PLAIN`], and the other control bytes below `\r`
+/// Flags every byte of `word` that is not [`PLAIN`], and the other control bytes below 0x0e
 /// (rare; the caller steps over them as plain), exactly for the lowest flagged byte.
 const fn stops(word: u64) -> u64 {
-    // below 0x0e: LF, CR (and NUL to 0x0c)
     let [a, b, c, d] = MARKERS;
+    // below 0x0e: LF, CR (and NUL to 0x0c), one test for both
     (word.wrapping_sub(ONES * 0x0e) & !word & HIGH)
         | equal(word, b'\\')
         | equal(word, (a & 0xff) as u8)
