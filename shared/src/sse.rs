@@ -136,6 +136,34 @@ pub fn encode(event: Option<&str>, data: &str) -> Vec<u8> {
     out
 }
 
+/// The index of the first `\n` or `\r` in `bytes`, or its length. The framer and the parser
+/// look at nearly every byte of a stream through it, and wasm without SIMD has no faster
+/// `memchr`: it skips sixteen bytes per step while none is below 0x0e (LF is 0x0a, CR 0x0d; the
+/// other control bytes are rare in a stream and only end the fast part early), then finds the
+/// byte itself in the last few. `w - 0x0e…0e & !w & 0x80…80` is nonzero exactly when a byte
+/// of the word is below 0x0e.
+fn line_end(bytes: &[u8]) -> usize {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    let low = |word: &[u8]| {
+        let word = word.try_into().map_or(0, u64::from_le_bytes);
+        word.wrapping_sub(ONES * 0x0e) & !word & HIGH
+    };
+    let mut done = 0;
+    for pair in bytes.chunks_exact(16) {
+        let (a, b) = pair.split_at(8);
+        if low(a) | low(b) != 0 {
+            break;
+        }
+        done += 16;
+    }
+    let tail = bytes.get(done..).unwrap_or_default();
+    done + tail
+        .iter()
+        .position(|&b| b == b'\n' || b == b'\r')
+        .unwrap_or(tail.len())
+}
+
 /// Splits `raw` into lines at CRLF, LF or CR, terminators dropped.
 fn lines(raw: &[u8]) -> impl Iterator<Item = &[u8]> {
     let mut rest = raw;
@@ -143,7 +171,7 @@ fn lines(raw: &[u8]) -> impl Iterator<Item = &[u8]> {
         if rest.is_empty() {
             return None;
         }
-        match rest.iter().position(|&b| b == b'\n' || b == b'\r') {
+        match Some(line_end(rest)).filter(|&end| end < rest.len()) {
             Some(end) => {
                 let line = rest.get(..end).unwrap_or_default();
                 let skip = if rest.get(end..end + 2) == Some(b"\r\n") {
@@ -276,10 +304,7 @@ impl Framer {
                 self.in_line = true;
                 // the rest of the line in one search
                 let rest = self.buf.get(self.scan..).unwrap_or_default();
-                self.scan += rest
-                    .iter()
-                    .position(|&b| b == b'\n' || b == b'\r')
-                    .unwrap_or(rest.len());
+                self.scan += line_end(rest);
                 continue;
             }
             self.skip_lf = byte == b'\r';
@@ -508,10 +533,47 @@ mod tests {
         assert_eq!(event.data.as_deref(), Some("line1\nline2"));
     }
 
+    #[test]
+    fn line_end_finds_the_first_lf_or_cr() {
+        let naive = |b: &[u8]| {
+            b.iter()
+                .position(|&c| c == b'\n' || c == b'\r')
+                .unwrap_or(b.len())
+        };
+        // each terminator at each place of a run of bytes that could fool the borrow trick
+        for fill in [b'a', 0x00, 0x0b, 0x0c, 0x0e, 0x80, 0x8a, 0xff] {
+            for stop in [b'\n', b'\r'] {
+                for at in 0..=40 {
+                    let mut bytes = vec![fill; 40];
+                    if let Some(b) = bytes.get_mut(at) {
+                        *b = stop;
+                    }
+                    assert_eq!(line_end(&bytes), naive(&bytes), "{bytes:?}");
+                    assert_eq!(line_end(&bytes), at.min(40));
+                }
+            }
+        }
+        assert_eq!(line_end(b"data: {\"a\":1}\r\n"), 13);
+    }
+
     #[cfg(not(target_arch = "wasm32"))]
     mod properties {
         use super::*;
         use proptest::prelude::*;
+
+        proptest! {
+            #[test]
+            fn line_end_is_the_bytewise_search(bytes in prop::collection::vec(prop_oneof![
+                4 => any::<u8>(),
+                1 => prop::sample::select(vec![b'\n', b'\r', 0x00, 0x0b, 0x0e, 0x8a, 0x8d]),
+            ], 0..100)) {
+                let expected = bytes
+                    .iter()
+                    .position(|&c| c == b'\n' || c == b'\r')
+                    .unwrap_or(bytes.len());
+                prop_assert_eq!(line_end(&bytes), expected);
+            }
+        }
 
         fn raw_of(items: &[Result<Event, SseError>]) -> Vec<u8> {
             items

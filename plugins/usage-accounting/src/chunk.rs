@@ -212,10 +212,7 @@ impl<'a> Scanner<'a> {
         loop {
             // the plain run up to the next byte that matters, in one search
             let rest = bytes.get(self.i..)?;
-            self.i += rest
-                .iter()
-                .position(|&b| b == b'"' || b == b'\\' || b < 0x20)
-                .unwrap_or(rest.len());
+            self.i += llm_gateway_shared::json::plain_run(rest);
             let byte = *bytes.get(self.i)?;
             self.i += 1;
             match byte {
