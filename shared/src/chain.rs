@@ -26,6 +26,9 @@
 //! the current data) and the stages; the engine only decides which stage takes which step
 //! next and what the host callback returns ([`Outcome`]).
 
+use crate::request::Pairs;
+use std::rc::Rc;
+
 /// A stage's answer to one step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Step {
@@ -364,37 +367,105 @@ impl Engine {
     }
 }
 
-/// One header edit, in the order the stages made them.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Edit {
+/// One header edit, in the order the stages made them (borrowed from [`Edits`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Edit<'a> {
     /// Replace every value of the header with this one (add it if absent).
-    Set(String, Vec<u8>),
+    Set(&'a str, &'a [u8]),
     /// Add a value.
-    Add(String, Vec<u8>),
+    Add(&'a str, &'a [u8]),
     /// Remove every value.
-    Remove(String),
+    Remove(&'a str),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum EditKind {
+    Set,
+    Add,
+    Remove,
+}
+
+/// The header edits of one direction, in order: their names and values kept in two buffers
+/// (a few allocations per direction, not two per edit).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Edits {
+    /// Each edit's kind and where its name ends in `names` and its value in `values` (each
+    /// starts where the previous one ended).
+    ops: Vec<(EditKind, usize, usize)>,
+    names: String,
+    values: Vec<u8>,
+}
+
+impl Edits {
+    fn push(&mut self, kind: EditKind, name: &str, value: &[u8]) {
+        if self.ops.is_empty() {
+            // what the chain's stages write to one request: no reallocation on the way
+            self.ops.reserve(16);
+            self.names.reserve(256);
+            self.values.reserve(512);
+        }
+        self.names.push_str(name);
+        self.values.extend_from_slice(value);
+        self.ops.push((kind, self.names.len(), self.values.len()));
+    }
+
+    /// True if there is no edit.
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+
+    /// How many edits.
+    pub fn len(&self) -> usize {
+        self.ops.len()
+    }
+
+    /// The edits, in order.
+    pub fn iter(&self) -> impl Iterator<Item = Edit<'_>> {
+        let mut name_start = 0;
+        let mut value_start = 0;
+        self.ops.iter().map(move |&(kind, name_end, value_end)| {
+            let name = self.names.get(name_start..name_end).unwrap_or_default();
+            let value = self.values.get(value_start..value_end).unwrap_or_default();
+            name_start = name_end;
+            value_start = value_end;
+            match kind {
+                EditKind::Set => Edit::Set(name, value),
+                EditKind::Add => Edit::Add(name, value),
+                EditKind::Remove => Edit::Remove(name),
+            }
+        })
+    }
 }
 
 /// Headers as the stages of one context see them: read from the host once, edited in memory
 /// (each stage sees what the stages before it changed), the edits written to the host once.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Headers {
-    pairs: Vec<(String, Vec<u8>)>,
-    edits: Vec<Edit>,
+    /// Shared with the [`RequestHead`](crate::request::RequestHead)s of the stages
+    /// ([`Headers::shared`]): an edit copies the list only while such a view still holds it.
+    pairs: Rc<Pairs>,
+    edits: Edits,
 }
 
 impl Headers {
     /// The headers as the host listed them.
-    pub fn new(pairs: Vec<(String, Vec<u8>)>) -> Headers {
+    pub fn new(pairs: Pairs) -> Headers {
         Headers {
-            pairs,
-            edits: Vec::new(),
+            pairs: Rc::new(pairs),
+            edits: Edits::default(),
         }
     }
 
     /// Every header now, in order.
     pub fn pairs(&self) -> &[(String, Vec<u8>)] {
         &self.pairs
+    }
+
+    /// Every header now, in order, as a list a stage may keep (for a
+    /// [`RequestHead`](crate::request::RequestHead)) without copying it: it does not change
+    /// when the headers are edited later.
+    pub fn shared(&self) -> Rc<Pairs> {
+        Rc::clone(&self.pairs)
     }
 
     /// The first value of `name` (lowercase).
@@ -412,40 +483,44 @@ impl Headers {
 
     /// Replaces every value of `name` with `value`.
     pub fn set(&mut self, name: &str, value: &[u8]) {
-        match self.pairs.iter().position(|(n, _)| n == name) {
+        let pairs = Rc::make_mut(&mut self.pairs);
+        match pairs.iter().position(|(n, _)| n == name) {
             Some(first) => {
-                if let Some(pair) = self.pairs.get_mut(first) {
-                    pair.1 = value.to_vec();
+                if let Some(pair) = pairs.get_mut(first) {
+                    pair.1.clear();
+                    pair.1.extend_from_slice(value);
                 }
-                let mut index = 0;
-                self.pairs.retain(|(n, _)| {
-                    let keep = index <= first || n != name;
-                    index += 1;
-                    keep
-                });
+                if pairs.iter().skip(first + 1).any(|(n, _)| n == name) {
+                    let mut index = 0;
+                    pairs.retain(|(n, _)| {
+                        let keep = index <= first || n != name;
+                        index += 1;
+                        keep
+                    });
+                }
             }
-            None => self.pairs.push((name.to_string(), value.to_vec())),
+            None => pairs.push((name.to_string(), value.to_vec())),
         }
-        self.edits.push(Edit::Set(name.to_string(), value.to_vec()));
+        self.edits.push(EditKind::Set, name, value);
     }
 
     /// Adds a value of `name`.
     pub fn add(&mut self, name: &str, value: &[u8]) {
-        self.pairs.push((name.to_string(), value.to_vec()));
-        self.edits.push(Edit::Add(name.to_string(), value.to_vec()));
+        Rc::make_mut(&mut self.pairs).push((name.to_string(), value.to_vec()));
+        self.edits.push(EditKind::Add, name, value);
     }
 
     /// Removes every value of `name`.
     pub fn remove(&mut self, name: &str) {
-        let before = self.pairs.len();
-        self.pairs.retain(|(n, _)| n != name);
-        if self.pairs.len() != before {
-            self.edits.push(Edit::Remove(name.to_string()));
+        if !self.pairs.iter().any(|(n, _)| n == name) {
+            return;
         }
+        Rc::make_mut(&mut self.pairs).retain(|(n, _)| n != name);
+        self.edits.push(EditKind::Remove, name, &[]);
     }
 
     /// The edits not yet written to the host, in order (and forgets them).
-    pub fn take_edits(&mut self) -> Vec<Edit> {
+    pub fn take_edits(&mut self) -> Edits {
         std::mem::take(&mut self.edits)
     }
 
@@ -841,6 +916,37 @@ mod tests {
     }
 
     #[test]
+    fn a_shared_view_keeps_the_headers_it_was_made_from() {
+        let mut headers = Headers::new(vec![
+            (":path".into(), b"/v1/chat/completions".to_vec()),
+            ("accept".into(), b"a".to_vec()),
+        ]);
+        let head = crate::request::RequestHead::shared(headers.shared());
+        headers.set("accept", b"b");
+        headers.add("x-llm-consumer", b"team-a");
+        headers.remove(":path");
+        // the view is what the stage saw; the headers are what the next stage sees
+        assert_eq!(head.text("accept"), Some("a"));
+        assert_eq!(head.pairs().len(), 2);
+        assert_eq!(head.path, "/v1/chat/completions");
+        assert_eq!(
+            headers.pairs(),
+            [
+                ("accept".to_string(), b"b".to_vec()),
+                ("x-llm-consumer".to_string(), b"team-a".to_vec()),
+            ]
+        );
+        // once no view holds them, the same list is edited in place
+        drop(head);
+        let before = headers.shared();
+        let shared_ptr = Rc::as_ptr(&before);
+        drop(before);
+        headers.set("accept", b"c");
+        assert_eq!(Rc::as_ptr(&headers.shared()), shared_ptr);
+        assert_eq!(headers.text("accept"), Some("c"));
+    }
+
+    #[test]
     fn header_edits_are_seen_at_once_and_written_in_order() {
         let mut headers = Headers::new(vec![
             (":path".into(), b"/v1/chat/completions".to_vec()),
@@ -864,13 +970,15 @@ mod tests {
         );
         assert_eq!(headers.text("x-llm-model-group"), Some("fast"));
         assert!(headers.edited());
+        let edits = headers.take_edits();
+        assert_eq!(edits.len(), 4);
         assert_eq!(
-            headers.take_edits(),
+            edits.iter().collect::<Vec<_>>(),
             [
-                Edit::Remove("x-llm-consumer".into()),
-                Edit::Add("x-llm-consumer".into(), b"team-a".to_vec()),
-                Edit::Set("accept".into(), b"c".to_vec()),
-                Edit::Set("x-llm-model-group".into(), b"fast".to_vec()),
+                Edit::Remove("x-llm-consumer"),
+                Edit::Add("x-llm-consumer", b"team-a"),
+                Edit::Set("accept", b"c"),
+                Edit::Set("x-llm-model-group", b"fast"),
             ]
         );
         assert!(!headers.edited());

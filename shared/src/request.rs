@@ -19,6 +19,10 @@
 
 use crate::headers;
 use crate::usage::Api;
+use std::rc::Rc;
+
+/// Request headers as the host lists them: lowercase names, byte values, in order.
+pub type Pairs = Vec<(String, Vec<u8>)>;
 
 /// What a request path addresses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,8 +67,9 @@ impl Endpoint {
 /// The request headers of one request, read once.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RequestHead {
-    /// Every header as the host gave it (Envoy: lowercase names), values as bytes.
-    pairs: Vec<(String, Vec<u8>)>,
+    /// Every header as the host gave it (Envoy: lowercase names), values as bytes; shared
+    /// with the fused filter's [`crate::chain::Headers`] rather than copied per stage.
+    pairs: HeadPairs,
     /// `:method`.
     pub method: String,
     /// `:path`, query included.
@@ -83,9 +88,20 @@ pub struct RequestHead {
 
 impl RequestHead {
     /// The view of `pairs` (the request's headers as the host lists them).
-    pub fn new(pairs: Vec<(String, Vec<u8>)>) -> RequestHead {
+    pub fn new(pairs: Pairs) -> RequestHead {
+        RequestHead::view(HeadPairs::Owned(pairs))
+    }
+
+    /// The view of headers shared with the fused filter's [`crate::chain::Headers`]
+    /// ([`crate::chain::Headers::shared`]): no copy; they stay as they are while this view
+    /// holds them.
+    pub fn shared(pairs: Rc<Pairs>) -> RequestHead {
+        RequestHead::view(HeadPairs::Shared(pairs))
+    }
+
+    fn view(pairs: HeadPairs) -> RequestHead {
         let mut head = RequestHead::default();
-        for (name, value) in &pairs {
+        for (name, value) in pairs.as_slice() {
             let text = || String::from_utf8_lossy(value).into_owned();
             match name.as_str() {
                 ":method" => head.method = text(),
@@ -114,6 +130,7 @@ impl RequestHead {
     /// The first value of `name` (lowercase), as bytes.
     pub fn get(&self, name: &str) -> Option<&[u8]> {
         self.pairs
+            .as_slice()
             .iter()
             .find(|(n, _)| n == name)
             .map(|(_, v)| v.as_slice())
@@ -126,14 +143,47 @@ impl RequestHead {
 
     /// True if `name` (lowercase) is present.
     pub fn has(&self, name: &str) -> bool {
-        self.pairs.iter().any(|(n, _)| n == name)
+        self.pairs.as_slice().iter().any(|(n, _)| n == name)
     }
 
     /// Every header, in the host's order.
     pub fn pairs(&self) -> &[(String, Vec<u8>)] {
-        &self.pairs
+        self.pairs.as_slice()
     }
 }
+
+/// The headers a [`RequestHead`] views: its own list (a filter's one read), or one shared
+/// with the fused filter's [`crate::chain::Headers`] (no copy per stage).
+#[derive(Debug, Clone)]
+enum HeadPairs {
+    /// A list of its own.
+    Owned(Pairs),
+    /// A list shared with the fused filter's headers as they were when the view was made.
+    Shared(Rc<Pairs>),
+}
+
+impl HeadPairs {
+    fn as_slice(&self) -> &[(String, Vec<u8>)] {
+        match self {
+            HeadPairs::Owned(pairs) => pairs,
+            HeadPairs::Shared(pairs) => pairs,
+        }
+    }
+}
+
+impl Default for HeadPairs {
+    fn default() -> Self {
+        HeadPairs::Owned(Vec::new())
+    }
+}
+
+impl PartialEq for HeadPairs {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_slice() == other.as_slice()
+    }
+}
+
+impl Eq for HeadPairs {}
 
 #[cfg(test)]
 mod tests {
@@ -248,5 +298,19 @@ mod tests {
         assert!(!head.reentry);
         assert_eq!(head.endpoint, None);
         assert_eq!(RequestHead::new(Vec::new()), RequestHead::default());
+    }
+
+    #[test]
+    fn a_shared_list_gives_the_same_view_as_an_own_one() {
+        let list = pairs(&[
+            (":method", b"POST"),
+            (":path", b"/v1/embeddings"),
+            ("x-llm-request-id", b"req-2"),
+        ]);
+        let shared = RequestHead::shared(Rc::new(list.clone()));
+        assert_eq!(shared, RequestHead::new(list));
+        assert_eq!(shared.api(), Some(Api::Embeddings));
+        assert_eq!(shared.request_id.as_deref(), Some("req-2"));
+        assert_eq!(shared.pairs().len(), 3);
     }
 }

@@ -33,9 +33,14 @@ pub const TTL_SECONDS: i64 = 600;
 const MAX_TICKET: usize = 1024;
 const VERSION: &str = "v1";
 
-/// The VM's ticket secret.
+/// The VM's ticket secret, kept as the two HMAC hash states after the key's padded block
+/// (RFC 2104's `K ^ ipad` and `K ^ opad`): each MAC then starts from a copy instead of
+/// compressing those two blocks again.
 #[derive(Clone)]
-pub struct Secret([u8; 32]);
+pub struct Secret {
+    inner: Sha256,
+    outer: Sha256,
+}
 
 impl std::fmt::Debug for Secret {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -57,7 +62,16 @@ pub struct Claims {
 impl Secret {
     /// A secret from 32 random bytes (the shell draws them from the host).
     pub fn new(bytes: [u8; 32]) -> Self {
-        Secret(bytes)
+        let mut inner_key = [0x36u8; 64];
+        let mut outer_key = [0x5cu8; 64];
+        for ((i, o), k) in inner_key.iter_mut().zip(outer_key.iter_mut()).zip(bytes) {
+            *i ^= k;
+            *o ^= k;
+        }
+        Secret {
+            inner: Sha256::new().chain_update(inner_key),
+            outer: Sha256::new().chain_update(outer_key),
+        }
     }
 
     /// A ticket for the request the key `digest` authenticated.
@@ -73,12 +87,21 @@ impl Secret {
             return None; // cannot be carried without ambiguity: no ticket, no fallback
         }
         let expires = now.saturating_add(TTL_SECONDS);
-        let body = format!(
-            "{VERSION}|{}|{expires}|{method}|{authority}",
-            hex(digest.as_slice())
-        );
-        let mac = self.mac(&body, envoy_request_id);
-        Some(format!("{body}|{}", hex(&mac)))
+        // `v1|<digest>|<expires>|<method>|<authority>|<mac>`, built in one string
+        let mut ticket = String::with_capacity(160 + method.len() + authority.len());
+        ticket.push_str(VERSION);
+        ticket.push('|');
+        push_hex(&mut ticket, digest.as_slice());
+        ticket.push('|');
+        push_decimal(&mut ticket, expires);
+        ticket.push('|');
+        ticket.push_str(method);
+        ticket.push('|');
+        ticket.push_str(authority);
+        let mac = self.mac(&ticket, envoy_request_id);
+        ticket.push('|');
+        push_hex(&mut ticket, &mac);
+        Some(ticket)
     }
 
     /// The claims of a ticket this VM issued for this request and that has not expired.
@@ -116,23 +139,14 @@ impl Secret {
 
     /// HMAC-SHA-256 (RFC 2104) of `body`, a newline and `envoy_request_id`.
     fn mac(&self, body: &str, envoy_request_id: &str) -> [u8; 32] {
-        let mut inner_key = [0x36u8; 64];
-        let mut outer_key = [0x5cu8; 64];
-        for ((i, o), k) in inner_key.iter_mut().zip(outer_key.iter_mut()).zip(self.0) {
-            *i ^= k;
-            *o ^= k;
-        }
-        let inner = Sha256::new()
-            .chain_update(inner_key)
+        let inner = self
+            .inner
+            .clone()
             .chain_update(body.as_bytes())
             .chain_update(b"\n")
             .chain_update(envoy_request_id.as_bytes())
             .finalize();
-        Sha256::new()
-            .chain_update(outer_key)
-            .chain_update(inner)
-            .finalize()
-            .into()
+        self.outer.clone().chain_update(inner).finalize().into()
     }
 }
 
@@ -142,8 +156,14 @@ fn is_field(text: &str) -> bool {
 }
 
 fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut out = String::with_capacity(bytes.len() * 2);
+    push_hex(&mut out, bytes);
+    out
+}
+
+/// Appends `bytes` in lowercase hex.
+fn push_hex(out: &mut String, bytes: &[u8]) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
     for b in bytes {
         for nibble in [b >> 4, b & 0xf] {
             out.push(char::from(
@@ -151,7 +171,30 @@ fn hex(bytes: &[u8]) -> String {
             ));
         }
     }
-    out
+}
+
+/// Appends `n` in decimal (what `format!("{n}")` writes), without the formatting machinery.
+fn push_decimal(out: &mut String, n: i64) {
+    if n < 0 {
+        out.push('-');
+    }
+    let mut digits = [0u8; 20];
+    let mut rest = n.unsigned_abs();
+    let mut len = 0;
+    loop {
+        if let Some(slot) = digits.get_mut(len) {
+            // `rest % 10` is below 10: the cast cannot truncate
+            *slot = b'0' + (rest % 10) as u8;
+        }
+        len += 1;
+        rest /= 10;
+        if rest == 0 {
+            break;
+        }
+    }
+    for digit in digits.iter().take(len).rev() {
+        out.push(char::from(*digit));
+    }
 }
 
 fn parse_digest(text: &str) -> Option<[u8; 32]> {
@@ -242,6 +285,32 @@ mod tests {
             .finalize()
             .into();
         assert_eq!(mac, outer);
+        // the precomputed states are copied, never consumed: the same MAC again
+        assert_eq!(s.mac("Hi There", ""), outer);
+    }
+
+    #[test]
+    fn a_ticket_is_its_fields_and_the_mac_of_them() {
+        let s = secret(5);
+        let ticket = s
+            .issue(&DIGEST, NOW, "POST", "gw.example:8443", "rid-1")
+            .unwrap();
+        let body = format!(
+            "v1|{}|{}|POST|gw.example:8443",
+            hex(&DIGEST),
+            NOW + TTL_SECONDS
+        );
+        let mac = hex(&s.mac(&body, "rid-1"));
+        assert_eq!(ticket, format!("{body}|{mac}"));
+    }
+
+    #[test]
+    fn decimals_are_written_as_format_writes_them() {
+        for n in [0, 7, 10, 600, 1_796_005_945, -1, -42, i64::MAX, i64::MIN] {
+            let mut out = String::from("x");
+            push_decimal(&mut out, n);
+            assert_eq!(out, format!("x{n}"));
+        }
     }
 
     #[test]

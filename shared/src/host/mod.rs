@@ -187,18 +187,15 @@ pub fn remove_header(map: HeaderMap, name: &str) -> HostResult<()> {
 
 /// Writes the header edits of a fused context ([`crate::chain::Headers::take_edits`]) in
 /// order; the first failure stops and is returned with the header's name.
-pub fn write_edits(
-    map: HeaderMap,
-    edits: &[crate::chain::Edit],
-) -> Result<(), (String, HostError)> {
+pub fn write_edits(map: HeaderMap, edits: &crate::chain::Edits) -> Result<(), (String, HostError)> {
     use crate::chain::Edit;
-    for edit in edits {
+    for edit in edits.iter() {
         let (name, written) = match edit {
             Edit::Set(name, value) => (name, set_header(map, name, value)),
             Edit::Add(name, value) => (name, add_header(map, name, value)),
             Edit::Remove(name) => (name, remove_header(map, name)),
         };
-        written.map_err(|err| (name.clone(), err))?;
+        written.map_err(|err| (name.to_string(), err))?;
     }
     Ok(())
 }
@@ -725,7 +722,7 @@ thread_local! {
     /// Metric ids by kind (counter, gauge, histogram) and name. The host gives a name the same
     /// id for the life of the VM, and defining one is a host call that also resolves the name
     /// in Envoy's symbol table, under its lock: once per name per VM is enough.
-    static METRIC_IDS: std::cell::RefCell<[std::collections::HashMap<String, u32>; 3]> =
+    static METRIC_IDS: std::cell::RefCell<[crate::hash::WordMap<String, u32>; 3]> =
         std::cell::RefCell::new(Default::default());
 }
 

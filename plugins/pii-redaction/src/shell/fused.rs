@@ -48,7 +48,7 @@ impl chain::Stage<chain::Exchange> for FusedStage {
     fn headers(&mut self, x: &mut chain::Exchange, direction: Direction, end: bool) -> Step {
         let flow = match direction {
             Direction::Request => {
-                let head = RequestHead::new(x.request.pairs().to_vec());
+                let head = RequestHead::shared(x.request.shared());
                 let Some(config) =
                     host::select_config(&self.state.rules, Some(&head.authority)).cloned()
                 else {

@@ -55,7 +55,7 @@ impl chain::Stage<chain::Exchange> for FusedStage {
     fn headers(&mut self, x: &mut chain::Exchange, direction: Direction, end: bool) -> Step {
         match direction {
             Direction::Request => {
-                let head = RequestHead::new(x.request.pairs().to_vec());
+                let head = RequestHead::shared(x.request.shared());
                 let config = host::select_config(&self.state.rules, Some(&head.authority)).cloned();
                 let input = Input::RequestHeaders {
                     config,
