@@ -382,6 +382,8 @@ pub struct Core {
     calls: Pending<Call>,
     /// Scripts this VM knows Redis has cached (else `EVAL` with the source).
     loaded: FxHashSet<&'static str>,
+    /// Owner digests of the bucket ids seen (one SHA-256 per identity, not per request).
+    owners: budget::Owners,
     replaying: FxHashSet<u64>,
     /// Admissions of superseded passes, waiting for their re-entering pass.
     stash: Stash<Flow>,
@@ -401,6 +403,7 @@ impl Core {
             flows: FxHashMap::default(),
             calls: Pending::new(MAX_CALLS + 1),
             loaded: FxHashSet::default(),
+            owners: budget::Owners::default(),
             replaying: FxHashSet::default(),
             stash: Stash::default(),
             outbox: Vec::new(),
