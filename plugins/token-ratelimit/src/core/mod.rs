@@ -45,9 +45,9 @@ use crate::settle;
 use llm_gateway_shared::pending::Pending;
 use llm_gateway_shared::reentry::{Pass, Stash};
 use llm_gateway_shared::reject::{ErrorType, Reject};
-use llm_gateway_shared::route_info::{Alternative, RouteInfo};
+use llm_gateway_shared::route_info::{Alternative, RoutePrices};
 use llm_gateway_shared::rules::RuleSet;
-use llm_gateway_shared::usage_record::Record;
+use llm_gateway_shared::usage_record::Charge;
 use llm_gateway_shared::wire::HostError;
 use std::borrow::Cow;
 use std::collections::VecDeque;
@@ -94,12 +94,14 @@ pub trait Env {
     /// ([`Input::Reply`]) will carry. Over webdis, [`HostError::BadArgument`]: longer than one
     /// request.
     fn send_redis(&self, service: &str, args: &[Cow<'_, [u8]>]) -> Result<u32, HostError>;
-    /// The router's route of request `ctx` (`PROPERTY`), if published.
-    fn route_info(&self, ctx: u32) -> Option<RouteInfo>;
+    /// The group and prices of the router's route of request `ctx` (`PROPERTY`), if
+    /// published.
+    fn route_info(&self, ctx: u32) -> Option<RoutePrices>;
     /// The router's budget fallback of request `ctx`, if published.
     fn alternative(&self, ctx: u32) -> Option<Alternative>;
     /// The usage record of request `ctx`, published under `property`.
-    fn usage_record(&self, ctx: u32, property: &str) -> Option<Record>;
+    /// (What settling needs of it: its usage and cost.)
+    fn usage_record(&self, ctx: u32, property: &str) -> Option<Charge>;
 }
 
 /// The request headers the core reads, copied in.
