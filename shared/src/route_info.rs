@@ -187,6 +187,74 @@ impl RouteInfo {
     }
 }
 
+/// What a reader that prices a request needs of a published [`RouteInfo`]: the group and the
+/// two prices. [`RoutePrices::from_json`] accepts exactly what [`RouteInfo::from_json`]
+/// accepts (every member is still checked), without copying the members it drops.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RoutePrices {
+    /// [`RouteInfo::model_group`].
+    pub model_group: String,
+    /// [`RouteInfo::price`].
+    pub price: Option<Price>,
+    /// [`RouteInfo::price_ceiling`].
+    pub price_ceiling: Option<Price>,
+}
+
+impl RoutePrices {
+    /// Reads a published record; `None` exactly when [`RouteInfo::from_json`] is.
+    pub fn from_json(bytes: &[u8]) -> Option<RoutePrices> {
+        let view: RouteInfoView<'_> = serde_json::from_slice(bytes).ok()?;
+        Some(RoutePrices {
+            model_group: view.model_group.0.into_owned(),
+            price: view.price,
+            price_ceiling: view.price_ceiling,
+        })
+    }
+}
+
+impl From<RouteInfo> for RoutePrices {
+    fn from(route: RouteInfo) -> RoutePrices {
+        RoutePrices {
+            model_group: route.model_group,
+            price: route.price,
+            price_ceiling: route.price_ceiling,
+        }
+    }
+}
+
+/// A JSON string, borrowed from the input unless it has escapes.
+#[derive(Deserialize)]
+#[serde(transparent)]
+pub(crate) struct Text<'a>(#[serde(borrow)] pub(crate) std::borrow::Cow<'a, str>);
+
+/// [`RouteInfo`]'s members and types, strings borrowed: what [`RoutePrices::from_json`]
+/// checks. Members it does not keep are read only to be checked.
+#[derive(Deserialize)]
+#[allow(dead_code)]
+struct RouteInfoView<'a> {
+    #[serde(borrow)]
+    request_id: Text<'a>,
+    #[serde(borrow)]
+    model_group: Text<'a>,
+    #[serde(borrow)]
+    deployment: Text<'a>,
+    #[serde(borrow)]
+    model: Text<'a>,
+    #[serde(borrow)]
+    provider: Text<'a>,
+    #[serde(default)]
+    price: Option<Price>,
+    #[serde(default, borrow)]
+    price_version: Option<Text<'a>>,
+    #[serde(borrow)]
+    route_version: Text<'a>,
+    attempts: u32,
+    #[serde(default, borrow)]
+    tried: Vec<Text<'a>>,
+    #[serde(default)]
+    price_ceiling: Option<Price>,
+}
+
 /// The plan of a group's budget fallback, as the router publishes it in
 /// [`BUDGET_FALLBACK_PROPERTY`] when the request's group has one (and the consumer may use the
 /// fallback group, and at least one of its deployments can take the request).
@@ -308,6 +376,48 @@ mod tests {
     use super::*;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    #[test]
+    fn route_prices_accept_exactly_what_route_info_accepts() {
+        let full = r#"{"request_id":"r\"1","model_group":"f\u0061st","deployment":"d","model":"m","provider":"openai","price":{"currency":"EUR","input":1,"output":2,"cached_input":3},"price_version":"v\n1","route_version":"v7","attempts":2,"tried":["a","b\\"],"price_ceiling":{"input":4,"output":5}}"#;
+        let plain = r#"{"request_id":"r","model_group":"fast","deployment":"d","model":"m","provider":"p","route_version":"v","attempts":1,"extra":[1,{"x":null}]}"#;
+        let cases = [
+            full.to_string(),
+            plain.to_string(),
+            plain.replace(r#""attempts":1"#, r#""attempts":-1"#),
+            plain.replace(r#""attempts":1"#, r#""attempts":"1""#),
+            plain.replace(r#""model":"m","#, ""),
+            plain.replace(r#""model":"m""#, r#""model":7"#),
+            plain.replace(r#""model":"m""#, r#""model":"m","model":"n""#),
+            plain.replace(r#","extra""#, r#","tried":[1],"extra""#),
+            plain.replace(r#","extra""#, r#","price_version":null,"extra""#),
+            plain.replace(
+                r#","extra""#,
+                r#","price":{"input":1,"output":2,"x":1},"extra""#,
+            ),
+            plain.replace(r#","extra""#, r#","price":{"input":1},"extra""#),
+            plain.replace(r#","extra""#, r#","price_ceiling":null,"extra""#),
+            format!("{plain} x"),
+            format!(" {plain}\n"),
+            plain.replace('}', ""),
+            "[]".into(),
+            "null".into(),
+            String::new(),
+        ];
+        for case in &cases {
+            let info = RouteInfo::from_json(case.as_bytes());
+            assert_eq!(
+                RoutePrices::from_json(case.as_bytes()),
+                info.map(RoutePrices::from),
+                "{case}"
+            );
+        }
+        let read = RoutePrices::from_json(full.as_bytes()).unwrap();
+        assert_eq!(read.model_group, "fast");
+        assert_eq!(read.price, Some(price("EUR", 1, 2, Some(3))));
+        assert_eq!(read.price_ceiling, Some(price("USD", 4, 5, None)));
+        assert!(RouteInfo::from_json(plain.as_bytes()).is_some());
+    }
 
     #[test]
     fn round_trips_and_omits_absent_members() {

@@ -147,6 +147,98 @@ impl Record {
     }
 }
 
+/// What a reader that settles a charge needs of a published [`Record`]: the token counts and
+/// the cost. [`Charge::from_json`] accepts exactly what [`Record::from_json`] accepts (every
+/// member is still checked), without copying the members it drops.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Charge {
+    /// [`Record::usage`].
+    pub usage: UsageFields,
+    /// [`Record::cost_nano`].
+    pub cost_nano: Option<u64>,
+    /// [`Record::currency`].
+    pub currency: Option<String>,
+}
+
+impl Charge {
+    /// Reads a published record; `None` exactly when [`Record::from_json`] is.
+    pub fn from_json(bytes: &[u8]) -> Option<Charge> {
+        let view: RecordView<'_> = serde_json::from_slice(bytes).ok()?;
+        Some(Charge {
+            usage: view.usage,
+            cost_nano: view.cost_nano,
+            currency: view.currency.map(|c| c.0.into_owned()),
+        })
+    }
+}
+
+impl From<&Record> for Charge {
+    fn from(record: &Record) -> Charge {
+        Charge {
+            usage: record.usage,
+            cost_nano: record.cost_nano,
+            currency: record.currency.clone(),
+        }
+    }
+}
+
+use crate::route_info::Text;
+
+/// [`Attempt`], its string borrowed.
+#[derive(Deserialize)]
+#[allow(dead_code)]
+struct AttemptView<'a> {
+    #[serde(borrow)]
+    deployment: Option<Text<'a>>,
+    status: u16,
+}
+
+/// [`Record`]'s members and types, strings borrowed: what [`Charge::from_json`] checks.
+/// Members it does not keep are read only to be checked.
+#[derive(Deserialize)]
+#[allow(dead_code)]
+struct RecordView<'a> {
+    #[serde(borrow)]
+    request_id: Text<'a>,
+    ts_ms: u64,
+    #[serde(borrow)]
+    consumer: Option<Text<'a>>,
+    #[serde(borrow)]
+    tenant: Option<Text<'a>>,
+    #[serde(default, borrow)]
+    key_id: Option<Text<'a>>,
+    #[serde(default, borrow)]
+    tier: Option<Text<'a>>,
+    #[serde(borrow)]
+    project: Option<Text<'a>>,
+    #[serde(borrow)]
+    agent: Option<Text<'a>>,
+    #[serde(borrow)]
+    run_id: Option<Text<'a>>,
+    #[serde(borrow)]
+    model_group: Option<Text<'a>>,
+    #[serde(borrow)]
+    deployment: Option<Text<'a>>,
+    #[serde(borrow)]
+    model: Option<Text<'a>>,
+    #[serde(borrow)]
+    api: Text<'a>,
+    stream: bool,
+    status: u16,
+    complete: bool,
+    #[serde(borrow)]
+    attempts: Vec<AttemptView<'a>>,
+    usage_source: UsageSource,
+    usage: UsageFields,
+    cost_nano: Option<u64>,
+    #[serde(borrow)]
+    currency: Option<Text<'a>>,
+    #[serde(borrow)]
+    price_version: Option<Text<'a>>,
+    ttft_ms: Option<u64>,
+    duration_ms: u64,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -223,6 +315,51 @@ mod tests {
         assert!(!line.contains('\n'));
         assert!(line.contains(r#""usage_source":"estimated""#), "{line}");
         assert_eq!(Record::from_json(line.as_bytes()), Some(record));
+    }
+
+    #[test]
+    fn a_charge_accepts_exactly_what_a_record_accepts() {
+        let line = record().to_json();
+        let escaped = Record {
+            currency: Some("E\"UR".into()),
+            project: Some("p\\x".into()),
+            ..record()
+        }
+        .to_json();
+        let mut cases = vec![
+            line.clone(),
+            escaped,
+            line.replace(r#""key_id":"team-a-prod","tier":null,"#, ""),
+            line.replace(r#""consumer":"team-a","#, ""),
+            line.replace(r#""cost_nano":243600,"#, ""),
+            line.replace(r#""api":"chat.completions","#, ""),
+            line.replace(r#""api":"chat.completions""#, r#""api":1"#),
+            line.replace(r#""tenant":null"#, r#""tenant":"t","tenant":"u""#),
+            line.replace(
+                r#""deployment":"east","status""#,
+                r#""deployment":3,"status""#,
+            ),
+            line.replace(r#""status":200}]"#, r#""status":70000}]"#),
+            line.replace(r#""reasoning_tokens":0,"#, ""),
+            line.replace(r#""duration_ms":5"#, r#""duration_ms":5,"extra":{"a":[1]}"#),
+            line.replace("upstream", "guess"),
+            format!("{line} x"),
+            String::new(),
+            "{}".into(),
+        ];
+        cases.push(line.replace(r#""currency":"USD""#, r#""currency":null"#));
+        for case in &cases {
+            let record = Record::from_json(case.as_bytes());
+            assert_eq!(
+                Charge::from_json(case.as_bytes()),
+                record.as_ref().map(Charge::from),
+                "{case}"
+            );
+        }
+        let charge = Charge::from_json(line.as_bytes()).unwrap();
+        assert_eq!(charge.usage.total_tokens, 12);
+        assert_eq!(charge.cost_nano, Some(243_600));
+        assert_eq!(charge.currency.as_deref(), Some("USD"));
     }
 
     #[test]

@@ -56,12 +56,23 @@ impl Identity {
 
     /// The hash tag of every budget key of this request.
     pub fn tag(&self) -> String {
+        let mut out = String::new();
+        self.push_tag(&mut out);
+        out
+    }
+
+    /// Appends [`Identity::tag`] to `out`.
+    fn push_tag(&self, out: &mut String) {
         if let Some(t) = self.get(Dimension::Tenant) {
-            format!("{{t:{}}}", component(t))
+            out.push_str("{t:");
+            push_component(out, t);
+            out.push('}');
         } else if let Some(c) = self.get(Dimension::Consumer) {
-            format!("{{c:{}}}", component(c))
+            out.push_str("{c:");
+            push_component(out, c);
+            out.push('}');
         } else {
-            "{_}".to_string()
+            out.push_str("{_}");
         }
     }
 }
@@ -81,23 +92,106 @@ pub fn strip_port(address: &str) -> &str {
 
 /// A value made safe for a key.
 pub fn component(value: &str) -> String {
+    let mut out = String::with_capacity(value.len().min(MAX_IDENTITY));
+    push_component(&mut out, value);
+    out
+}
+
+const HEX_LOWER: &[u8; 16] = b"0123456789abcdef";
+const HEX_UPPER: &[u8; 16] = b"0123456789ABCDEF";
+
+/// Appends `byte` as two hex digits from `digits`.
+fn push_hex(out: &mut String, byte: u8, digits: &[u8; 16]) {
+    for nibble in [byte >> 4, byte & 0x0f] {
+        if let Some(d) = digits.get(usize::from(nibble)) {
+            out.push(char::from(*d));
+        }
+    }
+}
+
+/// Appends [`component`] of `value` to `out` (no intermediate string).
+fn push_component(out: &mut String, value: &str) {
     if value.len() > MAX_IDENTITY {
         let digest = Sha256::digest(value.as_bytes());
-        let mut out = String::from("sha256.");
+        out.push_str("sha256.");
         for byte in digest.iter().take(16) {
-            out.push_str(&format!("{byte:02x}"));
+            push_hex(out, *byte, HEX_LOWER);
         }
-        return out;
+        return;
     }
-    let mut out = String::with_capacity(value.len());
-    for byte in value.bytes() {
-        if byte.is_ascii_graphic() && !matches!(byte, b':' | b'{' | b'}' | b'%' | b'|') {
-            out.push(char::from(byte));
+    let bytes = value.as_bytes();
+    if bytes.iter().all(|b| safe_byte(*b)) {
+        out.push_str(value);
+        return;
+    }
+    for byte in bytes {
+        if safe_byte(*byte) {
+            out.push(char::from(*byte));
         } else {
-            out.push_str(&format!("%{byte:02X}"));
+            out.push('%');
+            push_hex(out, *byte, HEX_UPPER);
         }
     }
-    out
+}
+
+fn safe_byte(byte: u8) -> bool {
+    byte.is_ascii_graphic() && !matches!(byte, b':' | b'{' | b'}' | b'%' | b'|')
+}
+
+/// Appends `value` in decimal, zero-padded to `width` digits (`format!("{value:0width$}")`).
+fn push_padded(out: &mut String, value: u64, width: usize) {
+    let mut digits = [0u8; 20];
+    let mut n = value;
+    let mut len = 0;
+    loop {
+        if let Some(slot) = digits.get_mut(len) {
+            *slot = b'0' + (n % 10) as u8;
+        }
+        len += 1;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    for _ in len..width {
+        out.push('0');
+    }
+    for d in digits.iter().take(len).rev() {
+        out.push(char::from(*d));
+    }
+}
+
+/// The owner digests of bucket ids already seen (the first 8 bytes of the id's SHA-256): the
+/// same identity comes back on every request, so its digest is computed once. Bounded: a
+/// full cache starts over.
+#[derive(Debug, Default)]
+pub struct Owners {
+    known: crate::fxhash::FxHashMap<String, u64>,
+}
+
+/// Bucket ids an [`Owners`] keeps at most.
+const MAX_OWNERS: usize = 4096;
+
+impl Owners {
+    /// The owner digest of bucket id `id` (never 0).
+    fn of(&mut self, id: &str) -> u64 {
+        if let Some(owner) = self.known.get(id) {
+            return *owner;
+        }
+        let owner = owner_digest(id);
+        if self.known.len() >= MAX_OWNERS {
+            self.known.clear();
+        }
+        self.known.insert(id.to_string(), owner);
+        owner
+    }
+}
+
+fn owner_digest(id: &str) -> u64 {
+    let digest = Sha256::digest(id.as_bytes());
+    let mut first = [0u8; 8];
+    first.copy_from_slice(digest.get(..8).unwrap_or(&[1; 8]));
+    u64::from_le_bytes(first).max(1)
 }
 
 /// Shared-data slots per limit for buckets of client-chosen identities (`ip`, `user`).
@@ -120,27 +214,46 @@ pub struct BucketKeys {
 
 /// The keys of `limit`'s bucket for `identity`.
 pub fn bucket_keys(limit: &Limit, identity: &Identity) -> Option<BucketKeys> {
-    let mut parts = Vec::with_capacity(limit.by.len());
+    bucket_keys_with(limit, identity, &mut Owners::default())
+}
+
+/// [`bucket_keys`], the owner digest taken from (and kept in) `owners`.
+pub fn bucket_keys_with(
+    limit: &Limit,
+    identity: &Identity,
+    owners: &mut Owners,
+) -> Option<BucketKeys> {
+    // `trl:b:` + id, where id = `<limit>:<component>:<component>…`
+    const LOCAL_PREFIX: &str = "trl:b:";
+    let mut local = String::with_capacity(64);
+    local.push_str(LOCAL_PREFIX);
+    local.push_str(&limit.name);
     for dimension in &limit.by {
-        parts.push(component(identity.get(*dimension)?));
+        local.push(':');
+        push_component(&mut local, identity.get(*dimension)?);
     }
-    let id = format!("{}:{}", limit.name, parts.join(":"));
-    let digest = Sha256::digest(id.as_bytes());
-    let mut first = [0u8; 8];
-    first.copy_from_slice(digest.get(..8).unwrap_or(&[1; 8]));
-    let owner = u64::from_le_bytes(first).max(1);
+    if limit.by.is_empty() {
+        local.push(':');
+    }
+    let id = local.get(LOCAL_PREFIX.len()..).unwrap_or_default();
+    let owner = owners.of(id);
+    let mut redis = String::with_capacity(id.len() + 8);
+    redis.push_str("llm:{rl:");
+    redis.push_str(id);
+    redis.push('}');
     let client_chosen = limit
         .by
         .iter()
         .any(|d| matches!(d, Dimension::Ip | Dimension::User));
-    let local = if client_chosen {
-        format!("trl:b:{}:#{}", limit.name, owner % CLIENT_SLOTS)
-    } else {
-        format!("trl:b:{id}")
-    };
+    if client_chosen {
+        local.truncate(LOCAL_PREFIX.len());
+        local.push_str(&limit.name);
+        local.push_str(":#");
+        push_padded(&mut local, owner % CLIENT_SLOTS, 1);
+    }
     Some(BucketKeys {
         local,
-        redis: format!("llm:{{rl:{id}}}"),
+        redis,
         owner,
     })
 }
@@ -152,23 +265,46 @@ pub fn limit_of_local_key(local: &str) -> Option<&str> {
 
 /// A period's id (in keys) and its end, Unix milliseconds.
 pub fn period(period: Period, now_ms: u64) -> (String, u64) {
+    let mut id = String::with_capacity(13);
+    let end = push_period(&mut id, period, now_ms);
+    (id, end)
+}
+
+/// Appends [`period`]'s id to `out`; the period's end.
+fn push_period(out: &mut String, period: Period, now_ms: u64) -> u64 {
     const DAY: u64 = 86_400_000;
     let days = now_ms / DAY;
     let (y, m, d) = civil_from_days(days);
+    let date = |out: &mut String, with_day: bool| {
+        push_padded(out, y, 4);
+        out.push('-');
+        push_padded(out, m, 2);
+        if with_day {
+            out.push('-');
+            push_padded(out, d, 2);
+        }
+    };
     match period {
         Period::Hour => {
             let hour = (now_ms % DAY) / 3_600_000;
-            (
-                format!("{y:04}-{m:02}-{d:02}T{hour:02}"),
-                (now_ms / 3_600_000 + 1) * 3_600_000,
-            )
+            date(out, true);
+            out.push('T');
+            push_padded(out, hour, 2);
+            (now_ms / 3_600_000 + 1) * 3_600_000
         }
-        Period::Day => (format!("{y:04}-{m:02}-{d:02}"), (days + 1) * DAY),
+        Period::Day => {
+            date(out, true);
+            (days + 1) * DAY
+        }
         Period::Month => {
             let (ny, nm) = if m == 12 { (y + 1, 1) } else { (y, m + 1) };
-            (format!("{y:04}-{m:02}"), days_from_civil(ny, nm, 1) * DAY)
+            date(out, false);
+            days_from_civil(ny, nm, 1) * DAY
         }
-        Period::Total => ("total".to_string(), 0),
+        Period::Total => {
+            out.push_str("total");
+            0
+        }
     }
 }
 
@@ -220,42 +356,65 @@ pub const TOTAL_TTL_MS: u64 = 366 * 86_400_000;
 /// amount of the request's tier. The key holds no tier: a key that changes tier keeps its
 /// spend, checked against its new tier's amount.
 pub fn levels(budgets: &[Budget], identity: &Identity, now_ms: u64) -> Vec<Level> {
-    let tag = identity.tag();
+    let mut tag = String::new();
     let group = identity.get(Dimension::ModelGroup);
-    budgets
-        .iter()
-        .enumerate()
-        .filter(|(_, budget)| budget.applies_to(group))
-        .filter_map(|(index, budget)| {
-            let who = identity.get(budget.by)?;
-            let (id, end) = period(budget.period, now_ms);
-            Some(Level {
-                budget: index,
-                key: format!(
-                    "llm:{tag}:bud:{}:{}:{}:{id}",
-                    budget.name,
-                    budget.by.as_str(),
-                    component(who)
-                ),
-                limit: budget.amount_for(identity.tier()),
-                expire_at_ms: if end == 0 {
-                    now_ms.saturating_add(TOTAL_TTL_MS)
-                } else {
-                    end.saturating_add(EXPIRY_GRACE_MS)
-                },
-            })
-        })
-        .collect()
+    let mut levels = Vec::new();
+    for (index, budget) in budgets.iter().enumerate() {
+        if !budget.applies_to(group) {
+            continue;
+        }
+        let Some(who) = identity.get(budget.by) else {
+            continue;
+        };
+        if tag.is_empty() {
+            identity.push_tag(&mut tag);
+        }
+        // `llm:<tag>:bud:<budget>:<by>:<who>:<period>`
+        let mut key = String::with_capacity(64);
+        key.push_str("llm:");
+        key.push_str(&tag);
+        key.push_str(":bud:");
+        key.push_str(&budget.name);
+        key.push(':');
+        key.push_str(budget.by.as_str());
+        key.push(':');
+        push_component(&mut key, who);
+        key.push(':');
+        let end = push_period(&mut key, budget.period, now_ms);
+        levels.push(Level {
+            budget: index,
+            key,
+            limit: budget.amount_for(identity.tier()),
+            expire_at_ms: if end == 0 {
+                now_ms.saturating_add(TOTAL_TTL_MS)
+            } else {
+                end.saturating_add(EXPIRY_GRACE_MS)
+            },
+        });
+    }
+    levels
+}
+
+/// `llm:<tag>:<kind>:<component of request_id>`.
+fn request_key(identity: &Identity, kind: &str, request_id: &str) -> String {
+    let mut key = String::with_capacity(32 + request_id.len());
+    key.push_str("llm:");
+    identity.push_tag(&mut key);
+    key.push(':');
+    key.push_str(kind);
+    key.push(':');
+    push_component(&mut key, request_id);
+    key
 }
 
 /// The reservation's key.
 pub fn reservation_key(identity: &Identity, request_id: &str) -> String {
-    format!("llm:{}:res:{}", identity.tag(), component(request_id))
+    request_key(identity, "res", request_id)
 }
 
 /// The key that makes a journaled charge land once.
 pub fn marker_key(identity: &Identity, request_id: &str) -> String {
-    format!("llm:{}:done:{}", identity.tag(), component(request_id))
+    request_key(identity, "done", request_id)
 }
 
 /// A money budget whose request has no usable price.
@@ -568,6 +727,158 @@ mod tests {
         };
         let keys = bucket_keys(&tenant_only, &who()).unwrap();
         assert_eq!(keys.local, "trl:b:l:acme%3A%7Bx%7D");
+    }
+
+    /// The keys as they were written with `format!` before the keys were built in place.
+    mod reference {
+        use super::super::*;
+        use sha2::{Digest, Sha256};
+
+        pub fn component(value: &str) -> String {
+            if value.len() > MAX_IDENTITY {
+                let digest = Sha256::digest(value.as_bytes());
+                let hex: Vec<String> = digest.iter().take(16).map(|b| format!("{b:02x}")).collect();
+                return format!("sha256.{}", hex.concat());
+            }
+            value
+                .bytes()
+                .map(|b| {
+                    if b.is_ascii_graphic() && !matches!(b, b':' | b'{' | b'}' | b'%' | b'|') {
+                        char::from(b).to_string()
+                    } else {
+                        format!("%{b:02X}")
+                    }
+                })
+                .collect()
+        }
+
+        pub fn bucket_keys(limit: &Limit, identity: &Identity) -> Option<BucketKeys> {
+            let mut parts = Vec::new();
+            for dimension in &limit.by {
+                parts.push(component(identity.get(*dimension)?));
+            }
+            let id = format!("{}:{}", limit.name, parts.join(":"));
+            let digest = Sha256::digest(id.as_bytes());
+            let owner = u64::from_le_bytes(digest[..8].try_into().unwrap()).max(1);
+            let client = limit
+                .by
+                .iter()
+                .any(|d| matches!(d, Dimension::Ip | Dimension::User));
+            Some(BucketKeys {
+                local: if client {
+                    format!("trl:b:{}:#{}", limit.name, owner % CLIENT_SLOTS)
+                } else {
+                    format!("trl:b:{id}")
+                },
+                redis: format!("llm:{{rl:{id}}}"),
+                owner,
+            })
+        }
+
+        pub fn tag(identity: &Identity) -> String {
+            if let Some(t) = identity.get(Dimension::Tenant) {
+                format!("{{t:{}}}", component(t))
+            } else if let Some(c) = identity.get(Dimension::Consumer) {
+                format!("{{c:{}}}", component(c))
+            } else {
+                "{_}".to_string()
+            }
+        }
+    }
+
+    #[test]
+    fn keys_built_in_place_match_their_format_definitions() {
+        let values = [
+            "k1".to_string(),
+            "acme:{x}|%".to_string(),
+            "team a\u{7}é".to_string(),
+            "x".repeat(MAX_IDENTITY),
+            "y".repeat(MAX_IDENTITY + 1),
+        ];
+        let dims = [
+            vec![],
+            vec![Dimension::Key],
+            vec![Dimension::Tenant, Dimension::Key],
+            vec![Dimension::User],
+            vec![Dimension::Tenant, Dimension::Ip],
+        ];
+        let mut owners = Owners::default();
+        for value in &values {
+            assert_eq!(component(value), reference::component(value));
+            for other in [None, Some(value.clone())] {
+                let identity = Identity {
+                    key: Some(value.clone()),
+                    consumer: other.clone(),
+                    tenant: other.clone(),
+                    ip: Some(value.clone()),
+                    user: Some(value.clone()),
+                    ..Identity::default()
+                };
+                assert_eq!(identity.tag(), reference::tag(&identity));
+                for request_id in ["r-1", value.as_str()] {
+                    assert_eq!(
+                        reservation_key(&identity, request_id),
+                        format!(
+                            "llm:{}:res:{}",
+                            reference::tag(&identity),
+                            reference::component(request_id)
+                        )
+                    );
+                    assert_eq!(
+                        marker_key(&identity, request_id),
+                        format!(
+                            "llm:{}:done:{}",
+                            reference::tag(&identity),
+                            reference::component(request_id)
+                        )
+                    );
+                }
+                for by in &dims {
+                    let limit = Limit {
+                        name: "lim".into(),
+                        by: by.clone(),
+                        unit: Unit::Tokens,
+                        amount: 1,
+                        tiers: Default::default(),
+                        window_ms: 1,
+                        model_groups: vec![],
+                    };
+                    let expected = reference::bucket_keys(&limit, &identity);
+                    assert_eq!(bucket_keys(&limit, &identity), expected);
+                    // twice through the cache: computed, then remembered
+                    assert_eq!(bucket_keys_with(&limit, &identity, &mut owners), expected);
+                    assert_eq!(bucket_keys_with(&limit, &identity, &mut owners), expected);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn period_ids_match_their_format_definitions() {
+        // across years (4- and 5-digit), months, days and hours
+        for t in [
+            0,
+            1_796_083_199_999,
+            1_796_083_200_000,
+            4_102_444_800_000,
+            253_402_300_800_000,
+        ] {
+            let days = t / 86_400_000;
+            let (y, m, d) = civil_from_days(days);
+            let hour = (t % 86_400_000) / 3_600_000;
+            assert_eq!(
+                period(Period::Hour, t).0,
+                format!("{y:04}-{m:02}-{d:02}T{hour:02}")
+            );
+            assert_eq!(period(Period::Day, t).0, format!("{y:04}-{m:02}-{d:02}"));
+            assert_eq!(period(Period::Month, t).0, format!("{y:04}-{m:02}"));
+        }
+        assert_eq!(period(Period::Total, 7), ("total".to_string(), 0));
+        let mut out = String::new();
+        push_padded(&mut out, 7, 4);
+        push_padded(&mut out, 123_456, 2);
+        push_padded(&mut out, 0, 1);
+        assert_eq!(out, "00071234560");
     }
 
     #[test]

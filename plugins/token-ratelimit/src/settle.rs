@@ -14,11 +14,11 @@
 use crate::budget::{self, Actual, Level};
 use crate::config::{Budget, Unit};
 use llm_gateway_shared::route_info::Price;
-use llm_gateway_shared::usage_record::Record;
+use llm_gateway_shared::usage_record::Charge;
 
 impl Actual {
     /// Usage as the record gives it.
-    pub fn from_record(record: &Record) -> Actual {
+    pub fn from_record(record: &Charge) -> Actual {
         Actual {
             tokens: record.usage.total_tokens,
             cost: record.cost_nano.zip(record.currency.clone()),
@@ -41,7 +41,7 @@ impl Actual {
 /// What a request used: nothing if it was never forwarded or is no model call (token
 /// counting: it generates nothing and has no usage record), else its record's usage (`None`:
 /// unknown).
-pub fn actual(forwarded: bool, model_call: bool, record: Option<&Record>) -> Option<Actual> {
+pub fn actual(forwarded: bool, model_call: bool, record: Option<&Charge>) -> Option<Actual> {
     if forwarded && model_call {
         record.map(Actual::from_record)
     } else {

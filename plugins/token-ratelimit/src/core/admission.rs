@@ -209,7 +209,8 @@ impl Core {
                 flow.next_limit += 1;
                 continue;
             }
-            let Some(keys) = budget::bucket_keys(limit, &flow.identity) else {
+            let Some(keys) = budget::bucket_keys_with(limit, &flow.identity, &mut self.owners)
+            else {
                 flow.next_limit += 1;
                 continue;
             };

@@ -45,9 +45,9 @@ use crate::settle;
 use llm_gateway_shared::pending::Pending;
 use llm_gateway_shared::reentry::{Pass, Stash};
 use llm_gateway_shared::reject::{ErrorType, Reject};
-use llm_gateway_shared::route_info::{Alternative, RouteInfo};
+use llm_gateway_shared::route_info::{Alternative, RoutePrices};
 use llm_gateway_shared::rules::RuleSet;
-use llm_gateway_shared::usage_record::Record;
+use llm_gateway_shared::usage_record::Charge;
 use llm_gateway_shared::wire::HostError;
 use std::borrow::Cow;
 use std::collections::VecDeque;
@@ -94,12 +94,14 @@ pub trait Env {
     /// ([`Input::Reply`]) will carry. Over webdis, [`HostError::BadArgument`]: longer than one
     /// request.
     fn send_redis(&self, service: &str, args: &[Cow<'_, [u8]>]) -> Result<u32, HostError>;
-    /// The router's route of request `ctx` (`PROPERTY`), if published.
-    fn route_info(&self, ctx: u32) -> Option<RouteInfo>;
+    /// The group and prices of the router's route of request `ctx` (`PROPERTY`), if
+    /// published.
+    fn route_info(&self, ctx: u32) -> Option<RoutePrices>;
     /// The router's budget fallback of request `ctx`, if published.
     fn alternative(&self, ctx: u32) -> Option<Alternative>;
     /// The usage record of request `ctx`, published under `property`.
-    fn usage_record(&self, ctx: u32, property: &str) -> Option<Record>;
+    /// (What settling needs of it: its usage and cost.)
+    fn usage_record(&self, ctx: u32, property: &str) -> Option<Charge>;
 }
 
 /// The request headers the core reads, copied in.
@@ -382,6 +384,8 @@ pub struct Core {
     calls: Pending<Call>,
     /// Scripts this VM knows Redis has cached (else `EVAL` with the source).
     loaded: FxHashSet<&'static str>,
+    /// Owner digests of the bucket ids seen (one SHA-256 per identity, not per request).
+    owners: budget::Owners,
     replaying: FxHashSet<u64>,
     /// Admissions of superseded passes, waiting for their re-entering pass.
     stash: Stash<Flow>,
@@ -401,6 +405,7 @@ impl Core {
             flows: FxHashMap::default(),
             calls: Pending::new(MAX_CALLS + 1),
             loaded: FxHashSet::default(),
+            owners: budget::Owners::default(),
             replaying: FxHashSet::default(),
             stash: Stash::default(),
             outbox: Vec::new(),

@@ -89,7 +89,7 @@ impl Core {
         ctx: u32,
         flow: &mut Flow,
         config: &Config,
-        record: Option<&Record>,
+        record: Option<&Charge>,
     ) -> Option<JournalEntry> {
         let model_call = flow.cost.as_ref().is_some_and(Cost::is_model_call);
         if flow.admitted && model_call && record.is_none() {

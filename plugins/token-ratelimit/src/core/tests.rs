@@ -4,6 +4,8 @@
 
 use super::*;
 use crate::config::parse_document;
+use llm_gateway_shared::route_info::RouteInfo;
+use llm_gateway_shared::usage_record::Record;
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 
@@ -120,16 +122,16 @@ impl Env for Fake {
         Ok(token)
     }
 
-    fn route_info(&self, _ctx: u32) -> Option<RouteInfo> {
-        self.route.borrow().clone()
+    fn route_info(&self, _ctx: u32) -> Option<RoutePrices> {
+        self.route.borrow().clone().map(RoutePrices::from)
     }
 
     fn alternative(&self, _ctx: u32) -> Option<Alternative> {
         self.alternative.borrow().clone()
     }
 
-    fn usage_record(&self, _ctx: u32, _property: &str) -> Option<Record> {
-        self.record.borrow().clone()
+    fn usage_record(&self, _ctx: u32, _property: &str) -> Option<Charge> {
+        self.record.borrow().as_ref().map(Charge::from)
     }
 }
 

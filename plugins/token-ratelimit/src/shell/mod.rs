@@ -15,9 +15,9 @@ use llm_gateway_shared::host::{self, Buffer, HeaderMap, HostError, HostResult, L
 use llm_gateway_shared::reentry::is_superseded;
 use llm_gateway_shared::reject::Reject;
 use llm_gateway_shared::route_info::{
-    Alternative, RouteInfo, BUDGET_FALLBACK_PROPERTY, PROPERTY as ROUTE_PROPERTY,
+    Alternative, RoutePrices, BUDGET_FALLBACK_PROPERTY, PROPERTY as ROUTE_PROPERTY,
 };
-use llm_gateway_shared::usage_record::Record;
+use llm_gateway_shared::usage_record::Charge;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType};
 use std::borrow::Cow;
@@ -217,16 +217,16 @@ impl Env for State {
         transport::send(self.http.as_ref(), service, args)
     }
 
-    fn route_info(&self, ctx: u32) -> Option<RouteInfo> {
-        self.property(ctx, ROUTE_PROPERTY, RouteInfo::from_json)
+    fn route_info(&self, ctx: u32) -> Option<RoutePrices> {
+        self.property(ctx, ROUTE_PROPERTY, RoutePrices::from_json)
     }
 
     fn alternative(&self, ctx: u32) -> Option<Alternative> {
         self.property(ctx, BUDGET_FALLBACK_PROPERTY, Alternative::from_json)
     }
 
-    fn usage_record(&self, ctx: u32, property: &str) -> Option<Record> {
-        self.property(ctx, property, Record::from_json)
+    fn usage_record(&self, ctx: u32, property: &str) -> Option<Charge> {
+        self.property(ctx, property, Charge::from_json)
     }
 }
 
