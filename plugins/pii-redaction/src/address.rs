@@ -20,7 +20,7 @@
 //! Spans start and end on `char` boundaries.
 
 use crate::names::has_cjk;
-use crate::scan::{is_alnum, run_end};
+use crate::scan::{find_byte, is_alnum, next_not_lower_or_space, run_end};
 use std::ops::Range;
 use std::sync::OnceLock;
 
@@ -695,7 +695,11 @@ fn latin_addresses(text: &str, found: &mut dyn FnMut(Range<usize>)) {
     while i < text.len() {
         let c = cur.byte(i);
         if c < 0x80 && !is_alnum(c) {
-            i += 1;
+            i = if c == b' ' {
+                skip_prose(text.as_bytes(), i)
+            } else {
+                i + 1
+            };
             continue;
         }
         let prev = cur.byte(i.wrapping_sub(1));
@@ -749,6 +753,36 @@ fn latin_addresses(text: &str, found: &mut dyn FnMut(Range<usize>)) {
             None => i = t.end.max(i + step),
         }
     }
+}
+
+/// From the space at `i`: the next position where [`latin_addresses`] has work to do,
+/// passing at once over what it would pass over a word at a time. In a run of lower-case
+/// letters and spaces (found eight bytes per step), each word starts after a space and is
+/// plain lower case, so it can only start a French street (`rue …`): the words are found
+/// by their spaces and only their letters are compared. Stops at the first such word that
+/// is a French type, at the run's last word when what follows it is not a plain end (a
+/// digit or capital continues the word, `-`, `'` or a non-ASCII letter may), else at the
+/// run's end: all positions the word-by-word loop visits too, so the output is the same.
+fn skip_prose(b: &[u8], i: usize) -> usize {
+    let j = next_not_lower_or_space(b, i);
+    let words = b.get(..j).unwrap_or_default();
+    let end_plain = b
+        .get(j)
+        .is_none_or(|&c| c < 0x80 && !is_alnum(c) && !matches!(c, b'-' | b'\''));
+    let mut p = i;
+    while p < j {
+        // `p` is a space: the word (if any) starts after it
+        let w = p + 1;
+        let e = find_byte(words, w, b' ').unwrap_or(j);
+        if e > w {
+            let word = words.get(w..e).unwrap_or_default();
+            if (e == j && !end_plain) || is_fr_type_ascii(word) {
+                return w;
+            }
+        }
+        p = e.max(w);
+    }
+    p
 }
 
 /// Length of the run of ASCII letters and digits at `i`.
@@ -1256,6 +1290,40 @@ mod tests {
             assert!(is_fr_type(&t.to_ascii_uppercase()) || !t.is_ascii(), "{t}");
         }
         assert!(!is_fr_type("rues") && !is_fr_type("the") && !is_fr_type(""));
+    }
+
+    #[test]
+    fn prose_skip_stops_where_the_word_loop_has_work() {
+        // the run's end after plain words
+        assert_eq!(skip_prose(b" the cat sat. Rue", 0), 12);
+        assert_eq!(skip_prose(b" the cat sat", 0), 12);
+        assert_eq!(skip_prose(b"  two  spaces\n", 0), 13);
+        // a French type inside the run, or its last word
+        assert_eq!(skip_prose(b" the rue x", 0), 5);
+        assert_eq!(skip_prose(b" go to avenue, 1", 0), 7);
+        // a last word that goes on (`catX`, `cat9`, `cat-up`, `cat's`, `café`)
+        for text in [
+            " the catX",
+            " the cat9",
+            " the cat-up",
+            " the cat's",
+            " the café",
+        ] {
+            assert_eq!(skip_prose(text.as_bytes(), 0), 5, "{text}");
+        }
+        // lower-case types in running prose still start their addresses
+        assert_eq!(
+            addresses("please note that avenue Richard\n26691 Delmas is closed"),
+            ["avenue Richard\n26691 Delmas"]
+        );
+        assert_eq!(
+            addresses("we walked down the rue de la Paix, 75002 Paris today"),
+            ["rue de la Paix, 75002 Paris"]
+        );
+        assert_eq!(
+            addresses("see the allée Verte\n26691 Delmas or the rue-x"),
+            ["allée Verte\n26691 Delmas"]
+        );
     }
 
     #[test]
