@@ -20,7 +20,7 @@
 //! Spans start and end on `char` boundaries.
 
 use crate::names::has_cjk;
-use crate::scan::{is_alnum, run_end};
+use crate::scan::{byte_flags, is_alnum, not_lower_or_space_flags, run_end};
 use std::ops::Range;
 use std::sync::OnceLock;
 
@@ -695,7 +695,11 @@ fn latin_addresses(text: &str, found: &mut dyn FnMut(Range<usize>)) {
     while i < text.len() {
         let c = cur.byte(i);
         if c < 0x80 && !is_alnum(c) {
-            i += 1;
+            i = if c == b' ' {
+                skip_prose(text.as_bytes(), i)
+            } else {
+                i + 1
+            };
             continue;
         }
         let prev = cur.byte(i.wrapping_sub(1));
@@ -751,6 +755,64 @@ fn latin_addresses(text: &str, found: &mut dyn FnMut(Range<usize>)) {
     }
 }
 
+/// From the space at `i`: the next position where [`latin_addresses`] has work to do,
+/// passing at once over what it would pass over a word at a time. In a run of lower-case
+/// letters and spaces, each word starts after a space and is plain lower case, so it can
+/// only start a French street (`rue …`): the run and its spaces are found eight bytes per
+/// step and only the words' letters are compared. Stops at the first word that is a French
+/// type, at the run's last word when what follows it is not a plain end (a digit or
+/// capital continues the word, `-`, `'` or a non-ASCII letter may), else at the run's end:
+/// all positions the word-by-word loop visits too, so the output is the same.
+fn skip_prose(b: &[u8], i: usize) -> usize {
+    // `w`: where the current word starts (after a space)
+    let mut w = i + 1;
+    let mut base = i + 1;
+    let end = loop {
+        let Some(chunk) = b
+            .get(base..base + 8)
+            .and_then(|c| <[u8; 8]>::try_from(c).ok())
+        else {
+            // the last bytes, one at a time
+            let mut k = base;
+            while let Some(&c) = b.get(k) {
+                if c == b' ' {
+                    if k > w && is_fr_type_ascii(b.get(w..k).unwrap_or_default()) {
+                        return w;
+                    }
+                    w = k + 1;
+                } else if !c.is_ascii_lowercase() {
+                    break;
+                }
+                k += 1;
+            }
+            break k;
+        };
+        let x = u64::from_le_bytes(chunk);
+        let stop = not_lower_or_space_flags(x);
+        // the spaces before the first byte that ends the run
+        let mut spaces = byte_flags(x, b' ') & stop.wrapping_sub(1) & !stop;
+        while spaces != 0 {
+            let k = base + (spaces.trailing_zeros() / 8) as usize;
+            spaces &= spaces - 1;
+            if k > w && is_fr_type_ascii(b.get(w..k).unwrap_or_default()) {
+                return w;
+            }
+            w = k + 1;
+        }
+        if stop != 0 {
+            break base + (stop.trailing_zeros() / 8) as usize;
+        }
+        base += 8;
+    };
+    let plain = b
+        .get(end)
+        .is_none_or(|&c| c < 0x80 && !is_alnum(c) && !matches!(c, b'-' | b'\''));
+    if end > w && (!plain || is_fr_type_ascii(b.get(w..end).unwrap_or_default())) {
+        return w;
+    }
+    end
+}
+
 /// Length of the run of ASCII letters and digits at `i`.
 #[inline]
 fn ascii_alnum_run(text: &str, i: usize) -> usize {
@@ -759,6 +821,13 @@ fn ascii_alnum_run(text: &str, i: usize) -> usize {
 
 /// The German street suffix `word` ends with (ASCII letters in any case).
 fn de_suffix(word: &str) -> Option<&'static str> {
+    // the suffixes' last bytes (`ß` ends in 0x9F): most words are out at once
+    if !matches!(
+        word.as_bytes().last().map(u8::to_ascii_lowercase),
+        Some(b'd' | b'e' | b'g' | b'm' | b'p' | b'r' | b't' | b'z' | 0x9F)
+    ) {
+        return None;
+    }
     DE_SUFFIXES.iter().copied().find(|s| {
         word.len()
             .checked_sub(s.len())
@@ -1256,6 +1325,106 @@ mod tests {
             assert!(is_fr_type(&t.to_ascii_uppercase()) || !t.is_ascii(), "{t}");
         }
         assert!(!is_fr_type("rues") && !is_fr_type("the") && !is_fr_type(""));
+    }
+
+    #[test]
+    fn german_suffixes_pass_the_last_byte_test() {
+        for s in DE_SUFFIXES {
+            assert_eq!(de_suffix(s), Some(*s), "{s}");
+            assert_eq!(
+                de_suffix(&format!("Haupt{}", s.to_ascii_uppercase())),
+                Some(*s),
+                "{s}"
+            );
+        }
+        assert_eq!(de_suffix("Hauptstrasse"), Some("strasse"));
+        assert_eq!(de_suffix("The"), None);
+        assert_eq!(de_suffix("Please"), None);
+        assert_eq!(de_suffix(""), None);
+    }
+
+    #[test]
+    fn prose_skip_stops_where_the_word_loop_has_work() {
+        // the run's end after plain words
+        assert_eq!(skip_prose(b" the cat sat. Rue", 0), 12);
+        assert_eq!(skip_prose(b" the cat sat", 0), 12);
+        assert_eq!(skip_prose(b"  two  spaces\n", 0), 13);
+        // a French type inside the run, or its last word
+        assert_eq!(skip_prose(b" the rue x", 0), 5);
+        assert_eq!(skip_prose(b" go to avenue, 1", 0), 7);
+        // a last word that goes on (`catX`, `cat9`, `cat-up`, `cat's`, `café`)
+        for text in [
+            " the catX",
+            " the cat9",
+            " the cat-up",
+            " the cat's",
+            " the café",
+        ] {
+            assert_eq!(skip_prose(text.as_bytes(), 0), 5, "{text}");
+        }
+        // lower-case types in running prose still start their addresses
+        assert_eq!(
+            addresses("please note that avenue Richard\n26691 Delmas is closed"),
+            ["avenue Richard\n26691 Delmas"]
+        );
+        assert_eq!(
+            addresses("we walked down the rue de la Paix, 75002 Paris today"),
+            ["rue de la Paix, 75002 Paris"]
+        );
+        assert_eq!(
+            addresses("see the allée Verte\n26691 Delmas or the rue-x"),
+            ["allée Verte\n26691 Delmas"]
+        );
+    }
+
+    /// The word loop's own walk from the space at `i` over plain lower-case words and
+    /// spaces: the positions it visits, and where it finds work (a French type, a word that
+    /// does not end plainly, anything else).
+    fn word_walk(b: &[u8], i: usize) -> (Vec<usize>, usize) {
+        let mut seen = Vec::new();
+        let mut p = i;
+        loop {
+            seen.push(p);
+            match b.get(p) {
+                Some(b' ') => p += 1,
+                Some(c) if c.is_ascii_lowercase() && b.get(p - 1) == Some(&b' ') => {
+                    let e = run_end(b, p, is_alnum);
+                    let after = b.get(e).copied().unwrap_or(0);
+                    let plain = after < 0x80 && !matches!(after, b'-' | b'\'');
+                    if !plain || is_fr_type_ascii(&b[p..e]) {
+                        return (seen, p);
+                    }
+                    p = e;
+                }
+                _ => return (seen, p),
+            }
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn prose_skip_lands_on_the_word_walk(
+            words in proptest::collection::vec(proptest::prop_oneof![
+                proptest::strategy::Just("rue".to_string()),
+                proptest::strategy::Just("avenue".to_string()),
+                proptest::strategy::Just("allée".to_string()),
+                proptest::strategy::Just("the".to_string()),
+                proptest::strategy::Just("".to_string()),
+                "[a-z]{1,12}",
+                "[a-z]{0,9}[A-Z0-9,.'\\-]{0,2}[a-z]{0,3}",
+                "[a-zé ]{0,6}",
+            ], 0..12),
+            lead in 0usize..3,
+        ) {
+            let text = format!("{}{}", "x".repeat(lead), words.join(" "));
+            let b = text.as_bytes();
+            for i in (0..b.len()).filter(|&i| b[i] == b' ') {
+                let got = skip_prose(b, i);
+                let (seen, stop) = word_walk(b, i);
+                proptest::prop_assert!(got > i && got <= stop, "{text:?} {i}: {got} {stop}");
+                proptest::prop_assert!(seen.contains(&got), "{text:?} {i}: {got}");
+            }
+        }
     }
 
     #[test]

@@ -100,19 +100,11 @@ pub(crate) fn next_not_lower_or_space(b: &[u8], from: usize) -> usize {
     let Some(rest) = b.get(from..) else {
         return b.len();
     };
-    let spaces = ONES.wrapping_mul(u64::from(b' '));
     let mut chunks = rest.chunks_exact(8);
     let mut base = from;
     for chunk in &mut chunks {
         if let Ok(word) = <[u8; 8]>::try_from(chunk) {
-            let x = u64::from_le_bytes(word);
-            let low = x & !HIGHS;
-            let from_a = low.wrapping_add(ONES.wrapping_mul(0x80 - u64::from(b'a')));
-            let past_z = low.wrapping_add(ONES.wrapping_mul(0x7F - u64::from(b'z')));
-            let lower = from_a & !past_z & !x;
-            let s = x ^ spaces;
-            let space = !((s & !HIGHS).wrapping_add(!HIGHS) | s);
-            let other = !(lower | space) & HIGHS;
+            let other = not_lower_or_space_flags(u64::from_le_bytes(word));
             if other != 0 {
                 return base + (other.trailing_zeros() / 8) as usize;
             }
@@ -124,6 +116,20 @@ pub(crate) fn next_not_lower_or_space(b: &[u8], from: usize) -> usize {
         .iter()
         .position(|&c| !(c.is_ascii_lowercase() || c == b' '))
         .map_or(b.len(), |p| base + p)
+}
+
+/// The high bit of each byte of `x` that is neither an ASCII lower-case letter nor a space
+/// (exact: per byte, without carries between bytes).
+#[inline(always)]
+pub(crate) fn not_lower_or_space_flags(x: u64) -> u64 {
+    // the low seven bits plus a constant set the high bit from a threshold on
+    let low = x & !HIGHS;
+    let from_a = low.wrapping_add(ONES.wrapping_mul(0x80 - u64::from(b'a')));
+    let past_z = low.wrapping_add(ONES.wrapping_mul(0x7F - u64::from(b'z')));
+    let lower = from_a & !past_z & !x;
+    let s = x ^ ONES.wrapping_mul(u64::from(b' '));
+    let space = !((s & !HIGHS).wrapping_add(!HIGHS) | s);
+    !(lower | space) & HIGHS
 }
 
 /// The first position `j` at or after `from` with `b[j..j + 2] == pair`.
