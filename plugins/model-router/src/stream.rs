@@ -133,6 +133,24 @@ fn plain_run(bytes: &[u8]) -> usize {
         .unwrap_or(rest.len())
 }
 
+/// Scans `chunk` from `at` to the first byte that [`plain_run`] stops at and that is no marker's
+/// last byte (a line end, a backslash, another control byte below 0x0e) or to the chunk's end, and
+/// returns its offset. A marker's last byte is judged where it stands (`suspect` set if the
+/// window it ends is a marker) and the scan goes on, so the many such bytes of an ordinary
+/// event cost no trip through the caller's loop.
+fn scan(chunk: &[u8], mut at: usize, before: u32, suspect: &mut bool) -> usize {
+    loop {
+        at += plain_run(chunk.get(at..).unwrap_or_default());
+        match chunk.get(at) {
+            Some(&byte) if class(byte) == MARKER_END => {
+                *suspect |= is_marker(window_at(chunk, at, before));
+                at += 1;
+            }
+            _ => return at,
+        }
+    }
+}
+
 /// Watches one SSE response body.
 #[derive(Debug)]
 pub struct StreamWatcher {
@@ -227,9 +245,9 @@ impl StreamWatcher {
         // the bytes of this chunk the current event holds at the end (all but a pending CR)
         let mut end = chunk.len();
         loop {
-            let run = plain_run(chunk.get(i..).unwrap_or_default());
-            if run > 0 {
-                i += run;
+            let stop = scan(chunk, i, before, &mut suspect);
+            if stop > i {
+                i = stop;
                 in_line = true;
                 skip_lf = false;
             }
@@ -240,12 +258,6 @@ impl StreamWatcher {
             match class(byte) {
                 // a control byte [`plain_run`] stopped at: part of the line
                 PLAIN => {
-                    in_line = true;
-                    skip_lf = false;
-                    continue;
-                }
-                MARKER_END => {
-                    suspect |= is_marker(window_at(chunk, i - 1, before));
                     in_line = true;
                     skip_lf = false;
                     continue;

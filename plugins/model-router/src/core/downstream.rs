@@ -226,13 +226,16 @@ impl Core {
         view: &dyn View,
         on_failure: OnFailure,
     ) -> Result<(), ReadError> {
-        self.remove_header(Map::Request, "authorization", on_failure);
-        self.remove_header(Map::Request, "x-api-key", on_failure);
         let Some(credential) = &deployment.credential else {
+            self.remove_header(Map::Request, "authorization", on_failure);
+            self.remove_header(Map::Request, "x-api-key", on_failure);
             return Ok(());
         };
+        // The header set below replaces every value the client sent (the host's replace is a
+        // remove and an add): only the other one is removed, one host call less a request.
         match deployment.provider {
             Provider::Anthropic => {
+                self.remove_header(Map::Request, "authorization", on_failure);
                 // Anthropic refuses a request without its API version; most SDKs send one
                 if view.request_header(ANTHROPIC_VERSION)?.is_none() {
                     self.set_header(
@@ -244,12 +247,15 @@ impl Core {
                 }
                 self.set_header(Map::Request, "x-api-key", credential.as_str(), on_failure);
             }
-            Provider::Openai | Provider::OpenaiCompatible => self.set_header(
-                Map::Request,
-                "authorization",
-                format!("Bearer {credential}"),
-                on_failure,
-            ),
+            Provider::Openai | Provider::OpenaiCompatible => {
+                self.remove_header(Map::Request, "x-api-key", on_failure);
+                self.set_header(
+                    Map::Request,
+                    "authorization",
+                    format!("Bearer {credential}"),
+                    on_failure,
+                );
+            }
         }
         Ok(())
     }
