@@ -436,7 +436,7 @@ impl Stage {
                 let route = cached_route(&mut active.route, active.exchange.status(), lookup);
                 let added = active.exchange.on_response_body(
                     &active.config,
-                    &route,
+                    route,
                     body.unwrap_or_default(),
                     true,
                 );
@@ -454,9 +454,7 @@ impl Stage {
                 }
                 if end_of_stream {
                     let route = cached_route(&mut active.route, active.exchange.status(), lookup);
-                    active
-                        .exchange
-                        .on_response_end(&active.config, &route, true);
+                    active.exchange.on_response_end(&active.config, route, true);
                 }
             }
         }
@@ -481,7 +479,7 @@ impl Stage {
                 let route = cached_route(&mut active.route, active.exchange.status(), lookup);
                 let added = active.exchange.on_response_body(
                     &active.config,
-                    &route,
+                    route,
                     body.unwrap_or_default(),
                     true,
                 );
@@ -494,9 +492,7 @@ impl Stage {
                 hold_headers: false,
             } => {
                 let route = cached_route(&mut active.route, active.exchange.status(), lookup);
-                active
-                    .exchange
-                    .on_response_end(&active.config, &route, true);
+                active.exchange.on_response_end(&active.config, route, true);
             }
             _ => {}
         }
@@ -539,10 +535,7 @@ impl Stage {
         };
         let route = cached_route(&mut active.route, active.exchange.status(), lookup);
         let now = lookup.now_ms();
-        let Some(record) = active
-            .exchange
-            .finish(&active.config, &route, complete, now)
-        else {
+        let Some(record) = active.exchange.finish(&active.config, route, complete, now) else {
             return;
         };
         let json = record.to_json();

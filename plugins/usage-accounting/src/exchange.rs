@@ -414,7 +414,6 @@ impl Exchange {
         // compared without case (no lowercase copy)
         let media = content_type.split(';').next().unwrap_or_default().trim();
         let json_suffix = media
-            .as_bytes()
             .len()
             .checked_sub(5)
             .and_then(|at| media.as_bytes().get(at..))
