@@ -158,13 +158,14 @@ struct Active {
     logical_id: Option<String>,
 }
 
-impl Active {
-    fn route(&mut self, lookup: &mut dyn Lookup) -> RouteInfo {
-        let status = self.exchange.status();
-        self.route
-            .get_or_insert_with(|| lookup.route(status))
-            .clone()
-    }
+/// The router's state in `slot`, asked of `lookup` the first time (borrowed afterwards: no
+/// copy per use).
+fn cached_route<'r>(
+    slot: &'r mut Option<RouteInfo>,
+    status: u16,
+    lookup: &mut dyn Lookup,
+) -> &'r RouteInfo {
+    slot.get_or_insert_with(|| lookup.route(status))
 }
 
 /// One request's stage state.
@@ -432,10 +433,10 @@ impl Stage {
                 if !end_of_stream {
                     return Flow::Pause; // the host buffers; the headers wait for the cost
                 }
-                let route = active.route(lookup);
+                let route = cached_route(&mut active.route, active.exchange.status(), lookup);
                 let added = active.exchange.on_response_body(
                     &active.config,
-                    &route,
+                    route,
                     body.unwrap_or_default(),
                     true,
                 );
@@ -452,10 +453,8 @@ impl Stage {
                     active.exchange.on_response_data(chunk);
                 }
                 if end_of_stream {
-                    let route = active.route(lookup);
-                    active
-                        .exchange
-                        .on_response_end(&active.config, &route, true);
+                    let route = cached_route(&mut active.route, active.exchange.status(), lookup);
+                    active.exchange.on_response_end(&active.config, route, true);
                 }
             }
         }
@@ -477,10 +476,10 @@ impl Stage {
                 let _unchanged = active.exchange.on_response_chunk(&[], true, now);
             }
             ResponseMode::Buffer { hold_headers: true } if !active.exchange.is_finished() => {
-                let route = active.route(lookup);
+                let route = cached_route(&mut active.route, active.exchange.status(), lookup);
                 let added = active.exchange.on_response_body(
                     &active.config,
-                    &route,
+                    route,
                     body.unwrap_or_default(),
                     true,
                 );
@@ -492,10 +491,8 @@ impl Stage {
             ResponseMode::Buffer {
                 hold_headers: false,
             } => {
-                let route = active.route(lookup);
-                active
-                    .exchange
-                    .on_response_end(&active.config, &route, true);
+                let route = cached_route(&mut active.route, active.exchange.status(), lookup);
+                active.exchange.on_response_end(&active.config, route, true);
             }
             _ => {}
         }
@@ -536,21 +533,19 @@ impl Stage {
         let Some(active) = self.active.as_mut() else {
             return;
         };
-        let route = active.route(lookup);
+        let route = cached_route(&mut active.route, active.exchange.status(), lookup);
         let now = lookup.now_ms();
-        let Some(record) = active
-            .exchange
-            .finish(&active.config, &route, complete, now)
-        else {
+        let Some(record) = active.exchange.finish(&active.config, route, complete, now) else {
             return;
         };
         let json = record.to_json();
         let config = Rc::clone(&active.config);
+        let provider = route.provider.clone();
         self.push(Command::Publish {
             record: Box::new(record),
             json,
             config,
-            provider: route.provider,
+            provider,
         });
     }
 

@@ -38,6 +38,21 @@ pub struct Attribution {
     pub deployment: Option<String>,
 }
 
+/// The request headers [`Attribution::from_headers`] reads, in the order of its slots.
+const ATTRIBUTION_HEADERS: [&str; 11] = [
+    headers::REQUEST_ID,
+    "x-request-id",
+    headers::CONSUMER,
+    headers::TENANT,
+    headers::KEY_ID,
+    headers::TIER,
+    "x-project",
+    "x-agent",
+    "x-run-id",
+    headers::MODEL_GROUP,
+    headers::DEPLOYMENT,
+];
+
 impl Attribution {
     /// Reads the request headers (names lowercase, as Envoy gives them).
     /// `host_request_id` is asked only when neither request-id header is there.
@@ -45,26 +60,38 @@ impl Attribution {
         pairs: &[(String, Vec<u8>)],
         host_request_id: impl FnOnce() -> Option<String>,
     ) -> Self {
-        let get = |name: &str| {
-            pairs
+        // One pass over the headers: the first value of each name (as a search per name
+        // would find it), cleaned only when it is read.
+        let mut found: [Option<&[u8]>; ATTRIBUTION_HEADERS.len()] =
+            [None; ATTRIBUTION_HEADERS.len()];
+        for (name, value) in pairs {
+            // every name sought starts with `x-`: most headers are passed over at once
+            if !name.starts_with("x-") {
+                continue;
+            }
+            if let Some(slot) = ATTRIBUTION_HEADERS
                 .iter()
-                .find(|(n, _)| n == name)
-                .and_then(|(_, v)| clean_attribution(v))
-        };
+                .position(|n| n == name)
+                .and_then(|i| found.get_mut(i))
+            {
+                slot.get_or_insert(value.as_slice());
+            }
+        }
+        let get = |i: usize| found.get(i).copied().flatten().and_then(clean_attribution);
         Attribution {
-            request_id: get(headers::REQUEST_ID)
-                .or_else(|| get("x-request-id"))
+            request_id: get(0)
+                .or_else(|| get(1))
                 .or_else(host_request_id)
                 .unwrap_or_default(),
-            consumer: get(headers::CONSUMER),
-            tenant: get(headers::TENANT),
-            key_id: get(headers::KEY_ID),
-            tier: get(headers::TIER),
-            project: get("x-project"),
-            agent: get("x-agent"),
-            run_id: get("x-run-id"),
-            model_group: get(headers::MODEL_GROUP),
-            deployment: get(headers::DEPLOYMENT),
+            consumer: get(2),
+            tenant: get(3),
+            key_id: get(4),
+            tier: get(5),
+            project: get(6),
+            agent: get(7),
+            run_id: get(8),
+            model_group: get(9),
+            deployment: get(10),
         }
     }
 }
@@ -384,13 +411,14 @@ impl Exchange {
         content_length: Option<u64>,
     ) -> ResponseMode {
         self.status = status;
-        let media = content_type
-            .split(';')
-            .next()
-            .unwrap_or_default()
-            .trim()
-            .to_ascii_lowercase();
-        if media == "text/event-stream" {
+        // compared without case (no lowercase copy)
+        let media = content_type.split(';').next().unwrap_or_default().trim();
+        let json_suffix = media
+            .len()
+            .checked_sub(5)
+            .and_then(|at| media.as_bytes().get(at..))
+            .is_some_and(|tail| tail.eq_ignore_ascii_case(b"+json"));
+        if media.eq_ignore_ascii_case("text/event-stream") {
             let model = self.request_model().unwrap_or_default();
             self.response = Response::Stream(Box::new(ResponseStream::new(
                 self.api,
@@ -399,7 +427,7 @@ impl Exchange {
                 config.max_event_bytes,
             )));
             ResponseMode::Stream
-        } else if media == "application/json" || media.ends_with("+json") {
+        } else if media.eq_ignore_ascii_case("application/json") || json_suffix {
             let hold_headers = config.cost_headers
                 && (200..300).contains(&status)
                 && content_length.is_some_and(|n| n <= KEEP_WHOLE as u64);
@@ -750,6 +778,32 @@ mod tests {
             ]),
             || Some("host-id".into()),
         )
+    }
+
+    #[test]
+    fn attribution_headers_all_start_with_x_dash() {
+        // from_headers passes over any other header at once
+        for name in ATTRIBUTION_HEADERS {
+            assert!(name.starts_with("x-"), "{name}");
+        }
+    }
+
+    #[test]
+    fn attribution_takes_the_first_value_of_each_header() {
+        let pairs = headers(&[
+            ("content-type", "application/json"),
+            ("x-llm-tenant", "\r\n"),
+            ("x-llm-tenant", "second"),
+            ("x-request-id", "rid"),
+            ("x-run-id", "r1"),
+            ("x-run-id", "r2"),
+        ]);
+        let a = Attribution::from_headers(&pairs, || Some("host".into()));
+        // a first value that cleans to nothing is not replaced by a later one
+        assert_eq!(a.tenant, None);
+        assert_eq!(a.request_id, "rid");
+        assert_eq!(a.run_id.as_deref(), Some("r1"));
+        assert_eq!(a.consumer, None);
     }
 
     #[test]

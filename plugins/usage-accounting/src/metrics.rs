@@ -152,49 +152,73 @@ pub struct Sample {
 
 /// A label value safe inside a stat name.
 pub fn label_value(value: Option<&str>) -> String {
-    sanitized(value, |c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    let mut out = String::new();
+    push_label_value(&mut out, value);
+    out
 }
 
-/// A label value that may keep `.` (only the last label of a name: the response model).
-fn dotted_label_value(value: Option<&str>) -> String {
-    sanitized(value, |c| {
-        c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.'
-    })
+/// [`label_value`], appended to `out`.
+fn push_label_value(out: &mut String, value: Option<&str>) {
+    push_sanitized(out, value, keeps);
 }
 
-fn sanitized(value: Option<&str>, keep: impl Fn(char) -> bool) -> String {
+/// What a label value keeps.
+fn keeps(c: char) -> bool {
+    c.is_ascii_alphanumeric() || c == '-' || c == '_'
+}
+
+/// What the last label value of a name (the response model) keeps: `.` too.
+fn keeps_dotted(c: char) -> bool {
+    keeps(c) || c == '.'
+}
+
+/// `value` (`none` when absent or empty), its first 64 characters, each one `keep` refuses
+/// replaced by `_`, appended to `out`.
+fn push_sanitized(out: &mut String, value: Option<&str>, keep: fn(char) -> bool) {
     let Some(value) = value.filter(|v| !v.is_empty()) else {
-        return "none".into();
+        out.push_str("none");
+        return;
     };
-    value
-        .chars()
-        .take(64)
-        .map(|c| if keep(c) { c } else { '_' })
-        .collect()
+    for c in value.chars().take(64) {
+        out.push(if keep(c) { c } else { '_' });
+    }
 }
 
 /// The label suffix of a record's series.
 pub fn label_suffix(record: &Record, consumer_label: bool) -> String {
-    let mut suffix = format!(
-        ".tenant.{}.model_group.{}.deployment.{}",
-        label_value(record.tenant.as_deref()),
-        label_value(record.model_group.as_deref()),
-        label_value(record.deployment.as_deref())
-    );
-    if consumer_label {
-        suffix.push_str(".consumer.");
-        suffix.push_str(&label_value(record.consumer.as_deref()));
-    }
+    let mut suffix = String::with_capacity(96);
+    push_label_suffix(&mut suffix, record, consumer_label);
     suffix
+}
+
+/// [`label_suffix`], appended to `out`.
+fn push_label_suffix(out: &mut String, record: &Record, consumer_label: bool) {
+    out.push_str(".tenant.");
+    push_label_value(out, record.tenant.as_deref());
+    out.push_str(".model_group.");
+    push_label_value(out, record.model_group.as_deref());
+    out.push_str(".deployment.");
+    push_label_value(out, record.deployment.as_deref());
+    if consumer_label {
+        out.push_str(".consumer.");
+        push_label_value(out, record.consumer.as_deref());
+    }
 }
 
 /// OpenTelemetry's `gen_ai.operation.name` for an API: `chat` for the chat-like ones
 /// (`chat.completions`, `messages`, `responses`), `embeddings`.
 pub fn operation_name(api: &str) -> String {
+    let mut out = String::new();
+    push_operation_name(&mut out, api);
+    out
+}
+
+/// [`operation_name`], appended to `out`.
+fn push_operation_name(out: &mut String, api: &str) {
     match api {
-        "chat.completions" | "messages" | "responses" => "chat".into(),
-        "embeddings" => "embeddings".into(),
-        other => label_value(Some(other)),
+        "chat.completions" | "messages" | "responses" => out.push_str("chat"),
+        "embeddings" => out.push_str("embeddings"),
+        other => push_label_value(out, Some(other)),
     }
 }
 
@@ -202,10 +226,17 @@ pub fn operation_name(api: &str) -> String {
 /// answered (`openai`, `anthropic`, `openai-compatible`), else the owner of the API the
 /// client called (`messages`: `anthropic`; the others: `openai`).
 pub fn provider_name(provider: Option<&str>, api: &str) -> String {
+    let mut out = String::new();
+    push_provider_name(&mut out, provider, api);
+    out
+}
+
+/// [`provider_name`], appended to `out`.
+fn push_provider_name(out: &mut String, provider: Option<&str>, api: &str) {
     match provider.filter(|p| !p.is_empty()) {
-        Some(provider) => label_value(Some(provider)),
-        None if api == "messages" => "anthropic".into(),
-        None => "openai".into(),
+        Some(provider) => push_label_value(out, Some(provider)),
+        None if api == "messages" => out.push_str("anthropic"),
+        None => out.push_str("openai"),
     }
 }
 
@@ -221,17 +252,20 @@ pub struct Labels {
 impl Labels {
     /// The labels of `record`, answered by a deployment of `provider` (the router's).
     pub fn of(record: &Record, provider: Option<&str>, consumer_label: bool) -> Labels {
-        Labels {
-            route: label_suffix(record, consumer_label),
-            gen_ai: format!(
-                ".gen_ai_operation_name.{}.gen_ai_provider_name.{}.gen_ai_request_model.{}.gen_ai_response_model.{}",
-                operation_name(&record.api),
-                provider_name(provider, &record.api),
-                // the model the client asked for: the router validated it as a group name
-                label_value(record.model_group.as_deref()),
-                dotted_label_value(record.model.as_deref()),
-            ),
-        }
+        // built in place (one buffer each, no `format!`): once per request
+        let mut route = String::with_capacity(96);
+        push_label_suffix(&mut route, record, consumer_label);
+        let mut gen_ai = String::with_capacity(160);
+        gen_ai.push_str(".gen_ai_operation_name.");
+        push_operation_name(&mut gen_ai, &record.api);
+        gen_ai.push_str(".gen_ai_provider_name.");
+        push_provider_name(&mut gen_ai, provider, &record.api);
+        // the model the client asked for: the router validated it as a group name
+        gen_ai.push_str(".gen_ai_request_model.");
+        push_label_value(&mut gen_ai, record.model_group.as_deref());
+        gen_ai.push_str(".gen_ai_response_model.");
+        push_sanitized(&mut gen_ai, record.model.as_deref(), keeps_dotted);
+        Labels { route, gen_ai }
     }
 
     /// Where label sets past [`MAX_LABEL_SETS`] are counted.
@@ -254,6 +288,40 @@ impl Labels {
         }
     }
 }
+
+/// The hasher of the map from label sets to their metrics: one multiply and rotate per eight
+/// bytes, where std's SipHash takes several rounds. The keys are label sets bounded by
+/// [`MAX_LABEL_SETS`] and made of values set by trusted filters and the upstream's model, not
+/// chosen freely by a client, so a keyed hash buys nothing here.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct LabelHasher(u64);
+
+impl LabelHasher {
+    fn add(&mut self, word: u64) {
+        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
+}
+
+impl std::hash::Hasher for LabelHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        let mut words = bytes.chunks_exact(8);
+        for word in words.by_ref() {
+            if let Ok(word) = <[u8; 8]>::try_from(word) {
+                self.add(u64::from_le_bytes(word));
+            }
+        }
+        for &byte in words.remainder() {
+            self.add(u64::from(byte));
+        }
+    }
+}
+
+/// Builds [`LabelHasher`]s.
+pub type LabelHash = std::hash::BuildHasherDefault<LabelHasher>;
 
 /// Every series a label set has, by base name (the labels follow the base name).
 pub const SERIES: [(&str, Kind, Scope); 15] = [

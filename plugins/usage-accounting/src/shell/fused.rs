@@ -17,7 +17,7 @@ impl Fused {
         }
         Some(Fused(Rc::new(State {
             rules,
-            series: RefCell::new(HashMap::new()),
+            series: RefCell::new(HashMap::default()),
             ledger_errors,
             // the fused filter's requests send their appends themselves
             ledger_queue: None,

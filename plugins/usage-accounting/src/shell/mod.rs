@@ -6,7 +6,7 @@
 use crate::config::{parse_shared, UsageConfig};
 use crate::core::{Command, Flow, Input, Level, Lookup, Stage, Worker};
 use crate::exchange::{RouteInfo, ROUTER_PROPERTY};
-use crate::metrics::{values, Kind, Labels, MAX_LABEL_SETS, SERIES};
+use crate::metrics::{values, Kind, LabelHash, Labels, MAX_LABEL_SETS, SERIES};
 use crate::record::Record;
 use llm_gateway_shared::chain::{self, Direction, Step};
 use llm_gateway_shared::host::{self, Buffer, HeaderMap, HostError, LogLevel, Metric, Sink};
@@ -40,7 +40,7 @@ struct Root {
 struct State {
     rules: RuleSet<Rc<UsageConfig>>,
     /// The metrics of each label set seen so far in this VM ([`SERIES`] order).
-    series: RefCell<HashMap<Labels, [Option<Metric>; SERIES.len()]>>,
+    series: RefCell<HashMap<Labels, [Option<Metric>; SERIES.len()], LabelHash>>,
     /// `llm_gateway.usage.ledger_errors`: ledger appends that failed.
     ledger_errors: Option<Metric>,
     /// The shared queue through which requests hand their webdis appends to the root context
@@ -111,7 +111,7 @@ impl RootContext for Root {
         let ledger_queue = ledger::register_queue(&rules);
         self.state = Some(Rc::new(State {
             rules,
-            series: RefCell::new(HashMap::new()),
+            series: RefCell::new(HashMap::default()),
             ledger_errors,
             ledger_queue,
             worker: RefCell::default(),
@@ -222,7 +222,10 @@ fn execute(state: &State, command: &Command, target: &mut Sink<'_>) -> Result<()
         } => {
             let published = host::set_property(&[config.filter_state.as_str()], json.as_bytes());
             if config.log_records {
-                host::log(LogLevel::Info, &format!("usage_record: {json}"));
+                let mut line = String::with_capacity(json.len() + 14);
+                line.push_str("usage_record: ");
+                line.push_str(json);
+                host::log(LogLevel::Info, &line);
             }
             state.record_metrics(record, provider.as_deref(), config);
             if let Some(ledger) = &config.ledger {
@@ -241,11 +244,16 @@ fn execute(state: &State, command: &Command, target: &mut Sink<'_>) -> Result<()
     }
 }
 
-fn header_text(name: &str) -> Option<String> {
+fn header_bytes(name: &str) -> Option<Vec<u8>> {
     host::header(HeaderMap::ResponseHeaders, name)
         .ok()
         .flatten()
-        .map(|v| String::from_utf8_lossy(&v).into_owned())
+}
+
+/// A header's value as a number (`None`: absent, not UTF-8 or not a number).
+fn header_number<T: std::str::FromStr>(name: &str) -> Option<T> {
+    let value = header_bytes(name)?;
+    std::str::from_utf8(&value).ok()?.trim().parse().ok()
 }
 
 impl Context for Request {
@@ -299,11 +307,16 @@ impl HttpContext for Request {
         if !self.stage.is_active() {
             return Action::Continue;
         }
-        let status = header_text(":status").and_then(|v| v.parse::<u16>().ok());
-        let content_type = header_text("content-type").unwrap_or_default();
-        let content_length = header_text("content-length").and_then(|v| v.trim().parse().ok());
-        let encoded = header_text("content-encoding")
-            .is_some_and(|v| !v.is_empty() && !v.eq_ignore_ascii_case("identity"));
+        // read as bytes: only `content-type` is text the core looks at (lossy, as before;
+        // borrowed when it is UTF-8). The status is parsed untrimmed, as it always was.
+        let status = header_bytes(":status")
+            .and_then(|v| String::from_utf8(v).ok())
+            .and_then(|v| v.parse::<u16>().ok());
+        let content_type = header_bytes("content-type").unwrap_or_default();
+        let content_type = String::from_utf8_lossy(&content_type);
+        let content_length = header_number("content-length");
+        let encoded = header_bytes("content-encoding")
+            .is_some_and(|v| !v.is_empty() && !v.eq_ignore_ascii_case(b"identity"));
         self.run(Input::ResponseHeaders {
             status: status.unwrap_or(0),
             content_type: &content_type,
