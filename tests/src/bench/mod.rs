@@ -2,11 +2,13 @@
 //! by side in one run. [`config`] derives the Envoy configs from gateway.yaml, [`wrk`] drives
 //! the load, [`procs`] reads CPU and memory from `/proc`, [`litellm`] runs the LiteLLM proxy,
 //! [`cost`] runs the chain in the wasmtime harness, [`perf`] splits a proxy's CPU by DSO,
-//! [`report`] writes the markdown.
+//! [`report`] writes the markdown. [`hostcost`] is `scripts/bench hostcost`: Envoy's cost per
+//! proxy-wasm callback and host call.
 
 pub mod ablation;
 pub mod config;
 pub mod cost;
+pub mod hostcost;
 pub mod litellm;
 pub mod perf;
 pub mod procs;

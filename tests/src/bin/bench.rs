@@ -16,6 +16,10 @@
 //! seconds)
 //! (`--compare DIR` adds a row C' running the chain with the `.wasm` files of DIR, to measure
 //! a change against the current build in one run).
+//!
+//! `bench hostcost [--window SECS] [--rounds N] [--envoy 1.40,1.36] [--out FILE]`: Envoy's
+//! cost per proxy-wasm callback and host call instead ([`hostcost`]), in Envoy 1.40 and 1.36.4;
+//! `target/bench/report-hostcost.md`.
 
 use llm_gateway_tests::bench::ablation::{self, RequestChange};
 use llm_gateway_tests::bench::config::{self, Build};
@@ -23,7 +27,7 @@ use llm_gateway_tests::bench::litellm::{self, LiteLlm};
 use llm_gateway_tests::bench::procs::{self, MockProcess};
 use llm_gateway_tests::bench::report::{self, AblationRun, Module, Results, Vm, WorkerMemory};
 use llm_gateway_tests::bench::wrk::{self, Workload, WORKLOADS};
-use llm_gateway_tests::bench::{cost, perf, Cell, LeakCheck, Row, Window};
+use llm_gateway_tests::bench::{cost, hostcost, perf, Cell, LeakCheck, Row, Window};
 use llm_gateway_tests::demo::DEMO_KEY;
 use llm_gateway_tests::envoy::{Envoy, Options};
 use llm_gateway_tests::workspace::{self, TempDir};
@@ -181,6 +185,15 @@ fn unchanged() -> RequestChange {
 }
 
 fn run(started: Instant) -> Result<(), String> {
+    let raw: Vec<String> = std::env::args().skip(1).collect();
+    if raw.first().is_some_and(|a| a == "hostcost") {
+        let args = hostcost::Args::parse(raw.get(1..).unwrap_or_default())?;
+        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        let text = hostcost::run(&args, &exe.with_file_name("mock-upstream"))?;
+        println!("{text}");
+        println!("written to {}", args.out.display());
+        return Ok(());
+    }
     let args = Args::parse()?;
     let dir = TempDir::new("bench")?;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
