@@ -8,9 +8,10 @@
 //! the same access log) with zero, one or five probe filters in front of the router, each in a
 //! VM of its own; one Envoy per version holds every row's listener (`--concurrency 1`, pinned
 //! to the proxy CPU; wrk and the mock upstream on the other). Rows run in interleaved windows
-//! (round → Envoy version → row) at 16 connections, with a pause between windows so Envoy's
-//! file flushes of one row's window (access log, log lines) land in no other row's; figures
-//! are medians of the proxy's CPU per request over the rounds (`/proc`).
+//! (round → Envoy version → row) at 16 connections (the paced stream, [`Load::Paced`], at 64),
+//! with a pause between windows so Envoy's file flushes of one row's window (access log, log
+//! lines) land in no other row's; figures are medians of the proxy's CPU per request over the
+//! rounds (`/proc`).
 //!
 //! A call's cost is the difference of its row to the row with one continue-only probe
 //! ([`NONE`]), over its calls; a streamed event's, the stream's whole-request CPU over bare
