@@ -367,7 +367,7 @@ impl Engine {
     }
 }
 
-/// One header edit, in the order the stages made them (borrowed from [`Edits`]).
+/// One header write (borrowed from [`Edits`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Edit<'a> {
     /// Replace every value of the header with this one (add it if absent).
@@ -385,11 +385,11 @@ enum EditKind {
     Remove,
 }
 
-/// The header edits of one direction, in order: their names and values kept in two buffers
-/// (a few allocations per direction, not two per edit).
+/// The header writes of one direction: their names and values kept in two buffers (a few
+/// allocations per direction, not two per write).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Edits {
-    /// Each edit's kind and where its name ends in `names` and its value in `values` (each
+    /// Each write's kind and where its name ends in `names` and its value in `values` (each
     /// starts where the previous one ended).
     ops: Vec<(EditKind, usize, usize)>,
     names: String,
@@ -409,17 +409,17 @@ impl Edits {
         self.ops.push((kind, self.names.len(), self.values.len()));
     }
 
-    /// True if there is no edit.
+    /// True if there is no write.
     pub fn is_empty(&self) -> bool {
         self.ops.is_empty()
     }
 
-    /// How many edits.
+    /// How many writes (host calls, written one by one).
     pub fn len(&self) -> usize {
         self.ops.len()
     }
 
-    /// The edits, in order.
+    /// The writes, in order.
     pub fn iter(&self) -> impl Iterator<Item = Edit<'_>> {
         let mut name_start = 0;
         let mut value_start = 0;
@@ -435,15 +435,48 @@ impl Edits {
             }
         })
     }
+
+    /// True if one call that replaces the whole map (`proxy_set_header_map_pairs`, with the
+    /// `headers` it then holds) costs the host less than these writes one by one.
+    ///
+    /// Measured in Envoy 1.40 (V8, CPU per request, `docs/operator-guide.md` § 7): a write
+    /// of a header the request did not have, or of a new value, costs about 1.4 µs (each call
+    /// crosses V8's host-call boundary); replacing the whole map about 2 µs plus 0.4 µs per
+    /// header it holds (Envoy removes every header, then adds each pair). So the one call
+    /// wins from about eight writes on a request's usual twenty headers.
+    pub fn cheaper_as_one_map(&self, headers: usize) -> bool {
+        // in tenths of µs
+        self.len().saturating_mul(14) > headers.saturating_mul(4).saturating_add(20)
+    }
+}
+
+/// The values of `name` in `pairs`, in order.
+#[cfg(test)]
+fn values<'a>(pairs: &'a [(String, Vec<u8>)], name: &'a str) -> impl Iterator<Item = &'a [u8]> {
+    pairs
+        .iter()
+        .filter(move |(n, _)| n == name)
+        .map(|(_, v)| v.as_slice())
+}
+
+/// What the edits of one name after a point in the log do, walking it backwards.
+struct Later<'a> {
+    name: &'a str,
+    /// A later `Set` or `Remove`: what comes before it does not matter.
+    reset: bool,
+    /// The first `Add` after the last reset (or of all, without one).
+    first_add: Option<usize>,
 }
 
 /// Headers as the stages of one context see them: read from the host once, edited in memory
-/// (each stage sees what the stages before it changed), the edits written to the host once.
+/// (each stage sees what the stages before it changed), and written to the host once, each
+/// header written once whatever the stages did to it on the way.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Headers {
     /// Shared with the [`RequestHead`](crate::request::RequestHead)s of the stages
     /// ([`Headers::shared`]): an edit copies the list only while such a view still holds it.
     pairs: Rc<Pairs>,
+    /// The edits since the last write, in order.
     edits: Edits,
 }
 
@@ -481,25 +514,31 @@ impl Headers {
         self.get(name).and_then(|v| std::str::from_utf8(v).ok())
     }
 
-    /// Replaces every value of `name` with `value`.
+    /// Replaces every value of `name` with `value` (nothing to write if that is its only
+    /// value already).
     pub fn set(&mut self, name: &str, value: &[u8]) {
+        let Some(first) = self.pairs.iter().position(|(n, _)| n == name) else {
+            Rc::make_mut(&mut self.pairs).push((name.to_string(), value.to_vec()));
+            self.edits.push(EditKind::Set, name, value);
+            return;
+        };
+        let repeated = self.pairs.iter().skip(first + 1).any(|(n, _)| n == name);
+        let same = self.pairs.get(first).is_some_and(|(_, v)| v == value);
+        if same && !repeated {
+            return;
+        }
         let pairs = Rc::make_mut(&mut self.pairs);
-        match pairs.iter().position(|(n, _)| n == name) {
-            Some(first) => {
-                if let Some(pair) = pairs.get_mut(first) {
-                    pair.1.clear();
-                    pair.1.extend_from_slice(value);
-                }
-                if pairs.iter().skip(first + 1).any(|(n, _)| n == name) {
-                    let mut index = 0;
-                    pairs.retain(|(n, _)| {
-                        let keep = index <= first || n != name;
-                        index += 1;
-                        keep
-                    });
-                }
-            }
-            None => pairs.push((name.to_string(), value.to_vec())),
+        if let Some(pair) = pairs.get_mut(first) {
+            pair.1.clear();
+            pair.1.extend_from_slice(value);
+        }
+        if repeated {
+            let mut index = 0;
+            pairs.retain(|(n, _)| {
+                let keep = index <= first || n != name;
+                index += 1;
+                keep
+            });
         }
         self.edits.push(EditKind::Set, name, value);
     }
@@ -519,9 +558,77 @@ impl Headers {
         self.edits.push(EditKind::Remove, name, &[]);
     }
 
-    /// The edits not yet written to the host, in order (and forgets them).
+    /// The writes that bring the host's headers to these, in order (and forgets them): the
+    /// edits, each header's last value winning. An edit a later `Set` or `Remove` of the same
+    /// header makes moot is dropped; a `Remove` followed only by `Add`s becomes a `Set` of the
+    /// first (Envoy's replace drops every value the host held).
     pub fn take_edits(&mut self) -> Edits {
-        std::mem::take(&mut self.edits)
+        let log = std::mem::take(&mut self.edits);
+        let ops: Vec<Edit<'_>> = log.iter().collect();
+        // walking back: keep[i], and which adds become sets
+        let mut keep = vec![true; ops.len()];
+        let mut as_set = vec![false; ops.len()];
+        let mut later: Vec<Later<'_>> = Vec::new();
+        for (i, op) in ops.iter().enumerate().rev() {
+            let (name, kind) = match *op {
+                Edit::Set(n, _) => (n, EditKind::Set),
+                Edit::Add(n, _) => (n, EditKind::Add),
+                Edit::Remove(n) => (n, EditKind::Remove),
+            };
+            let position = match later.iter().position(|l| l.name == name) {
+                Some(p) => p,
+                None => {
+                    later.push(Later {
+                        name,
+                        reset: false,
+                        first_add: None,
+                    });
+                    later.len() - 1
+                }
+            };
+            let Some(entry) = later.get_mut(position) else {
+                continue;
+            };
+            if entry.reset {
+                if let Some(k) = keep.get_mut(i) {
+                    *k = false;
+                }
+                continue;
+            }
+            match kind {
+                EditKind::Add => entry.first_add = Some(i),
+                EditKind::Set => entry.reset = true,
+                EditKind::Remove => {
+                    entry.reset = true;
+                    if let Some(add) = entry.first_add {
+                        if let Some(k) = keep.get_mut(i) {
+                            *k = false;
+                        }
+                        if let Some(s) = as_set.get_mut(add) {
+                            *s = true;
+                        }
+                    }
+                }
+            }
+        }
+        if keep.iter().all(|k| *k) {
+            return log;
+        }
+        let mut edits = Edits::default();
+        for (i, op) in ops.iter().enumerate() {
+            if !keep.get(i).copied().unwrap_or(true) {
+                continue;
+            }
+            match *op {
+                Edit::Add(name, value) if as_set.get(i).copied().unwrap_or(false) => {
+                    edits.push(EditKind::Set, name, value)
+                }
+                Edit::Set(name, value) => edits.push(EditKind::Set, name, value),
+                Edit::Add(name, value) => edits.push(EditKind::Add, name, value),
+                Edit::Remove(name) => edits.push(EditKind::Remove, name, &[]),
+            }
+        }
+        edits
     }
 
     /// True if some edit waits to be written.
@@ -947,7 +1054,7 @@ mod tests {
     }
 
     #[test]
-    fn header_edits_are_seen_at_once_and_written_in_order() {
+    fn header_edits_are_seen_at_once_and_written_once_per_header() {
         let mut headers = Headers::new(vec![
             (":path".into(), b"/v1/chat/completions".to_vec()),
             ("x-llm-consumer".into(), b"spoofed".to_vec()),
@@ -971,12 +1078,12 @@ mod tests {
         assert_eq!(headers.text("x-llm-model-group"), Some("fast"));
         assert!(headers.edited());
         let edits = headers.take_edits();
-        assert_eq!(edits.len(), 4);
+        assert_eq!(edits.len(), 3);
+        // the remove and the add of one header: one replace (it drops the spoofed value)
         assert_eq!(
             edits.iter().collect::<Vec<_>>(),
             [
-                Edit::Remove("x-llm-consumer"),
-                Edit::Add("x-llm-consumer", b"team-a"),
+                Edit::Set("x-llm-consumer", b"team-a"),
                 Edit::Set("accept", b"c"),
                 Edit::Set("x-llm-model-group", b"fast"),
             ]
@@ -1000,5 +1107,134 @@ mod tests {
         x.data_changed = false;
         x.with_data(|data, x| x.replace_data([data, b"er"].concat()));
         assert_eq!((x.data.as_slice(), x.data_changed), (&b"newer"[..], true));
+    }
+
+    /// Applies `edits` to `host` as Envoy does (a replace drops every value, then adds one).
+    fn apply(host: &mut Pairs, edits: &Edits) {
+        for edit in edits.iter() {
+            match edit {
+                Edit::Set(name, value) => {
+                    host.retain(|(n, _)| n != name);
+                    host.push((name.to_string(), value.to_vec()));
+                }
+                Edit::Add(name, value) => host.push((name.to_string(), value.to_vec())),
+                Edit::Remove(name) => host.retain(|(n, _)| n != name),
+            }
+        }
+    }
+
+    /// The values of each header, names sorted (the order of different names does not
+    /// matter to HTTP; that of one name's values does).
+    fn by_name(pairs: &[(String, Vec<u8>)]) -> Vec<(String, Vec<Vec<u8>>)> {
+        let mut names: Vec<&String> = pairs.iter().map(|(n, _)| n).collect();
+        names.sort();
+        names.dedup();
+        names
+            .into_iter()
+            .map(|n| (n.clone(), values(pairs, n).map(<[u8]>::to_vec).collect()))
+            .collect()
+    }
+
+    #[test]
+    fn each_header_is_written_once_last_value_wins() {
+        let host: Pairs = vec![
+            (":path".into(), b"/v1/chat/completions".to_vec()),
+            ("content-length".into(), b"12".to_vec()),
+            ("accept".into(), b"a".to_vec()),
+            ("x-forwarded-for".into(), b"10.0.0.1".to_vec()),
+        ];
+        let mut headers = Headers::new(host.clone());
+        // two stages set the same header: the last value is written, once
+        headers.set("x-llm-deployment", b"first");
+        headers.set("x-llm-deployment", b"second");
+        // a value it has already: nothing to write
+        headers.set("content-length", b"12");
+        // added, then removed: one remove
+        headers.add("x-llm-tenant", b"acme");
+        headers.remove("x-llm-tenant");
+        // a value added to the host's: only the add
+        headers.add("x-forwarded-for", b"10.0.0.2");
+        // removed after a set: the remove
+        headers.set("accept", b"b");
+        headers.remove("accept");
+        let edits = headers.take_edits();
+        assert_eq!(
+            edits.iter().collect::<Vec<_>>(),
+            [
+                Edit::Set("x-llm-deployment", b"second"),
+                Edit::Remove("x-llm-tenant"),
+                Edit::Add("x-forwarded-for", b"10.0.0.2"),
+                Edit::Remove("accept"),
+            ]
+        );
+        let mut written = host;
+        apply(&mut written, &edits);
+        assert_eq!(by_name(&written), by_name(headers.pairs()));
+        // later edits are written against what was written
+        headers.set("x-llm-deployment", b"second");
+        assert!(!headers.edited());
+        headers.set("x-forwarded-for", b"10.0.0.3");
+        assert_eq!(
+            headers.take_edits().iter().collect::<Vec<_>>(),
+            [Edit::Set("x-forwarded-for", b"10.0.0.3")]
+        );
+    }
+
+    #[test]
+    fn a_replaced_list_of_values_is_a_set_and_adds() {
+        let mut headers = Headers::new(vec![
+            ("via".into(), b"a".to_vec()),
+            ("via".into(), b"b".to_vec()),
+        ]);
+        headers.set("via", b"c");
+        headers.add("via", b"d");
+        assert_eq!(
+            headers.take_edits().iter().collect::<Vec<_>>(),
+            [Edit::Set("via", b"c"), Edit::Add("via", b"d")]
+        );
+    }
+
+    /// Random edit sequences: the host, given the writes, holds what the stages see.
+    #[test]
+    fn the_writes_bring_the_host_to_what_the_stages_see() {
+        use proptest::prelude::*;
+        let name = prop::sample::select(vec!["a", "b", "c", "content-length"]);
+        let value = prop::sample::select(vec![&b"1"[..], b"2", b"3"]);
+        let op = (0u8..3, name, value.clone());
+        let start = prop::collection::vec((prop::sample::select(vec!["a", "b", "x"]), value), 0..5);
+        proptest!(|(start in start, ops in prop::collection::vec(op, 0..12), split in 0usize..12)| {
+            let host: Pairs = start.iter().map(|(n, v)| (n.to_string(), v.to_vec())).collect();
+            let mut headers = Headers::new(host.clone());
+            let mut written = host;
+            for (i, (kind, name, value)) in ops.iter().enumerate() {
+                if i == split {
+                    let edits = headers.take_edits();
+                    apply(&mut written, &edits);
+                }
+                match kind {
+                    0 => headers.set(name, value),
+                    1 => headers.add(name, value),
+                    _ => headers.remove(name),
+                }
+            }
+            let edits = headers.take_edits();
+            apply(&mut written, &edits);
+            prop_assert_eq!(by_name(&written), by_name(headers.pairs()));
+            prop_assert!(!headers.edited());
+        });
+    }
+
+    #[test]
+    fn one_map_write_is_chosen_from_about_eight_writes_on_twenty_headers() {
+        let mut edits = Edits::default();
+        for _ in 0..7 {
+            edits.push(EditKind::Set, "x-llm-a", b"1");
+        }
+        assert!(!edits.cheaper_as_one_map(20));
+        edits.push(EditKind::Remove, "x-llm-c", b"");
+        assert!(edits.cheaper_as_one_map(20));
+        // a map of many headers costs more to replace
+        assert!(!edits.cheaper_as_one_map(60));
+        assert!(!Edits::default().cheaper_as_one_map(0));
     }
 }

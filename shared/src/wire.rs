@@ -83,18 +83,27 @@ impl std::error::Error for HostError {}
 /// Encodes header pairs: `u32` count, then `u32` name and value lengths per pair, then each
 /// name and value followed by a NUL byte, all little-endian.
 pub fn encode_header_map<V: AsRef<[u8]>>(pairs: &[(&str, V)]) -> Vec<u8> {
+    encode_pairs(pairs)
+}
+
+/// [`encode_header_map`] of a header list as [`decode_header_map`] gives it.
+pub fn encode_header_list(pairs: &[(String, Vec<u8>)]) -> Vec<u8> {
+    encode_pairs(pairs)
+}
+
+fn encode_pairs<N: AsRef<str>, V: AsRef<[u8]>>(pairs: &[(N, V)]) -> Vec<u8> {
     let size = 4 + pairs
         .iter()
-        .map(|(n, v)| 10 + n.len() + v.as_ref().len())
+        .map(|(n, v)| 10 + n.as_ref().len() + v.as_ref().len())
         .sum::<usize>();
     let mut out = Vec::with_capacity(size);
     out.extend_from_slice(&len_u32(pairs.len()).to_le_bytes());
     for (name, value) in pairs {
-        out.extend_from_slice(&len_u32(name.len()).to_le_bytes());
+        out.extend_from_slice(&len_u32(name.as_ref().len()).to_le_bytes());
         out.extend_from_slice(&len_u32(value.as_ref().len()).to_le_bytes());
     }
     for (name, value) in pairs {
-        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(name.as_ref().as_bytes());
         out.push(0);
         out.extend_from_slice(value.as_ref());
         out.push(0);
@@ -188,6 +197,8 @@ mod tests {
             decode_header_map(&encode_header_map::<&str>(&[])),
             Some(vec![])
         );
+        // the owned list encodes byte for byte the same
+        assert_eq!(encode_header_list(&decoded), encoded);
     }
 
     #[test]

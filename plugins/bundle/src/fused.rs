@@ -181,13 +181,23 @@ impl Fused {
     /// Writes the header edits and the changed data of `direction`.
     fn write(&mut self, direction: Direction) -> Result<(), Reject> {
         let (map, buffer) = maps(direction);
+        // a new request body while the headers are held: its `content-length` follows (when
+        // the request has one), written with the other header edits
+        if self.x.data_changed && direction == Direction::Request && self.held(direction) {
+            frame(&mut self.x.request, self.x.data.len());
+        }
         let headers = match direction {
             Direction::Request => &mut self.x.request,
             Direction::Response => &mut self.x.response,
         };
         if headers.edited() {
             let edits = headers.take_edits();
-            if let Err((name, err)) = host::write_edits(map, &edits) {
+            let written = if edits.cheaper_as_one_map(headers.pairs().len()) {
+                host::set_headers(map, headers.pairs()).map_err(|err| ("(all)".to_string(), err))
+            } else {
+                host::write_edits(map, &edits)
+            };
+            if let Err((name, err)) = written {
                 host::log(
                     LogLevel::Error,
                     &format!("llm-gateway: cannot write header {name}: {err}"),
@@ -208,14 +218,7 @@ impl Fused {
         }
         if self.x.data_changed {
             self.x.data_changed = false;
-            let written = match direction {
-                // the headers are still held: `content-length` follows the new body
-                Direction::Request if self.held(direction) => {
-                    host::replace_request_body(self.size, &self.x.data)
-                }
-                _ => host::set_buffer(buffer, 0, self.size, &self.x.data),
-            };
-            if let Err(err) = written {
+            if let Err(err) = host::set_buffer(buffer, 0, self.size, &self.x.data) {
                 host::log(
                     LogLevel::Error,
                     &format!("llm-gateway: cannot replace the body: {err}"),
@@ -324,6 +327,17 @@ impl HttpContext for Fused {
 
     fn on_log(&mut self) {
         self.engine.log(&mut self.stages, &mut self.x);
+    }
+}
+
+/// Frames a new request body of `length` bytes, as `host::replace_request_body` does: a
+/// request with `content-length` gets the new length and no `transfer-encoding`. Known from
+/// the headers held, so nothing is read from the host and a header already right is not
+/// written.
+fn frame(request: &mut chain::Headers, length: usize) {
+    if request.get("content-length").is_some() {
+        request.set("content-length", length.to_string().as_bytes());
+        request.remove("transfer-encoding");
     }
 }
 

@@ -445,7 +445,7 @@ impl Exchange {
                 .rules()
                 .iter()
                 .any(|r| r.action == Action::Mask { restore: true });
-        if restores {
+        if restores && head.has("accept-encoding") {
             self.push(Command::RemoveRequestHeader("accept-encoding"));
         }
         // The body may be rewritten. Held headers get the new length later; headers that go
@@ -824,12 +824,20 @@ mod tests {
     #[test]
     fn a_body_with_an_email_is_rewritten_and_counted() {
         let (mut worker, mut exchange) = (Worker::default(), Exchange::default());
-        let (flow, commands) = request(&mut worker, &mut exchange, EMAIL_RULES, &chat_head(), BODY);
+        let mut pairs = chat_head().pairs().to_vec();
+        pairs.push(("accept-encoding".into(), b"gzip".to_vec()));
+        let gzip = RequestHead::new(pairs);
+        let (flow, commands) = request(&mut worker, &mut exchange, EMAIL_RULES, &gzip, BODY);
         assert_eq!(flow, Flow::Continue);
         assert!(!exchange.scans_request_body(), "scanned once");
         // restoring needs an uncompressed answer; the body's length changes
         assert_eq!(commands[0], Command::RemoveRequestHeader("accept-encoding"));
         assert_eq!(commands[1], Command::RemoveRequestHeader("content-length"));
+        // a request that asks for no encoding has none to remove
+        let (mut worker, mut exchange) = (Worker::default(), Exchange::default());
+        let (_, commands) = request(&mut worker, &mut exchange, EMAIL_RULES, &chat_head(), BODY);
+        assert_eq!(commands[0], Command::RemoveRequestHeader("content-length"));
+        assert!(!commands.contains(&Command::RemoveRequestHeader("accept-encoding")));
         assert!(commands.contains(&Command::Count(Counter::Matches("EMAIL".into()), 1)));
         assert!(commands.contains(&Command::Count(Counter::Redacted, 1)));
         let (body, frame) = replaced_body(&commands).unwrap();

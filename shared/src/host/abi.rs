@@ -31,6 +31,7 @@ extern "C" {
         return_map_data: *mut *mut u8,
         return_map_size: *mut usize,
     ) -> u32;
+    pub fn proxy_set_header_map_pairs(map_type: u32, map_data: *const u8, map_size: usize) -> u32;
     pub fn proxy_get_header_map_value(
         map_type: u32,
         key_data: *const u8,

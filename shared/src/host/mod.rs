@@ -185,6 +185,15 @@ pub fn remove_header(map: HeaderMap, name: &str) -> HostResult<()> {
     }
 }
 
+/// Replaces every header of `map` with `pairs`, in one host call (Envoy removes each header
+/// it holds, then adds each pair; pseudo-headers stay first). For many writes at once:
+/// [`crate::chain::Edits::cheaper_as_one_map`].
+pub fn set_headers(map: HeaderMap, pairs: &[(String, Vec<u8>)]) -> HostResult<()> {
+    let encoded = wire::encode_header_list(pairs);
+    // SAFETY: pointer and length of a live buffer.
+    check(unsafe { abi::proxy_set_header_map_pairs(map as u32, encoded.as_ptr(), encoded.len()) })
+}
+
 /// Writes the header edits of a fused context ([`crate::chain::Headers::take_edits`]) in
 /// order; the first failure stops and is returned with the header's name.
 pub fn write_edits(map: HeaderMap, edits: &crate::chain::Edits) -> Result<(), (String, HostError)> {

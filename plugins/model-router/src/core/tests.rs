@@ -158,11 +158,10 @@ impl FakeView {
             }
             Command::SetRequestBody { body, .. } => *self.request_body.borrow_mut() = body.clone(),
             Command::SetRequestLength(n) => {
-                put(
-                    &mut self.request.borrow_mut(),
-                    "content-length",
-                    n.to_string().as_bytes(),
-                );
+                // as host::set_request_length
+                let mut request = self.request.borrow_mut();
+                put(&mut request, "content-length", n.to_string().as_bytes());
+                request.retain(|(name, _)| name != "transfer-encoding");
             }
             Command::SetProperty { name, value } => self.set_prop(name, value),
             _ => {}
@@ -1372,6 +1371,78 @@ fn an_attempt_gets_its_deployments_model_credential_and_length() {
         view.header("content-length"),
         Some(view.request_body.borrow().len().to_string())
     );
+}
+
+/// Attempt 1 of plan `a` (model `gpt-a`, the body's already) with `headers` besides the
+/// attempt count: the commands of its headers and of its whole body.
+fn unchanged_attempt(headers: &[(&str, &str)]) -> Vec<Command> {
+    let mut rig = upstream();
+    let mut all = vec![("x-envoy-attempt-count", "1")];
+    all.extend_from_slice(headers);
+    let view = FakeView::request(
+        "/v1/chat/completions",
+        &all,
+        r#"{"model":"gpt-a","messages":[]}"#,
+    );
+    view.set_prop("llm_route_plan", b"a");
+    let (_, mut commands) = rig.run(
+        &view,
+        1,
+        Input::RequestHeaders {
+            end_of_stream: false,
+        },
+    );
+    let size = view.request_body.borrow().len();
+    let (flow, more) = rig.run(
+        &view,
+        1,
+        Input::RequestBody {
+            size,
+            end_of_stream: true,
+        },
+    );
+    assert_eq!(flow, Flow::Continue);
+    assert_eq!(view.header("authorization").as_deref(), Some("Bearer ka"));
+    assert_eq!(view.header("content-length").as_deref(), Some("31"));
+    assert_eq!(view.header("transfer-encoding"), None);
+    assert_eq!(view.header("x-api-key"), None);
+    commands.extend(more);
+    commands
+}
+
+#[test]
+fn an_attempt_writes_no_framing_and_removes_no_header_the_request_has_right_already() {
+    let removed = |commands: &[Command], name: &str| {
+        commands
+            .iter()
+            .any(|c| matches!(c, Command::RemoveHeader { map: Map::Request, name: n } if n == name))
+    };
+    let framing = |commands: &[Command]| {
+        commands
+            .iter()
+            .any(|c| matches!(c, Command::SetRequestLength(_)))
+    };
+    // the body is unchanged and its content-length right; no x-api-key to remove
+    let commands = unchanged_attempt(&[("content-length", "31")]);
+    assert!(!framing(&commands), "{commands:?}");
+    assert!(!removed(&commands, "x-api-key"), "{commands:?}");
+    assert!(removed(&commands, "x-envoy-attempt-count"), "{commands:?}");
+    // a client's x-api-key is removed
+    let commands = unchanged_attempt(&[("content-length", "31"), ("x-api-key", "client")]);
+    assert!(removed(&commands, "x-api-key"), "{commands:?}");
+    // a wrong, padded or missing length, or a chunked body: framed
+    for headers in [
+        &[("content-length", "30")][..],
+        &[("content-length", "031")],
+        &[],
+        &[("content-length", "31"), ("transfer-encoding", "chunked")],
+    ] {
+        let commands = unchanged_attempt(headers);
+        assert!(
+            commands.contains(&Command::SetRequestLength(31)),
+            "{headers:?}: {commands:?}"
+        );
+    }
 }
 
 #[test]

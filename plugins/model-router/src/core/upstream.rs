@@ -29,6 +29,10 @@ pub(super) struct Attempt {
     plan: String,
     /// A later deployment exists: a context-length 400 may move there.
     has_next: bool,
+    /// The request as this attempt's headers came already says `content-length: <n>` and
+    /// has no `transfer-encoding` (known from the headers read to strip `x-envoy-*`): an
+    /// unchanged body of n bytes needs no framing written.
+    framed: Option<usize>,
     /// The response is a 400 held until its body says whether it is a context-length error.
     inspecting: bool,
 }
@@ -78,21 +82,42 @@ impl Core {
     /// client's external address...): a provider gets none of them unless its deployment says
     /// `forward_envoy_headers`. Header changes of an upstream filter persist into the next
     /// attempt; Envoy stamps the attempt count again for each one.
-    fn strip_envoy_headers(&mut self, view: &dyn View) {
+    /// Returns the headers it read (as they were before).
+    fn strip_envoy_headers(&mut self, view: &dyn View) -> Option<Vec<(String, Vec<u8>)>> {
         let on_failure = OnFailure::Log(Level::Error, "cannot remove the x-envoy-* headers");
         match view.request_headers() {
             Ok(all) => {
-                for (name, _) in all {
+                for (name, _) in &all {
                     if name.starts_with("x-envoy-") {
-                        self.remove_header(Map::Request, name, on_failure);
+                        self.remove_header(Map::Request, name.clone(), on_failure);
                     }
                 }
+                Some(all)
             }
-            Err(_) => self.log(
-                Level::Error,
-                "cannot remove the x-envoy-* headers: cannot read the headers".to_string(),
-            ),
+            Err(_) => {
+                self.log(
+                    Level::Error,
+                    "cannot remove the x-envoy-* headers: cannot read the headers".to_string(),
+                );
+                None
+            }
         }
+    }
+
+    /// Drops the request-header removals queued since `from` of headers `read` (the
+    /// attempt's headers, read in this callback) does not have: nothing to remove.
+    fn skip_absent_removals(&mut self, from: usize, read: &[(String, Vec<u8>)]) {
+        let mut index = 0;
+        self.queue.retain(|effect| {
+            index += 1;
+            match &effect.command {
+                Command::RemoveHeader {
+                    map: Map::Request,
+                    name,
+                } if index > from => read.iter().any(|(n, _)| n.as_str() == name.as_ref()),
+                _ => true,
+            }
+        });
     }
 
     fn attempt_headers(&mut self, context: u32, end_of_stream: bool, view: &dyn View) -> Flow {
@@ -128,16 +153,25 @@ impl Core {
                 "the gateway's model router cannot resolve deployment `{name}` for attempt {attempt}"
             )));
         };
-        if !deployment.forward_envoy_headers {
-            self.strip_envoy_headers(view);
-        }
+        let read = if deployment.forward_envoy_headers {
+            None
+        } else {
+            self.strip_envoy_headers(view)
+        };
         let credential = OnFailure::Log(Level::Error, "cannot set the credential");
+        let queued = self.queue.len();
         if self.set_credential(&deployment, view, credential).is_err() {
             self.log(
                 Level::Error,
                 "cannot set the credential: cannot read anthropic-version".to_string(),
             );
         }
+        let framed = read.as_deref().and_then(|read| {
+            // the other provider's credential header, when the request has none, is not
+            // removed
+            self.skip_absent_removals(queued, read);
+            framed_length(read)
+        });
         let has_next = plan.split(',').count() > usize::try_from(attempt).unwrap_or(usize::MAX);
         self.upstream.insert(
             context,
@@ -147,6 +181,7 @@ impl Core {
                 plan,
                 has_next,
                 inspecting: false,
+                framed,
             },
         );
         if end_of_stream {
@@ -176,6 +211,7 @@ impl Core {
             .ok()
             .and_then(|bytes| rewrite_model(&bytes, &attempt.deployment.model));
         let mut length = size;
+        let unchanged = rewritten.is_none() && attempt.framed == Some(size);
         if let Some(body) = rewritten {
             length = body.len();
             self.push(
@@ -183,10 +219,12 @@ impl Core {
                 OnFailure::KeepLength(size),
             );
         }
-        self.push(
-            Command::SetRequestLength(length),
-            OnFailure::Log(Level::Error, "cannot set the content-length"),
-        );
+        if !unchanged {
+            self.push(
+                Command::SetRequestLength(length),
+                OnFailure::Log(Level::Error, "cannot set the content-length"),
+            );
+        }
         Flow::Continue
     }
 
@@ -321,4 +359,22 @@ impl Core {
         }
         Flow::ContinueSkipResponseBody
     }
+}
+
+/// The `content-length` of request headers `read` that frame their body by it alone (no
+/// `transfer-encoding`), as a number; `None` otherwise.
+fn framed_length(read: &[(String, Vec<u8>)]) -> Option<usize> {
+    if read.iter().any(|(n, _)| n == "transfer-encoding") {
+        return None;
+    }
+    let (_, value) = read.iter().find(|(n, _)| n == "content-length")?;
+    let text = std::str::from_utf8(value).ok()?;
+    // only the digits `set_request_length` would write: then writing them changes nothing
+    let canonical = !text.is_empty()
+        && text.bytes().all(|b| b.is_ascii_digit())
+        && (text.len() == 1 || !text.starts_with('0'));
+    if !canonical {
+        return None;
+    }
+    text.parse().ok()
 }
