@@ -211,7 +211,9 @@ impl Fused {
             let written = match direction {
                 // the headers are still held: `content-length` follows the new body
                 Direction::Request if self.held(direction) => {
-                    host::replace_request_body(self.size, &self.x.data)
+                    // the request's headers as the host has them now (the edits are written)
+                    let framed = self.x.request.get("content-length").is_some();
+                    host::replace_framed_request_body(self.size, &self.x.data, framed)
                 }
                 _ => host::set_buffer(buffer, 0, self.size, &self.x.data),
             };
@@ -228,6 +230,7 @@ impl Fused {
     }
 
     fn headers(&mut self, direction: Direction, end_of_stream: bool) -> Action {
+        self.x.next_callback();
         if !self.configured {
             refuse(&Reject::internal("llm-gateway is not configured"));
             return Action::Pause;
@@ -261,6 +264,7 @@ impl Fused {
     }
 
     fn data(&mut self, direction: Direction, size: usize, end_of_stream: bool) -> Action {
+        self.x.next_callback();
         if self.engine.wants_data(direction, end_of_stream) {
             let (_, buffer) = maps(direction);
             match host::buffer(buffer, 0, size) {
@@ -305,6 +309,7 @@ impl HttpContext for Fused {
     }
 
     fn on_http_response_trailers(&mut self, _num_trailers: usize) -> Action {
+        self.x.next_callback();
         // the body ended without end_of_stream: its end is now (a held body is whole, a
         // stream's last chunk was taken already)
         let held = self.engine.wants_data(Direction::Response, true)
@@ -323,6 +328,7 @@ impl HttpContext for Fused {
     }
 
     fn on_log(&mut self) {
+        self.x.next_callback();
         self.engine.log(&mut self.stages, &mut self.x);
     }
 }
