@@ -366,8 +366,12 @@ const CONTENT_LENGTH: &str = "content-length";
 /// holds the request headers (it paused them): headers already forwarded keep the length they
 /// had, and a plugin that cannot hold them removes `content-length` before letting them go.
 pub fn replace_request_body(size: usize, body: &[u8]) -> HostResult<()> {
-    let framed = header(HeaderMap::RequestHeaders, CONTENT_LENGTH)?.is_some();
-    replace_framed_request_body(size, body, framed)
+    // the body first, then the header read (Envoy answers the read differently before)
+    set_buffer(Buffer::RequestBody, 0, size, body)?;
+    if header(HeaderMap::RequestHeaders, CONTENT_LENGTH)?.is_some() {
+        set_request_length(body.len())?;
+    }
+    Ok(())
 }
 
 /// [`replace_request_body`] for a caller that knows whether the held request has a
