@@ -548,9 +548,9 @@ pub struct Exchange {
     pub clear_route_cache: bool,
     /// Filter state the stages wrote during this request, as they wrote it (name, value): a
     /// later stage reads a record another stage published here instead of asking the host
-    /// again. A reader looks here only for records no filter outside this one writes (the
-    /// route info, the budget fallback, the usage record), never for the attempt number,
-    /// which the clusters' filter rewrites.
+    /// again. Only records no filter outside this one writes go here (the budget fallback,
+    /// the usage record); never the route info or the attempt number, which the clusters'
+    /// filter (the router's upstream role) rewrites.
     published: Vec<(String, Vec<u8>)>,
     /// `response.code_details` as read in the current callback, for every stage that asks
     /// ([`Exchange::code_details`]); the driver forgets it at each callback

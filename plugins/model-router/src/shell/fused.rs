@@ -1,7 +1,7 @@
 //! The fused filter (plugins/bundle): the same core, one stage of its chain.
 
 use super::*;
-use llm_gateway_shared::route_info::{BUDGET_FALLBACK_PROPERTY, PROPERTY as ROUTE_PROPERTY};
+use llm_gateway_shared::route_info::BUDGET_FALLBACK_PROPERTY;
 
 /// This plugin configured from its section of the fused filter's configuration (the listener
 /// role; the provider clusters' upstream filter stays a filter of its own, in the same VM,
@@ -178,9 +178,9 @@ fn execute_fused(command: Command, x: &mut chain::Exchange) -> Result<(), HostEr
         Command::SetProperty { name, value } => {
             let name: &str = &name;
             host::set_property(&[name], &value)?;
-            // the later stages read the route info and the budget fallback from here (not
-            // the attempt number: the clusters' filter rewrites it)
-            if name == ROUTE_PROPERTY || name == BUDGET_FALLBACK_PROPERTY {
+            // token-ratelimit's stage reads the budget fallback from here (not the route info
+            // nor the attempt number: the clusters' filter rewrites both)
+            if name == BUDGET_FALLBACK_PROPERTY {
                 x.publish(name, &value);
             }
             Ok(())

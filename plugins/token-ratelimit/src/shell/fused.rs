@@ -156,8 +156,9 @@ impl FusedStage {
 }
 
 /// The core's host in the fused filter: the records the stages before this one published in
-/// this request (the route info, the budget fallback, the usage record) are read from the
-/// exchange ([`chain::Exchange::published`]), not asked of the host again.
+/// this request (the budget fallback, the usage record) are read from the exchange
+/// ([`chain::Exchange::published`]), not asked of the host again. The route info is always
+/// read from the host: the clusters' filter rewrites it.
 struct FusedEnv<'a> {
     state: &'a State,
     id: u32,
@@ -185,10 +186,7 @@ impl Env for FusedEnv<'_> {
     }
 
     fn route_info(&self, ctx: u32) -> Option<RoutePrices> {
-        match self.published(ctx, ROUTE_PROPERTY) {
-            Some(bytes) => RoutePrices::from_json(bytes),
-            None => self.state.route_info(ctx),
-        }
+        self.state.route_info(ctx)
     }
 
     fn alternative(&self, ctx: u32) -> Option<Alternative> {

@@ -149,8 +149,8 @@ fn now_ms() -> u64 {
     host::now_nanos().map_or(0, |n| n / 1_000_000)
 }
 
-/// The host values the core reads only when it needs them; in the fused filter, the route
-/// info the router's stage published in this request comes from the exchange.
+/// The host values the core reads only when it needs them; in the fused filter, the clock is
+/// read once per callback for all stages ([`host::clock`]).
 struct Host<'a>(Option<&'a chain::Exchange>);
 
 impl<'a> Host<'a> {
@@ -174,15 +174,12 @@ impl Lookup for Host<'_> {
     /// the chain (deployment that answered, attempts, price); otherwise empty (the
     /// `x-llm-deployment` / `x-llm-model-group` headers and the plugin's own price table).
     fn route(&mut self, status: u16) -> RouteInfo {
-        let published = self.0.and_then(|x| x.published(ROUTER_PROPERTY));
-        match published {
-            Some(bytes) => RouteInfo::from_router_json(bytes, status),
-            None => host::property(&[ROUTER_PROPERTY])
-                .ok()
-                .flatten()
-                .and_then(|bytes| RouteInfo::from_router_json(&bytes, status)),
-        }
-        .unwrap_or_default()
+        // always from the host: the clusters' filter rewrites it once an attempt answers
+        host::property(&[ROUTER_PROPERTY])
+            .ok()
+            .flatten()
+            .and_then(|bytes| RouteInfo::from_router_json(&bytes, status))
+            .unwrap_or_default()
     }
 
     fn host_request_id(&mut self) -> Option<String> {
