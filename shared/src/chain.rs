@@ -653,9 +653,65 @@ pub struct Exchange {
     /// A stage changed what the route depends on: the driver clears the route cache after it
     /// wrote the header edits.
     pub clear_route_cache: bool,
+    /// Filter state the stages wrote during this request, as they wrote it (name, value): a
+    /// later stage reads a record another stage published here instead of asking the host
+    /// again. Only records no filter outside this one writes go here (the budget fallback,
+    /// the usage record); never the route info or the attempt number, which the clusters'
+    /// filter (the router's upstream role) rewrites.
+    published: Vec<(String, Vec<u8>)>,
+    /// `response.code_details` as read in the current callback, for every stage that asks
+    /// ([`Exchange::code_details`]); the driver forgets it at each callback
+    /// ([`Exchange::next_callback`]).
+    code_details: std::cell::OnceCell<Option<String>>,
+    /// The host's clock (Unix nanoseconds) as read in the current callback, for every stage
+    /// that asks ([`Exchange::clock`]); forgotten at each callback like `code_details`.
+    clock: std::cell::Cell<Option<u64>>,
 }
 
 impl Exchange {
+    /// A new host callback begins: what was read from the host for the last one is forgotten.
+    pub fn next_callback(&mut self) {
+        self.code_details = std::cell::OnceCell::new();
+        self.clock.set(None);
+    }
+
+    /// The clock for this callback: `read` asks the host the first time a stage wants the
+    /// time (a failed read is not kept: the next stage asks again); the stages after it get
+    /// the same instant, as if they ran at once.
+    pub fn clock<E>(&self, read: impl FnOnce() -> Result<u64, E>) -> Result<u64, E> {
+        if let Some(now) = self.clock.get() {
+            return Ok(now);
+        }
+        let now = read()?;
+        self.clock.set(Some(now));
+        Ok(now)
+    }
+
+    /// `response.code_details` for this callback: `read` asks the host the first time a stage
+    /// wants it; the stages after it get the same answer.
+    pub fn code_details(&self, read: impl FnOnce() -> Option<String>) -> Option<&str> {
+        self.code_details.get_or_init(read).as_deref()
+    }
+
+    /// Records filter state a stage wrote (after the host took it).
+    pub fn publish(&mut self, name: &str, value: &[u8]) {
+        match self.published.iter_mut().find(|(n, _)| n == name) {
+            Some((_, old)) => {
+                old.clear();
+                old.extend_from_slice(value);
+            }
+            None => self.published.push((name.to_string(), value.to_vec())),
+        }
+    }
+
+    /// The filter state `name` a stage of this filter wrote last in this request, if any.
+    pub fn published(&self, name: &str) -> Option<&[u8]> {
+        self.published
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_slice())
+    }
+
     /// Replaces the current data.
     pub fn replace_data(&mut self, data: Vec<u8>) {
         self.data = data;
@@ -1236,5 +1292,52 @@ mod tests {
         // a map of many headers costs more to replace
         assert!(!edits.cheaper_as_one_map(60));
         assert!(!Edits::default().cheaper_as_one_map(0));
+    }
+
+    #[test]
+    fn code_details_are_read_once_per_callback() {
+        let mut x = Exchange::default();
+        let reads = std::cell::Cell::new(0);
+        let read = || {
+            reads.set(reads.get() + 1);
+            Some(format!("via_upstream{}", reads.get()))
+        };
+        assert_eq!(x.code_details(read), Some("via_upstream1"));
+        assert_eq!(x.code_details(read), Some("via_upstream1"));
+        assert_eq!(reads.get(), 1);
+        x.next_callback();
+        assert_eq!(x.code_details(read), Some("via_upstream2"));
+        assert_eq!(reads.get(), 2);
+        x.next_callback();
+        assert_eq!(x.code_details(|| None), None);
+    }
+
+    #[test]
+    fn the_clock_is_read_once_per_callback_and_a_failure_is_not_kept() {
+        let mut x = Exchange::default();
+        let reads = std::cell::Cell::new(0u64);
+        let read = || -> Result<u64, ()> {
+            reads.set(reads.get() + 1);
+            Ok(1_000 * reads.get())
+        };
+        assert_eq!(x.clock(|| Err(())), Err(()));
+        assert_eq!(x.clock(read), Ok(1_000));
+        assert_eq!(x.clock(read), Ok(1_000));
+        assert_eq!(reads.get(), 1);
+        x.next_callback();
+        assert_eq!(x.clock(read), Ok(2_000));
+        assert_eq!(reads.get(), 2);
+    }
+
+    #[test]
+    fn published_filter_state_is_the_last_value_written() {
+        let mut x = Exchange::default();
+        assert_eq!(x.published("llm_route"), None);
+        x.publish("llm_route", b"{\"a\":1}");
+        x.publish("llm_usage", b"u");
+        x.publish("llm_route", b"{}");
+        assert_eq!(x.published("llm_route"), Some(&b"{}"[..]));
+        assert_eq!(x.published("llm_usage"), Some(&b"u"[..]));
+        assert_eq!(x.published("llm_attempt"), None);
     }
 }

@@ -148,6 +148,71 @@ pub fn decode_header_map(bytes: &[u8]) -> Option<Vec<(String, Vec<u8>)>> {
     Some(pairs)
 }
 
+/// A header map as the host serialized it, looked up in place: one host call
+/// (`proxy_get_header_map_pairs`) instead of one per header, and no allocation per pair, for a
+/// filter that reads a few named headers in one callback.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EncodedHeaders {
+    bytes: Vec<u8>,
+    /// Per pair: where its name starts, the name's length, where its value starts, the
+    /// value's length (checked against `bytes` once, when the map is read).
+    index: Vec<[u32; 4]>,
+}
+
+impl EncodedHeaders {
+    /// Checks the encoding once ([`decode_header_map`]'s format) and indexes its pairs; `None`
+    /// if it is malformed.
+    pub fn new(bytes: Vec<u8>) -> Option<EncodedHeaders> {
+        if bytes.is_empty() {
+            return Some(EncodedHeaders::default());
+        }
+        let count = read_u32(&bytes, 0)? as usize;
+        if count > bytes.len() / 10 {
+            return None;
+        }
+        let mut index = Vec::with_capacity(count);
+        let mut pos = 4 + count * 8;
+        for i in 0..count {
+            let at = 4 + i * 8;
+            let name_len = read_u32(&bytes, at)?;
+            let value_len = read_u32(&bytes, at + 4)?;
+            let value_at = pos.checked_add(name_len as usize)?.checked_add(1)?;
+            let end = value_at.checked_add(value_len as usize)?;
+            if end > bytes.len() {
+                return None;
+            }
+            index.push([
+                u32::try_from(pos).ok()?,
+                name_len,
+                u32::try_from(value_at).ok()?,
+                value_len,
+            ]);
+            pos = end.checked_add(1)?;
+        }
+        Some(EncodedHeaders { bytes, index })
+    }
+
+    /// The first value of header `name` (ASCII case-insensitive, as the host's
+    /// `proxy_get_header_map_value`); `None` if absent.
+    pub fn get(&self, name: &str) -> Option<&[u8]> {
+        let wanted = name.as_bytes();
+        let [_, _, value_at, value_len] = self.index.iter().find(|[at, len, _, _]| {
+            *len as usize == wanted.len()
+                && self
+                    .bytes
+                    .get(*at as usize..(*at as usize).saturating_add(*len as usize))
+                    .is_some_and(|n| n.eq_ignore_ascii_case(wanted))
+        })?;
+        self.bytes
+            .get(*value_at as usize..(*value_at as usize).checked_add(*value_len as usize)?)
+    }
+
+    /// A header's first value as text; `None` if absent or not UTF-8.
+    pub fn text(&self, name: &str) -> Option<&str> {
+        self.get(name).and_then(|v| std::str::from_utf8(v).ok())
+    }
+}
+
 fn read_u32(bytes: &[u8], at: usize) -> Option<u32> {
     let raw: [u8; 4] = bytes.get(at..at.checked_add(4)?)?.try_into().ok()?;
     Some(u32::from_le_bytes(raw))
@@ -177,6 +242,40 @@ mod tests {
     use super::*;
     #[cfg(target_arch = "wasm32")]
     use wasm_bindgen_test::wasm_bindgen_test as test;
+
+    #[test]
+    fn encoded_headers_find_what_the_decoder_finds() {
+        let pairs: Vec<(&str, &[u8])> = vec![
+            (":path", b"/v1/chat/completions"),
+            ("x-bin", &[0xff, 0x00, 0x80]),
+            ("empty", b""),
+            ("x-dup", b"first"),
+            ("x-dup", b"second"),
+        ];
+        let headers = EncodedHeaders::new(encode_header_map(&pairs)).unwrap();
+        assert_eq!(headers.get(":path"), Some(&b"/v1/chat/completions"[..]));
+        assert_eq!(headers.text(":path"), Some("/v1/chat/completions"));
+        assert_eq!(headers.get("x-bin"), Some(&[0xff, 0x00, 0x80][..]));
+        assert_eq!(headers.text("x-bin"), None);
+        assert_eq!(headers.get("empty"), Some(&b""[..]));
+        assert_eq!(headers.get("X-Dup"), Some(&b"first"[..]));
+        assert_eq!(headers.get("absent"), None);
+        assert_eq!(EncodedHeaders::new(Vec::new()).unwrap().get(":path"), None);
+    }
+
+    #[test]
+    fn encoded_headers_refuse_a_truncated_map() {
+        let full = encode_header_map(&[("name", b"value".as_slice()), ("other", b"x")]);
+        for cut in 1..full.len() - 1 {
+            let bytes = full.get(..cut).unwrap().to_vec();
+            assert_eq!(
+                EncodedHeaders::new(bytes.clone()).is_some(),
+                decode_header_map(&bytes).is_some(),
+                "cut at {cut}"
+            );
+        }
+        assert!(EncodedHeaders::new(full).is_some());
+    }
 
     #[test]
     fn header_map_round_trip() {
@@ -269,6 +368,28 @@ mod tests {
                 let borrowed: Vec<(&str, &[u8])> = pairs.iter().map(|(n, v)| (n.as_str(), v.as_slice())).collect();
                 let decoded = decode_header_map(&encode_header_map(&borrowed)).unwrap();
                 prop_assert_eq!(decoded, pairs);
+            }
+
+            #[test]
+            fn encoded_headers_agree_with_the_decoder(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+                let decoded = decode_header_map(&bytes);
+                let encoded = EncodedHeaders::new(bytes);
+                prop_assert_eq!(encoded.is_some(), decoded.is_some());
+                if let (Some(encoded), Some(decoded)) = (encoded, decoded) {
+                    // a name that is not UTF-8 decodes lossily: only the others can be asked for
+                    for (name, _) in decoded.iter().filter(|(n, _)| !n.contains('\u{fffd}')) {
+                        let first = decoded.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_slice());
+                        prop_assert_eq!(encoded.get(name), first);
+                    }
+                }
+            }
+
+            #[test]
+            fn encoded_headers_find_the_first_value(pairs in proptest::collection::vec(("[a-c:-]{0,3}", proptest::collection::vec(any::<u8>(), 0..6)), 0..8), name in "[a-c:-]{0,3}") {
+                let borrowed: Vec<(&str, &[u8])> = pairs.iter().map(|(n, v)| (n.as_str(), v.as_slice())).collect();
+                let encoded = EncodedHeaders::new(encode_header_map(&borrowed)).unwrap();
+                let first = pairs.iter().find(|(n, _)| *n == name).map(|(_, v)| v.as_slice());
+                prop_assert_eq!(encoded.get(&name), first);
             }
         }
     }

@@ -231,6 +231,7 @@ impl Fused {
     }
 
     fn headers(&mut self, direction: Direction, end_of_stream: bool) -> Action {
+        self.x.next_callback();
         if !self.configured {
             refuse(&Reject::internal("llm-gateway is not configured"));
             return Action::Pause;
@@ -264,6 +265,7 @@ impl Fused {
     }
 
     fn data(&mut self, direction: Direction, size: usize, end_of_stream: bool) -> Action {
+        self.x.next_callback();
         if self.engine.wants_data(direction, end_of_stream) {
             let (_, buffer) = maps(direction);
             match host::buffer(buffer, 0, size) {
@@ -308,6 +310,7 @@ impl HttpContext for Fused {
     }
 
     fn on_http_response_trailers(&mut self, _num_trailers: usize) -> Action {
+        self.x.next_callback();
         // the body ended without end_of_stream: its end is now (a held body is whole, a
         // stream's last chunk was taken already)
         let held = self.engine.wants_data(Direction::Response, true)
@@ -326,6 +329,7 @@ impl HttpContext for Fused {
     }
 
     fn on_log(&mut self) {
+        self.x.next_callback();
         self.engine.log(&mut self.stages, &mut self.x);
     }
 }

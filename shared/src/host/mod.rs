@@ -89,6 +89,12 @@ pub fn now_nanos() -> HostResult<u64> {
     Ok(nanos)
 }
 
+/// [`now_nanos`] for a stage of the fused filter: read once per callback for every stage
+/// ([`crate::chain::Exchange::clock`]).
+pub fn clock(x: &crate::chain::Exchange) -> HostResult<u64> {
+    x.clock(now_nanos)
+}
+
 /// Sets this root context's tick period (0 stops ticks).
 pub fn set_tick_period_ms(period_ms: u32) -> HostResult<()> {
     // SAFETY: plain integer argument.
@@ -128,6 +134,20 @@ pub fn headers(map: HeaderMap) -> HostResult<Vec<(String, Vec<u8>)>> {
     // SAFETY: OK status: the host allocated `size` bytes at `data` (or null).
     let bytes = unsafe { take_buffer(data, size) };
     wire::decode_header_map(&bytes).ok_or(HostError::Malformed("header map"))
+}
+
+/// Every header of `map` in one call, looked up in place ([`wire::EncodedHeaders`]): for a
+/// callback that reads several headers (each present one read alone costs the host an
+/// allocation in the VM).
+pub fn header_view(map: HeaderMap) -> HostResult<wire::EncodedHeaders> {
+    let mut data = null_mut();
+    let mut size = 0usize;
+    // SAFETY: out-pointers to live locals.
+    let status = unsafe { abi::proxy_get_header_map_pairs(map as u32, &mut data, &mut size) };
+    check(status)?;
+    // SAFETY: OK status: the host allocated `size` bytes at `data` (or null).
+    let bytes = unsafe { take_buffer(data, size) };
+    wire::EncodedHeaders::new(bytes).ok_or(HostError::Malformed("header map"))
 }
 
 /// One header's value (the first, if repeated); `None` if absent.
@@ -220,6 +240,14 @@ pub enum Sink<'a> {
 }
 
 impl Sink<'_> {
+    /// The host's clock (Unix nanoseconds); in the fused filter, once per callback ([`clock`]).
+    pub fn now_nanos(&self) -> HostResult<u64> {
+        match self {
+            Sink::Host => now_nanos(),
+            Sink::Fused(x) => clock(x),
+        }
+    }
+
     fn headers(
         exchange: &mut crate::chain::Exchange,
         map: HeaderMap,
@@ -347,8 +375,20 @@ const CONTENT_LENGTH: &str = "content-length";
 /// holds the request headers (it paused them): headers already forwarded keep the length they
 /// had, and a plugin that cannot hold them removes `content-length` before letting them go.
 pub fn replace_request_body(size: usize, body: &[u8]) -> HostResult<()> {
+    // the body first, then the header read (Envoy answers the read differently before)
     set_buffer(Buffer::RequestBody, 0, size, body)?;
     if header(HeaderMap::RequestHeaders, CONTENT_LENGTH)?.is_some() {
+        set_request_length(body.len())?;
+    }
+    Ok(())
+}
+
+/// [`replace_request_body`] for a caller that knows whether the held request has a
+/// `content-length` (`framed`): the fused filter, which holds the request's headers in memory,
+/// does not ask the host again.
+pub fn replace_framed_request_body(size: usize, body: &[u8], framed: bool) -> HostResult<()> {
+    set_buffer(Buffer::RequestBody, 0, size, body)?;
+    if framed {
         set_request_length(body.len())?;
     }
     Ok(())
@@ -389,6 +429,14 @@ pub fn property(path: &[&str]) -> HostResult<Option<Vec<u8>>> {
 /// A string property; `None` if absent or not UTF-8.
 pub fn property_string(path: &[&str]) -> HostResult<Option<String>> {
     Ok(property(path)?.and_then(|bytes| String::from_utf8(bytes).ok()))
+}
+
+/// The response's `response.code_details` (how Envoy says who answered: `via_upstream`, a
+/// filter's local reply, a superseded pass); `None` if absent, unreadable or not UTF-8.
+pub fn code_details() -> Option<String> {
+    property_string(&["response", "code_details"])
+        .ok()
+        .flatten()
 }
 
 /// The `root_id` of the filter whose context is current (Envoy's property `plugin_root_id`);

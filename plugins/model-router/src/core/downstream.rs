@@ -97,6 +97,18 @@ pub fn attempt_number(view: &dyn View) -> u32 {
         .max(1)
 }
 
+/// [`attempt_number`] with the request's headers already read (`headers`: every pair).
+pub fn attempt_number_in(headers: &[(String, Vec<u8>)], view: &dyn View) -> u32 {
+    headers
+        .iter()
+        .find(|(name, _)| name.eq_ignore_ascii_case(ATTEMPT_COUNT))
+        .and_then(|(_, value)| String::from_utf8(value.clone()).ok())
+        .or_else(|| property_string(view, &[ATTEMPT_PROPERTY]))
+        .and_then(|v| v.trim().parse::<u32>().ok())
+        .unwrap_or(1)
+        .max(1)
+}
+
 /// True if Envoy's router made this response: the upstream's answer (`via_upstream`) or the
 /// router's own reply when the attempts failed (`upstream_reset_before_response_started{…}`,
 /// `upstream_per_try_timeout`, …). A filter's local reply has its own details

@@ -5,8 +5,10 @@
 //! default) or a provider's context-length 400. A 429 or 503 that says when to come back
 //! (`retry-after` & co., [`crate::signals`]) cools the deployment down in shared data.
 
-use super::downstream::{attempt_number, FALLBACK_HEADER};
-use super::{property_string, Command, Core, Flow, Input, Level, Map, OnFailure, Store, View};
+use super::downstream::{attempt_number, attempt_number_in, FALLBACK_HEADER};
+use super::{
+    property_string, Command, Core, Flow, Input, Level, Map, OnFailure, ReadError, Store, View,
+};
 use crate::body::{is_context_length_error, rewrite_model};
 use crate::config::{Deployment, RetryOn, RouterConfig};
 use crate::plan::answered_by;
@@ -82,10 +84,13 @@ impl Core {
     /// client's external address...): a provider gets none of them unless its deployment says
     /// `forward_envoy_headers`. Header changes of an upstream filter persist into the next
     /// attempt; Envoy stamps the attempt count again for each one.
-    /// Returns the headers it read (as they were before).
-    fn strip_envoy_headers(&mut self, view: &dyn View) -> Option<Vec<(String, Vec<u8>)>> {
+    /// Returns the headers it was given (as they were before), if they could be read.
+    fn strip_envoy_headers(
+        &mut self,
+        headers: Result<Vec<(String, Vec<u8>)>, ReadError>,
+    ) -> Option<Vec<(String, Vec<u8>)>> {
         let on_failure = OnFailure::Log(Level::Error, "cannot remove the x-envoy-* headers");
-        match view.request_headers() {
+        match headers {
             Ok(all) => {
                 for (name, _) in &all {
                     if name.starts_with("x-envoy-") {
@@ -125,10 +130,17 @@ impl Core {
             return Flow::Continue;
         }
         let Some(plan) = property_string(view, &[PLAN_PROPERTY]) else {
-            self.strip_envoy_headers(view); // not a routed request: no deployment to opt in
+            // not a routed request: no deployment to opt in
+            self.strip_envoy_headers(view.request_headers());
             return Flow::Continue;
         };
-        let attempt = attempt_number(view);
+        // One read of the request headers gives the attempt number and the x-envoy-* headers
+        // to strip (a header read alone costs the host as much as a small map).
+        let headers = view.request_headers();
+        let attempt = match &headers {
+            Ok(headers) => attempt_number_in(headers, view),
+            Err(_) => attempt_number(view),
+        };
         // The route's matcher picks the next attempt's slot from this number (a retry re-runs
         // it before Envoy stamps the next count): filter state, because the header is removed.
         self.set_property(
@@ -156,7 +168,7 @@ impl Core {
         let read = if deployment.forward_envoy_headers {
             None
         } else {
-            self.strip_envoy_headers(view)
+            self.strip_envoy_headers(headers)
         };
         let credential = OnFailure::Log(Level::Error, "cannot set the credential");
         let queued = self.queue.len();

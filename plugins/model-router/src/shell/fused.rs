@@ -1,6 +1,7 @@
 //! The fused filter (plugins/bundle): the same core, one stage of its chain.
 
 use super::*;
+use llm_gateway_shared::route_info::BUDGET_FALLBACK_PROPERTY;
 
 /// This plugin configured from its section of the fused filter's configuration (the listener
 /// role; the provider clusters' upstream filter stays a filter of its own, in the same VM,
@@ -75,7 +76,14 @@ impl View for FusedView<'_> {
     }
 
     fn property(&self, path: &[&str]) -> Option<Vec<u8>> {
-        host::property(path).ok().flatten()
+        match path {
+            // read once per callback for every stage
+            ["response", "code_details"] => self
+                .0
+                .code_details(host::code_details)
+                .map(|details| details.as_bytes().to_vec()),
+            _ => host::property(path).ok().flatten(),
+        }
     }
 
     fn request_body(&self, size: usize) -> Result<Vec<u8>, ReadError> {
@@ -95,7 +103,7 @@ impl View for FusedView<'_> {
     }
 
     fn now_nanos(&self) -> u64 {
-        host::now_nanos().unwrap_or_default()
+        host::clock(self.0).unwrap_or_default()
     }
 }
 
@@ -165,6 +173,16 @@ fn execute_fused(command: Command, x: &mut chain::Exchange) -> Result<(), HostEr
         }
         Command::ClearRouteCache => {
             x.clear_route_cache = true;
+            Ok(())
+        }
+        Command::SetProperty { name, value } => {
+            let name: &str = &name;
+            host::set_property(&[name], &value)?;
+            // token-ratelimit's stage reads the budget fallback from here (not the route info
+            // nor the attempt number: the clusters' filter rewrites both)
+            if name == BUDGET_FALLBACK_PROPERTY {
+                x.publish(name, &value);
+            }
             Ok(())
         }
         Command::AppendResponseBody { bytes, .. } => {

@@ -134,15 +134,8 @@ impl chain::Stage<chain::Exchange> for FusedStage {
         if !self.exchange.stashes_when_superseded() {
             return;
         }
-        let details = host::property_string(&["response", "code_details"])
-            .ok()
-            .flatten();
-        self.drive(
-            x,
-            Input::Log {
-                superseded: is_superseded(details.as_deref()),
-            },
-        );
+        let superseded = is_superseded(x.code_details(host::code_details));
+        self.drive(x, Input::Log { superseded });
     }
 }
 

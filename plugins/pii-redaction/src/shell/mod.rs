@@ -118,7 +118,11 @@ fn drive(
     let mut fallback = Worker::default();
     // only the request headers and the log read the clock (the stash's expiry): the other
     // callbacks, one per streamed event, save the host call
-    let now = if input.reads_clock() { now_ms() } else { 0 };
+    let now = if input.reads_clock() {
+        millis(target.now_nanos())
+    } else {
+        0
+    };
     let mut flow = match state {
         Some(state) => exchange.handle(&mut state.worker.borrow_mut(), now, input),
         None => exchange.handle(&mut fallback, now, input),
@@ -130,8 +134,12 @@ fn drive(
                 error: err.to_string(),
             };
             let after = match state {
-                Some(state) => exchange.handle(&mut state.worker.borrow_mut(), now_ms(), failed),
-                None => exchange.handle(&mut fallback, now_ms(), failed),
+                Some(state) => exchange.handle(
+                    &mut state.worker.borrow_mut(),
+                    millis(target.now_nanos()),
+                    failed,
+                ),
+                None => exchange.handle(&mut fallback, millis(target.now_nanos()), failed),
             };
             if after != Flow::Continue {
                 flow = after;
@@ -287,8 +295,9 @@ impl HttpContext for Request {
     }
 }
 
-fn now_ms() -> u64 {
-    host::now_nanos().map_or(0, |n| n / 1_000_000)
+/// The clock in milliseconds (0 if the host could not say).
+fn millis(nanos: HostResult<u64>) -> u64 {
+    nanos.map_or(0, |n| n / 1_000_000)
 }
 
 mod fused;

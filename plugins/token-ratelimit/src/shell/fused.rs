@@ -65,22 +65,24 @@ impl FusedStage {
     fn run(&self, x: &mut chain::Exchange, input: Input) -> Step {
         let mut step = Step::Wait;
         let mut now = None;
-        let mut feed = |input: Input| {
+        let mut feed = |input: Input, x: &chain::Exchange| {
             let now = match input.uses_clock() {
-                true => *now.get_or_insert_with(now_ms),
+                true => *now.get_or_insert_with(|| host::clock(x).unwrap_or_default() / 1_000_000),
                 false => 0,
             };
-            self.state
-                .core
-                .borrow_mut()
-                .handle(now, input, self.state.as_ref());
+            let env = FusedEnv {
+                state: self.state.as_ref(),
+                id: self.id,
+                x,
+            };
+            self.state.core.borrow_mut().handle(now, input, &env);
         };
-        feed(input);
+        feed(input, x);
         loop {
             let command = self.state.core.borrow_mut().poll();
             let Some(command) = command else { break };
             if let Some(answer) = self.execute(x, command, &mut step) {
-                feed(answer);
+                feed(answer, x);
             }
         }
         step
@@ -137,8 +139,9 @@ impl FusedStage {
                 x.response.set(name, value.as_bytes());
             }
             Command::SetProperty { name, value, .. } => {
-                if let Err(err) = host::set_property(&[name.as_str()], &value) {
-                    log(LogLevel::Debug, &format!("cannot set {name}: {err}"));
+                match host::set_property(&[name.as_str()], &value) {
+                    Ok(()) => x.publish(&name, &value),
+                    Err(err) => log(LogLevel::Debug, &format!("cannot set {name}: {err}")),
                 }
             }
             other @ (Command::Count { .. } | Command::Gauge { .. } | Command::Log { .. }) => {
@@ -149,6 +152,55 @@ impl FusedStage {
             _ => {}
         }
         None
+    }
+}
+
+/// The core's host in the fused filter: the records the stages before this one published in
+/// this request (the budget fallback, the usage record) are read from the exchange
+/// ([`chain::Exchange::published`]), not asked of the host again. The route info is always
+/// read from the host: the clusters' filter rewrites it.
+struct FusedEnv<'a> {
+    state: &'a State,
+    id: u32,
+    x: &'a chain::Exchange,
+}
+
+impl FusedEnv<'_> {
+    /// What a stage of this filter published as `name` for this request, if any.
+    fn published(&self, ctx: u32, name: &str) -> Option<&[u8]> {
+        (ctx == self.id).then(|| self.x.published(name)).flatten()
+    }
+}
+
+impl Env for FusedEnv<'_> {
+    fn shared_get(&self, key: &str) -> Result<(Option<Vec<u8>>, u32), HostError> {
+        self.state.shared_get(key)
+    }
+
+    fn shared_set(&self, key: &str, value: &[u8], cas: u32) -> Result<(), HostError> {
+        self.state.shared_set(key, value, cas)
+    }
+
+    fn send_redis(&self, service: &str, args: &[Cow<'_, [u8]>]) -> Result<u32, HostError> {
+        self.state.send_redis(service, args)
+    }
+
+    fn route_info(&self, ctx: u32) -> Option<RoutePrices> {
+        self.state.route_info(ctx)
+    }
+
+    fn alternative(&self, ctx: u32) -> Option<Alternative> {
+        match self.published(ctx, BUDGET_FALLBACK_PROPERTY) {
+            Some(bytes) => Alternative::from_json(bytes),
+            None => self.state.alternative(ctx),
+        }
+    }
+
+    fn usage_record(&self, ctx: u32, property: &str) -> Option<Charge> {
+        match self.published(ctx, property) {
+            Some(bytes) => Charge::from_json(bytes),
+            None => self.state.usage_record(ctx, property),
+        }
     }
 }
 
@@ -213,8 +265,7 @@ impl chain::Stage<chain::Exchange> for FusedStage {
     }
 
     fn log(&mut self, x: &mut chain::Exchange) {
-        let details = host::property_string(&["response", "code_details"]);
-        let superseded = is_superseded(details.ok().flatten().as_deref());
+        let superseded = is_superseded(x.code_details(host::code_details));
         let ctx = self.id;
         self.run(x, Input::Log { ctx, superseded });
     }

@@ -395,7 +395,7 @@ impl HttpContext for Limiter {
             let core = state.core.borrow();
             host::select_config(core.rules(), None).and_then(|c| core.config_index(c))
         };
-        let head = config.map(|_| read_head(header_text)).unwrap_or_default();
+        let head = config.map(|_| read_request_head()).unwrap_or_default();
         let ctx = self.id;
         self.run(Input::RequestHeaders {
             ctx,
@@ -428,6 +428,20 @@ impl HttpContext for Limiter {
                 superseded,
             });
         }
+    }
+}
+
+/// The request headers the core reads, from one read of the whole map (about ten names,
+/// most of them present); one read per name if that fails.
+fn read_request_head() -> Head {
+    match host::header_view(HeaderMap::RequestHeaders) {
+        Ok(headers) => read_head(|name| {
+            headers
+                .text(name)
+                .filter(|v| !v.is_empty())
+                .map(str::to_string)
+        }),
+        Err(_) => read_head(header_text),
     }
 }
 

@@ -15,6 +15,7 @@ use llm_gateway_shared::request::RequestHead;
 use llm_gateway_shared::rules::RuleSet;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType};
+use std::borrow::Cow;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
@@ -148,18 +149,32 @@ fn now_ms() -> u64 {
     host::now_nanos().map_or(0, |n| n / 1_000_000)
 }
 
-/// The host values the core reads only when it needs them.
-struct Host;
+/// The host values the core reads only when it needs them; in the fused filter, the clock is
+/// read once per callback for all stages ([`host::clock`]).
+struct Host<'a>(Option<&'a chain::Exchange>);
 
-impl Lookup for Host {
+impl<'a> Host<'a> {
+    fn of(target: &'a Sink<'_>) -> Host<'a> {
+        match target {
+            Sink::Host => Host(None),
+            Sink::Fused(x) => Host(Some(&**x)),
+        }
+    }
+}
+
+impl Lookup for Host<'_> {
     fn now_ms(&mut self) -> u64 {
-        now_ms()
+        match self.0 {
+            Some(x) => host::clock(x).map_or(0, |n| n / 1_000_000),
+            None => now_ms(),
+        }
     }
 
     /// The router's view of the request: its filter state `wasm.llm_route` when it runs in
     /// the chain (deployment that answered, attempts, price); otherwise empty (the
     /// `x-llm-deployment` / `x-llm-model-group` headers and the plugin's own price table).
     fn route(&mut self, status: u16) -> RouteInfo {
+        // always from the host: the clusters' filter rewrites it once an attempt answers
         host::property(&[ROUTER_PROPERTY])
             .ok()
             .flatten()
@@ -174,14 +189,18 @@ impl Lookup for Host {
 
 /// Hands `input` to the core and carries out its commands; the core's flow.
 fn drive(state: &State, stage: &mut Stage, input: Input<'_>, target: &mut Sink<'_>) -> Flow {
-    let flow = stage.handle(&mut state.worker.borrow_mut(), &mut Host, input);
+    let flow = stage.handle(&mut state.worker.borrow_mut(), &mut Host::of(target), input);
     while let Some(command) = stage.poll() {
         if let Err(err) = execute(state, &command, target) {
             let failed = Input::Failed {
                 command,
                 error: err.to_string(),
             };
-            stage.handle(&mut state.worker.borrow_mut(), &mut Host, failed);
+            stage.handle(
+                &mut state.worker.borrow_mut(),
+                &mut Host::of(target),
+                failed,
+            );
         }
     }
     flow
@@ -221,6 +240,10 @@ fn execute(state: &State, command: &Command, target: &mut Sink<'_>) -> Result<()
             provider,
         } => {
             let published = host::set_property(&[config.filter_state.as_str()], json.as_bytes());
+            if let (Ok(()), Sink::Fused(x)) = (&published, &mut *target) {
+                // a later stage (token-ratelimit's settlement) reads it from here
+                x.publish(&config.filter_state, json.as_bytes());
+            }
             if config.log_records {
                 let mut line = String::with_capacity(json.len() + 14);
                 line.push_str("usage_record: ");
@@ -248,12 +271,6 @@ fn header_bytes(name: &str) -> Option<Vec<u8>> {
     host::header(HeaderMap::ResponseHeaders, name)
         .ok()
         .flatten()
-}
-
-/// A header's value as a number (`None`: absent, not UTF-8 or not a number).
-fn header_number<T: std::str::FromStr>(name: &str) -> Option<T> {
-    let value = header_bytes(name)?;
-    std::str::from_utf8(&value).ok()?.trim().parse().ok()
 }
 
 impl Context for Request {
@@ -309,13 +326,21 @@ impl HttpContext for Request {
         }
         // read as bytes: only `content-type` is text the core looks at (lossy, as before;
         // borrowed when it is UTF-8). The status is parsed untrimmed, as it always was.
-        let status = header_bytes(":status")
-            .and_then(|v| String::from_utf8(v).ok())
-            .and_then(|v| v.parse::<u16>().ok());
-        let content_type = header_bytes("content-type").unwrap_or_default();
+        // Four names, most present: one read of the whole map (one read per name if it fails).
+        let view = host::header_view(HeaderMap::ResponseHeaders).ok();
+        let header = |name: &str| -> Option<Cow<'_, [u8]>> {
+            match &view {
+                Some(view) => view.get(name).map(Cow::Borrowed),
+                None => header_bytes(name).map(Cow::Owned),
+            }
+        };
+        let status =
+            header(":status").and_then(|v| std::str::from_utf8(&v).ok()?.parse::<u16>().ok());
+        let content_type = header("content-type").unwrap_or_default();
         let content_type = String::from_utf8_lossy(&content_type);
-        let content_length = header_number("content-length");
-        let encoded = header_bytes("content-encoding")
+        let content_length = header("content-length")
+            .and_then(|v| std::str::from_utf8(&v).ok()?.trim().parse().ok());
+        let encoded = header("content-encoding")
             .is_some_and(|v| !v.is_empty() && !v.eq_ignore_ascii_case(b"identity"));
         self.run(Input::ResponseHeaders {
             status: status.unwrap_or(0),
