@@ -4,7 +4,10 @@
 //! as in row C); the model router's upstream filter runs apart on the request as the chain
 //! forwarded it, with the chain's filter state. Every upstream answer is the real mock
 //! upstream's, fetched over HTTP; a stream reaches the filters one SSE event per body
-//! callback (the most callbacks a stream can cost).
+//! callback (the most callbacks a stream can cost), or, with `BENCH_STREAM_FRAME=BYTES`, in
+//! frames of at least that many bytes cut at event ends (as Envoy hands a fast stream to the
+//! filters: in reads of up to 16 KiB), so the fuel per event is the plugins' per-event code
+//! rather than their per-callback code.
 
 use super::config::WasmFilter;
 use super::wrk::Workload;
@@ -69,6 +72,14 @@ fn spec(filter: &WasmFilter) -> crate::Result<FilterSpec> {
     Ok(spec)
 }
 
+/// The `BENCH_STREAM_FRAME` frame size in bytes, if set (see the module documentation).
+pub fn stream_frame() -> Option<usize> {
+    std::env::var("BENCH_STREAM_FRAME")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&bytes: &usize| bytes > 0)
+}
+
 /// Offsets of the ends of each SSE event (`\n\n`) but the last.
 fn event_ends(body: &[u8]) -> Vec<usize> {
     let mut out = Vec::new();
@@ -83,6 +94,19 @@ fn event_ends(body: &[u8]) -> Vec<usize> {
     }
     out.retain(|&end| end < body.len());
     out
+}
+
+/// Of `ends`, the first end at least `frame` bytes after the previous kept one, and so on.
+fn frames(ends: &[usize], frame: usize) -> Vec<usize> {
+    let mut kept = Vec::new();
+    let mut last = 0;
+    for &end in ends {
+        if end - last >= frame {
+            kept.push(end);
+            last = end;
+        }
+    }
+    kept
 }
 
 /// Sends what reached the upstream to the mock; its answer as the harness feeds it.
@@ -116,7 +140,11 @@ fn ask_mock(
         .is_some_and(|t| t.starts_with("text/event-stream"));
     let response = response.body(&answer.body);
     Ok(if streams {
-        response.split_at(&event_ends(&answer.body))
+        let ends = event_ends(&answer.body);
+        match stream_frame() {
+            Some(frame) => response.split_at(&frames(&ends, frame)),
+            None => response.split_at(&ends),
+        }
     } else {
         response
     })
@@ -255,5 +283,8 @@ mod tests {
         let body = b"data: a\n\ndata: b\n\ndata: [DONE]\n\n";
         assert_eq!(event_ends(body), [9, 18]);
         assert!(event_ends(b"{}").is_empty());
+        assert_eq!(frames(&[9, 18, 27, 36], 10), [18, 36]);
+        assert_eq!(frames(&[9, 18], 1), [9, 18]);
+        assert!(frames(&[9, 18], 100).is_empty());
     }
 }

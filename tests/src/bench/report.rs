@@ -1210,7 +1210,10 @@ pub fn parse_vm_tables(text: &str) -> Vec<(String, String, String)> {
 fn render_harness_cost(o: &mut String, cost: &Option<Result<ChainCost, String>>, what: &str) {
     match cost {
         Some(Ok(cost)) => {
-            let _ = writeln!(o, "## Per plugin and request, in the harness ({what})\n\nwasm fuel (wasmtime's deterministic instruction count), host calls, callbacks and bytes across the boundary per request. The upstream answers are the mock's; a stream reaches the filters one event per body callback.\n\n| workload | plugin (root_id) | fuel | host calls | callbacks | bytes in+out |\n|---|---|---:|---:|---:|---:|");
+            let _ = writeln!(o, "## Per plugin and request, in the harness ({what})\n\nwasm fuel (wasmtime's deterministic instruction count), host calls, callbacks and bytes across the boundary per request. The upstream answers are the mock's; {}.\n\n| workload | plugin (root_id) | fuel | host calls | callbacks | bytes in+out |\n|---|---|---:|---:|---:|---:|", match super::cost::stream_frame() {
+                Some(bytes) => format!("a stream reaches the filters in frames of at least {bytes} bytes cut at event ends (`BENCH_STREAM_FRAME`)"),
+                None => "a stream reaches the filters one event per body callback".to_string(),
+            });
             for w in &cost.workloads {
                 let mut total = (0u64, 0.0f64);
                 for p in &w.plugins {
