@@ -413,27 +413,39 @@ impl SseRestorer {
     /// are exactly `chunk`.
     ///
     /// While the framer holds nothing and the stream is quiet (no held text, no output
-    /// rules), the plain events at the front of the chunk — one `data:` line without a `[` in
-    /// a JSON string (see [`plain_data_event`]) — are cut here, in one pass over their bytes,
-    /// and passed as they are, without being copied, framed or parsed. The first other event
-    /// and everything after it goes through the framer and [`StreamRestorer::event`] as
-    /// before; the framer, idle at that point, cuts the rest as it would have.
+    /// rules), a plain event — one `data:` line without a `[` in a JSON string (see
+    /// [`plain_data_event`]) — is cut here, in one pass over its bytes, and passed as it is,
+    /// without being copied into the framer or parsed. Any other event goes to the framer
+    /// and [`StreamRestorer::event`] as before, in a piece of the chunk that ends where the
+    /// event must end at the latest (see [`event_end_bound`]), so that the framer is usually
+    /// idle again after it and the plain events behind it are cut here too. The framer cuts
+    /// the same events wherever its input is split, so this changes no byte.
     pub fn restore(&mut self, map: &mut PlaceholderMap, chunk: &[u8]) -> Option<Vec<u8>> {
-        let mut plain = 0;
-        if self.framer.is_idle() && self.stream.is_quiet() {
-            while let Some(len) = chunk.get(plain..).and_then(plain_data_event) {
-                plain += len;
+        let mut out: Option<Vec<u8>> = None;
+        let mut at = 0;
+        let mut fast = self.framer.is_idle() && self.stream.is_quiet();
+        while let Some(rest) = chunk.get(at..).filter(|rest| !rest.is_empty()) {
+            if fast {
+                if let Some(len) = plain_data_event(rest) {
+                    if let Some(out) = &mut out {
+                        out.extend_from_slice(rest.get(..len).unwrap_or_default());
+                    }
+                    at += len;
+                    continue;
+                }
             }
-            if plain == chunk.len() {
-                return None;
-            }
+            let piece = rest.get(..event_end_bound(rest)).unwrap_or(rest);
+            let out = out.get_or_insert_with(|| {
+                let mut out = Vec::with_capacity(chunk.len() + 64);
+                out.extend_from_slice(chunk.get(..at).unwrap_or_default());
+                out
+            });
+            self.framer.push(piece);
+            self.drain(map, out);
+            at += piece.len();
+            fast = self.framer.is_idle() && self.stream.is_quiet();
         }
-        let (passed, rest) = chunk.split_at(plain.min(chunk.len()));
-        let mut out = Vec::with_capacity(chunk.len() + 64);
-        out.extend_from_slice(passed);
-        self.framer.push(rest);
-        self.drain(map, &mut out);
-        Some(out)
+        out
     }
 
     /// End of the body: the remaining events, held text, and an unterminated tail as is.
@@ -467,6 +479,20 @@ impl SseRestorer {
     }
 }
 
+/// Where the event at the start of `bytes` ends at the latest: after the first `\n\n` or
+/// `\n\r\n` (whatever came before, the framer ends an event by there), else the end.
+fn event_end_bound(bytes: &[u8]) -> usize {
+    let mut from = 0;
+    while let Some(lf) = find_byte(bytes, from, b'\n') {
+        match bytes.get(lf + 1) {
+            Some(b'\n') => return lf + 2,
+            Some(b'\r') if bytes.get(lf + 2) == Some(&b'\n') => return lf + 3,
+            _ => from = lf + 1,
+        }
+    }
+    bytes.len()
+}
+
 /// The length of the event at the start of `bytes` if it is plain: exactly one `data:` line
 /// and the blank line that ends it, both ended by LF or both by CRLF, whose value holds no `[`
 /// inside a JSON string (as [`bracket_in_a_string`] reads it). While the stream is quiet
@@ -490,27 +516,35 @@ fn plain_data_event(bytes: &[u8]) -> Option<usize> {
 /// if they do or if `line` has no line end. One pass: eight bytes per step until a word holds
 /// a line end or a backslash, byte by byte from there.
 fn plain_line(line: &[u8]) -> Option<usize> {
-    let mut odd = false; // inside a string where the word begins
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGHS: u64 = 0x8080_8080_8080_8080;
+    // nonzero if a byte of `x` is zero (only the lowest flag is sure: enough to stop on)
+    let any_zero = |x: u64| x.wrapping_sub(ONES) & !x & HIGHS;
+    let mut odd = 0; // the quotes before the word: odd means inside a string
     let mut from = 0;
-    for chunk in line.chunks_exact(8) {
-        let w = u64::from_le_bytes(<[u8; 8]>::try_from(chunk).ok()?);
-        if byte_flags(w, b'\n') | byte_flags(w, b'\r') | byte_flags(w, b'\\') != 0 {
+    while let Some(word) = line.get(from..from + 8) {
+        let w = u64::from_le_bytes(<[u8; 8]>::try_from(word).ok()?);
+        // a byte below 0x0e (LF, CR, or a rare control byte) or a backslash: go bytewise
+        let low = w.wrapping_sub(ONES * 0x0e) & !w & HIGHS;
+        if low | any_zero(w ^ (ONES * u64::from(b'\\'))) != 0 {
             break;
         }
         let quotes = byte_flags(w, b'"');
-        let mut brackets = byte_flags(w, b'[');
-        while brackets != 0 {
-            let lane = brackets & brackets.wrapping_neg();
-            if odd ^ ((quotes & (lane - 1)).count_ones() % 2 == 1) {
-                return None;
+        if any_zero(w ^ (ONES * u64::from(b'['))) != 0 {
+            let mut brackets = byte_flags(w, b'[');
+            while brackets != 0 {
+                let lane = brackets & brackets.wrapping_neg();
+                if (odd ^ (quotes & (lane - 1)).count_ones()) & 1 == 1 {
+                    return None;
+                }
+                brackets &= brackets - 1;
             }
-            brackets &= brackets - 1;
         }
-        odd ^= quotes.count_ones() % 2 == 1;
+        odd ^= quotes.count_ones();
         from += 8;
     }
     // byte by byte, as `bracket_in_a_string_bytewise` reads them
-    let mut in_string = odd;
+    let mut in_string = odd & 1 == 1;
     let mut escaped = false;
     let mut i = from;
     loop {
@@ -1341,10 +1375,10 @@ mod tests {
         (outs, end, map)
     }
 
-    /// One SSE event of the kinds a stream may carry, with LF or CRLF line ends.
+    /// One SSE event of the kinds a stream may carry, with LF, CRLF or CR line ends.
     fn any_event() -> impl Strategy<Value = Vec<u8>> {
         let text = "([a-z \\[\\]_0-9\"\\\\\n]|é|中|EMAIL|\\[EMAIL_1\\]|\\[PHONE_1\\]|\\[QUOTE_1\\]|\\[EM|AIL_1\\]|\\[PH|ONE_1\\]){0,6}";
-        (0usize..12, text, any::<bool>(), 0u64..2).prop_map(|(kind, text, crlf, index)| {
+        (0usize..12, text, 0..8, 0u64..2).prop_map(|(kind, text, ending, index)| {
             let quoted = json::quote(&text);
             let data: Vec<String> = match kind {
                 0..=4 => vec![format!(
@@ -1371,7 +1405,11 @@ mod tests {
                 )],
                 _ => vec![format!(r#"{{"type":"content_block_stop","index":{index}}}"#)],
             };
-            let nl: &[u8] = if crlf { b"\r\n" } else { b"\n" };
+            let nl: &[u8] = match ending {
+                0..=3 => b"\n",
+                4..=6 => b"\r\n",
+                _ => b"\r",
+            };
             let mut raw = Vec::new();
             if kind == 10 || kind == 11 {
                 raw.extend_from_slice(b"event: content_block_delta");
@@ -1426,6 +1464,21 @@ mod tests {
             }
             prop_assert_eq!(r.finish(&mut map), want_end);
             prop_assert_eq!(map.restore("[EMAIL_2] [PHONE_2]"), want_map.restore("[EMAIL_2] [PHONE_2]"));
+        }
+
+        /// An idle framer fed up to the bound hands out an event, unless the bound is the end.
+        #[test]
+        fn the_framer_ends_an_event_by_the_bound(bytes in proptest::collection::vec(
+            proptest::prop_oneof![Just(b'\n'), Just(b'\r'), Just(b'a'), Just(b':')], 0..40,
+        )) {
+            let bound = event_end_bound(&bytes);
+            prop_assert!(bound <= bytes.len());
+            if bound < bytes.len() {
+                let mut framer = Framer::new(MAX_EVENT_BYTES);
+                framer.push(&bytes[..bound]);
+                let first = framer.next_raw();
+                prop_assert!(matches!(first, Some(RawItem::Event(_))), "{:?}", first);
+            }
         }
 
         #[test]
