@@ -271,6 +271,20 @@ impl Framer {
         self.buf.len().saturating_sub(self.start)
     }
 
+    /// True when the framer holds nothing and stands at an event boundary: the next byte
+    /// pushed starts a new event (nothing pending, no oversized event being passed through, no
+    /// CR waiting for a possible LF, not closed). A caller may then cut complete events off the
+    /// front of a chunk itself and push only the rest: the framer hands out the same items
+    /// for that rest as it would after cutting those events.
+    pub fn is_idle(&self) -> bool {
+        self.start == self.buf.len()
+            && self.scan == self.start
+            && !self.in_line
+            && !self.skip_lf
+            && !self.overflowing
+            && !self.closed
+    }
+
     /// The next complete event, or raw bytes of an oversized one; `None` when more input is
     /// needed.
     pub fn next_event(&mut self) -> Option<Result<Event, SseError>> {
@@ -524,6 +538,36 @@ mod tests {
     }
 
     #[test]
+    fn idle_only_at_an_event_boundary() {
+        let mut framer = Framer::new(16);
+        assert!(framer.is_idle());
+        framer.push(b"data: a\n\ndata: b");
+        assert!(!framer.is_idle());
+        assert!(framer.next_event().is_some());
+        assert!(!framer.is_idle(), "a partial event is held");
+        framer.push(b"\n\n");
+        assert!(framer.next_event().is_some());
+        assert!(framer.is_idle());
+        // a CR blank line at the end waits for a possible LF
+        framer.push(b"data: c\r\r");
+        assert!(framer.next_event().is_none());
+        assert!(!framer.is_idle());
+        framer.push(b"\n");
+        assert!(framer.next_event().is_some());
+        assert!(framer.is_idle());
+        // an oversized event passed through: nothing pending, but not at a boundary
+        framer.push(&[b'x'; 40]);
+        assert!(matches!(framer.next_event(), Some(Err(_))));
+        assert_eq!(framer.pending(), 0);
+        assert!(!framer.is_idle());
+        framer.push(b"\n\n");
+        assert!(matches!(framer.next_event(), Some(Err(_))));
+        assert!(framer.is_idle());
+        framer.close();
+        assert!(!framer.is_idle());
+    }
+
+    #[test]
     fn encode_round_trips() {
         let raw = encode(Some("delta"), "line1\nline2");
         assert_eq!(raw, b"event: delta\ndata: line1\ndata: line2\n\n");
@@ -645,6 +689,49 @@ mod tests {
                     }
                 }
                 prop_assert_eq!(owned.finish(), borrowed.finish());
+            }
+
+            /// Whenever the framer is idle, what it hands out for the rest of the stream is
+            /// what a new framer hands out for that rest: a caller may cut events itself there.
+            #[test]
+            fn an_idle_framer_is_a_new_framer(
+                stream in prop::collection::vec(prop::sample::select(
+                    b"data: {}x\r\n:ev".to_vec()), 0..140),
+                chunk in 1usize..30,
+                max in 4usize..64,
+            ) {
+                let items_of = |framer: &mut Framer, rest: &[u8]| {
+                    let mut items = Vec::new();
+                    for c in rest.chunks(chunk) {
+                        framer.push(c);
+                        while let Some(item) = framer.next_event() {
+                            items.push(item);
+                        }
+                    }
+                    framer.close();
+                    while let Some(item) = framer.next_event() {
+                        items.push(item);
+                    }
+                    (items, framer.finish())
+                };
+                let mut framer = Framer::new(max);
+                prop_assert!(framer.is_idle());
+                let mut fed = 0;
+                for c in stream.chunks(chunk) {
+                    framer.push(c);
+                    fed += c.len();
+                    while framer.next_event().is_some() {}
+                    if framer.is_idle() {
+                        prop_assert_eq!(framer.pending(), 0);
+                        let rest = &stream[fed..];
+                        let mut fresh = Framer::new(max);
+                        let mut cont = Framer::new(max);
+                        cont.push(&stream[..fed]);
+                        while cont.next_event().is_some() {}
+                        prop_assert!(cont.is_idle());
+                        prop_assert_eq!(items_of(&mut cont, rest), items_of(&mut fresh, rest));
+                    }
+                }
             }
 
             /// With a tiny bound, memory stays bounded and no byte is lost or duplicated.

@@ -625,12 +625,18 @@ impl Exchange {
             }
             Response::Sse(restorer) => {
                 let chunk = chunk.unwrap_or_default();
-                let mut out = restorer.push(&mut self.map, chunk);
+                // `None`: the chunk goes out as it came (most chunks of a stream)
+                let mut out = restorer.restore(&mut self.map, chunk);
                 let ended = end_of_stream;
                 if ended {
-                    out.extend(restorer.finish(&mut self.map));
+                    let tail = restorer.finish(&mut self.map);
+                    if !tail.is_empty() {
+                        let mut all = out.unwrap_or_else(|| chunk.to_vec());
+                        all.extend(tail);
+                        out = Some(all);
+                    }
                 }
-                if out != chunk {
+                if let Some(out) = out.filter(|out| out.as_slice() != chunk) {
                     self.push(Command::ReplaceResponseBody {
                         size: chunk.len(),
                         body: out,

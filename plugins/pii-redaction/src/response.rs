@@ -18,7 +18,7 @@
 use crate::mask::{OutputHold, PlaceholderMap, Redactor, TextRestorer};
 use crate::scan::{byte_flags, find_any3, find_byte};
 use llm_gateway_shared::json::{self, Scalar, Seg};
-use llm_gateway_shared::sse::{Event, Framer};
+use llm_gateway_shared::sse::{Event, Framer, RawItem};
 use std::collections::BTreeMap;
 use std::ops::Range;
 
@@ -229,9 +229,14 @@ impl StreamRestorer {
     /// and no output rule reads the text. Such an event (most of a stream) goes out as it came,
     /// without its JSON being walked.
     fn passes_unchanged(&self, data: &str) -> bool {
-        self.output.is_none()
-            && !bracket_in_a_string(data.as_bytes())
-            && !self.streams.values().any(|held| held.restorer.is_holding())
+        self.is_quiet() && !bracket_in_a_string(data.as_bytes())
+    }
+
+    /// True if no output rule reads the text and no stream holds text back: an event whose
+    /// data has no `[` in a string then changes nothing, `[DONE]` included (it has nothing to
+    /// release).
+    fn is_quiet(&self) -> bool {
+        self.output.is_none() && !self.streams.values().any(|held| held.restorer.is_holding())
     }
 
     /// At the end of the body: releases whatever is still held.
@@ -401,9 +406,45 @@ impl SseRestorer {
 
     /// The bytes to send for `chunk` (complete events only; the rest waits).
     pub fn push(&mut self, map: &mut PlaceholderMap, chunk: &[u8]) -> Vec<u8> {
-        self.framer.push(chunk);
-        let mut out = Vec::with_capacity(chunk.len() + 64);
-        self.drain(map, &mut out);
+        self.restore(map, chunk).unwrap_or_else(|| chunk.to_vec())
+    }
+
+    /// [`SseRestorer::push`] without a copy in the common case: `None` when the bytes to send
+    /// are exactly `chunk`.
+    ///
+    /// While the framer holds nothing and the stream is quiet (no held text, no output
+    /// rules), a plain event — one `data:` line without a `[` in a JSON string (see
+    /// [`plain_data_event`]) — is cut here, in one pass over its bytes, and passed as it is,
+    /// without being copied into the framer or parsed. Any other event goes to the framer
+    /// and [`StreamRestorer::event`] as before, in a piece of the chunk that ends where the
+    /// event must end at the latest (see [`event_end_bound`]), so that the framer is usually
+    /// idle again after it and the plain events behind it are cut here too. The framer cuts
+    /// the same events wherever its input is split, so this changes no byte.
+    pub fn restore(&mut self, map: &mut PlaceholderMap, chunk: &[u8]) -> Option<Vec<u8>> {
+        let mut out: Option<Vec<u8>> = None;
+        let mut at = 0;
+        let mut fast = self.framer.is_idle() && self.stream.is_quiet();
+        while let Some(rest) = chunk.get(at..).filter(|rest| !rest.is_empty()) {
+            if fast {
+                if let Some(len) = plain_data_event(rest) {
+                    if let Some(out) = &mut out {
+                        out.extend_from_slice(rest.get(..len).unwrap_or_default());
+                    }
+                    at += len;
+                    continue;
+                }
+            }
+            let piece = rest.get(..event_end_bound(rest)).unwrap_or(rest);
+            let out = out.get_or_insert_with(|| {
+                let mut out = Vec::with_capacity(chunk.len() + 64);
+                out.extend_from_slice(chunk.get(..at).unwrap_or_default());
+                out
+            });
+            self.framer.push(piece);
+            self.drain(map, out);
+            at += piece.len();
+            fast = self.framer.is_idle() && self.stream.is_quiet();
+        }
         out
     }
 
@@ -420,12 +461,114 @@ impl SseRestorer {
     }
 
     fn drain(&mut self, map: &mut PlaceholderMap, out: &mut Vec<u8>) {
-        while let Some(item) = self.framer.next_event() {
+        let mut quiet = self.stream.is_quiet();
+        while let Some(item) = self.framer.next_raw() {
             match item {
-                Ok(event) => self.stream.event(map, &event, out),
-                Err(overflow) => out.extend_from_slice(overflow.raw()),
+                RawItem::Event(raw) => {
+                    // a plain event while quiet changes nothing (no copy into an `Event`)
+                    if quiet && plain_data_event(raw) == Some(raw.len()) {
+                        out.extend_from_slice(raw);
+                        continue;
+                    }
+                    self.stream.event(map, &Event::parse(raw.to_vec()), out);
+                    quiet = self.stream.is_quiet();
+                }
+                RawItem::Overflow(raw) => out.extend_from_slice(raw),
             }
         }
+    }
+}
+
+/// Where the event at the start of `bytes` ends at the latest: after the first `\n\n` or
+/// `\n\r\n` (whatever came before, the framer ends an event by there), else the end.
+fn event_end_bound(bytes: &[u8]) -> usize {
+    let mut from = 0;
+    while let Some(lf) = find_byte(bytes, from, b'\n') {
+        match bytes.get(lf + 1) {
+            Some(b'\n') => return lf + 2,
+            Some(b'\r') if bytes.get(lf + 2) == Some(&b'\n') => return lf + 3,
+            _ => from = lf + 1,
+        }
+    }
+    bytes.len()
+}
+
+/// The length of the event at the start of `bytes` if it is plain: exactly one `data:` line
+/// and the blank line that ends it, both ended by LF or both by CRLF, whose value holds no `[`
+/// inside a JSON string (as [`bracket_in_a_string`] reads it). While the stream is quiet
+/// ([`StreamRestorer::is_quiet`]) such an event goes out as it came, which is what
+/// [`StreamRestorer::event`] would send for it. `None` for anything else (another field, a
+/// comment, several lines, an unfinished event, a bracket), which takes the full path.
+fn plain_data_event(bytes: &[u8]) -> Option<usize> {
+    let value = bytes.strip_prefix(b"data:")?;
+    let start = 5 + usize::from(value.first() == Some(&b' '));
+    let end = start + plain_line(bytes.get(start..)?)?;
+    let blank = match bytes.get(end..end + 2)? {
+        b"\n\n" => 2,
+        b"\r\n" if bytes.get(end + 2..end + 4)? == b"\r\n" => 4,
+        _ => return None,
+    };
+    Some(end + blank)
+}
+
+/// The position of the first `\n` or `\r` in `line`, if the bytes before it hold no `[`
+/// inside a JSON string (raw or as `\u005b`, as [`bracket_in_a_string`] reads them); `None`
+/// if they do or if `line` has no line end. One pass: eight bytes per step until a word holds
+/// a line end or a backslash, byte by byte from there.
+fn plain_line(line: &[u8]) -> Option<usize> {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGHS: u64 = 0x8080_8080_8080_8080;
+    // nonzero if a byte of `x` is zero (only the lowest flag is sure: enough to stop on)
+    let any_zero = |x: u64| x.wrapping_sub(ONES) & !x & HIGHS;
+    let mut odd = 0; // the quotes before the word: odd means inside a string
+    let mut from = 0;
+    while let Some(word) = line.get(from..from + 8) {
+        let w = u64::from_le_bytes(<[u8; 8]>::try_from(word).ok()?);
+        // a byte below 0x0e (LF, CR, or a rare control byte) or a backslash: go bytewise
+        let low = w.wrapping_sub(ONES * 0x0e) & !w & HIGHS;
+        if low | any_zero(w ^ (ONES * u64::from(b'\\'))) != 0 {
+            break;
+        }
+        let quotes = byte_flags(w, b'"');
+        if any_zero(w ^ (ONES * u64::from(b'['))) != 0 {
+            let mut brackets = byte_flags(w, b'[');
+            while brackets != 0 {
+                let lane = brackets & brackets.wrapping_neg();
+                if (odd ^ (quotes & (lane - 1)).count_ones()) & 1 == 1 {
+                    return None;
+                }
+                brackets &= brackets - 1;
+            }
+        }
+        odd ^= quotes.count_ones();
+        from += 8;
+    }
+    // byte by byte, as `bracket_in_a_string_bytewise` reads them
+    let mut in_string = odd & 1 == 1;
+    let mut escaped = false;
+    let mut i = from;
+    loop {
+        let &byte = line.get(i)?;
+        if byte == b'\n' || byte == b'\r' {
+            // an unterminated string: the next event may complete anything
+            return (!in_string && !escaped).then_some(i);
+        }
+        if escaped {
+            escaped = false;
+            let hex = line.get(i + 1..i + 5);
+            if byte == b'u' && hex.is_some_and(|h| h.eq_ignore_ascii_case(b"005b")) {
+                return None;
+            }
+        } else {
+            match (in_string, byte) {
+                (true, b'\\') => escaped = true,
+                (true, b'"') => in_string = false,
+                (true, b'[') => return None,
+                (false, b'"') => in_string = true,
+                _ => {}
+            }
+        }
+        i += 1;
     }
 }
 
@@ -1197,5 +1340,226 @@ mod tests {
         let body =
             b"event: x\r\ndata: {\"a\":\"[nothing]\"}\r\n\r\n: comment\n\ndata: [DONE]\n\ntail";
         assert_eq!(restore_chunks(&mut map, &[body]), body.to_vec());
+    }
+
+    /// [`SseRestorer`] as it was before plain events were cut in place: every event framed
+    /// with `next_event`, parsed and handed to [`StreamRestorer::event`]. The bytes to send for
+    /// each chunk, and for the end of the body.
+    fn restore_the_old_way(
+        output: Option<Redactor>,
+        chunks: &[&[u8]],
+    ) -> (Vec<Vec<u8>>, Vec<u8>, PlaceholderMap) {
+        let mut map = map();
+        let mut framer = Framer::new(MAX_EVENT_BYTES);
+        let mut stream = StreamRestorer::with_output(output);
+        let mut drain = |framer: &mut Framer, map: &mut PlaceholderMap, out: &mut Vec<u8>| {
+            while let Some(item) = framer.next_event() {
+                match item {
+                    Ok(event) => stream.event(map, &event, out),
+                    Err(overflow) => out.extend_from_slice(overflow.raw()),
+                }
+            }
+        };
+        let mut outs = Vec::new();
+        for chunk in chunks {
+            framer.push(chunk);
+            let mut out = Vec::new();
+            drain(&mut framer, &mut map, &mut out);
+            outs.push(out);
+        }
+        let mut end = Vec::new();
+        framer.close();
+        drain(&mut framer, &mut map, &mut end);
+        stream.finish(&mut map, &mut end);
+        end.extend(framer.finish().unwrap_or_default());
+        (outs, end, map)
+    }
+
+    /// One SSE event of the kinds a stream may carry, with LF, CRLF or CR line ends.
+    fn any_event() -> impl Strategy<Value = Vec<u8>> {
+        let text = "([a-z \\[\\]_0-9\"\\\\\n]|é|中|EMAIL|\\[EMAIL_1\\]|\\[PHONE_1\\]|\\[QUOTE_1\\]|\\[EM|AIL_1\\]|\\[PH|ONE_1\\]){0,6}";
+        (0usize..12, text, 0..8, 0u64..2).prop_map(|(kind, text, ending, index)| {
+            let quoted = json::quote(&text);
+            let data: Vec<String> = match kind {
+                0..=4 => vec![format!(
+                    r#"{{"id":"c","choices":[{{"index":{index},"delta":{{"content":{quoted}}},"finish_reason":null}}]}}"#
+                )],
+                5 => vec![format!(
+                    r#"{{"choices":[{{"index":{index},"delta":{{}},"finish_reason":"stop"}}]}}"#
+                )],
+                6 => vec!["[DONE]".into()],
+                // an escaped `[` (restored like a raw one)
+                7 => vec![format!(
+                    r#"{{"choices":[{{"index":0,"delta":{{"content":"\u005b{}"}}}}]}}"#,
+                    text.replace(['"', '\\', '\n'], "")
+                )],
+                // data over two lines
+                8 => vec![
+                    format!(r#"{{"choices":[{{"index":0,"#),
+                    format!(r#""delta":{{"content":{quoted}}}}}]}}"#),
+                ],
+                // not JSON, an unterminated string
+                9 => vec![format!("\"{}", text.replace(['\n', '\r'], ""))],
+                10 => vec![format!(
+                    r#"{{"type":"content_block_delta","index":{index},"delta":{{"type":"text_delta","text":{quoted}}}}}"#
+                )],
+                _ => vec![format!(r#"{{"type":"content_block_stop","index":{index}}}"#)],
+            };
+            let nl: &[u8] = match ending {
+                0..=3 => b"\n",
+                4..=6 => b"\r\n",
+                _ => b"\r",
+            };
+            let mut raw = Vec::new();
+            if kind == 10 || kind == 11 {
+                raw.extend_from_slice(b"event: content_block_delta");
+                raw.extend_from_slice(nl);
+            }
+            if kind == 9 {
+                raw.extend_from_slice(b": a comment");
+                raw.extend_from_slice(nl);
+            }
+            for line in data {
+                // `data:` without the space on some lines
+                raw.extend_from_slice(if index == 1 && kind == 5 { b"data:" } else { b"data: " });
+                raw.extend_from_slice(line.as_bytes());
+                raw.extend_from_slice(nl);
+            }
+            raw.extend_from_slice(nl);
+            raw
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(400))]
+
+        /// Plain events cut in place give, chunk by chunk, the bytes the old path gave (and
+        /// `None` only where those bytes are the chunk), on random streams cut anywhere.
+        #[test]
+        fn cutting_plain_events_in_place_changes_no_byte(
+            events in proptest::collection::vec(any_event(), 0..14),
+            cuts in proptest::collection::vec(0usize..4000, 0..8),
+            with_output in proptest::bool::weighted(0.15),
+            tail in proptest::option::of("data: \\{\"a\":\"x?"),
+        ) {
+            let mut body: Vec<u8> = events.concat();
+            body.extend(tail.unwrap_or_default().bytes());
+            let mut bounds: Vec<usize> = cuts.into_iter().map(|c| c % (body.len() + 1)).collect();
+            bounds.sort_unstable();
+            let mut chunks: Vec<&[u8]> = Vec::new();
+            let mut from = 0;
+            for b in bounds.into_iter().chain([body.len()]) {
+                chunks.push(&body[from..b]);
+                from = b;
+            }
+            let output = || with_output.then(output_rules);
+            let (want, want_end, want_map) = restore_the_old_way(output(), &chunks);
+            let mut map = map();
+            let mut r = SseRestorer::with_output(output());
+            for (chunk, want) in chunks.iter().zip(&want) {
+                match r.restore(&mut map, chunk) {
+                    None => prop_assert_eq!(chunk, &want.as_slice()),
+                    Some(out) => prop_assert_eq!(&out, want),
+                }
+            }
+            prop_assert_eq!(r.finish(&mut map), want_end);
+            prop_assert_eq!(map.restore("[EMAIL_2] [PHONE_2]"), want_map.restore("[EMAIL_2] [PHONE_2]"));
+        }
+
+        /// An idle framer fed up to the bound hands out an event, unless the bound is the end.
+        #[test]
+        fn the_framer_ends_an_event_by_the_bound(bytes in proptest::collection::vec(
+            proptest::prop_oneof![Just(b'\n'), Just(b'\r'), Just(b'a'), Just(b':')], 0..40,
+        )) {
+            let bound = event_end_bound(&bytes);
+            prop_assert!(bound <= bytes.len());
+            if bound < bytes.len() {
+                let mut framer = Framer::new(MAX_EVENT_BYTES);
+                framer.push(&bytes[..bound]);
+                let first = framer.next_raw();
+                prop_assert!(matches!(first, Some(RawItem::Event(_))), "{:?}", first);
+            }
+        }
+
+        #[test]
+        fn plain_line_is_the_line_end_and_the_bytewise_bracket_scan(line in proptest::collection::vec(
+            proptest::prop_oneof![
+                Just(b'"'), Just(b'['), Just(b'\\'), Just(b'u'), Just(b'0'), Just(b'5'),
+                Just(b'b'), Just(b'\n'), Just(b'\r'), Just(b'a'), any::<u8>(),
+            ],
+            0..80,
+        )) {
+            let end = line.iter().position(|&c| c == b'\n' || c == b'\r');
+            let want = end.filter(|&end| !bracket_in_a_string_bytewise(&line[..end]));
+            prop_assert_eq!(plain_line(&line), want);
+        }
+    }
+
+    #[test]
+    fn plain_events_are_one_data_line_without_a_bracket_in_a_string() {
+        let plain = br#"data: {"choices":[{"delta":{"content":"hi"}}]}"#;
+        for (ending, len) in [(&b"\n\n"[..], 2), (b"\r\n\r\n", 4)] {
+            let mut raw = plain.to_vec();
+            raw.extend_from_slice(ending);
+            assert_eq!(plain_data_event(&raw), Some(plain.len() + len));
+            raw.extend_from_slice(b"data: next\n\n");
+            assert_eq!(plain_data_event(&raw), Some(plain.len() + len));
+        }
+        assert_eq!(plain_data_event(b"data:[DONE]\n\n"), Some(13));
+        for raw in [
+            &br#"data: {"a":"[EMAIL_1]"}"#[..], // a bracket in a string
+            br#"data: {"a":"\u005bx"}\n\n"#,    // an escaped one
+            b"data: {\"a\":\"x[\"}\n\n",
+            b"data: {\"a\":\"x\"}\n",     // no blank line yet
+            b"data: {\"a\":\"x\"}\r\n\r", // the last CR may take an LF
+            b"data: {\"a\":\"x\"}\r\r",   // CR line ends
+            b"data: {\"a\":\"x\"}\n\r\n", // mixed
+            b"data: a\ndata: b\n\n",      // two data lines
+            b"event: e\ndata: a\n\n",     // another field
+            b": c\ndata: a\n\n",          // a comment
+            b"id: 1\n\n",
+            b"data: {\"a\":\"unterminated\n\n", // a string left open
+            b"\n",
+            b"",
+        ] {
+            assert_eq!(
+                plain_data_event(raw),
+                None,
+                "{}",
+                String::from_utf8_lossy(raw)
+            );
+        }
+    }
+
+    #[test]
+    fn a_chunk_of_plain_events_is_sent_as_it_came_without_a_copy() {
+        let mut map = map();
+        let mut r = SseRestorer::default();
+        let plain = |t: &str| llm_gateway_shared::sse::encode(None, &chat_chunk(t));
+        let chunk = [
+            plain("hello"),
+            plain(" world"),
+            b"data: [DONE]\r\n\r\n".to_vec(),
+        ]
+        .concat();
+        assert_eq!(r.restore(&mut map, &chunk), None);
+        // a partial event waits: the bytes to send differ from the chunk
+        let mut part = plain("a");
+        let half = plain("b");
+        part.extend_from_slice(&half[..10]);
+        assert_eq!(r.restore(&mut map, &part), Some(plain("a")));
+        let mut rest = half[10..].to_vec();
+        rest.extend(plain("c"));
+        assert_eq!(
+            r.restore(&mut map, &rest),
+            Some([half.clone(), plain("c")].concat())
+        );
+        // a placeholder split across events: held, then released restored
+        let out = r
+            .restore(&mut map, &[plain("to [EMA"), plain("IL_1] ok")].concat())
+            .unwrap();
+        assert_eq!(chat_text(&out), "to a@x.com ok");
+        assert_eq!(r.restore(&mut map, &plain("more")), None);
+        assert_eq!(r.finish(&mut map), b"");
     }
 }
