@@ -322,6 +322,12 @@ impl Config {
         self.limits.is_empty() && self.budgets.is_empty()
     }
 
+    /// True if some limit counts per client address (`by: ip`; budgets never do): only then
+    /// does a request's `source.address` matter.
+    pub fn counts_ip(&self) -> bool {
+        self.limits.iter().any(|l| l.by.contains(&Dimension::Ip))
+    }
+
     /// True if some limit or budget counts tokens or money (so the body must be read).
     pub fn counts_tokens(&self) -> bool {
         self.limits.iter().any(|l| l.unit == Unit::Tokens) || !self.budgets.is_empty()
@@ -1015,6 +1021,21 @@ mod tests {
         );
         assert_eq!(c.budgets[1].warn_at, vec![80, 95]);
         assert!(c.counts_tokens());
+    }
+
+    #[test]
+    fn only_a_limit_by_ip_counts_the_client_address() {
+        let config = |doc: &str| {
+            let rules = parse_document(doc.as_bytes()).expect("valid");
+            let first = rules.configs().next().expect("one config").clone();
+            first
+        };
+        let by_key = r#"{"limits":[{"name":"k","by":"key","requests":1,"per":"minute"}],
+            "budgets":[{"name":"b","by":"user","period":"day","tokens":1}]}"#;
+        assert!(!config(by_key).counts_ip());
+        let by_ip = r#"{"limits":[{"name":"k","by":"key","requests":1,"per":"minute"},
+            {"name":"i","by":["tenant","ip"],"requests":1,"per":"minute"}]}"#;
+        assert!(config(by_ip).counts_ip());
     }
 
     #[test]

@@ -453,6 +453,21 @@ impl Core {
         self.outbox.len()
     }
 
+    /// Whether the core reads the clock for `input` as things stand ([`Input::uses_clock`],
+    /// narrowed): the headers of a request that hold it for its body need the time only to
+    /// expire or adopt a stashed admission, so a driver reads the clock for them only when
+    /// the request re-enters or the stash holds something.
+    pub fn uses_clock(&self, input: &Input) -> bool {
+        match input {
+            Input::RequestHeaders {
+                head,
+                end_of_stream,
+                ..
+            } => *end_of_stream || head.reentry || !self.stash.is_empty(),
+            other => other.uses_clock(),
+        }
+    }
+
     /// The next effect to carry out.
     pub fn poll(&mut self) -> Option<Command> {
         self.commands.pop_front()

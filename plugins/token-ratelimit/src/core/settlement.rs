@@ -113,15 +113,16 @@ impl Core {
             }
         }
 
-        // budgets
-        let model = flow.cost.as_ref().and_then(|c| c.model.clone());
-        let price = config.price_for(
-            env.route_info(ctx).and_then(|r| r.price).as_ref(),
-            flow.identity.model_group.as_deref(),
-            model.as_deref(),
-        );
+        // budgets: the price only when a reservation is settled (the route is read then)
         let reservation = std::mem::take(&mut flow.reservation);
+        let model = flow.cost.as_ref().and_then(|c| c.model.as_deref());
+        let group = flow.identity.model_group.as_deref();
         let actual_of = |levels: &[Level], amounts: &[u64]| -> Vec<u64> {
+            let price = config.price_for(
+                env.route_info(ctx).and_then(|r| r.price).as_ref(),
+                group,
+                model,
+            );
             settle::level_charges(
                 &config.budgets,
                 levels,

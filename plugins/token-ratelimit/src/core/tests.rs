@@ -939,6 +939,44 @@ fn the_clock_is_not_needed_for_a_body_chunk_nor_for_response_headers() {
 }
 
 #[test]
+fn held_headers_need_the_clock_only_to_expire_or_adopt_a_stashed_admission() {
+    let env = Fake::default();
+    let mut core = new_core(LOCAL_RPM, false);
+    let headers = |head: Head, end_of_stream: bool| Input::RequestHeaders {
+        ctx: 9,
+        config: Some(0),
+        head,
+        end_of_stream,
+    };
+    // nothing stashed: headers held for the body do not use the time ...
+    assert!(!core.uses_clock(&headers(head("k"), false)));
+    // ... headers that admit at once, or a pass that re-enters, do
+    assert!(core.uses_clock(&headers(head("k"), true)));
+    let mut again = head("k");
+    again.reentry = true;
+    assert!(core.uses_clock(&headers(again, false)));
+    // the rest as `Input::uses_clock`
+    assert!(core.uses_clock(&Input::Tick));
+    assert!(!core.uses_clock(&Input::ResponseHeaders { ctx: 9 }));
+
+    // a superseded pass stashes its admission: now held headers expire the stash by the clock
+    let mut first = head("k");
+    first.logical_id = Some("logical-1".into());
+    assert!(proceeded(&request(&mut core, &env, T0, 1, first), 1));
+    drive(
+        &mut core,
+        &env,
+        T0 + 1,
+        Input::Log {
+            ctx: 1,
+            superseded: true,
+        },
+    );
+    assert_eq!(core.stash.len(), 1);
+    assert!(core.uses_clock(&headers(head("other"), false)));
+}
+
+#[test]
 fn noscript_resends_the_call_with_its_source() {
     let env = Fake::default();
     let mut core = new_core(REDIS_TPM, false);

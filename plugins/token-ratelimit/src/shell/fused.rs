@@ -66,7 +66,8 @@ impl FusedStage {
         let mut step = Step::Wait;
         let mut now = None;
         let mut feed = |input: Input, x: &chain::Exchange| {
-            let now = match input.uses_clock() {
+            let uses_clock = self.state.core.borrow().uses_clock(&input);
+            let now = match uses_clock {
                 true => *now.get_or_insert_with(|| host::clock(x).unwrap_or_default() / 1_000_000),
                 false => 0,
             };
@@ -208,13 +209,17 @@ impl chain::Stage<chain::Exchange> for FusedStage {
     fn headers(&mut self, x: &mut chain::Exchange, direction: Direction, end: bool) -> Step {
         match direction {
             Direction::Request => {
-                let config = {
+                let (config, counts_ip) = {
                     let core = self.state.core.borrow();
                     let authority = x.request.text(":authority");
-                    host::select_config(core.rules(), authority).and_then(|c| core.config_index(c))
+                    let selected = host::select_config(core.rules(), authority);
+                    (
+                        selected.and_then(|c| core.config_index(c)),
+                        selected.is_some_and(Config::counts_ip),
+                    )
                 };
                 let head = match config {
-                    Some(_) => read_head(|name| {
+                    Some(_) => read_head(counts_ip, |name| {
                         x.request
                             .text(name)
                             .filter(|v| !v.is_empty())

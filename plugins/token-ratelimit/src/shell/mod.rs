@@ -6,7 +6,7 @@
 //! webdis: only [`transport`] knows which.
 
 use crate::budget::{self, Identity};
-use crate::config::parse_document;
+use crate::config::{parse_document, Config};
 use crate::core::{Command, Core, Env, Head, Input, LogLevel as CoreLevel};
 use llm_gateway_shared::chain::{self, Direction, Step};
 use llm_gateway_shared::headers;
@@ -91,7 +91,8 @@ impl State {
         self.effective.set(effective);
         let mut now = None; // the clock is read once, and only for an input that uses it
         let mut feed = |input: Input| {
-            let now = match input.uses_clock() {
+            let uses_clock = self.core.borrow().uses_clock(&input);
+            let now = match uses_clock {
                 true => *now.get_or_insert_with(now_ms),
                 false => 0,
             };
@@ -391,11 +392,17 @@ impl HttpContext for Limiter {
             refuse(&Reject::internal("token-ratelimit is not configured"));
             return Action::Pause;
         };
-        let config = {
+        let (config, counts_ip) = {
             let core = state.core.borrow();
-            host::select_config(core.rules(), None).and_then(|c| core.config_index(c))
+            let selected = host::select_config(core.rules(), None);
+            (
+                selected.and_then(|c| core.config_index(c)),
+                selected.is_some_and(Config::counts_ip),
+            )
         };
-        let head = config.map(|_| read_request_head()).unwrap_or_default();
+        let head = config
+            .map(|_| read_request_head(counts_ip))
+            .unwrap_or_default();
         let ctx = self.id;
         self.run(Input::RequestHeaders {
             ctx,
@@ -432,23 +439,25 @@ impl HttpContext for Limiter {
 }
 
 /// The request headers the core reads, from one read of the whole map (about ten names,
-/// most of them present); one read per name if that fails.
-fn read_request_head() -> Head {
+/// most of them present); one read per name if that fails. `counts_ip`: some limit counts
+/// per client address (else `source.address` is not read).
+fn read_request_head(counts_ip: bool) -> Head {
     match host::header_view(HeaderMap::RequestHeaders) {
-        Ok(headers) => read_head(|name| {
+        Ok(headers) => read_head(counts_ip, |name| {
             headers
                 .text(name)
                 .filter(|v| !v.is_empty())
                 .map(str::to_string)
         }),
-        Err(_) => read_head(header_text),
+        Err(_) => read_head(counts_ip, header_text),
     }
 }
 
-/// The request headers the core reads.
-fn read_head(header: impl Fn(&str) -> Option<String>) -> Head {
-    let ip = host::property_string(&["source", "address"])
-        .ok()
+/// The request headers the core reads; the client address only if `counts_ip` (only a limit
+/// by `ip` keys on it).
+fn read_head(counts_ip: bool, header: impl Fn(&str) -> Option<String>) -> Head {
+    let ip = counts_ip
+        .then(|| host::property_string(&["source", "address"]).ok().flatten())
         .flatten()
         .map(|a| budget::strip_port(&a).to_string());
     let identity = Identity {
