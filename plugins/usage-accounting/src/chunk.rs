@@ -118,6 +118,44 @@ impl Template {
     }
 }
 
+impl Template {
+    /// [`Template::apply`] on the event `bytes` starts with, before it is framed: if `bytes`
+    /// starts with `data:`, an optional space, the template with another content string, and
+    /// `\n\n`, appends that string's value to `text` and returns the event's length. That
+    /// event is one line without CR or LF (the template's bytes hold none, nor does a string
+    /// [`Scanner::string`] accepts), so the framer would hand out exactly these bytes, and
+    /// [`single_data_line`] then [`Template::apply`] would read the same text from them.
+    /// `None` (and `text` untouched): frame the event and read it the usual way.
+    pub fn apply_event(&self, bytes: &[u8], text: &mut String) -> Option<usize> {
+        let (head, tail) = (self.bytes.get(..self.start)?, self.bytes.get(self.end..)?);
+        let value = bytes.strip_prefix(b"data:")?;
+        let value = value.strip_prefix(b" ").unwrap_or(value);
+        let prefix = bytes.len() - value.len();
+        if head.is_empty() || !same(value.get(..head.len()), head) {
+            return None;
+        }
+        let mut s = Scanner {
+            s: value,
+            i: head.len() - 1,
+            decoded: 0,
+            content: None,
+        };
+        let span = s.string()?;
+        let data_end = span.end.checked_add(tail.len())?;
+        if !same(value.get(span.end..data_end), tail)
+            || value.get(data_end..data_end + 2) != Some(b"\n\n")
+        {
+            return None;
+        }
+        let before = text.len();
+        if s.decode(span, text).is_none() {
+            text.truncate(before);
+            return None;
+        }
+        Some(prefix + data_end + 2)
+    }
+}
+
 /// `a == Some(b)`, eight bytes at a time.
 fn same(a: Option<&[u8]>, b: &[u8]) -> bool {
     let Some(a) = a else {
