@@ -468,7 +468,10 @@ mod tests {
             };
             let expected = expected.to_vec();
             let at = fast.position();
-            assert_eq!(fast.at_event_start().map(|b| b.len()), Some(stream.len() - at));
+            assert_eq!(
+                fast.at_event_start().map(|b| b.len()),
+                Some(stream.len() - at)
+            );
             assert_eq!(fast.take_line_event(len), Some(&expected[..]));
             assert_eq!(fast.handed_out(at..fast.position()), &expected[..]);
         }

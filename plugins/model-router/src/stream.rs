@@ -180,7 +180,10 @@ fn common_prefix(a: &[u8], b: &[u8]) -> usize {
         }
         n += 8;
     }
-    let (a, b) = (a.get(n..).unwrap_or_default(), b.get(n..).unwrap_or_default());
+    let (a, b) = (
+        a.get(n..).unwrap_or_default(),
+        b.get(n..).unwrap_or_default(),
+    );
     n + a.iter().zip(b).take_while(|(p, q)| p == q).count()
 }
 
@@ -475,6 +478,24 @@ mod tests {
     }
 
     #[test]
+    fn a_repeated_line_is_judged_where_it_differs() {
+        let ordinary =
+            br#"data: {"id":"chatcmpl-1","object":"chat.completion.chunk","type":"eQror"}"#;
+        for (last, terminal) in [
+            (&br#"data: {"id":"chatcmpl-1","object":"chat.completion.chunk","type":"eQror"}"#[..], false),
+            (br#"data: {"id":"chatcmpl-1","object":"chat.completion.chunk","type":"error"}"#, true),
+            (br#"data: {"id":"chatcmpl-1","object":"chat.completion.chunk","type":"messageQu005fstop"}"#, false),
+            (br#"data: {"id":"chatcmpl-1","object":"chat.completion.chunk","type":"message\u005fstop"}"#, true),
+            (br#"data: {"id":"chatcmpl-1","object":"chat.completion.chunk","type":"message_stop"}"#, true),
+        ] {
+            let stream = [&ordinary[..], b"\n\n", ordinary, b"\n\n", last, b"\n\n"].concat();
+            let mut w = StreamWatcher::default();
+            w.push(&stream);
+            assert_eq!(w.finished(), terminal, "{}", String::from_utf8_lossy(last));
+        }
+    }
+
+    #[test]
     fn events_within_a_chunk_are_not_copied() {
         let mut w = StreamWatcher::default();
         for _ in 0..3 {
@@ -556,8 +577,12 @@ mod tests {
         }
 
         const FIELDS: [&str; 6] = ["data: ", "data:", "event: ", "id: ", ": ", ""];
-        const VALUES: [&str; 25] = [
-            // chat chunks that repeat a long first line (the watcher skips what repeats)
+        const VALUES: [&str; 28] = [
+            // chat chunks that repeat a long first line (the watcher skips what repeats), some
+            // a byte away from a marker or an escape at their front or back
+            r#"{"id":"chatcmpl-1","object":"chat.completion.chunk","type":"eQror"}"#,
+            r#"{"id":"chatcmpl-1","object":"chat.completion.chunk","type":"error"}"#,
+            r#"{"id":"chatcmpl-1","object":"chat.completion.chunk","type":"messageQu005fstop"}"#,
             r#"{"id":"chatcmpl-1","object":"chat.completion.chunk","choices":[{"delta":{"content":"ab"}}]}"#,
             r#"{"id":"chatcmpl-1","object":"chat.completion.chunk","choices":[{"delta":{"content":"[DONE]"}}]}"#,
             r#"{"id":"chatcmpl-1","object":"chat.completion.chunk","choices":[{"delta":{"content":"\u00e9"}}]}"#,
@@ -612,10 +637,15 @@ mod tests {
                 })
         }
 
-        /// Chat chunks one after another (the first seven [`VALUES`], which repeat a long
+        /// Chat chunks one after another (the first ten [`VALUES`], which repeat a long
         /// first line), some of them terminal, as `data:` lines with any line ends.
         fn chat_stream() -> impl Strategy<Value = Vec<u8>> {
-            let event = (0..7usize, 0..ENDINGS.len(), 0..ENDINGS.len(), any::<bool>());
+            let event = (
+                0..10usize,
+                0..ENDINGS.len(),
+                0..ENDINGS.len(),
+                any::<bool>(),
+            );
             prop::collection::vec(event, 0..12).prop_map(|events| {
                 let mut out = Vec::new();
                 for (value, ending, blank, space) in events {

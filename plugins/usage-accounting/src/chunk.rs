@@ -666,6 +666,52 @@ mod tests {
     use llm_gateway_shared::usage::{Api, StreamUsage};
     use proptest::prelude::*;
 
+    #[test]
+    fn apply_event_reads_the_template_chunk_before_it_is_framed() {
+        let first = br#"{"id":"c","choices":[{"delta":{"content":"ab"}}],"usage":null}"#;
+        let mut text = String::new();
+        let chunk = scan(first, &mut text).unwrap();
+        let mut template = Template::default();
+        template.set(first, chunk.content.unwrap());
+        let event = br#"data: {"id":"c","choices":[{"delta":{"content":"x\u00e9"}}],"usage":null}"#;
+        for (rest, read) in [
+            (&b"\n\ndata: more"[..], true),
+            (b"\n\n", true),
+            (b"\n", false),
+            (b"\r\n\r\n", false),
+            (b"\n\r\n", false),
+            (b" \n\n", false),
+        ] {
+            let bytes = [&event[..], rest].concat();
+            let mut text = String::from("kept");
+            let len = template.apply_event(&bytes, &mut text);
+            if read {
+                assert_eq!(len, Some(event.len() + 2));
+                assert_eq!(text, "keptxé");
+            } else {
+                assert_eq!((len, text.as_str()), (None, "kept"));
+            }
+        }
+        // no space after `data:` is the same event; another member or key is not the template
+        let mut text = String::new();
+        let tight = br#"data:{"id":"c","choices":[{"delta":{"content":"y"}}],"usage":null}"#;
+        let len = template.apply_event(&[&tight[..], b"\n\n"].concat(), &mut text);
+        assert_eq!((len, text.as_str()), (Some(tight.len() + 2), "y"));
+        for other in [
+            &br#"data: {"id":"d","choices":[{"delta":{"content":"y"}}],"usage":null}"#[..],
+            br#"data: {"id":"c","choices":[{"delta":{"content":"y"}}],"usage":{}}"#,
+            br#"data: {"id":"c","choices":[{"delta":{"content":"y\ud800"}}],"usage":null}"#,
+            br#"event: x"#,
+        ] {
+            let mut text = String::new();
+            assert_eq!(
+                template.apply_event(&[other, b"\n\n"].concat(), &mut text),
+                None
+            );
+            assert_eq!(text, "");
+        }
+    }
+
     /// The fast path against the full parse: whenever it answers, it answers the same.
     fn agrees(data: &str) -> bool {
         let data = data.trim();
