@@ -286,12 +286,15 @@ impl StreamWatcher {
         let mut end = chunk.len();
         // where the current event's first line ends, once seen
         let mut first_line_end = None;
+        // how much of the current event's first line repeated `previous`
+        let mut repeated = 0;
         loop {
             if i == start && !in_line && !skip_lf && self.carry.is_empty() && !self.overflowing {
                 // An event starts here. Where it repeats the first line of the last ordinary
                 // event, it holds nothing to stop at: the scan starts where they differ.
                 let same = common_prefix(chunk.get(i..).unwrap_or_default(), &self.previous);
                 if same > SKIP_MIN {
+                    repeated = same;
                     i += same - LOOK;
                     in_line = true;
                 }
@@ -351,12 +354,17 @@ impl StreamWatcher {
             }
             let suspect = std::mem::take(&mut suspect);
             if !suspect && self.carry.is_empty() && !self.overflowing {
+                // kept unless it mostly repeated the one kept (then that one serves as well,
+                // and the copy is spared)
                 if let Some(line) = first_line_end.and_then(|e| chunk.get(start..e)) {
-                    self.previous.clear();
-                    self.previous.extend_from_slice(line);
+                    if repeated * 2 < line.len() {
+                        self.previous.clear();
+                        self.previous.extend_from_slice(line);
+                    }
                 }
             }
             first_line_end = None;
+            repeated = 0;
             self.end_event(chunk.get(start..i).unwrap_or_default(), suspect);
             if self.finished {
                 return;
