@@ -306,6 +306,47 @@ impl Framer {
         })
     }
 
+    /// Where the next item starts in the framer's buffer: with [`Framer::handed_out`], the
+    /// bytes of the items handed out between two positions. Valid until the next `push`.
+    pub fn position(&self) -> usize {
+        self.start
+    }
+
+    /// The bytes handed out in `range` (positions from [`Framer::position`] since the last
+    /// `push`); empty for a range that is not that.
+    pub fn handed_out(&self, range: Range<usize>) -> &[u8] {
+        if range.end > self.start {
+            return &[];
+        }
+        self.buf.get(range).unwrap_or_default()
+    }
+
+    /// The bytes not yet handed out, when the framer stands at the start of an event with
+    /// nothing of it looked at (no partial line, no pending CR, no oversized event passing
+    /// through); `None` otherwise. For a caller that recognizes a usual event faster than the
+    /// framer: see [`Framer::take_line_event`].
+    pub fn at_event_start(&self) -> Option<&[u8]> {
+        let clean = self.scan == self.start && !self.in_line && !self.skip_lf && !self.overflowing;
+        clean.then(|| self.buf.get(self.start..).unwrap_or_default())
+    }
+
+    /// Hands out the first `len` bytes of [`Framer::at_event_start`] as an event, exactly as
+    /// [`Framer::next_raw`] would, when the caller knows them to be one line without CR or LF
+    /// followed by `\n\n` (the caller's check; this one only looks at the last two bytes).
+    /// `None`, and nothing changes, if the framer is not at an event's start or the bytes do
+    /// not end with `\n\n`.
+    pub fn take_line_event(&mut self, len: usize) -> Option<&[u8]> {
+        let end = self.start.checked_add(len)?;
+        let bytes = self.at_event_start()?.get(..len)?;
+        if len < 3 || !bytes.ends_with(b"\n\n") {
+            return None;
+        }
+        let span = self.start..end;
+        self.start = end;
+        self.scan = end;
+        self.buf.get(span)
+    }
+
     /// The bytes of the next item and whether they are an overflow.
     fn next_span(&mut self) -> Option<(Range<usize>, bool)> {
         while let Some(&byte) = self.buf.get(self.scan) {
@@ -426,6 +467,44 @@ mod tests {
             .iter()
             .map(|i| i.as_ref().ok().and_then(|e| e.data.clone()))
             .collect()
+    }
+
+    #[test]
+    fn a_line_event_taken_at_an_event_start_is_what_next_raw_gives() {
+        let stream = b"data: {\"a\":1}\n\ndata: {\"b\":2}\n\ndata: x\r\n\r\n";
+        let mut slow = Framer::new(1 << 10);
+        slow.push(stream);
+        let mut fast = Framer::new(1 << 10);
+        fast.push(stream);
+        for len in [15, 15] {
+            let Some(RawItem::Event(expected)) = slow.next_raw() else {
+                panic!("an event")
+            };
+            let expected = expected.to_vec();
+            let at = fast.position();
+            assert_eq!(
+                fast.at_event_start().map(|b| b.len()),
+                Some(stream.len() - at)
+            );
+            assert_eq!(fast.take_line_event(len), Some(&expected[..]));
+            assert_eq!(fast.handed_out(at..fast.position()), &expected[..]);
+        }
+        // a CRLF event is not a line event; the framer is unchanged and frames it
+        assert_eq!(fast.take_line_event(11), None);
+        assert_eq!(fast.next_raw(), slow.next_raw());
+        assert_eq!(fast.pending(), 0);
+        // mid-line, or past what is buffered: nothing is taken
+        let mut framer = Framer::new(1 << 10);
+        framer.push(b"data: a");
+        assert_eq!(framer.next_raw(), None);
+        assert_eq!(framer.at_event_start(), None);
+        framer.push(b"\n\n");
+        assert_eq!(framer.take_line_event(9), None);
+        assert_eq!(framer.next_raw(), Some(RawItem::Event(b"data: a\n\n")));
+        framer.push(b"data: b\n\n");
+        assert_eq!(framer.take_line_event(10), None);
+        assert_eq!(framer.take_line_event(9), Some(&b"data: b\n\n"[..]));
+        assert_eq!(framer.handed_out(0..99), b"");
     }
 
     #[test]

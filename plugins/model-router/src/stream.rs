@@ -151,6 +151,42 @@ fn scan(chunk: &[u8], mut at: usize, before: u32, suspect: &mut bool) -> usize {
     }
 }
 
+/// A prefix shorter than this is scanned as usual.
+const SKIP_MIN: usize = 16;
+
+/// How far before the first differing byte the scan resumes: a `\` up to three bytes before
+/// it looks at that byte (`\u00`), which it did not at the same place in the other event.
+const LOOK: usize = 3;
+
+/// How many bytes `a` and `b` start with in common, eight at a time.
+///
+/// When an event starts (nothing of it scanned, nothing carried) with bytes that repeat the
+/// first line of an earlier event that was not suspect, those bytes hold no line end, no
+/// marker and no `\u00` escape: a marker's window ending in them is the earlier event's at
+/// the same place (the windows over the event's first three bytes reach back into the blank
+/// line before it, which no marker holds), and a `\` more than [`LOOK`] bytes before the
+/// first difference sees what it saw there. So the scan starts [`LOOK`] bytes before the
+/// first difference, inside the first line, with the verdict unchanged: in a chat stream,
+/// whose chunks repeat id, object, created, model and index, that skips most of each event.
+fn common_prefix(a: &[u8], b: &[u8]) -> usize {
+    let mut n = 0;
+    let (mut x, mut y) = (a.chunks_exact(8), b.chunks_exact(8));
+    for (p, q) in x.by_ref().zip(y.by_ref()) {
+        let p = p.try_into().map_or(0, u64::from_le_bytes);
+        let q = q.try_into().map_or(0, u64::from_le_bytes);
+        let diff = p ^ q;
+        if diff != 0 {
+            return n + (diff.trailing_zeros() / 8) as usize;
+        }
+        n += 8;
+    }
+    let (a, b) = (
+        a.get(n..).unwrap_or_default(),
+        b.get(n..).unwrap_or_default(),
+    );
+    n + a.iter().zip(b).take_while(|(p, q)| p == q).count()
+}
+
 /// Watches one SSE response body.
 #[derive(Debug)]
 pub struct StreamWatcher {
@@ -170,6 +206,9 @@ pub struct StreamWatcher {
     window: u32,
     /// The current event holds a marker: judge it when it ends.
     suspect: bool,
+    /// The first line (terminator excluded) of the last event that was not suspect and came
+    /// whole in one chunk: see [`common_prefix`].
+    previous: Vec<u8>,
     max_event_bytes: usize,
 }
 
@@ -216,6 +255,7 @@ impl StreamWatcher {
             carry: Vec::new(),
             window: 0,
             suspect: false,
+            previous: Vec::new(),
             max_event_bytes: max.max(1),
         }
     }
@@ -244,7 +284,21 @@ impl StreamWatcher {
         let (mut in_line, mut skip_lf, mut suspect) = (self.in_line, self.skip_lf, self.suspect);
         // the bytes of this chunk the current event holds at the end (all but a pending CR)
         let mut end = chunk.len();
+        // where the current event's first line ends, once seen
+        let mut first_line_end = None;
+        // how much of the current event's first line repeated `previous`
+        let mut repeated = 0;
         loop {
+            if i == start && !in_line && !skip_lf && self.carry.is_empty() && !self.overflowing {
+                // An event starts here. Where it repeats the first line of the last ordinary
+                // event, it holds nothing to stop at: the scan starts where they differ.
+                let same = common_prefix(chunk.get(i..).unwrap_or_default(), &self.previous);
+                if same > SKIP_MIN {
+                    repeated = same;
+                    i += same - LOOK;
+                    in_line = true;
+                }
+            }
             let stop = scan(chunk, i, before, &mut suspect);
             if stop > i {
                 i = stop;
@@ -277,6 +331,9 @@ impl StreamWatcher {
             }
             skip_lf = byte == b'\r';
             if std::mem::take(&mut in_line) {
+                if first_line_end.is_none() {
+                    first_line_end = Some(i - 1);
+                }
                 continue;
             }
             // a blank line: the event ends here, with the LF of a CRLF
@@ -295,10 +352,20 @@ impl StreamWatcher {
                     Some(_) => {}
                 }
             }
-            self.end_event(
-                chunk.get(start..i).unwrap_or_default(),
-                std::mem::take(&mut suspect),
-            );
+            let suspect = std::mem::take(&mut suspect);
+            if !suspect && self.carry.is_empty() && !self.overflowing {
+                // kept unless it mostly repeated the one kept (then that one serves as well,
+                // and the copy is spared)
+                if let Some(line) = first_line_end.and_then(|e| chunk.get(start..e)) {
+                    if repeated * 2 < line.len() {
+                        self.previous.clear();
+                        self.previous.extend_from_slice(line);
+                    }
+                }
+            }
+            first_line_end = None;
+            repeated = 0;
+            self.end_event(chunk.get(start..i).unwrap_or_default(), suspect);
             if self.finished {
                 return;
             }
@@ -419,6 +486,24 @@ mod tests {
     }
 
     #[test]
+    fn a_repeated_line_is_judged_where_it_differs() {
+        let ordinary =
+            br#"data: {"id":"chatcmpl-1","object":"chat.completion.chunk","type":"eQror"}"#;
+        for (last, terminal) in [
+            (&br#"data: {"id":"chatcmpl-1","object":"chat.completion.chunk","type":"eQror"}"#[..], false),
+            (br#"data: {"id":"chatcmpl-1","object":"chat.completion.chunk","type":"error"}"#, true),
+            (br#"data: {"id":"chatcmpl-1","object":"chat.completion.chunk","type":"messageQu005fstop"}"#, false),
+            (br#"data: {"id":"chatcmpl-1","object":"chat.completion.chunk","type":"message\u005fstop"}"#, true),
+            (br#"data: {"id":"chatcmpl-1","object":"chat.completion.chunk","type":"message_stop"}"#, true),
+        ] {
+            let stream = [&ordinary[..], b"\n\n", ordinary, b"\n\n", last, b"\n\n"].concat();
+            let mut w = StreamWatcher::default();
+            w.push(&stream);
+            assert_eq!(w.finished(), terminal, "{}", String::from_utf8_lossy(last));
+        }
+    }
+
+    #[test]
     fn events_within_a_chunk_are_not_copied() {
         let mut w = StreamWatcher::default();
         for _ in 0..3 {
@@ -500,7 +585,19 @@ mod tests {
         }
 
         const FIELDS: [&str; 6] = ["data: ", "data:", "event: ", "id: ", ": ", ""];
-        const VALUES: [&str; 18] = [
+        const VALUES: [&str; 28] = [
+            // chat chunks that repeat a long first line (the watcher skips what repeats), some
+            // a byte away from a marker or an escape at their front or back
+            r#"{"id":"chatcmpl-1","object":"chat.completion.chunk","type":"eQror"}"#,
+            r#"{"id":"chatcmpl-1","object":"chat.completion.chunk","type":"error"}"#,
+            r#"{"id":"chatcmpl-1","object":"chat.completion.chunk","type":"messageQu005fstop"}"#,
+            r#"{"id":"chatcmpl-1","object":"chat.completion.chunk","choices":[{"delta":{"content":"ab"}}]}"#,
+            r#"{"id":"chatcmpl-1","object":"chat.completion.chunk","choices":[{"delta":{"content":"[DONE]"}}]}"#,
+            r#"{"id":"chatcmpl-1","object":"chat.completion.chunk","choices":[{"delta":{"content":"\u00e9"}}]}"#,
+            r#"{"id":"chatcmpl-1","object":"chat.completion.chunk","error":{"message":"x"}}"#,
+            r#"{"id":"chatcmpl-1","object":"chat.completion.chunk","type":"message\n"}"#,
+            r#"{"id":"chatcmpl-1","object":"chat.completion.chunk","type":"message\u005fstop"}"#,
+            r#"{"id":"chatcmpl-1","object":"chat.completion.chunk","\u0065rror":1}"#,
             "[DONE]",
             " [DONE] ",
             "error",
@@ -548,12 +645,33 @@ mod tests {
                 })
         }
 
+        /// Chat chunks one after another (the first ten [`VALUES`], which repeat a long
+        /// first line), some of them terminal, as `data:` lines with any line ends.
+        fn chat_stream() -> impl Strategy<Value = Vec<u8>> {
+            let event = (
+                0..10usize,
+                0..ENDINGS.len(),
+                0..ENDINGS.len(),
+                any::<bool>(),
+            );
+            prop::collection::vec(event, 0..12).prop_map(|events| {
+                let mut out = Vec::new();
+                for (value, ending, blank, space) in events {
+                    out.extend_from_slice(if space { b"data: " } else { b"data:" });
+                    out.extend_from_slice(VALUES[value].as_bytes());
+                    out.extend_from_slice(ENDINGS[ending].as_bytes());
+                    out.extend_from_slice(ENDINGS[blank].as_bytes());
+                }
+                out
+            })
+        }
+
         proptest! {
             /// Same verdict as the framer-based watcher after every chunk, whatever the
             /// stream, its chunking and the event bound.
             #[test]
             fn agrees_with_framing_and_judging_every_event(
-                stream in stream(),
+                stream in prop_oneof![stream(), chat_stream()],
                 cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..8),
                 max in prop_oneof![1usize..64, Just(MAX_EVENT_BYTES)],
             ) {

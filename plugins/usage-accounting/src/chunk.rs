@@ -118,6 +118,44 @@ impl Template {
     }
 }
 
+impl Template {
+    /// [`Template::apply`] on the event `bytes` starts with, before it is framed: if `bytes`
+    /// starts with `data:`, an optional space, the template with another content string, and
+    /// `\n\n`, appends that string's value to `text` and returns the event's length. That
+    /// event is one line without CR or LF (the template's bytes hold none, nor does a string
+    /// [`Scanner::string`] accepts), so the framer would hand out exactly these bytes, and
+    /// [`single_data_line`] then [`Template::apply`] would read the same text from them.
+    /// `None` (and `text` untouched): frame the event and read it the usual way.
+    pub fn apply_event(&self, bytes: &[u8], text: &mut String) -> Option<usize> {
+        let (head, tail) = (self.bytes.get(..self.start)?, self.bytes.get(self.end..)?);
+        let value = bytes.strip_prefix(b"data:")?;
+        let value = value.strip_prefix(b" ").unwrap_or(value);
+        let prefix = bytes.len() - value.len();
+        if head.is_empty() || !same(value.get(..head.len()), head) {
+            return None;
+        }
+        let mut s = Scanner {
+            s: value,
+            i: head.len() - 1,
+            decoded: 0,
+            content: None,
+        };
+        let span = s.string()?;
+        let data_end = span.end.checked_add(tail.len())?;
+        if !same(value.get(span.end..data_end), tail)
+            || value.get(data_end..data_end + 2) != Some(b"\n\n")
+        {
+            return None;
+        }
+        let before = text.len();
+        if s.decode(span, text).is_none() {
+            text.truncate(before);
+            return None;
+        }
+        Some(prefix + data_end + 2)
+    }
+}
+
 /// `a == Some(b)`, eight bytes at a time.
 fn same(a: Option<&[u8]>, b: &[u8]) -> bool {
     let Some(a) = a else {
@@ -627,6 +665,52 @@ mod tests {
     use super::*;
     use llm_gateway_shared::usage::{Api, StreamUsage};
     use proptest::prelude::*;
+
+    #[test]
+    fn apply_event_reads_the_template_chunk_before_it_is_framed() {
+        let first = br#"{"id":"c","choices":[{"delta":{"content":"ab"}}],"usage":null}"#;
+        let mut text = String::new();
+        let chunk = scan(first, &mut text).unwrap();
+        let mut template = Template::default();
+        template.set(first, chunk.content.unwrap());
+        let event = br#"data: {"id":"c","choices":[{"delta":{"content":"x\u00e9"}}],"usage":null}"#;
+        for (rest, read) in [
+            (&b"\n\ndata: more"[..], true),
+            (b"\n\n", true),
+            (b"\n", false),
+            (b"\r\n\r\n", false),
+            (b"\n\r\n", false),
+            (b" \n\n", false),
+        ] {
+            let bytes = [&event[..], rest].concat();
+            let mut text = String::from("kept");
+            let len = template.apply_event(&bytes, &mut text);
+            if read {
+                assert_eq!(len, Some(event.len() + 2));
+                assert_eq!(text, "keptxé");
+            } else {
+                assert_eq!((len, text.as_str()), (None, "kept"));
+            }
+        }
+        // no space after `data:` is the same event; another member or key is not the template
+        let mut text = String::new();
+        let tight = br#"data:{"id":"c","choices":[{"delta":{"content":"y"}}],"usage":null}"#;
+        let len = template.apply_event(&[&tight[..], b"\n\n"].concat(), &mut text);
+        assert_eq!((len, text.as_str()), (Some(tight.len() + 2), "y"));
+        for other in [
+            &br#"data: {"id":"d","choices":[{"delta":{"content":"y"}}],"usage":null}"#[..],
+            br#"data: {"id":"c","choices":[{"delta":{"content":"y"}}],"usage":{}}"#,
+            br#"data: {"id":"c","choices":[{"delta":{"content":"y\ud800"}}],"usage":null}"#,
+            br#"event: x"#,
+        ] {
+            let mut text = String::new();
+            assert_eq!(
+                template.apply_event(&[other, b"\n\n"].concat(), &mut text),
+                None
+            );
+            assert_eq!(text, "");
+        }
+    }
 
     /// The fast path against the full parse: whenever it answers, it answers the same.
     fn agrees(data: &str) -> bool {

@@ -71,6 +71,7 @@ impl ResponseStream {
                 model: None,
                 event_text: String::new(),
                 template: Template::default(),
+                complete: false,
             },
             out: Vec::new(),
             hide_usage_only,
@@ -120,37 +121,48 @@ impl ResponseStream {
         let hide_usage_only = *hide_usage_only;
         out.clear();
         let mut first_output = false;
+        // What reaches the client is what the framer hands out, minus the hidden events: the
+        // bytes are copied only when an event is hidden or the chunk does not go as it came.
+        // `copied`: where the bytes not yet copied to `out` start.
+        let mut copied = framer.position();
         let mut hidden_now = false;
-        while let Some(item) = framer.next_raw() {
-            match item {
-                RawItem::Event(raw) => {
-                    *events += 1;
-                    let (has_usage, usage_only) = reader.on_event(raw);
-                    let event_text = reader.event_text.as_str();
-                    if !event_text.is_empty() && !reader.usage.is_complete() {
-                        keep_text(text, text_chars, event_text);
-                    }
-                    if !*seen_output && (!event_text.is_empty() || has_usage) {
-                        *seen_output = true;
-                        first_output = true;
-                    }
-                    if hide_usage_only && usage_only {
-                        *hidden += 1;
-                        hidden_now = true;
-                    } else if hide_usage_only {
-                        out.extend_from_slice(raw);
-                    }
-                }
-                RawItem::Overflow(raw) => {
-                    if hide_usage_only {
-                        out.extend_from_slice(raw);
-                    }
-                }
+        loop {
+            let at = framer.position();
+            // the usual chunk, recognized and read before it is framed (see
+            // `Template::apply_event`); anything else is framed and read by `on_event`
+            let templated = framer
+                .at_event_start()
+                .and_then(|bytes| reader.template_event(bytes));
+            let taken = templated.and_then(|len| framer.take_line_event(len));
+            let (has_usage, usage_only) = match taken {
+                Some(_) => (false, false),
+                // (`on_event` clears the text a refused template event may have left)
+                None => match framer.next_raw() {
+                    Some(RawItem::Event(raw)) => reader.on_event(raw),
+                    Some(RawItem::Overflow(_)) => continue,
+                    None => break,
+                },
+            };
+            *events += 1;
+            let event_text = reader.event_text.as_str();
+            if !event_text.is_empty() && !reader.complete {
+                keep_text(text, text_chars, event_text);
+            }
+            if !*seen_output && (!event_text.is_empty() || has_usage) {
+                *seen_output = true;
+                first_output = true;
+            }
+            if hide_usage_only && usage_only {
+                *hidden += 1;
+                hidden_now = true;
+                out.extend_from_slice(framer.handed_out(copied..at));
+                copied = framer.position();
             }
         }
         // Every byte that came in goes out: nothing to replace.
         let unchanged = !hidden_now && held_before == 0 && framer.pending() == 0;
         let forward = if hide_usage_only && !unchanged {
+            out.extend_from_slice(framer.handed_out(copied..framer.position()));
             Forward::Replace(std::mem::take(out))
         } else {
             Forward::Unchanged
@@ -207,6 +219,8 @@ struct Reader {
     event_text: String,
     /// The last usual chunk read in full (Chat Completions).
     template: Template,
+    /// `usage.is_complete()`, as of the last event.
+    complete: bool,
 }
 
 impl Reader {
@@ -236,11 +250,22 @@ impl Reader {
             }
         }
         let info = self.usage.on_event(event.event.as_deref(), data);
+        self.complete = self.usage.is_complete();
         if self.model.is_none() {
             self.model = self.usage.model().map(str::to_owned);
         }
         self.event_text = info.text;
         (info.has_usage, info.usage_only)
+    }
+
+    /// [`Template::apply_event`] on the bytes of the next event, not yet framed: the event's
+    /// length if it is the template's chunk with another text (its text is in `event_text`).
+    fn template_event(&mut self, bytes: &[u8]) -> Option<usize> {
+        if self.api != Api::ChatCompletions {
+            return None;
+        }
+        self.event_text.clear();
+        self.template.apply_event(bytes, &mut self.event_text)
     }
 
     /// [`chunk::scan`]: true if it read the chunk (its text is in `event_text`).
