@@ -277,12 +277,13 @@ impl Framer {
     /// front of a chunk itself and push only the rest: the framer hands out the same items
     /// for that rest as it would after cutting those events.
     pub fn is_idle(&self) -> bool {
-        self.start == self.buf.len()
-            && self.scan == self.start
-            && !self.in_line
-            && !self.skip_lf
-            && !self.overflowing
-            && !self.closed
+        self.at_boundary() && self.start == self.buf.len() && !self.closed
+    }
+
+    /// Nothing of the next event has been looked at: no partial line, no pending CR, no
+    /// oversized event passing through.
+    fn at_boundary(&self) -> bool {
+        self.scan == self.start && !self.in_line && !self.skip_lf && !self.overflowing
     }
 
     /// The next complete event, or raw bytes of an oversized one; `None` when more input is
@@ -326,8 +327,8 @@ impl Framer {
     /// through); `None` otherwise. For a caller that recognizes a usual event faster than the
     /// framer: see [`Framer::take_line_event`].
     pub fn at_event_start(&self) -> Option<&[u8]> {
-        let clean = self.scan == self.start && !self.in_line && !self.skip_lf && !self.overflowing;
-        clean.then(|| self.buf.get(self.start..).unwrap_or_default())
+        self.at_boundary()
+            .then(|| self.buf.get(self.start..).unwrap_or_default())
     }
 
     /// Hands out the first `len` bytes of [`Framer::at_event_start`] as an event, exactly as
