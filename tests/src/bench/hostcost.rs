@@ -139,6 +139,8 @@ pub enum Kind {
     Stream,
     /// The floor.
     Floor,
+    /// A row of the chain's candidates: VMs, frames copied, metrics recorded.
+    Chain,
 }
 
 /// One row.
@@ -160,6 +162,8 @@ pub struct Probe {
     pub kind: Kind,
     /// wrk's connections.
     pub connections: u32,
+    /// Its filters share one VM (one `vm_id`); otherwise each has a VM of its own.
+    pub one_vm: bool,
 }
 
 fn probe(call: &str, calls: u32) -> Value {
@@ -181,6 +185,7 @@ fn call_row(name: &'static str, label: &'static str, calls: u32, kind: Kind) -> 
         units: calls,
         kind,
         connections: CONNECTIONS,
+        one_vm: false,
     }
 }
 
@@ -197,6 +202,7 @@ pub fn probes() -> Vec<Probe> {
             units: 1,
             kind: Kind::Base,
             connections: CONNECTIONS,
+            one_vm: false,
         },
         Probe {
             name: NONE,
@@ -207,16 +213,7 @@ pub fn probes() -> Vec<Probe> {
             units: 1,
             kind: Kind::Base,
             connections: CONNECTIONS,
-        },
-        Probe {
-            name: "none ×5",
-            label: "five such probes, each in its own VM (per filter)",
-            load: Load::Chat,
-            filters: vec![probe("none", 1); 5],
-            reference: Some(BARE),
-            units: 5,
-            kind: Kind::Base,
-            connections: CONNECTIONS,
+            one_vm: false,
         },
     ];
     use Kind::{Cheap, Define, Log, Returns, Write};
@@ -324,6 +321,12 @@ pub fn probes() -> Vec<Probe> {
             FEW_CALLS,
             Log,
         ),
+        (
+            "record_histogram",
+            "record_metric of a histogram (defined once, at configure)",
+            CALLS,
+            Kind::Chain,
+        ),
     ] {
         rows.push(call_row(name, label, calls, kind));
     }
@@ -337,6 +340,7 @@ pub fn probes() -> Vec<Probe> {
             units: 1,
             kind: Kind::Body,
             connections: CONNECTIONS,
+            one_vm: false,
         },
         Probe {
             name: "read_body",
@@ -347,6 +351,7 @@ pub fn probes() -> Vec<Probe> {
             units: FEW_CALLS - 1,
             kind: Kind::Returns,
             connections: CONNECTIONS,
+            one_vm: false,
         },
         Probe {
             name: "replace_body",
@@ -357,6 +362,7 @@ pub fn probes() -> Vec<Probe> {
             units: FEW_CALLS,
             kind: Kind::Write,
             connections: CONNECTIONS,
+            one_vm: false,
         },
         Probe {
             name: "floor",
@@ -367,11 +373,113 @@ pub fn probes() -> Vec<Probe> {
             units: 1,
             kind: Kind::Floor,
             connections: CONNECTIONS,
+            one_vm: false,
         },
     ]);
+    rows.extend(chain_rows(Load::Chat, 1));
     rows.extend(stream_rows(Load::Stream, events));
+    rows.extend(chain_rows(Load::Stream, events));
     rows.extend(stream_rows(Load::Paced, events));
     rows
+}
+
+/// Filters in the chain rows.
+pub const CHAIN: usize = 5;
+/// The chain rows' names, chat then unpaced stream: five continue-only probes each in its own
+/// VM, the five in one VM, five probes replacing each response chunk with itself (own VMs,
+/// then one VM), one probe recording usage-accounting's metrics at the end of each request.
+pub const CHAIN_ROWS: [[&str; 5]; 2] = [
+    [
+        "none ×5",
+        "none ×5 one VM",
+        "replace ×5",
+        "replace ×5 one VM",
+        "metrics",
+    ],
+    [
+        "stream none ×5",
+        "stream none ×5 one VM",
+        "stream replace ×5",
+        "stream replace ×5 one VM",
+        "stream metrics",
+    ],
+];
+
+/// The rows isolating what the chain of six filters costs beyond the plugins' code (issue 19):
+/// (a) the number of VMs, (b) each filter copying each response frame into its VM and back,
+/// (c) the plugins' metrics. Chat rows are measured over the row they differ from, per filter;
+/// stream rows over bare Envoy per event (their contrasts are in the cost model).
+fn chain_rows(load: Load, events: u32) -> Vec<Probe> {
+    let chat = load == Load::Chat;
+    let names = CHAIN_ROWS[usize::from(!chat)];
+    let (bare, none) = if chat {
+        (BARE, NONE)
+    } else {
+        (STREAM_BARE, STREAM_NONE)
+    };
+    let row = |which: usize,
+               label: &'static str,
+               filters: Vec<Value>,
+               one_vm: bool,
+               reference: &'static str,
+               units: u32| Probe {
+        name: names[which],
+        label,
+        load,
+        filters,
+        reference: Some(if chat { reference } else { bare }),
+        units: if chat { units } else { events },
+        kind: if chat && which == 0 {
+            Kind::Base
+        } else {
+            Kind::Chain
+        },
+        connections: CONNECTIONS,
+        one_vm,
+    };
+    let five = CHAIN as u32;
+    vec![
+        row(
+            0,
+            "five continue-only probes, each in its own VM (per filter)",
+            vec![probe("none", 1); CHAIN],
+            false,
+            bare,
+            five,
+        ),
+        row(
+            1,
+            "five continue-only probes sharing one VM (one vm_id; per filter)",
+            vec![probe("none", 1); CHAIN],
+            true,
+            bare,
+            five,
+        ),
+        row(
+            2,
+            "five probes each reading each response chunk and replacing it with itself, own VMs (per filter, over five continue-only)",
+            vec![probe("replace_chunk", 1); CHAIN],
+            false,
+            names[0],
+            five,
+        ),
+        row(
+            3,
+            "the same five sharing one VM (per filter, over five continue-only in one VM)",
+            vec![probe("replace_chunk", 1); CHAIN],
+            true,
+            names[1],
+            five,
+        ),
+        row(
+            4,
+            "one probe recording 7 histograms and 5 counters at the end of each request (per request)",
+            vec![probe("metrics", 1)],
+            false,
+            none,
+            1,
+        ),
+    ]
 }
 
 /// The stream rows of `load`: bare Envoy, the continue-only probe, a read of each chunk, a
@@ -391,6 +499,7 @@ fn stream_rows(load: Load, events: u32) -> Vec<Probe> {
         units: events,
         kind,
         connections,
+        one_vm: false,
     };
     vec![
         row(
@@ -454,7 +563,9 @@ pub fn listener_name(index: usize) -> String {
 
 /// One Envoy config holding every row of `rows`: row B's listener once per row (named
 /// [`listener_name`]), each with the row's probe filters in front of the router, each filter
-/// in a VM of its own. Placeholders left: `${WASM_DIR}`, `${LOG_DIR}`.
+/// in a VM of its own, or all of a [`Probe::one_vm`] row's in one (Envoy shares a VM between
+/// filters of the same `vm_id`, code, runtime and VM configuration, each filter a root context
+/// of its own). Placeholders left: `${WASM_DIR}`, `${LOG_DIR}`.
 pub fn envoy_config(bare: &Value, rows: &[Probe]) -> crate::Result<Value> {
     let listener = bare
         .pointer("/static_resources/listeners/0")
@@ -471,6 +582,11 @@ pub fn envoy_config(bare: &Value, rows: &[Probe]) -> crate::Result<Value> {
         let router = filters.len().saturating_sub(1);
         for (k, probe) in row.filters.iter().enumerate() {
             let name = format!("hostcost-{index}-{k}");
+            let vm_id = if row.one_vm {
+                format!("hostcost-{index}")
+            } else {
+                name.clone()
+            };
             filters.insert(
                 router + k,
                 json!({
@@ -484,7 +600,7 @@ pub fn envoy_config(bare: &Value, rows: &[Probe]) -> crate::Result<Value> {
                             // the floor holds the request headers until the body has arrived
                             "allow_on_headers_stop_iteration": true,
                             "vm_config": {
-                                "vm_id": name,
+                                "vm_id": vm_id,
                                 "runtime": "envoy.wasm.runtime.v8",
                                 "code": {"local": {"filename": format!("${{WASM_DIR}}/{FILE}")}},
                             },
@@ -503,6 +619,19 @@ pub fn envoy_config(bare: &Value, rows: &[Probe]) -> crate::Result<Value> {
     *out.pointer_mut("/static_resources/listeners")
         .ok_or("row B has no listeners")? = Value::Array(listeners);
     Ok(out)
+}
+
+/// The distinct `vm_id`s of the config [`envoy_config`] writes for `rows`.
+pub fn distinct_vms(rows: &[Probe]) -> usize {
+    rows.iter()
+        .map(|r| {
+            if r.one_vm {
+                r.filters.len().min(1)
+            } else {
+                r.filters.len()
+            }
+        })
+        .sum()
 }
 
 /// An Envoy version to measure.
@@ -634,6 +763,9 @@ pub struct VersionRun {
     pub series: Vec<crate::Result<Series>>,
     /// Lines of the probe's failure warnings in Envoy's log (calls that failed).
     pub failures: Vec<String>,
+    /// Envoy's gauge of live V8 VMs once every listener answered
+    /// (`wasm.envoy.wasm.runtime.v8.active`).
+    pub vms: Option<u64>,
 }
 
 impl VersionRun {
@@ -690,6 +822,21 @@ pub struct CostModel {
     /// The floor over bare Envoy, per streamed event (the whole stream request over its
     /// events), unpaced then paced.
     pub floor_event: [Option<f64>; 2],
+    /// Per filter of five continue-only filters sharing one VM.
+    pub filter_of_five_one_vm: Option<f64>,
+    /// Per extra VM, per request, chat then unpaced stream: five continue-only filters in
+    /// five VMs over the five in one VM, / 4.
+    pub extra_vm: [Option<f64>; 2],
+    /// Per filter reading and replacing each response chunk (five such over five
+    /// continue-only, / 5), per chat request then per streamed event; own VMs.
+    pub frame_filter: [Option<f64>; 2],
+    /// The same, the five filters in one VM.
+    pub frame_filter_one_vm: [Option<f64>; 2],
+    /// 7 histograms and 5 counters recorded once per request, over one continue-only filter,
+    /// per chat request then per stream request.
+    pub metrics_request: [Option<f64>; 2],
+    /// Per histogram record (`record_metric`).
+    pub histogram_record: Option<f64>,
 }
 
 fn spread(values: &[f64]) -> Option<(f64, f64, f64)> {
@@ -717,6 +864,13 @@ impl CostModel {
             let row = rows.iter().find(|r| r.name == name)?;
             run.over_stream_none(rows, row)
         };
+        let cpu = |name: &str| run.cpu(rows, name);
+        // a chain row of the unpaced stream over another, per filter per event
+        let stream_contrast = |row: usize, over: usize| {
+            let names = CHAIN_ROWS[1];
+            let events = rows.iter().find(|r| r.name == names[row])?.units;
+            Some((cpu(names[row])? - cpu(names[over])?) / CHAIN as f64 / f64::from(events.max(1)))
+        };
         let both = |which: usize, f: &dyn Fn(&str) -> Option<f64>| {
             [
                 f(stream_name(Load::Stream, which)),
@@ -737,6 +891,20 @@ impl CostModel {
             event_replace: both(3, &over_none),
             floor: per("floor"),
             floor_event: both(4, &per),
+            filter_of_five_one_vm: per(CHAIN_ROWS[0][1]),
+            extra_vm: CHAIN_ROWS.map(|names| {
+                let (five, one) = cpu(names[0]).zip(cpu(names[1]))?;
+                Some((five - one) / (CHAIN - 1) as f64)
+            }),
+            frame_filter: [per(CHAIN_ROWS[0][2]), stream_contrast(2, 0)],
+            frame_filter_one_vm: [per(CHAIN_ROWS[0][3]), stream_contrast(3, 1)],
+            metrics_request: [
+                per(CHAIN_ROWS[0][4]),
+                cpu(CHAIN_ROWS[1][4])
+                    .zip(cpu(STREAM_NONE))
+                    .map(|(m, n)| m - n),
+            ],
+            histogram_record: per("record_histogram"),
         }
     }
 }
@@ -778,7 +946,7 @@ pub fn render(header: &[String], rows: &[Probe], runs: &[VersionRun]) -> String 
     md.push_str(&"---|".repeat(runs.len()));
     md.push('\n');
     type Pick = fn(&CostModel) -> String;
-    let lines: [(&str, Pick); 13] = [
+    let lines: [(&str, Pick); 19] = [
         ("one filter's callbacks, per request (one continue-only filter over bare Envoy)", |m| num(m.filter)),
         ("per filter, of five continue-only filters", |m| num(m.filter_of_five)),
         ("per call returning data (get_header, header pairs, get_property, get_shared_data, a body read)", |m| range(m.returns)),
@@ -792,6 +960,12 @@ pub fn render(header: &[String], rows: &[Probe], runs: &[VersionRun]) -> String 
         ("per streamed event, unpaced c=16 / paced: + reading and replacing the chunk", |m| pair(m.event_replace)),
         ("**the floor, per chat 2 KB request** (over bare Envoy)", |m| num(m.floor)),
         ("**the floor, per streamed event, unpaced c=16 / paced** (the stream over bare Envoy, / events)", |m| pair(m.floor_event)),
+        ("per filter, of five continue-only filters sharing one VM", |m| num(m.filter_of_five_one_vm)),
+        ("**per extra VM**, per chat request / per stream request (five continue-only filters in five VMs − in one VM, / 4)", |m| pair(m.extra_vm)),
+        ("**per filter touching each response frame**, per chat request / per streamed event (five probes reading and replacing each chunk − five continue-only, / 5; own VMs)", |m| pair(m.frame_filter)),
+        ("the same, the five in one VM, per chat request / per streamed event", |m| pair(m.frame_filter_one_vm)),
+        ("**7 histograms + 5 counters recorded once per request**, per chat request / per stream request (over one continue-only filter)", |m| pair(m.metrics_request)),
+        ("**per histogram record** (record_metric of a histogram defined once)", |m| num(m.histogram_record)),
     ];
     for (label, pick) in lines {
         md.push_str(&format!("| {label} |"));
@@ -874,6 +1048,11 @@ pub fn render(header: &[String], rows: &[Probe], runs: &[VersionRun]) -> String 
             }
             md.push('\n');
         }
+        md.push_str(&format!(
+            "V8 VMs live in this Envoy (`wasm.envoy.wasm.runtime.v8.active`, once every listener answered): {}; the config has {} distinct vm_id(s).\n\n",
+            run.vms.map_or_else(|| "–".into(), |v| v.to_string()),
+            distinct_vms(rows)
+        ));
         if run.failures.is_empty() {
             md.push_str("No host call of the probe failed (Envoy's log has no `hostcost: … failed` line).\n");
         } else {
@@ -915,6 +1094,7 @@ pub fn run(args: &Args, mock_bin: &Path) -> crate::Result<String> {
     struct Running {
         version: Version,
         build: String,
+        vms: Option<u64>,
         envoy: Envoy,
         urls: Vec<crate::Result<String>>,
         series: Vec<Series>,
@@ -951,9 +1131,14 @@ pub fn run(args: &Args, mock_bin: &Path) -> crate::Result<String> {
             }
             urls.push(url);
         }
+        let vms = envoy
+            .stat("wasm.envoy.wasm.runtime.v8.active")
+            .ok()
+            .flatten();
         running.push(Running {
             version,
             build,
+            vms,
             envoy,
             urls,
             series: vec![Series::default(); rows.len()],
@@ -1024,6 +1209,7 @@ pub fn run(args: &Args, mock_bin: &Path) -> crate::Result<String> {
             version: r.version,
             build: r.build,
             failures: failures(&r.envoy),
+            vms: r.vms,
             series: r
                 .urls
                 .into_iter()
@@ -1034,10 +1220,11 @@ pub fn run(args: &Args, mock_bin: &Path) -> crate::Result<String> {
         .collect();
     let header = vec![
         format!("machine: {}, {} cores; load average (1/5/15 min) {load_start} at the start, {load_end} at the end (other work on the machine adds noise: the windows are interleaved, round → version → row, so it hits every row alike; the min–max columns show the spread)", cpu_model(), std::thread::available_parallelism().map_or(0, |n| n.get())),
-        format!("one Envoy per version, `--concurrency 1`, log level info, pinned to CPU {}; every row a listener of row B's config (router only, the bench's access log) with its probe filters in front of the router, each in a VM of its own (V8); wrk (one thread, {CONNECTIONS} connections) and the mock upstream on CPU {}", procs::PROXY_CPU, procs::LOAD_CPU),
+        format!("one Envoy per version, `--concurrency 1`, log level info, pinned to CPU {}; every row a listener of row B's config (router only, the bench's access log) with its probe filters in front of the router, each in a VM of its own (V8) but in the rows marked one VM; wrk (one thread, {CONNECTIONS} connections) and the mock upstream on CPU {}", procs::PROXY_CPU, procs::LOAD_CPU),
         format!("{} round(s) of one {}-second window per row and version, {} ms apart; figures are medians over the rounds of Envoy's CPU (user + system, /proc) per request; 1 s of warm-up per row first; {:.0} s in all", args.rounds, args.window, GAP.as_millis(), started.elapsed().as_secs_f64()),
         "requests: the bench's chat 2 KB (JSON answer) and its 200-event stream (the mock echoes the prompt's last message 3 characters per event)".into(),
         "µs per unit: (row − the row in `over`) / the row's calls; a call row's probe makes its calls in the request headers callback, so the difference is the calls alone. Stream rows: (row − bare) / events, and over the continue-only probe".into(),
+        format!("the chain's candidates (issue 19: why each filter of the six-filter chain costs more than its code), on chat and on the unpaced stream: {CHAIN} continue-only probes each in its own VM against the {CHAIN} sharing one VM (one vm_id: Envoy shares a VM between filters of the same vm_id, code and VM configuration), {CHAIN} probes each reading each response chunk and replacing it with itself against {CHAIN} continue-only, one probe recording 7 histograms and 5 counters (usage-accounting's count, defined once per VM) in on_log against one continue-only probe"),
         format!("the stream twice: as the bench sends it (the mock writes all 200 events at once; at c={CONNECTIONS} Envoy reads them in a few frames, so a filter sees a few body callbacks, not 200), and paced by the mock ({PACE_MS} ms between events, `x-mock-chunk-delay-ms`: each event its own frame and body callback, as from a provider generating tokens) at c={PACED_CONNECTIONS} in windows of at least {PACED_WINDOW} s; a paced request takes a few hundred ms, so its CPU per request counts the requests in flight at the window's end as half done (wrk does not count them)"),
     ];
     let text = render(&header, &rows, &runs);
@@ -1173,14 +1360,11 @@ mod tests {
             assert!(row.units > 0);
         }
         // a call row makes exactly the calls it divides by
-        for row in rows
-            .iter()
-            .filter(|r| r.reference == Some(NONE) && r.name != "read_body ×1")
-        {
+        for row in rows.iter().filter(|r| r.reference == Some(NONE)) {
             assert_eq!(row.filters.len(), 1, "{}", row.name);
             assert_eq!(
-                row.filters[0]["calls"].as_u64(),
-                Some(u64::from(row.units)),
+                row.filters[0]["calls"].as_u64().unwrap_or(1),
+                u64::from(row.units),
                 "{}",
                 row.name
             );
@@ -1191,7 +1375,10 @@ mod tests {
             .iter()
             .any(|r| r.name == "floor" && r.load == Load::Chat));
         for load in [Load::Stream, Load::Paced] {
-            let at: Vec<&Probe> = rows.iter().filter(|r| r.load == load).collect();
+            let at: Vec<&Probe> = rows
+                .iter()
+                .filter(|r| r.load == load && !CHAIN_ROWS[1].contains(&r.name))
+                .collect();
             assert_eq!(at.len(), 5, "{load:?}");
             for (i, r) in at.iter().enumerate() {
                 assert_eq!(r.name, stream_name(load, i));
@@ -1209,6 +1396,45 @@ mod tests {
                 assert_eq!(r.connections, c);
             }
         }
+        // the chain rows: chat and the unpaced stream, five filters in five VMs or one
+        for (names, load) in CHAIN_ROWS.iter().zip([Load::Chat, Load::Stream]) {
+            let chain: Vec<&Probe> = names
+                .iter()
+                .map(|n| rows.iter().find(|r| r.name == *n).unwrap())
+                .collect();
+            for r in &chain {
+                assert_eq!(r.load, load, "{}", r.name);
+                assert_eq!(r.connections, CONNECTIONS, "{}", r.name);
+            }
+            let calls = |r: &Probe| -> Vec<String> {
+                r.filters.iter().map(|f| f["call"].to_string()).collect()
+            };
+            assert_eq!(calls(chain[0]), vec!["\"none\""; CHAIN]);
+            assert_eq!(calls(chain[1]), calls(chain[0]));
+            assert_eq!(calls(chain[2]), vec!["\"replace_chunk\""; CHAIN]);
+            assert_eq!(calls(chain[3]), calls(chain[2]));
+            assert_eq!(calls(chain[4]), vec!["\"metrics\""]);
+            let vms: Vec<bool> = chain.iter().map(|r| r.one_vm).collect();
+            assert_eq!(vms, [false, true, false, true, false]);
+            if load == Load::Chat {
+                // each over the row it differs from in one thing, per filter
+                let over: Vec<_> = chain.iter().map(|r| r.reference.unwrap()).collect();
+                assert_eq!(over, [BARE, BARE, names[0], names[1], NONE]);
+                let units: Vec<u32> = chain.iter().map(|r| r.units).collect();
+                assert_eq!(units, [5, 5, 5, 5, 1]);
+            } else {
+                assert!(chain
+                    .iter()
+                    .all(|r| r.reference == Some(STREAM_BARE) && r.units == 200));
+            }
+        }
+        assert_eq!(
+            rows.iter().filter(|r| r.one_vm).count(),
+            4,
+            "only the chain's one-VM rows share a VM"
+        );
+        let histogram = rows.iter().find(|r| r.name == "record_histogram").unwrap();
+        assert_eq!(histogram.filters[0]["calls"], CALLS);
         assert!(Load::Paced
             .lua()
             .contains("wrk.headers[\"x-mock-chunk-delay-ms\"] = \"1\""));
@@ -1232,6 +1458,7 @@ mod tests {
         assert_eq!(listeners.len(), rows.len());
         let mut vm_ids = Vec::new();
         for (i, (l, row)) in listeners.iter().zip(&rows).enumerate() {
+            let first = vm_ids.len();
             assert_eq!(l["name"], listener_name(i));
             let filters = l
                 .pointer("/filter_chains/0/filters/0/typed_config/http_filters")
@@ -1248,7 +1475,16 @@ mod tests {
                     "${WASM_DIR}/hostcost.wasm"
                 );
                 vm_ids.push(wasm["vm_config"]["vm_id"].as_str().unwrap().to_string());
+                // one code, one runtime, no VM configuration: the vm_id alone decides
+                assert_eq!(wasm["vm_config"]["runtime"], "envoy.wasm.runtime.v8");
+                assert!(wasm["vm_config"].get("configuration").is_none());
+                assert_eq!(wasm["root_id"], "hostcost");
             }
+            let mut own = vm_ids[first..].to_vec();
+            own.sort();
+            own.dedup();
+            let expected = if row.one_vm { 1 } else { row.filters.len() };
+            assert_eq!(own.len(), expected, "{}: its VMs", row.name);
             // the rest of the listener is row B's
             let mut back = l.clone();
             back["name"] = bare["static_resources"]["listeners"][0]["name"].clone();
@@ -1259,10 +1495,14 @@ mod tests {
                 .retain(|f| f["name"] == "envoy.filters.http.router");
             assert_eq!(back, bare["static_resources"]["listeners"][0]);
         }
-        let all = vm_ids.len();
         vm_ids.sort();
         vm_ids.dedup();
-        assert_eq!(vm_ids.len(), all, "a VM per filter");
+        assert_eq!(
+            vm_ids.len(),
+            distinct_vms(&rows),
+            "no VM shared across rows"
+        );
+        assert!(distinct_vms(&rows) < rows.iter().map(|r| r.filters.len()).sum::<usize>());
         assert_eq!(
             out["static_resources"]["clusters"],
             bare["static_resources"]["clusters"]
@@ -1288,6 +1528,7 @@ mod tests {
                 })
                 .collect(),
             failures: Vec::new(),
+            vms: Some(7),
         }
     }
 
@@ -1312,6 +1553,16 @@ mod tests {
             ("paced bare", 500.0),
             ("paced none", 1500.0),
             ("paced read", 2100.0),
+            ("none ×5 one VM", 340.0),
+            ("replace ×5", 380.0),
+            ("replace ×5 one VM", 350.0),
+            ("metrics", 332.0),
+            ("record_histogram", 352.0),
+            ("stream none ×5", 3000.0),
+            ("stream none ×5 one VM", 2600.0),
+            ("stream replace ×5", 5000.0),
+            ("stream replace ×5 one VM", 4600.0),
+            ("stream metrics", 1430.0),
         ]);
         let per = |name: &str| run.per_unit(&rows, rows.iter().find(|r| r.name == name).unwrap());
         assert_eq!(per(NONE), Some(12.0));
@@ -1340,6 +1591,15 @@ mod tests {
         assert_eq!(model.event_replace, [None, None]);
         assert_eq!(model.floor, Some(50.0));
         assert_eq!(model.floor_event, [Some(4.5), None]);
+        assert_eq!(model.filter_of_five_one_vm, Some(8.0));
+        assert_eq!(per("replace ×5"), Some(5.0), "over five continue-only");
+        assert_eq!(per("replace ×5 one VM"), Some(2.0), "over five in one VM");
+        assert_eq!(per("stream metrics"), Some(2.15), "per event over bare");
+        assert_eq!(model.extra_vm, [Some(3.75), Some(100.0)]);
+        assert_eq!(model.frame_filter, [Some(5.0), Some(2.0)]);
+        assert_eq!(model.frame_filter_one_vm, [Some(2.0), Some(2.0)]);
+        assert_eq!(model.metrics_request, [Some(20.0), Some(30.0)]);
+        assert_eq!(model.histogram_record, Some(0.2));
         let (m, lo, hi) = model.returns.unwrap();
         assert_eq!((m, lo, hi), (2.0, 2.0, 2.0));
         assert_eq!(model.cheap.map(|c| c.0), Some(0.3));
@@ -1350,6 +1610,12 @@ mod tests {
         assert!(text.contains("| 2.00 /200 |"), "{text}");
         assert!(text.contains("not run: not run"));
         assert!(text.contains("No host call of the probe failed"));
+        assert!(text.contains("| **per extra VM**"));
+        assert!(text.contains(" 3.75 / 100.00 |"), "{text}");
+        assert!(text.contains(
+            "| **per histogram record** (record_metric of a histogram defined once) | 0.20 |"
+        ));
+        assert!(text.contains("v8.active`, once every listener answered): 7;"));
     }
 
     #[test]

@@ -8,7 +8,7 @@
 //! ([`Call::Floor`]), whatever its code.
 //!
 //! Config (JSON): `{"call": "get_header", "calls": 100}`; `calls` defaults to 1 and must be 1
-//! for `none` and `floor`.
+//! for `none`, `metrics` and `floor`.
 #![cfg_attr(
     not(test),
     deny(
@@ -45,6 +45,15 @@ pub const ABSENT_SHARED_KEY: &str = "hostcost-absent";
 pub const METRIC: &str = "hostcost_calls";
 /// The value every write writes (16 bytes, like a short header value or a shared counter).
 pub const VALUE: &[u8] = b"0123456789abcdef";
+/// Histograms [`Call::Metrics`] records once per request (usage-accounting's count).
+pub const HISTOGRAMS: usize = 7;
+/// Counters [`Call::Metrics`] increments once per request (usage-accounting's count).
+pub const COUNTERS: usize = 5;
+/// The values [`Call::Metrics`] records, one per histogram (tokens, milliseconds, µs per
+/// token: what usage-accounting records for a chat request).
+pub const HISTOGRAM_VALUES: [u64; HISTOGRAMS] = [2048, 600, 180, 35, 180, 35, 4200];
+/// The deltas [`Call::Metrics`] adds, one per counter (tokens, cost, a record).
+pub const COUNTER_DELTAS: [i64; COUNTERS] = [2048, 600, 1, 1, 9000];
 /// Request headers the floor writes (an identity, a route, a request id: what the chain's
 /// filters write for the next hop).
 pub const FLOOR_HEADERS: usize = 5;
@@ -82,6 +91,8 @@ pub enum Call {
     SetSharedData,
     /// `increment_metric` of [`METRIC`] (defined once at configure).
     IncrementMetric,
+    /// `record_metric` of the histogram [`histogram_name`]`(0)` (defined once at configure).
+    RecordHistogram,
     /// `define_metric` of [`METRIC`] (what a plugin that does not cache metric ids pays).
     DefineMetric,
     /// `log` at info (Envoy runs at info: the line is written).
@@ -100,6 +111,10 @@ pub enum Call {
     ReadChunk,
     /// Each response body chunk read once, then replaced with itself.
     ReplaceChunk,
+    /// At the end of each request (`on_log`), [`HISTOGRAMS`] histograms recorded and
+    /// [`COUNTERS`] counters incremented, all defined once at configure: what usage-accounting
+    /// records per request.
+    Metrics,
     /// What a gateway filter must do per request: the request's header
     /// pairs once; the whole request body once; [`FLOOR_HEADERS`] request headers written;
     /// one filter state set; the route cache cleared once; the response's header pairs once;
@@ -119,6 +134,8 @@ pub enum Stage {
     RequestBody,
     /// `on_http_response_body`, every chunk.
     ResponseChunk,
+    /// `on_log`, once per request.
+    Log,
     /// Several (the floor).
     Everywhere,
 }
@@ -131,13 +148,14 @@ impl Call {
             Call::ReadBody | Call::ReplaceBody => Stage::RequestBody,
             Call::ReadChunk | Call::ReplaceChunk => Stage::ResponseChunk,
             Call::Floor => Stage::Everywhere,
+            Call::Metrics => Stage::Log,
             _ => Stage::RequestHeaders,
         }
     }
 
     /// Repeating it `calls` times per request means something (`none` and `floor` are fixed).
     pub fn repeats(self) -> bool {
-        !matches!(self, Call::None | Call::Floor)
+        !matches!(self, Call::None | Call::Floor | Call::Metrics)
     }
 }
 
@@ -198,6 +216,16 @@ impl Config {
 /// The name of the `i`-th request header the floor writes.
 pub fn floor_header(i: usize) -> String {
     format!("{WRITTEN_HEADER}-{i}")
+}
+
+/// The name of the `i`-th histogram (`wasmcustom.hostcost_histogram_<i>`).
+pub fn histogram_name(i: usize) -> String {
+    format!("hostcost_histogram_{i}")
+}
+
+/// The name of the `i`-th counter [`Call::Metrics`] increments (`wasmcustom.hostcost_counter_<i>`).
+pub fn counter_name(i: usize) -> String {
+    format!("hostcost_counter_{i}")
 }
 
 /// A response is a stream (its chunks are events, read one by one) when its content type is
@@ -272,6 +300,11 @@ mod tests {
                 Stage::RequestHeaders,
             ),
             ("define_metric", Call::DefineMetric, Stage::RequestHeaders),
+            (
+                "record_histogram",
+                Call::RecordHistogram,
+                Stage::RequestHeaders,
+            ),
             ("log_info", Call::LogInfo, Stage::RequestHeaders),
             ("log_debug", Call::LogDebug, Stage::RequestHeaders),
             ("current_time", Call::CurrentTime, Stage::RequestHeaders),
@@ -303,6 +336,11 @@ mod tests {
         let floor = Config::parse(br#"{"call": "floor"}"#).unwrap();
         assert_eq!(floor.call.stage(), Stage::Everywhere);
         assert!(floor.buffers_request());
+        let metrics = Config::parse(br#"{"call": "metrics"}"#).unwrap();
+        assert_eq!(metrics.call, Call::Metrics);
+        assert_eq!(metrics.call.stage(), Stage::Log);
+        assert!(!metrics.call.repeats());
+        assert!(!metrics.buffers_request());
     }
 
     #[test]
@@ -315,6 +353,7 @@ mod tests {
             br#"{"call": "get_header", "count": 3}"#,
             br#"{"call": "none", "calls": 5}"#,
             br#"{"call": "floor", "calls": 2}"#,
+            br#"{"call": "metrics", "calls": 7}"#,
             b"not json",
             br#""get_header""#,
         ] {
@@ -330,6 +369,21 @@ mod tests {
         assert!(!is_event_stream(b"application/json"));
         assert!(!is_event_stream(b"text/event"));
         assert!(!is_event_stream(b""));
+    }
+
+    #[test]
+    fn the_metrics_are_usage_accountings_count_with_distinct_names() {
+        for name in [histogram_name, counter_name] {
+            let mut names: Vec<String> = (0..HISTOGRAMS.max(COUNTERS)).map(name).collect();
+            names.sort();
+            names.dedup();
+            assert_eq!(names.len(), HISTOGRAMS.max(COUNTERS));
+        }
+        assert_ne!(histogram_name(0), counter_name(0));
+        assert_ne!(histogram_name(0), METRIC);
+        assert_eq!((HISTOGRAMS, COUNTERS), (7, 5));
+        // Envoy refuses a counter delta <= 0
+        assert!(COUNTER_DELTAS.iter().all(|d| *d > 0));
     }
 
     #[test]

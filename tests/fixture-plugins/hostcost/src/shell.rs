@@ -4,8 +4,9 @@
 //! row that measured errors instead of calls is seen in Envoy's log.
 
 use crate::{
-    floor_header, is_event_stream, Call, Config, Stage, ABSENT_HEADER, ABSENT_PROPERTY,
-    ABSENT_SHARED_KEY, ATTRIBUTE, FLOOR_HEADERS, METRIC, PRESENT_HEADER, PROPERTY, SHARED_KEY,
+    counter_name, floor_header, histogram_name, is_event_stream, Call, Config, Stage,
+    ABSENT_HEADER, ABSENT_PROPERTY, ABSENT_SHARED_KEY, ATTRIBUTE, COUNTERS, COUNTER_DELTAS,
+    FLOOR_HEADERS, HISTOGRAMS, HISTOGRAM_VALUES, METRIC, PRESENT_HEADER, PROPERTY, SHARED_KEY,
     VALUE, WRITTEN_HEADER,
 };
 use llm_gateway_shared::host::{self, Buffer, HeaderMap, HostResult, LogLevel, Metric};
@@ -20,6 +21,14 @@ proxy_wasm::main! {{
 struct Root {
     config: Config,
     metric: Option<Metric>,
+    metrics: Metrics,
+}
+
+/// The histograms and counters of `metrics` and `record_histogram`, defined once per VM.
+#[derive(Default, Clone, Copy)]
+struct Metrics {
+    histograms: [Option<Metric>; HISTOGRAMS],
+    counters: [Option<Metric>; COUNTERS],
 }
 
 impl Context for Root {}
@@ -45,6 +54,14 @@ impl RootContext for Root {
         }
         // once per VM, as a plugin would: the counter, and the shared value `get_shared_data` reads
         self.metric = Metric::counter(METRIC).ok();
+        if matches!(self.config.call, Call::Metrics | Call::RecordHistogram) {
+            for (i, slot) in self.metrics.histograms.iter_mut().enumerate() {
+                *slot = Metric::histogram(&histogram_name(i)).ok();
+            }
+            for (i, slot) in self.metrics.counters.iter_mut().enumerate() {
+                *slot = Metric::counter(&counter_name(i)).ok();
+            }
+        }
         if self.config.call == Call::GetSharedData
             && host::set_shared_data(SHARED_KEY, VALUE, 0).is_err()
         {
@@ -58,6 +75,7 @@ impl RootContext for Root {
         Some(Box::new(Http {
             config: self.config,
             metric: self.metric,
+            metrics: self.metrics,
             stream: false,
             failures: 0,
         }))
@@ -71,6 +89,7 @@ impl RootContext for Root {
 struct Http {
     config: Config,
     metric: Option<Metric>,
+    metrics: Metrics,
     /// The response is an event stream (the floor reads each chunk instead of the whole body).
     stream: bool,
     /// Calls that failed in this request.
@@ -123,6 +142,10 @@ impl Http {
                 None => Err(host::HostError::NotFound),
             },
             Call::DefineMetric => define_counter(METRIC),
+            Call::RecordHistogram => match self.metrics.histograms.first().copied().flatten() {
+                Some(histogram) => histogram.record(HISTOGRAM_VALUES.first().copied().unwrap_or(1)),
+                None => Err(host::HostError::NotFound),
+            },
             Call::LogInfo => {
                 host::log(LogLevel::Info, "hostcost: a line at info");
                 Ok(())
@@ -140,6 +163,29 @@ impl Http {
 }
 
 impl HttpContext for Http {
+    fn on_log(&mut self) {
+        if self.config.call != Call::Metrics {
+            return;
+        }
+        // Envoy may call on_log after on_done: the failures are told here
+        let metrics = self.metrics;
+        let mut failed = 0u32;
+        for (histogram, value) in metrics.histograms.iter().zip(HISTOGRAM_VALUES) {
+            let result = histogram.ok_or(host::HostError::NotFound);
+            failed += u32::from(result.and_then(|h| h.record(value)).is_err());
+        }
+        for (counter, delta) in metrics.counters.iter().zip(COUNTER_DELTAS) {
+            let result = counter.ok_or(host::HostError::NotFound);
+            failed += u32::from(result.and_then(|c| c.increment(delta)).is_err());
+        }
+        if failed > 0 {
+            host::log(
+                LogLevel::Warn,
+                &format!("hostcost: {failed} host call(s) of Metrics failed in one request"),
+            );
+        }
+    }
+
     fn on_http_request_headers(&mut self, _headers: usize, end_of_stream: bool) -> Action {
         let config = self.config;
         match config.call.stage() {
