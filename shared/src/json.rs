@@ -899,6 +899,224 @@ impl<'b, 'v> Scanner<'b, 'v> {
     }
 }
 
+/// `seen` with bit `bit` set; `None` if it already was (serde refuses a repeated member).
+pub(crate) fn once(seen: u32, bit: u32) -> Option<u32> {
+    let mask = 1u32.checked_shl(bit)?;
+    (seen & mask == 0).then_some(seen | mask)
+}
+
+/// A position in a small JSON document for a hand scan that must accept only what a serde
+/// parse accepts (`usage_record::Charge::scan`, `route_info::RoutePrices::scan`). Every
+/// reader skips the whitespace before its token and returns `None` for what it does not
+/// accept — including some valid JSON (escapes, numbers serde reads as floats): the caller
+/// then leaves the document to serde, which decides.
+pub(crate) struct Cursor<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Cursor<'a> {
+    pub(crate) fn new(bytes: &'a [u8]) -> Self {
+        Cursor { bytes, at: 0 }
+    }
+
+    pub(crate) fn peek(&mut self) -> Option<u8> {
+        while let Some(b' ' | b'\n' | b'\t' | b'\r') = self.bytes.get(self.at) {
+            self.at += 1;
+        }
+        self.bytes.get(self.at).copied()
+    }
+
+    /// Consumes `byte` if it comes next.
+    #[must_use]
+    pub(crate) fn eat(&mut self, byte: u8) -> bool {
+        let next = self.peek() == Some(byte);
+        if next {
+            self.at += 1;
+        }
+        next
+    }
+
+    /// Consumes `byte`, which must come next.
+    pub(crate) fn expect(&mut self, byte: u8) -> Option<()> {
+        self.eat(byte).then_some(())
+    }
+
+    /// Consumes the literal `word` if it comes next.
+    pub(crate) fn word(&mut self, word: &[u8]) -> bool {
+        self.peek();
+        let next = self
+            .bytes
+            .get(self.at..)
+            .is_some_and(|rest| rest.starts_with(word));
+        if next {
+            self.at += word.len();
+        }
+        next
+    }
+
+    /// Only whitespace is left.
+    pub(crate) fn end(&mut self) -> Option<()> {
+        self.peek().is_none().then_some(())
+    }
+
+    /// A string without escapes (and, as JSON requires, without control characters).
+    pub(crate) fn string(&mut self) -> Option<&'a str> {
+        if !self.eat(b'"') {
+            return None;
+        }
+        let rest = self.bytes.get(self.at..)?;
+        let len = plain_run(rest);
+        let (text, after) = (rest.get(..len)?, rest.get(len..)?);
+        if after.first() != Some(&b'"') {
+            return None; // an escape, a control character, or the end
+        }
+        self.at += len + 1;
+        std::str::from_utf8(text).ok()
+    }
+
+    pub(crate) fn text_or_null(&mut self) -> Option<Option<&'a str>> {
+        match self.word(b"null") {
+            true => Some(None),
+            false => self.string().map(Some),
+        }
+    }
+
+    pub(crate) fn bool(&mut self) -> Option<bool> {
+        if self.word(b"true") {
+            Some(true)
+        } else {
+            self.word(b"false").then_some(false)
+        }
+    }
+
+    /// An integer serde reads as a `u64`: digits without a leading zero, within range. (A
+    /// fraction or an exponent, which serde reads as a float, fails where the caller expects
+    /// the `,` or the closing bracket that follows.)
+    pub(crate) fn u64(&mut self) -> Option<u64> {
+        self.peek();
+        let rest = self.bytes.get(self.at..)?;
+        let len = rest.iter().take_while(|b| b.is_ascii_digit()).count();
+        let digits = rest.get(..len)?;
+        if len == 0 || (len > 1 && digits.first() == Some(&b'0')) {
+            return None;
+        }
+        let value = digits.iter().try_fold(0u64, |n, d| {
+            n.checked_mul(10)?.checked_add(u64::from(d - b'0'))
+        })?;
+        self.at += len;
+        Some(value)
+    }
+
+    pub(crate) fn u16(&mut self) -> Option<u16> {
+        self.u64().and_then(|n| u16::try_from(n).ok())
+    }
+
+    pub(crate) fn u64_or_null(&mut self) -> Option<Option<u64>> {
+        match self.word(b"null") {
+            true => Some(None),
+            false => self.u64().map(Some),
+        }
+    }
+}
+
+/// Mutations of small JSON documents for the property tests of the hand scans that must agree
+/// with serde ([`Cursor`]'s users). Native only: proptest is not built for the wasm32 run.
+#[cfg(all(test, not(target_arch = "wasm32")))]
+pub(crate) mod mutate {
+    use proptest::prelude::*;
+
+    #[derive(Debug, Clone)]
+    pub(crate) enum Edit {
+        Truncate(usize),
+        Delete(usize),
+        Insert(usize, u8),
+        Replace(usize, u8),
+        /// `snippet` at the start or the end of the `n`th value.
+        AtValue(usize, &'static str),
+    }
+
+    /// Where a value starts (after `:`) or ends (before `,` `}` `]`).
+    pub(crate) fn value_edges(bytes: &[u8]) -> Vec<usize> {
+        (0..=bytes.len())
+            .filter(|&i| {
+                matches!(i.checked_sub(1).and_then(|j| bytes.get(j)), Some(b':'))
+                    || matches!(bytes.get(i), Some(b',' | b'}' | b']'))
+            })
+            .collect()
+    }
+
+    pub(crate) fn edit() -> impl Strategy<Value = Edit> {
+        let byte = prop_oneof![
+            3 => prop::sample::select(
+                b"{}[],:\"\\ \t\n0123456789.eE-+ntfrul\x00\x1f\x7f".to_vec()
+            ),
+            1 => any::<u8>(),
+        ];
+        prop_oneof![
+            1 => any::<usize>().prop_map(Edit::Truncate),
+            1 => any::<usize>().prop_map(Edit::Delete),
+            1 => (any::<usize>(), byte.clone()).prop_map(|(i, b)| Edit::Insert(i, b)),
+            1 => (any::<usize>(), byte).prop_map(|(i, b)| Edit::Replace(i, b)),
+            2 => (any::<usize>(), prop::sample::select(SNIPPETS.to_vec())).prop_map(|(i, snippet)| Edit::AtValue(i, snippet)),
+        ]
+    }
+
+    pub(crate) fn apply(mut bytes: Vec<u8>, edits: &[Edit]) -> Vec<u8> {
+        for edit in edits {
+            let len = bytes.len().max(1);
+            match *edit {
+                Edit::Truncate(i) => bytes.truncate(i % len),
+                Edit::Delete(i) if !bytes.is_empty() => {
+                    bytes.remove(i % len);
+                }
+                Edit::Insert(i, b) => bytes.insert(i % (bytes.len() + 1), b),
+                Edit::Replace(i, b) if !bytes.is_empty() => bytes[i % len] = b,
+                Edit::AtValue(n, snippet) => {
+                    let edges = value_edges(&bytes);
+                    if let Some(&at) = edges.get(n % edges.len().max(1)) {
+                        bytes.splice(at..at, snippet.bytes());
+                    }
+                }
+                _ => {}
+            }
+        }
+        bytes
+    }
+
+    pub(crate) const SNIPPETS: [&str; 29] = [
+        "0",
+        "1",
+        "00",
+        ".5",
+        ".",
+        "e1",
+        "E-1",
+        "-",
+        "-0",
+        "+",
+        " ",
+        "\u{c}",
+        "\u{0}",
+        "null",
+        "true",
+        "\"",
+        "\\",
+        "\"\\u0041\"",
+        "}",
+        "]",
+        ",",
+        ":",
+        "[]",
+        "{}",
+        "99999999999999999999",
+        "65536",
+        "4294967296",
+        "\u{e9}",
+        "\u{ff}",
+    ];
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

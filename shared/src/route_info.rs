@@ -33,6 +33,7 @@
 
 use crate::config::ConfigError;
 use crate::headers;
+use crate::json::{once, Cursor};
 use serde::{Deserialize, Serialize};
 
 /// The property name (filter state `wasm.llm_route`).
@@ -202,13 +203,136 @@ pub struct RoutePrices {
 
 impl RoutePrices {
     /// Reads a published record; `None` exactly when [`RouteInfo::from_json`] is.
+    ///
+    /// A record as the router writes it is read by [`RoutePrices::scan`], one pass that
+    /// checks every member as serde would; anything it is not sure of goes to the serde
+    /// parse, which decides.
     pub fn from_json(bytes: &[u8]) -> Option<RoutePrices> {
+        RoutePrices::scan(bytes).or_else(|| RoutePrices::from_json_serde(bytes))
+    }
+
+    /// The serde parse of [`RoutePrices::from_json`].
+    fn from_json_serde(bytes: &[u8]) -> Option<RoutePrices> {
         let view: RouteInfoView<'_> = serde_json::from_slice(bytes).ok()?;
         Some(RoutePrices {
             model_group: view.model_group.0.into_owned(),
             price: view.price,
             price_ceiling: view.price_ceiling,
         })
+    }
+
+    /// The fast path of [`RoutePrices::from_json`]: `Some` only for a record serde accepts
+    /// (then with what serde reads), `None` for anything else — including records serde
+    /// accepts that this pass does not handle: one object, each member of [`RouteInfo`] at
+    /// most once (the required ones present) and no other; strings without escapes;
+    /// integers without sign, fraction or exponent.
+    fn scan(bytes: &[u8]) -> Option<RoutePrices> {
+        /// The members without a default.
+        const REQUIRED: u32 = 0b1_1001_1111;
+        let mut at = Cursor::new(bytes);
+        let mut route = RoutePrices::default();
+        let mut seen = 0u32;
+        at.expect(b'{')?;
+        loop {
+            let key = at.string()?;
+            at.expect(b':')?;
+            let bit = match key {
+                "request_id" => at.string().map(|_| 0),
+                "model_group" => at.string().map(|group| {
+                    route.model_group = group.to_string();
+                    1
+                }),
+                "deployment" => at.string().map(|_| 2),
+                "model" => at.string().map(|_| 3),
+                "provider" => at.string().map(|_| 4),
+                "price" => at.price_or_null().map(|price| {
+                    route.price = price;
+                    5
+                }),
+                "price_version" => at.text_or_null().map(|_| 6),
+                "route_version" => at.string().map(|_| 7),
+                "attempts" => at.u64().filter(|n| u32::try_from(*n).is_ok()).map(|_| 8),
+                "tried" => at.strings().map(|()| 9),
+                "price_ceiling" => at.price_or_null().map(|price| {
+                    route.price_ceiling = price;
+                    10
+                }),
+                _ => None,
+            }?;
+            seen = once(seen, bit)?;
+            if !at.eat(b',') {
+                at.expect(b'}')?;
+                break;
+            }
+        }
+        at.end()?;
+        (seen & REQUIRED == REQUIRED).then_some(route)
+    }
+}
+
+impl Cursor<'_> {
+    /// `null` or a [`Price`] object: `input` and `output` once each, `currency` (default
+    /// `USD`) and `cached_input` at most once, nothing else (it denies unknown members).
+    fn price_or_null(&mut self) -> Option<Option<Price>> {
+        if self.word(b"null") {
+            return Some(None);
+        }
+        self.expect(b'{')?;
+        let mut price = Price {
+            currency: String::new(),
+            input: 0,
+            output: 0,
+            cached_input: None,
+        };
+        let mut currency = None;
+        let mut seen = 0u32;
+        loop {
+            let key = self.string()?;
+            self.expect(b':')?;
+            let bit = match key {
+                "currency" => self.string().map(|c| {
+                    currency = Some(c);
+                    0
+                }),
+                "input" => self.u64().map(|n| {
+                    price.input = n;
+                    1
+                }),
+                "output" => self.u64().map(|n| {
+                    price.output = n;
+                    2
+                }),
+                "cached_input" => self.u64_or_null().map(|n| {
+                    price.cached_input = n;
+                    3
+                }),
+                _ => None,
+            }?;
+            seen = once(seen, bit)?;
+            if !self.eat(b',') {
+                self.expect(b'}')?;
+                break;
+            }
+        }
+        if seen & 0b110 != 0b110 {
+            return None;
+        }
+        price.currency = currency.map_or_else(usd, str::to_string);
+        Some(Some(price))
+    }
+
+    /// An array of strings.
+    fn strings(&mut self) -> Option<()> {
+        self.expect(b'[')?;
+        if self.eat(b']') {
+            return Some(());
+        }
+        loop {
+            self.string()?;
+            if !self.eat(b',') {
+                return self.expect(b']');
+            }
+        }
     }
 }
 
@@ -614,5 +738,207 @@ mod tests {
         assert!(w
             .set_headers
             .contains(&("x-envoy-max-retries", "0".to_string())));
+    }
+
+    /// The hand scan against serde on generated records, their variants and byte mutations
+    /// (native only: proptest is not built for the wasm32 test run).
+    #[cfg(not(target_arch = "wasm32"))]
+    mod scan_agrees_with_serde {
+        use super::*;
+        use crate::json::mutate::{apply, edit, value_edges, SNIPPETS};
+        use proptest::prelude::*;
+
+        fn text() -> impl Strategy<Value = String> {
+            prop_oneof![
+                4 => "[a-z0-9._-]{0,10}",
+                1 => "[a-z\"\\/\u{1}\t\u{e9} ]{0,6}",
+            ]
+        }
+
+        fn price() -> impl Strategy<Value = Option<Price>> {
+            prop::option::of(
+                (
+                    prop_oneof![Just("USD".to_string()), "[A-Z]{3}", text()],
+                    any::<u64>(),
+                    0u64..100,
+                    prop::option::of(any::<u64>()),
+                )
+                    .prop_map(|(currency, input, output, cached_input)| Price {
+                        currency,
+                        input,
+                        output,
+                        cached_input,
+                    }),
+            )
+        }
+
+        prop_compose! {
+            fn route()(
+                names in prop::collection::vec(text(), 6),
+                version in prop::option::of(text()),
+                attempts in any::<u32>(),
+                tried in prop::collection::vec(text(), 0..3),
+                prices in (price(), price()),
+            ) -> RouteInfo {
+                let name = |i: usize| names.get(i).cloned().unwrap_or_default();
+                RouteInfo {
+                    request_id: name(0),
+                    model_group: name(1),
+                    deployment: name(2),
+                    model: name(3),
+                    provider: name(4),
+                    price: prices.0,
+                    price_version: version,
+                    route_version: name(5),
+                    attempts,
+                    tried,
+                    price_ceiling: prices.1,
+                }
+            }
+        }
+
+        /// One record's JSON in one of the shapes a reader may meet.
+        fn shaped(route: &RouteInfo, shape: u8, pick: usize) -> String {
+            let line = String::from_utf8(route.to_json()).unwrap_or_default();
+            let value = serde_json::to_value(route).unwrap_or_default();
+            let mut members: Vec<(String, serde_json::Value)> = value
+                .as_object()
+                .map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+                .unwrap_or_default();
+            let join = |members: &[(String, serde_json::Value)]| {
+                let parts: Vec<String> = members
+                    .iter()
+                    .map(|(k, v)| format!("{}:{v}", serde_json::json!(k)))
+                    .collect();
+                format!("{{{}}}", parts.join(","))
+            };
+            let i = pick % members.len().max(1);
+            match shape % 8 {
+                0 => line,
+                1 => value.to_string(),
+                2 => serde_json::to_string_pretty(route).unwrap_or_default(),
+                3 => {
+                    if i < members.len() {
+                        members.remove(i);
+                    }
+                    join(&members)
+                }
+                4 => {
+                    if let Some(extra) = members.get(i).cloned() {
+                        members.push(extra);
+                    }
+                    join(&members)
+                }
+                5 => {
+                    let extra = ["[1,{\"a\":null}]", "[\"a\"]", "\"x\"", "null"];
+                    let extra = extra.get(pick % extra.len()).unwrap_or(&"0");
+                    line.replacen('{', &format!("{{\"extra\":{extra},"), 1)
+                }
+                // a member of a price missing, or an unknown one in it
+                6 => {
+                    let mut value = value.clone();
+                    let prices = ["price", "price_ceiling"];
+                    let keys = ["currency", "input", "output", "cached_input"];
+                    let name = prices.get(pick % 2).unwrap_or(&"price");
+                    if let Some(price) = value.get_mut(*name).and_then(|p| p.as_object_mut()) {
+                        match keys.get(pick / 2 % 5) {
+                            Some(key) => price.remove(*key),
+                            None => price.insert("extra".into(), 1.into()),
+                        };
+                    }
+                    value.to_string()
+                }
+                // the optional members written as null
+                _ => line.replacen(
+                    '{',
+                    "{\"price\":null,\"price_version\":null,\"price_ceiling\":null,",
+                    1,
+                ),
+            }
+        }
+
+        /// The reference: the whole record through serde.
+        fn serde(bytes: &[u8]) -> Option<RoutePrices> {
+            RouteInfo::from_json(bytes).map(RoutePrices::from)
+        }
+
+        fn check(bytes: &[u8]) {
+            let reference = serde(bytes);
+            let text = String::from_utf8_lossy(bytes);
+            if let Some(scanned) = RoutePrices::scan(bytes) {
+                assert_eq!(Some(scanned), reference, "{text}");
+            }
+            assert_eq!(RoutePrices::from_json(bytes), reference, "{text}");
+        }
+
+        /// Every snippet at every value edge of two records, one at a time.
+        #[test]
+        fn on_every_snippet_at_every_value_edge() {
+            let priced = Price {
+                currency: "EUR".into(),
+                input: 3,
+                output: 15,
+                cached_input: Some(1),
+            };
+            let plain = RouteInfo {
+                request_id: "r".into(),
+                model_group: "fast".into(),
+                deployment: "east".into(),
+                model: "m".into(),
+                provider: "openai".into(),
+                price: None,
+                price_version: None,
+                route_version: "v".into(),
+                attempts: 1,
+                tried: Vec::new(),
+                price_ceiling: None,
+            };
+            let full = RouteInfo {
+                price: Some(priced.clone()),
+                price_version: Some("p".into()),
+                tried: vec!["east".into(), "west".into()],
+                price_ceiling: Some(Price {
+                    cached_input: None,
+                    ..priced
+                }),
+                ..plain.clone()
+            };
+            for route in [plain, full] {
+                for line in [route.to_json(), serde_json::to_vec_pretty(&route).unwrap()] {
+                    for at in value_edges(&line) {
+                        for snippet in SNIPPETS {
+                            let mut case = line.clone();
+                            case.splice(at..at, snippet.bytes());
+                            check(&case);
+                        }
+                    }
+                }
+            }
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(2000))]
+
+            /// What the scan accepts, serde accepts, with the same prices; `from_json` is
+            /// serde's answer on every input.
+            #[test]
+            fn on_records_and_their_mutations(
+                route in route(),
+                shape in any::<u8>(),
+                pick in any::<usize>(),
+                edits in prop::collection::vec(edit(), 0..4),
+            ) {
+                check(&apply(shaped(&route, shape, pick).into_bytes(), &edits));
+            }
+
+            /// A record as the router writes it takes the fast path unless a string has an
+            /// escape.
+            #[test]
+            fn a_plain_record_is_scanned(route in route()) {
+                let line = route.to_json();
+                let expected = (!line.contains(&b'\\')).then(|| RoutePrices::from(route));
+                prop_assert_eq!(RoutePrices::scan(&line), expected);
+            }
+        }
     }
 }

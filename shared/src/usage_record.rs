@@ -24,6 +24,7 @@
 //! `null`), in the order above; a record written before `key_id` and `tier` existed reads with
 //! them `null`.
 
+use crate::json::{once, Cursor};
 use crate::usage::Usage;
 use serde::{Deserialize, Serialize};
 
@@ -162,13 +163,154 @@ pub struct Charge {
 
 impl Charge {
     /// Reads a published record; `None` exactly when [`Record::from_json`] is.
+    ///
+    /// A record as usage-accounting writes it is read by [`Charge::scan`], a single pass
+    /// that checks every member as serde would; anything it is not sure of (escapes, a
+    /// missing, repeated or unknown member, a number serde reads as a float, a malformed
+    /// document) goes to the serde parse, which decides.
     pub fn from_json(bytes: &[u8]) -> Option<Charge> {
+        Charge::scan(bytes).or_else(|| Charge::from_json_serde(bytes))
+    }
+
+    /// The serde parse of [`Charge::from_json`].
+    fn from_json_serde(bytes: &[u8]) -> Option<Charge> {
         let view: RecordView<'_> = serde_json::from_slice(bytes).ok()?;
         Some(Charge {
             usage: view.usage,
             cost_nano: view.cost_nano,
             currency: view.currency.map(|c| c.0.into_owned()),
         })
+    }
+
+    /// The fast path of [`Charge::from_json`]: `Some` only for a record serde accepts (then
+    /// with what serde reads), `None` for anything else — including records serde accepts
+    /// that this pass does not handle: one object, every member of [`Record`] exactly once
+    /// and no other, in any order; strings without escapes; integers without sign, fraction
+    /// or exponent; whitespace as JSON allows it.
+    fn scan(bytes: &[u8]) -> Option<Charge> {
+        let mut at = Cursor::new(bytes);
+        let mut charge = Charge::default();
+        let mut seen = 0u32;
+        at.expect(b'{')?;
+        loop {
+            let key = at.string()?;
+            at.expect(b':')?;
+            let bit = match key {
+                "request_id" => at.string().map(|_| 0),
+                "ts_ms" => at.u64().map(|_| 1),
+                "consumer" => at.text_or_null().map(|_| 2),
+                "tenant" => at.text_or_null().map(|_| 3),
+                "key_id" => at.text_or_null().map(|_| 4),
+                "tier" => at.text_or_null().map(|_| 5),
+                "project" => at.text_or_null().map(|_| 6),
+                "agent" => at.text_or_null().map(|_| 7),
+                "run_id" => at.text_or_null().map(|_| 8),
+                "model_group" => at.text_or_null().map(|_| 9),
+                "deployment" => at.text_or_null().map(|_| 10),
+                "model" => at.text_or_null().map(|_| 11),
+                "api" => at.string().map(|_| 12),
+                "stream" => at.bool().map(|_| 13),
+                "status" => at.u16().map(|_| 14),
+                "complete" => at.bool().map(|_| 15),
+                "attempts" => at.attempts().map(|()| 16),
+                "usage_source" => at
+                    .string()
+                    .filter(|s| matches!(*s, "upstream" | "estimated"))
+                    .map(|_| 17),
+                "usage" => at.usage().map(|usage| {
+                    charge.usage = usage;
+                    18
+                }),
+                "cost_nano" => at.u64_or_null().map(|cost| {
+                    charge.cost_nano = cost;
+                    19
+                }),
+                "currency" => at.text_or_null().map(|currency| {
+                    charge.currency = currency.map(str::to_string);
+                    20
+                }),
+                "price_version" => at.text_or_null().map(|_| 21),
+                "ttft_ms" => at.u64_or_null().map(|_| 22),
+                "duration_ms" => at.u64().map(|_| 23),
+                _ => None,
+            }?;
+            seen = once(seen, bit)?;
+            if !at.eat(b',') {
+                at.expect(b'}')?;
+                break;
+            }
+        }
+        at.end()?;
+        (seen == (1 << 24) - 1).then_some(charge)
+    }
+}
+
+impl Cursor<'_> {
+    /// `[{"deployment":…,"status":…},…]`, each attempt with both members once.
+    fn attempts(&mut self) -> Option<()> {
+        if !self.eat(b'[') {
+            return None;
+        }
+        if self.eat(b']') {
+            return Some(());
+        }
+        loop {
+            if !self.eat(b'{') {
+                return None;
+            }
+            let mut seen = 0;
+            loop {
+                let key = self.string()?;
+                if !self.eat(b':') {
+                    return None;
+                }
+                let bit = match key {
+                    "deployment" => self.text_or_null().map(|_| 0),
+                    "status" => self.u16().map(|_| 1),
+                    _ => None,
+                }?;
+                seen = once(seen, bit)?;
+                if !self.eat(b',') {
+                    break;
+                }
+            }
+            if !self.eat(b'}') || seen != 0b11 {
+                return None;
+            }
+            if !self.eat(b',') {
+                return self.eat(b']').then_some(());
+            }
+        }
+    }
+
+    /// The usage object, each of its six counts once.
+    fn usage(&mut self) -> Option<UsageFields> {
+        if !self.eat(b'{') {
+            return None;
+        }
+        let mut usage = UsageFields::default();
+        let mut seen = 0;
+        loop {
+            let key = self.string()?;
+            if !self.eat(b':') {
+                return None;
+            }
+            let (field, bit) = match key {
+                "prompt_tokens" => (&mut usage.prompt_tokens, 0),
+                "completion_tokens" => (&mut usage.completion_tokens, 1),
+                "cached_prompt_tokens" => (&mut usage.cached_prompt_tokens, 2),
+                "cache_write_tokens" => (&mut usage.cache_write_tokens, 3),
+                "reasoning_tokens" => (&mut usage.reasoning_tokens, 4),
+                "total_tokens" => (&mut usage.total_tokens, 5),
+                _ => return None,
+            };
+            *field = self.u64()?;
+            seen = once(seen, bit)?;
+            if !self.eat(b',') {
+                break;
+            }
+        }
+        (self.eat(b'}') && seen == 0b11_1111).then_some(usage)
     }
 }
 
@@ -382,6 +524,190 @@ mod tests {
                 "{}",
                 String::from_utf8_lossy(bad)
             );
+        }
+    }
+
+    /// The hand scan against serde on generated records, their variants (members removed,
+    /// repeated, reordered, whitespace) and byte mutations of them (native only: proptest is
+    /// not built for the wasm32 test run).
+    #[cfg(not(target_arch = "wasm32"))]
+    mod scan_agrees_with_serde {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn text() -> impl Strategy<Value = String> {
+            prop_oneof![
+                4 => "[a-z0-9._-]{0,10}",
+                1 => "[a-z\"\\/\u{1}\t\u{e9}\u{1F600} ]{0,6}",
+            ]
+        }
+
+        fn count() -> impl Strategy<Value = u64> {
+            prop_oneof![0u64..2000, any::<u64>()]
+        }
+
+        prop_compose! {
+            fn record()(
+                names in prop::collection::vec(prop::option::of(text()), 12),
+                ids in (text(), "[a-z.]{1,12}"),
+                flags in (any::<bool>(), any::<bool>(), any::<u16>(), any::<bool>()),
+                attempts in prop::collection::vec((prop::option::of(text()), any::<u16>()), 0..3),
+                counts in prop::collection::vec(count(), 6),
+                times in (count(), prop::option::of(count()), count(), prop::option::of(count())),
+            ) -> Record {
+                let name = |i: usize| names.get(i).cloned().flatten();
+                let at = |i: usize| counts.get(i).copied().unwrap_or(0);
+                Record {
+                    request_id: ids.0,
+                    ts_ms: times.0,
+                    consumer: name(0),
+                    tenant: name(1),
+                    key_id: name(2),
+                    tier: name(3),
+                    project: name(4),
+                    agent: name(5),
+                    run_id: name(6),
+                    model_group: name(7),
+                    deployment: name(8),
+                    model: name(9),
+                    api: ids.1,
+                    stream: flags.0,
+                    status: flags.2,
+                    complete: flags.1,
+                    attempts: attempts
+                        .into_iter()
+                        .map(|(deployment, status)| Attempt { deployment, status })
+                        .collect(),
+                    usage_source: if flags.3 { UsageSource::Upstream } else { UsageSource::Estimated },
+                    usage: UsageFields {
+                        prompt_tokens: at(0),
+                        completion_tokens: at(1),
+                        cached_prompt_tokens: at(2),
+                        cache_write_tokens: at(3),
+                        reasoning_tokens: at(4),
+                        total_tokens: at(5),
+                    },
+                    cost_nano: times.1,
+                    currency: name(10),
+                    price_version: name(11),
+                    ttft_ms: times.3,
+                    duration_ms: times.2,
+                }
+            }
+        }
+
+        /// One record's JSON in one of the shapes a reader may meet.
+        fn shaped(record: &Record, shape: u8, pick: usize) -> String {
+            let line = record.to_json();
+            let value = serde_json::to_value(record).unwrap_or_default();
+            let members: Vec<(String, serde_json::Value)> = value
+                .as_object()
+                .map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+                .unwrap_or_default();
+            let member = |(k, v): &(String, serde_json::Value)| format!("{}:{v}", json!(k));
+            let join = |members: &[(String, serde_json::Value)]| {
+                let parts: Vec<String> = members.iter().map(member).collect();
+                format!("{{{}}}", parts.join(","))
+            };
+            let i = pick % members.len().max(1);
+            match shape % 6 {
+                0 => line,
+                // keys sorted (serde_json's map order)
+                1 => value.to_string(),
+                2 => serde_json::to_string_pretty(record).unwrap_or_default(),
+                // a member missing
+                3 => {
+                    let mut m = members.clone();
+                    if i < m.len() {
+                        m.remove(i);
+                    }
+                    join(&m)
+                }
+                // a member twice
+                4 => {
+                    let mut m = members.clone();
+                    if let Some(extra) = m.get(i).cloned() {
+                        m.push(extra);
+                    }
+                    join(&m)
+                }
+                // an unknown member
+                _ => line.replacen('{', "{\"extra\":[1,{\"a\":null}],", 1),
+            }
+        }
+
+        use crate::json::mutate::{apply, edit, value_edges, SNIPPETS};
+        use serde_json::json;
+
+        /// Every snippet at every value edge of a few records, one at a time.
+        #[test]
+        fn on_every_snippet_at_every_value_edge() {
+            let records = [
+                super::record(),
+                Record {
+                    attempts: Vec::new(),
+                    cost_nano: None,
+                    currency: None,
+                    ttft_ms: Some(0),
+                    ..super::record()
+                },
+            ];
+            for record in &records {
+                for line in [
+                    record.to_json(),
+                    serde_json::to_string_pretty(record).unwrap(),
+                ] {
+                    let bytes = line.into_bytes();
+                    for at in value_edges(&bytes) {
+                        for snippet in SNIPPETS {
+                            let mut case = bytes.clone();
+                            case.splice(at..at, snippet.bytes());
+                            let reference = serde(&case);
+                            let text = String::from_utf8_lossy(&case);
+                            if let Some(scanned) = Charge::scan(&case) {
+                                assert_eq!(Some(scanned), reference, "{text}");
+                            }
+                            assert_eq!(Charge::from_json(&case), reference, "{text}");
+                        }
+                    }
+                }
+            }
+        }
+
+        /// The reference: the whole record through serde.
+        fn serde(bytes: &[u8]) -> Option<Charge> {
+            Record::from_json(bytes).as_ref().map(Charge::from)
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(2000))]
+
+            /// What the scan accepts, serde accepts, with the same charge; `from_json` is
+            /// serde's answer on every input.
+            #[test]
+            fn on_records_and_their_mutations(
+                record in record(),
+                shape in any::<u8>(),
+                pick in any::<usize>(),
+                edits in prop::collection::vec(edit(), 0..4),
+            ) {
+                let bytes = apply(shaped(&record, shape, pick).into_bytes(), &edits);
+                let reference = serde(&bytes);
+                if let Some(scanned) = Charge::scan(&bytes) {
+                    prop_assert_eq!(Some(scanned), reference.clone(), "{}", String::from_utf8_lossy(&bytes));
+                }
+                prop_assert_eq!(Charge::from_json(&bytes), reference);
+            }
+
+            /// A record as usage-accounting writes it takes the fast path unless a string has an
+            /// escape (so the property above is about the scan, not only about the fallback).
+            #[test]
+            fn a_plain_record_is_scanned(record in record()) {
+                let line = record.to_json();
+                // escapes are left to serde
+                let expected = (!line.contains('\\')).then(|| Charge::from(&record));
+                prop_assert_eq!(Charge::scan(line.as_bytes()), expected);
+            }
         }
     }
 }

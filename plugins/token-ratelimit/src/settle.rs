@@ -12,7 +12,7 @@
 //!   safe direction, counted as `settled_without_usage`.
 
 use crate::budget::{self, Actual, Level};
-use crate::config::{Budget, Unit};
+use crate::config::{Budget, BudgetUnit, Unit};
 use llm_gateway_shared::route_info::Price;
 use llm_gateway_shared::usage_record::Charge;
 
@@ -82,6 +82,22 @@ pub fn level_charges(
         .collect()
 }
 
+/// Whether [`level_charges`] reads its `price` for these levels: only a money budget whose
+/// actual cost is not in the record (in its currency) is priced; every other level is charged
+/// the same whatever the price.
+pub fn needs_price(budgets: &[Budget], levels: &[Level], actual: Option<&Actual>) -> bool {
+    let Some(actual) = actual else {
+        return false; // unknown usage: every level is charged what it reserved
+    };
+    levels.iter().any(|level| match budgets.get(level.budget) {
+        Some(Budget {
+            unit: BudgetUnit::Money { currency },
+            ..
+        }) => !matches!(&actual.cost, Some((_, c)) if c == currency),
+        _ => false,
+    })
+}
+
 /// What each level has spent after a reservation, from the remainders Redis reported.
 pub fn spent_after(levels: &[Level], remaining: &[i64]) -> Vec<u64> {
     levels
@@ -94,7 +110,7 @@ pub fn spent_after(levels: &[Level], remaining: &[i64]) -> Vec<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{BudgetUnit, Dimension, OnRedisFailure, Period};
+    use crate::config::{Dimension, OnRedisFailure, Period};
 
     fn used(tokens: u64) -> Actual {
         Actual {
@@ -173,5 +189,37 @@ mod tests {
             vec![400, 9000]
         );
         assert_eq!(spent_after(&levels, &[600, -5]), vec![400, 1005]);
+
+        // the price is read exactly when it can change a charge
+        let usd = Price {
+            currency: "USD".into(),
+            input: 1_000_000,
+            output: 2_000_000,
+            cached_input: None,
+        };
+        let eur = Price {
+            currency: "EUR".into(),
+            ..usd.clone()
+        };
+        let costed = |currency: &str| Actual {
+            cost: Some((77, currency.into())),
+            ..used(150)
+        };
+        for (levels, actual, needed) in [
+            (&levels[..1], Some(used(150)), false),
+            (&levels[..], Some(used(150)), true),
+            (&levels[..], Some(costed("USD")), false),
+            (&levels[..], Some(costed("EUR")), true),
+            (&levels[1..], None, false),
+        ] {
+            let actual = actual.as_ref();
+            assert_eq!(needs_price(&budgets, levels, actual), needed, "{actual:?}");
+            let reserved = vec![400; levels.len()];
+            let with = |price| level_charges(&budgets, levels, &reserved, actual, price);
+            let unchanged = [Some(&usd), Some(&eur)]
+                .iter()
+                .all(|p| with(*p) == with(None));
+            assert_eq!(unchanged, !needed, "{actual:?}");
+        }
     }
 }

@@ -113,16 +113,21 @@ impl Core {
             }
         }
 
-        // budgets: the price only when a reservation is settled (the route is read then)
+        // budgets: the price only when a reservation is settled and a level needs it (a money
+        // budget the record has no cost for): the route is read then — the answering
+        // deployment's, which the router's upstream role published after admission
         let reservation = std::mem::take(&mut flow.reservation);
         let model = flow.cost.as_ref().and_then(|c| c.model.as_deref());
         let group = flow.identity.model_group.as_deref();
         let actual_of = |levels: &[Level], amounts: &[u64]| -> Vec<u64> {
-            let price = config.price_for(
-                env.route_info(ctx).and_then(|r| r.price).as_ref(),
-                group,
-                model,
-            );
+            let price = match settle::needs_price(&config.budgets, levels, actual.as_ref()) {
+                true => config.price_for(
+                    env.route_info(ctx).and_then(|r| r.price).as_ref(),
+                    group,
+                    model,
+                ),
+                false => None,
+            };
             settle::level_charges(
                 &config.budgets,
                 levels,
