@@ -20,14 +20,22 @@
 //! Spans start and end on `char` boundaries.
 
 use crate::names::has_cjk;
-use crate::scan::{byte_flags, is_alnum, not_lower_or_space_flags, run_end};
+use crate::scan::{byte_flags, has_ascii_digit, is_alnum, not_lower_or_space_flags, run_end};
 use std::ops::Range;
 use std::sync::OnceLock;
 
 /// Calls `found` with every address in `text`, in order, not overlapping.
 pub fn find(text: &str, found: &mut dyn FnMut(Range<usize>)) {
+    find_with(text, has_ascii_digit(text.as_bytes()), found);
+}
+
+/// [`find`], told whether `text` has an ASCII digit: every Latin form has one (a house
+/// number, a postcode, a zip), so text without one, such as most prose, is not walked.
+pub(crate) fn find_with(text: &str, has_digit: bool, found: &mut dyn FnMut(Range<usize>)) {
     let mut spans = Vec::new();
-    latin_addresses(text, &mut |r| spans.push(r));
+    if has_digit {
+        latin_addresses(text, &mut |r| spans.push(r));
+    }
     if has_cjk(text) {
         cjk_addresses(text, &mut |r| spans.push(r));
     }
@@ -489,7 +497,63 @@ fn is_fr_type(word: &str) -> bool {
 }
 
 /// [`is_fr_type`] for a word of ASCII lower-case letters (the common case in prose).
+/// Inlined where [`skip_prose`] calls it for each word: a table of the types' lengths by
+/// first letter rules out most words of prose with one load and one bit test, before the
+/// comparison of letters ([`is_fr_type_ascii_by_letters`]).
+#[inline(always)]
 fn is_fr_type_ascii(word: &[u8]) -> bool {
+    let (Some(&first), len @ 2..=15) = (word.first(), word.len()) else {
+        return false;
+    };
+    let lengths = FR_TYPE_LENGTHS
+        .get(usize::from(first.wrapping_sub(b'a')))
+        .copied()
+        .unwrap_or(0);
+    lengths & (1 << len) != 0 && is_fr_type_ascii_by_letters(word)
+}
+
+/// Per first letter `a`..=`z`: bit `n` set when an ASCII type of [`is_fr_type_ascii_by_letters`]
+/// with that first letter has `n` letters (a test checks it against [`FR_TYPES`]).
+// evaluated at compile time: an index out of range would fail the build, not panic
+#[allow(clippy::indexing_slicing)]
+static FR_TYPE_LENGTHS: [u16; 26] = {
+    const TYPES: &[&[u8]] = &[
+        b"allee",
+        b"av",
+        b"avenue",
+        b"bd",
+        b"boulevard",
+        b"chemin",
+        b"cours",
+        b"esplanade",
+        b"faubourg",
+        b"hameau",
+        b"impasse",
+        b"parvis",
+        b"passage",
+        b"place",
+        b"promenade",
+        b"quai",
+        b"route",
+        b"rue",
+        b"ruelle",
+        b"sentier",
+        b"square",
+        b"voie",
+    ];
+    let mut table = [0u16; 26];
+    let mut k = 0;
+    while k < TYPES.len() {
+        let t = TYPES[k];
+        table[(t[0] - b'a') as usize] |= 1 << t.len();
+        k += 1;
+    }
+    table
+};
+
+/// The comparison of letters behind [`is_fr_type_ascii`].
+#[inline(never)]
+fn is_fr_type_ascii_by_letters(word: &[u8]) -> bool {
     // by the first letter: most words of prose are out after one comparison
     match word {
         [b'a', rest @ ..] => matches!(rest, b"llee" | b"v" | b"venue"),
@@ -1401,7 +1465,105 @@ mod tests {
         }
     }
 
+    /// [`find`] as it was before text without an ASCII digit was passed over.
+    fn find_unfiltered(text: &str) -> Vec<Range<usize>> {
+        let mut spans = Vec::new();
+        latin_addresses(text, &mut |r| spans.push(r));
+        if has_cjk(text) {
+            cjk_addresses(text, &mut |r| spans.push(r));
+        }
+        spans.sort_by(|a, b| a.start.cmp(&b.start).then(b.end.cmp(&a.end)));
+        let mut end = 0;
+        let mut out = Vec::new();
+        for span in spans {
+            if span.start >= end {
+                end = span.end;
+                out.push(span);
+            }
+        }
+        out
+    }
+
+    /// Pieces of addresses of every form, with and without their digits, and prose.
+    fn address_pieces() -> impl proptest::strategy::Strategy<Value = String> {
+        use proptest::strategy::Strategy;
+        proptest::collection::vec(
+            proptest::sample::select(vec![
+                "29, rue Alphonse Michel\n83654 Sainte Marianne",
+                "rue Alphonse Michel\nSainte Marianne",
+                "avenue Richard\n26691 Delmas",
+                "avenue Richard\nDelmas",
+                "9 bis avenue de la Paix",
+                "bis avenue de la Paix",
+                "Schaafstraße 1-8\n66258 Brand",
+                "Schaafstraße\nBrand",
+                "Weberstr. 5",
+                "Weberstr. ",
+                "Flat 37\nBennett Mall",
+                "Flat \nBennett Mall",
+                "8353 Kathleen Highway Apt. 681\nLake Victoria, VI 39349",
+                "Kathleen Highway Apt.\nLake Victoria, VI",
+                "SW1A 1AA",
+                "SWA AA",
+                "APO AE 09123",
+                "APO AE ",
+                "送到朝阳区建国路88号",
+                "朝阳区建国路号",
+                "The quarterly review covers onboarding, ",
+                "follow-up ",
+                "Straße ",
+                "l’Opéra ",
+                " ",
+                "\n",
+                ", ",
+                "7",
+            ]),
+            0..12,
+        )
+        .prop_map(|parts| parts.concat())
+    }
+
+    /// The table of lengths by first letter holds every ASCII type of [`FR_TYPES`].
+    #[test]
+    fn fr_type_lengths_cover_the_types() {
+        for t in FR_TYPES
+            .iter()
+            .filter(|t| t.bytes().all(|c| c.is_ascii_lowercase()))
+        {
+            assert!(is_fr_type_ascii_by_letters(t.as_bytes()), "{t}");
+            assert!(is_fr_type_ascii(t.as_bytes()), "{t}");
+        }
+    }
+
     proptest::proptest! {
+        /// Passing over text without an ASCII digit changes no match.
+        #[test]
+        fn digitless_text_has_no_latin_address(text in address_pieces()) {
+            let mut found = Vec::new();
+            find(&text, &mut |r| found.push(r));
+            proptest::prop_assert_eq!(&found, &find_unfiltered(&text));
+            if !text.bytes().any(|c| c.is_ascii_digit()) {
+                let mut latin = Vec::new();
+                latin_addresses(&text, &mut |r| latin.push(r));
+                proptest::prop_assert!(latin.is_empty(), "{text:?}: {latin:?}");
+            }
+        }
+
+        /// The length prefilter changes no answer of the comparison of letters.
+        #[test]
+        fn fr_type_prefilter_keeps_the_answer(word in proptest::prop_oneof![
+            "[a-z]{0,16}",
+            "[abcefhipqrsv][a-z]{1,9}",
+            proptest::strategy::Strategy::prop_map(proptest::sample::select(FR_TYPES), str::to_string),
+            proptest::strategy::Strategy::prop_map(
+                proptest::collection::vec(proptest::num::u8::ANY, 0..12),
+                |b| String::from_utf8_lossy(&b).into_owned()
+            ),
+        ]) {
+            let w = word.as_bytes();
+            proptest::prop_assert_eq!(is_fr_type_ascii(w), is_fr_type_ascii_by_letters(w));
+        }
+
         #[test]
         fn prose_skip_lands_on_the_word_walk(
             words in proptest::collection::vec(proptest::prop_oneof![

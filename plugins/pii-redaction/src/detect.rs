@@ -13,7 +13,7 @@ use std::ops::Range;
 use std::str::FromStr;
 
 pub use crate::card::luhn;
-use crate::scan::{find_byte, find_pair, next_not_lower_or_space};
+use crate::scan::{find_byte, find_bytes, find_pair, next_not_lower_or_space, Present};
 
 /// A built-in detector.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -158,13 +158,32 @@ impl Builtin {
         }
     }
 
+    /// [`find`](Self::find) in text whose [`Present`] bytes are known: a scanner that cannot
+    /// match without a byte the text lacks is not run (the spans are the same).
+    pub(crate) fn find_in(self, text: &str, present: Present, found: &mut dyn FnMut(Range<usize>)) {
+        let needs = match self {
+            Builtin::Email => Present::AT,
+            Builtin::Ipv6 => Present::COLON,
+            Builtin::PrivateKey => Present::DASH,
+            Builtin::StreetAddress => {
+                return crate::address::find_with(text, present.has(Present::DIGIT), found)
+            }
+            _ => return self.find(text, found),
+        };
+        if present.has(needs) {
+            self.find(text, found);
+        }
+    }
+
     /// For the anchored scanners whose matcher returns [`Step::No`] unless these two bytes
     /// start the text at the position: the pair (the sweep searches it instead of trying the
     /// matcher at every first byte: `s` and `e` are frequent letters).
-    fn pair(self) -> Option<[u8; 2]> {
+    /// With the [`Present`] byte the matcher needs too (`sk-`, `eyJ`): without it in the text
+    /// the pair is not searched.
+    fn pair(self) -> Option<([u8; 2], u8)> {
         match self {
-            Builtin::OpenAiKey => Some(*b"sk"),
-            Builtin::Jwt => Some(*b"ey"),
+            Builtin::OpenAiKey => Some((*b"sk", Present::DASH)),
+            Builtin::Jwt => Some((*b"ey", Present::J)),
             _ => None,
         }
     }
@@ -243,7 +262,7 @@ pub struct Sweep {
     seconds: Box<[u32; 256]>,
     /// Scanners that can only start at a pair of bytes ([`Builtin::pair`]; not in
     /// `starts`): each runs at the pair's occurrences, found by a search of its own.
-    pairs: Vec<(usize, [u8; 2])>,
+    pairs: Vec<(usize, [u8; 2], u8)>,
     /// No scanner in `starts` begins at an ASCII lower-case letter or a space: runs of
     /// those (most of prose) are skipped eight bytes per step.
     skip_prose: bool,
@@ -268,8 +287,8 @@ impl Sweep {
             if sweep.scanners.len() == 32 {
                 break;
             }
-            if let Some(pair) = builtin.pair() {
-                sweep.pairs.push((sweep.scanners.len(), pair));
+            if let Some((pair, needs)) = builtin.pair() {
+                sweep.pairs.push((sweep.scanners.len(), pair, needs));
                 sweep.scanners.push((try_at, tag));
                 continue;
             }
@@ -301,6 +320,17 @@ impl Sweep {
     /// Calls `found(tag, span)` for every match of every scanner, each scanner's matches in
     /// order and not overlapping one another.
     pub fn find(&self, text: &str, found: &mut dyn FnMut(usize, Range<usize>)) {
+        self.find_in(text, Present::ALL, found);
+    }
+
+    /// [`find`](Self::find) in text whose [`Present`] bytes are known: a pair scanner whose
+    /// other byte the text lacks is not run (the spans are the same).
+    pub(crate) fn find_in(
+        &self,
+        text: &str,
+        present: Present,
+        found: &mut dyn FnMut(usize, Range<usize>),
+    ) {
         if self.scanners.is_empty() {
             return;
         }
@@ -347,10 +377,13 @@ impl Sweep {
             i += 1;
         }
         // each pair scanner where its pair occurs, with its own resume position
-        for &(k, pair) in &self.pairs {
+        for &(k, pair, needs) in &self.pairs {
             let Some(&(try_at, tag)) = self.scanners.get(k) else {
                 continue;
             };
+            if !present.has(needs) {
+                continue;
+            }
             let mut i = 0;
             while let Some(p) = find_pair(b, i, pair) {
                 i = match try_at(b, p) {
@@ -387,6 +420,20 @@ impl Detector {
                     }
                 }
             }
+        }
+    }
+
+    /// [`find`](Self::find) in text whose [`Present`] bytes are known
+    /// ([`Builtin::find_in`]).
+    pub(crate) fn find_in(
+        &self,
+        text: &str,
+        present: Present,
+        found: &mut dyn FnMut(Range<usize>),
+    ) {
+        match self {
+            Detector::Builtin(b) => b.find_in(text, present, found),
+            Detector::Regex(_) => self.find(text, found),
         }
     }
 }
@@ -922,31 +969,33 @@ fn jwt(b: &[u8], i: usize) -> Step {
 }
 
 fn private_key(text: &str, found: &mut dyn FnMut(Range<usize>)) {
-    const BEGIN: &str = "-----BEGIN ";
-    const END: &str = "-----END ";
-    const DASHES: &str = "-----";
+    const BEGIN: &[u8] = b"-----BEGIN ";
+    const END: &[u8] = b"-----END ";
+    const DASHES: &[u8] = b"-----";
+    // byte searches (a word at a time to each `-`) rather than `str::find`, whose
+    // substring search costs more per byte of prose in wasm; the needles are ASCII, so the
+    // positions are the same and on `char` boundaries
+    let b = text.as_bytes();
     let mut i = 0;
-    while let Some(off) = text.get(i..).and_then(|t| t.find(BEGIN)) {
-        let start = i + off;
+    while let Some(start) = find_bytes(b, i, BEGIN) {
         let label_from = start + BEGIN.len();
-        let Some(label_len) = text.get(label_from..).and_then(|t| t.find(DASHES)) else {
+        let Some(label_end) = find_bytes(b, label_from, DASHES) else {
             return;
         };
-        let label = text.get(label_from..label_from + label_len).unwrap_or("");
-        let after_begin = label_from + label_len + DASHES.len();
-        if !label.ends_with("PRIVATE KEY") || label.len() > 40 {
+        let label = b.get(label_from..label_end).unwrap_or_default();
+        let after_begin = label_end + DASHES.len();
+        if !label.ends_with(b"PRIVATE KEY") || label.len() > 40 {
             i = label_from;
             continue;
         }
         // no END after this BEGIN means none after any later BEGIN either: stop
-        let Some(end_off) = text.get(after_begin..).and_then(|t| t.find(END)) else {
+        let Some(end_at) = find_bytes(b, after_begin, END) else {
             return;
         };
-        let end_label = after_begin + end_off + END.len();
-        let Some(close) = text.get(end_label..).and_then(|t| t.find(DASHES)) else {
+        let Some(close) = find_bytes(b, end_at + END.len(), DASHES) else {
             return;
         };
-        let end = end_label + close + DASHES.len();
+        let end = close + DASHES.len();
         found(start..end);
         i = end;
     }
@@ -955,6 +1004,38 @@ fn private_key(text: &str, found: &mut dyn FnMut(Range<usize>)) {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+
+    /// The scan of PEM blocks before it searched bytes ([`private_key`] must find the same).
+    fn private_key_by_str(text: &str, found: &mut dyn FnMut(Range<usize>)) {
+        const BEGIN: &str = "-----BEGIN ";
+        const END: &str = "-----END ";
+        const DASHES: &str = "-----";
+        let mut i = 0;
+        while let Some(off) = text.get(i..).and_then(|t| t.find(BEGIN)) {
+            let start = i + off;
+            let label_from = start + BEGIN.len();
+            let Some(label_len) = text.get(label_from..).and_then(|t| t.find(DASHES)) else {
+                return;
+            };
+            let label = text.get(label_from..label_from + label_len).unwrap_or("");
+            let after_begin = label_from + label_len + DASHES.len();
+            if !label.ends_with("PRIVATE KEY") || label.len() > 40 {
+                i = label_from;
+                continue;
+            }
+            // no END after this BEGIN means none after any later BEGIN either: stop
+            let Some(end_off) = text.get(after_begin..).and_then(|t| t.find(END)) else {
+                return;
+            };
+            let end_label = after_begin + end_off + END.len();
+            let Some(close) = text.get(end_label..).and_then(|t| t.find(DASHES)) else {
+                return;
+            };
+            let end = end_label + close + DASHES.len();
+            found(start..end);
+            i = end;
+        }
+    }
 
     /// The text of every match of `b` in `text` (the detector modules' tests use it too).
     pub(crate) fn hits(b: Builtin, text: &str) -> Vec<&str> {
@@ -1240,6 +1321,71 @@ pub(crate) mod tests {
         let sweep = Sweep::new(&all);
         assert!(!sweep.covers(0), "private_key has its own scan");
         assert!(sweep.covers(1), "jwt is anchored");
+    }
+
+    proptest::proptest! {
+        /// Skipping the scanners whose byte a text lacks changes no span of any built-in.
+        #[test]
+        fn find_in_present_bytes_equals_find(parts in proptest::collection::vec(
+            proptest::prop_oneof![
+                proptest::strategy::Just("a@x.com "),
+                proptest::strategy::Just("a(at)x.com "),
+                proptest::strategy::Just("fe80::1 "),
+                proptest::strategy::Just("fe80 1 "),
+                proptest::strategy::Just("-----BEGIN RSA PRIVATE KEY-----\nMII\n-----END RSA PRIVATE KEY-----"),
+                proptest::strategy::Just("BEGIN RSA PRIVATE KEY\nMII\nEND RSA PRIVATE KEY"),
+                proptest::strategy::Just("12 rue de la Paix\n75002 Paris"),
+                proptest::strategy::Just("rue de la Paix\nParis"),
+                proptest::strategy::Just("Schillerstraße 5 "),
+                proptest::strategy::Just("送到朝阳区建国路88号"),
+                proptest::strategy::Just("[EMAIL_1] "),
+                proptest::strategy::Just("John Smith "),
+                proptest::strategy::Just("The quarterly review covers onboarding, "),
+                proptest::strategy::Just("follow-up "),
+                proptest::strategy::Just("sk-proj-abcdefghijklmnopqrstuv "),
+                proptest::strategy::Just("sk proj abcdefghijklmnopqrstuv "),
+                proptest::strategy::Just("eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.sig "),
+                proptest::strategy::Just("eyhbGciOiIUzI1Ni9.eyzdWIiOiIxIn0.sig "),
+            ], 0..10)) {
+            let text: String = parts.concat();
+            let present = Present::of(text.as_bytes());
+            let all: Vec<(Builtin, usize)> = Builtin::ALL.into_iter().zip(0..).collect();
+            let sweep = Sweep::new(&all);
+            let (mut new, mut old) = (Vec::new(), Vec::new());
+            sweep.find_in(&text, present, &mut |tag, r| new.push((tag, r)));
+            sweep.find_in(&text, Present::ALL, &mut |tag, r| old.push((tag, r)));
+            proptest::prop_assert_eq!(new, old);
+            for b in Builtin::ALL {
+                let (mut new, mut old) = (Vec::new(), Vec::new());
+                b.find_in(&text, present, &mut |r| new.push(r));
+                b.find(&text, &mut |r| old.push(r));
+                proptest::prop_assert_eq!(new, old, "{:?}", b);
+            }
+        }
+
+        /// The byte search of PEM blocks finds what the `str::find` one found, on text made of
+        /// the markers' pieces, labels, prose and non-ASCII characters.
+        #[test]
+        fn private_key_equals_the_str_search(parts in proptest::collection::vec(
+            proptest::prop_oneof![
+                proptest::strategy::Just("-----BEGIN "),
+                proptest::strategy::Just("-----END "),
+                proptest::strategy::Just("-----"),
+                proptest::strategy::Just("-"),
+                proptest::strategy::Just("RSA PRIVATE KEY"),
+                proptest::strategy::Just("PRIVATE KEY"),
+                proptest::strategy::Just("CERTIFICATE"),
+                proptest::strategy::Just("MIIEvQIBADANBg"),
+                proptest::strategy::Just("\n"),
+                proptest::strategy::Just(" follow-up é "),
+                proptest::strategy::Just("ü-"),
+            ], 0..24)) {
+            let text: String = parts.concat();
+            let (mut new, mut old) = (Vec::new(), Vec::new());
+            private_key(&text, &mut |r| new.push(r));
+            private_key_by_str(&text, &mut |r| old.push(r));
+            proptest::prop_assert_eq!(new, old);
+        }
     }
 
     proptest::proptest! {

@@ -9,6 +9,7 @@
 //! "restore" a value it never sent in this request.
 
 use crate::detect::{Builtin, Detector, Sweep};
+use crate::scan::Present;
 use sha2::{Digest, Sha256};
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
@@ -318,10 +319,13 @@ impl Redactor {
                 found.push((span, index));
             }
         };
-        self.sweep.find(text, &mut note);
+        // one pass for the bytes that some scanners cannot match without
+        let present = Present::of(text.as_bytes());
+        self.sweep.find_in(text, present, &mut note);
         for &index in &self.others {
             if let Some(rule) = self.rules.get(index) {
-                rule.detector.find(text, &mut |span| note(index, span));
+                rule.detector
+                    .find_in(text, present, &mut |span| note(index, span));
             }
         }
         if let Some(rule) = blocked.and_then(|index| self.rules.get(index)) {
@@ -331,7 +335,9 @@ impl Redactor {
         }
         if literals {
             let before = found.len();
-            self.literal_placeholders(text, &mut found);
+            if present.has(Present::BRACKET) {
+                self.literal_placeholders(text, &mut found);
+            }
             if map.reentered {
                 // the superseded pass's own placeholders stay as they are
                 let mut at = before;
