@@ -900,7 +900,7 @@ impl<'b, 'v> Scanner<'b, 'v> {
 }
 
 /// `seen` with bit `bit` set; `None` if it already was (serde refuses a repeated member).
-pub(crate) fn once(seen: u32, bit: u32) -> Option<u32> {
+fn once(seen: u32, bit: u32) -> Option<u32> {
     let mask = 1u32.checked_shl(bit)?;
     (seen & mask == 0).then_some(seen | mask)
 }
@@ -958,6 +958,26 @@ impl<'a> Cursor<'a> {
     /// Only whitespace is left.
     pub(crate) fn end(&mut self) -> Option<()> {
         self.peek().is_none().then_some(())
+    }
+
+    /// An object with at least one member, each key without escapes: `member` reads the value
+    /// after each key and names the member's bit; the set of bits seen. `None` for a repeated
+    /// member (serde refuses it), a member `member` refuses, or `{}` (left to serde).
+    pub(crate) fn object(
+        &mut self,
+        mut member: impl FnMut(&mut Self, &'a str) -> Option<u32>,
+    ) -> Option<u32> {
+        self.expect(b'{')?;
+        let mut seen = 0;
+        loop {
+            let key = self.string()?;
+            self.expect(b':')?;
+            seen = once(seen, member(self, key)?)?;
+            if !self.eat(b',') {
+                self.expect(b'}')?;
+                return Some(seen);
+            }
+        }
     }
 
     /// A string without escapes (and, as JSON requires, without control characters).

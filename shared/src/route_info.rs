@@ -33,7 +33,7 @@
 
 use crate::config::ConfigError;
 use crate::headers;
-use crate::json::{once, Cursor};
+use crate::json::Cursor;
 use serde::{Deserialize, Serialize};
 
 /// The property name (filter state `wasm.llm_route`).
@@ -231,40 +231,29 @@ impl RoutePrices {
         const REQUIRED: u32 = 0b1_1001_1111;
         let mut at = Cursor::new(bytes);
         let mut route = RoutePrices::default();
-        let mut seen = 0u32;
-        at.expect(b'{')?;
-        loop {
-            let key = at.string()?;
-            at.expect(b':')?;
-            let bit = match key {
-                "request_id" => at.string().map(|_| 0),
-                "model_group" => at.string().map(|group| {
-                    route.model_group = group.to_string();
-                    1
-                }),
-                "deployment" => at.string().map(|_| 2),
-                "model" => at.string().map(|_| 3),
-                "provider" => at.string().map(|_| 4),
-                "price" => at.price_or_null().map(|price| {
-                    route.price = price;
-                    5
-                }),
-                "price_version" => at.text_or_null().map(|_| 6),
-                "route_version" => at.string().map(|_| 7),
-                "attempts" => at.u64().filter(|n| u32::try_from(*n).is_ok()).map(|_| 8),
-                "tried" => at.strings().map(|()| 9),
-                "price_ceiling" => at.price_or_null().map(|price| {
-                    route.price_ceiling = price;
-                    10
-                }),
-                _ => None,
-            }?;
-            seen = once(seen, bit)?;
-            if !at.eat(b',') {
-                at.expect(b'}')?;
-                break;
-            }
-        }
+        let seen = at.object(|at, key| match key {
+            "request_id" => at.string().map(|_| 0),
+            "model_group" => at.string().map(|group| {
+                route.model_group = group.to_string();
+                1
+            }),
+            "deployment" => at.string().map(|_| 2),
+            "model" => at.string().map(|_| 3),
+            "provider" => at.string().map(|_| 4),
+            "price" => at.price_or_null().map(|price| {
+                route.price = price;
+                5
+            }),
+            "price_version" => at.text_or_null().map(|_| 6),
+            "route_version" => at.string().map(|_| 7),
+            "attempts" => at.u64().filter(|n| u32::try_from(*n).is_ok()).map(|_| 8),
+            "tried" => at.strings().map(|()| 9),
+            "price_ceiling" => at.price_or_null().map(|price| {
+                route.price_ceiling = price;
+                10
+            }),
+            _ => None,
+        })?;
         at.end()?;
         (seen & REQUIRED == REQUIRED).then_some(route)
     }
@@ -277,7 +266,6 @@ impl Cursor<'_> {
         if self.word(b"null") {
             return Some(None);
         }
-        self.expect(b'{')?;
         let mut price = Price {
             currency: String::new(),
             input: 0,
@@ -285,35 +273,25 @@ impl Cursor<'_> {
             cached_input: None,
         };
         let mut currency = None;
-        let mut seen = 0u32;
-        loop {
-            let key = self.string()?;
-            self.expect(b':')?;
-            let bit = match key {
-                "currency" => self.string().map(|c| {
-                    currency = Some(c);
-                    0
-                }),
-                "input" => self.u64().map(|n| {
-                    price.input = n;
-                    1
-                }),
-                "output" => self.u64().map(|n| {
-                    price.output = n;
-                    2
-                }),
-                "cached_input" => self.u64_or_null().map(|n| {
-                    price.cached_input = n;
-                    3
-                }),
-                _ => None,
-            }?;
-            seen = once(seen, bit)?;
-            if !self.eat(b',') {
-                self.expect(b'}')?;
-                break;
-            }
-        }
+        let seen = self.object(|cursor, key| match key {
+            "currency" => cursor.string().map(|c| {
+                currency = Some(c);
+                0
+            }),
+            "input" => cursor.u64().map(|n| {
+                price.input = n;
+                1
+            }),
+            "output" => cursor.u64().map(|n| {
+                price.output = n;
+                2
+            }),
+            "cached_input" => cursor.u64_or_null().map(|n| {
+                price.cached_input = n;
+                3
+            }),
+            _ => None,
+        })?;
         if seen & 0b110 != 0b110 {
             return None;
         }

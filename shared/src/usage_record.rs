@@ -24,7 +24,7 @@
 //! `null`), in the order above; a record written before `key_id` and `tier` existed reads with
 //! them `null`.
 
-use crate::json::{once, Cursor};
+use crate::json::Cursor;
 use crate::usage::Usage;
 use serde::{Deserialize, Serialize};
 
@@ -190,56 +190,45 @@ impl Charge {
     fn scan(bytes: &[u8]) -> Option<Charge> {
         let mut at = Cursor::new(bytes);
         let mut charge = Charge::default();
-        let mut seen = 0u32;
-        at.expect(b'{')?;
-        loop {
-            let key = at.string()?;
-            at.expect(b':')?;
-            let bit = match key {
-                "request_id" => at.string().map(|_| 0),
-                "ts_ms" => at.u64().map(|_| 1),
-                "consumer" => at.text_or_null().map(|_| 2),
-                "tenant" => at.text_or_null().map(|_| 3),
-                "key_id" => at.text_or_null().map(|_| 4),
-                "tier" => at.text_or_null().map(|_| 5),
-                "project" => at.text_or_null().map(|_| 6),
-                "agent" => at.text_or_null().map(|_| 7),
-                "run_id" => at.text_or_null().map(|_| 8),
-                "model_group" => at.text_or_null().map(|_| 9),
-                "deployment" => at.text_or_null().map(|_| 10),
-                "model" => at.text_or_null().map(|_| 11),
-                "api" => at.string().map(|_| 12),
-                "stream" => at.bool().map(|_| 13),
-                "status" => at.u16().map(|_| 14),
-                "complete" => at.bool().map(|_| 15),
-                "attempts" => at.attempts().map(|()| 16),
-                "usage_source" => at
-                    .string()
-                    .filter(|s| matches!(*s, "upstream" | "estimated"))
-                    .map(|_| 17),
-                "usage" => at.usage().map(|usage| {
-                    charge.usage = usage;
-                    18
-                }),
-                "cost_nano" => at.u64_or_null().map(|cost| {
-                    charge.cost_nano = cost;
-                    19
-                }),
-                "currency" => at.text_or_null().map(|currency| {
-                    charge.currency = currency.map(str::to_string);
-                    20
-                }),
-                "price_version" => at.text_or_null().map(|_| 21),
-                "ttft_ms" => at.u64_or_null().map(|_| 22),
-                "duration_ms" => at.u64().map(|_| 23),
-                _ => None,
-            }?;
-            seen = once(seen, bit)?;
-            if !at.eat(b',') {
-                at.expect(b'}')?;
-                break;
-            }
-        }
+        let seen = at.object(|at, key| match key {
+            "request_id" => at.string().map(|_| 0),
+            "ts_ms" => at.u64().map(|_| 1),
+            "consumer" => at.text_or_null().map(|_| 2),
+            "tenant" => at.text_or_null().map(|_| 3),
+            "key_id" => at.text_or_null().map(|_| 4),
+            "tier" => at.text_or_null().map(|_| 5),
+            "project" => at.text_or_null().map(|_| 6),
+            "agent" => at.text_or_null().map(|_| 7),
+            "run_id" => at.text_or_null().map(|_| 8),
+            "model_group" => at.text_or_null().map(|_| 9),
+            "deployment" => at.text_or_null().map(|_| 10),
+            "model" => at.text_or_null().map(|_| 11),
+            "api" => at.string().map(|_| 12),
+            "stream" => at.bool().map(|_| 13),
+            "status" => at.u16().map(|_| 14),
+            "complete" => at.bool().map(|_| 15),
+            "attempts" => at.attempts().map(|()| 16),
+            "usage_source" => at
+                .string()
+                .filter(|s| matches!(*s, "upstream" | "estimated"))
+                .map(|_| 17),
+            "usage" => at.usage().map(|usage| {
+                charge.usage = usage;
+                18
+            }),
+            "cost_nano" => at.u64_or_null().map(|cost| {
+                charge.cost_nano = cost;
+                19
+            }),
+            "currency" => at.text_or_null().map(|currency| {
+                charge.currency = currency.map(str::to_string);
+                20
+            }),
+            "price_version" => at.text_or_null().map(|_| 21),
+            "ttft_ms" => at.u64_or_null().map(|_| 22),
+            "duration_ms" => at.u64().map(|_| 23),
+            _ => None,
+        })?;
         at.end()?;
         (seen == (1 << 24) - 1).then_some(charge)
     }
@@ -255,26 +244,12 @@ impl Cursor<'_> {
             return Some(());
         }
         loop {
-            if !self.eat(b'{') {
-                return None;
-            }
-            let mut seen = 0;
-            loop {
-                let key = self.string()?;
-                if !self.eat(b':') {
-                    return None;
-                }
-                let bit = match key {
-                    "deployment" => self.text_or_null().map(|_| 0),
-                    "status" => self.u16().map(|_| 1),
-                    _ => None,
-                }?;
-                seen = once(seen, bit)?;
-                if !self.eat(b',') {
-                    break;
-                }
-            }
-            if !self.eat(b'}') || seen != 0b11 {
+            let seen = self.object(|cursor, key| match key {
+                "deployment" => cursor.text_or_null().map(|_| 0),
+                "status" => cursor.u16().map(|_| 1),
+                _ => None,
+            })?;
+            if seen != 0b11 {
                 return None;
             }
             if !self.eat(b',') {
@@ -285,16 +260,8 @@ impl Cursor<'_> {
 
     /// The usage object, each of its six counts once.
     fn usage(&mut self) -> Option<UsageFields> {
-        if !self.eat(b'{') {
-            return None;
-        }
         let mut usage = UsageFields::default();
-        let mut seen = 0;
-        loop {
-            let key = self.string()?;
-            if !self.eat(b':') {
-                return None;
-            }
+        let seen = self.object(|cursor, key| {
             let (field, bit) = match key {
                 "prompt_tokens" => (&mut usage.prompt_tokens, 0),
                 "completion_tokens" => (&mut usage.completion_tokens, 1),
@@ -304,13 +271,10 @@ impl Cursor<'_> {
                 "total_tokens" => (&mut usage.total_tokens, 5),
                 _ => return None,
             };
-            *field = self.u64()?;
-            seen = once(seen, bit)?;
-            if !self.eat(b',') {
-                break;
-            }
-        }
-        (self.eat(b'}') && seen == 0b11_1111).then_some(usage)
+            *field = cursor.u64()?;
+            Some(bit)
+        })?;
+        (seen == 0b11_1111).then_some(usage)
     }
 }
 
