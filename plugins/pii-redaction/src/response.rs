@@ -513,35 +513,50 @@ fn plain_data_event(bytes: &[u8]) -> Option<usize> {
 
 /// The position of the first `\n` or `\r` in `line`, if the bytes before it hold no `[`
 /// inside a JSON string (raw or as `\u005b`, as [`bracket_in_a_string`] reads them); `None`
-/// if they do or if `line` has no line end. One pass: eight bytes per step until a word holds
-/// a line end or a backslash, byte by byte from there.
+/// if they do or if `line` has no line end. One pass: sixteen bytes per step while they hold
+/// no special byte ([`word_flags`]: a word's quotes and special bytes flagged exactly), where
+/// only their quotes are counted; a `[` outside a string (`"choices":[`) is looked at in its
+/// word ([`plain_word`]); from a word with a backslash or a control byte (the line end among
+/// them), byte by byte. Every step counts as fuel in the wasm build: this is what each
+/// streamed event of a quiet stream costs.
 fn plain_line(line: &[u8]) -> Option<usize> {
-    const ONES: u64 = 0x0101_0101_0101_0101;
-    const HIGHS: u64 = 0x8080_8080_8080_8080;
-    // nonzero if a byte of `x` is zero (only the lowest flag is sure: enough to stop on)
-    let any_zero = |x: u64| x.wrapping_sub(ONES) & !x & HIGHS;
     let mut odd = 0; // the quotes before the word: odd means inside a string
     let mut from = 0;
-    while let Some(word) = line.get(from..from + 8) {
-        let w = u64::from_le_bytes(<[u8; 8]>::try_from(word).ok()?);
-        // a byte below 0x0e (LF, CR, or a rare control byte) or a backslash: go bytewise
-        let low = w.wrapping_sub(ONES * 0x0e) & !w & HIGHS;
-        if low | any_zero(w ^ (ONES * u64::from(b'\\'))) != 0 {
+    // sixteen bytes per step while neither word has a special byte, then word by word
+    let mut pairs = line.chunks_exact(16);
+    let mut stopped = false;
+    for pair in &mut pairs {
+        let (a, b) = pair.split_at(8);
+        let a = u64::from_le_bytes(<[u8; 8]>::try_from(a).ok()?);
+        let b = u64::from_le_bytes(<[u8; 8]>::try_from(b).ok()?);
+        let (quotes_a, special_a) = word_flags(a);
+        let (quotes_b, special_b) = word_flags(b);
+        if special_a | special_b == 0 {
+            odd ^= quotes_a.count_ones() ^ quotes_b.count_ones();
+            from += 16;
+            continue;
+        }
+        for (w, quotes, special) in [(a, quotes_a, special_a), (b, quotes_b, special_b)] {
+            if !plain_word(w, quotes, special, odd)? {
+                stopped = true;
+                break;
+            }
+            odd ^= quotes.count_ones();
+            from += 8;
+        }
+        if stopped {
             break;
         }
-        let quotes = byte_flags(w, b'"');
-        if any_zero(w ^ (ONES * u64::from(b'['))) != 0 {
-            let mut brackets = byte_flags(w, b'[');
-            while brackets != 0 {
-                let lane = brackets & brackets.wrapping_neg();
-                if (odd ^ (quotes & (lane - 1)).count_ones()) & 1 == 1 {
-                    return None;
-                }
-                brackets &= brackets - 1;
+    }
+    if !stopped {
+        if let Some(word) = line.get(from..from + 8) {
+            let w = u64::from_le_bytes(<[u8; 8]>::try_from(word).ok()?);
+            let (quotes, special) = word_flags(w);
+            if plain_word(w, quotes, special, odd)? {
+                odd ^= quotes.count_ones();
+                from += 8;
             }
         }
-        odd ^= quotes.count_ones();
-        from += 8;
     }
     // byte by byte, as `bracket_in_a_string_bytewise` reads them
     let mut in_string = odd & 1 == 1;
@@ -570,6 +585,51 @@ fn plain_line(line: &[u8]) -> Option<usize> {
         }
         i += 1;
     }
+}
+
+const LOWS: u64 = 0x7f7f_7f7f_7f7f_7f7f;
+const HIGHS: u64 = 0x8080_8080_8080_8080;
+const ONES: u64 = 0x0101_0101_0101_0101;
+
+/// The quotes of `w` and its special bytes (`[`, `\`, and the control bytes below 0x0e),
+/// each flagged exactly by its high bit: on the low seven bits of each byte, adding
+/// `0x80 - c` sets the high bit where they are at least `c`, and no carry crosses a byte.
+#[inline(always)]
+fn word_flags(w: u64) -> (u64, u64) {
+    let t = w & LOWS;
+    let ascii = !w & HIGHS;
+    let quotes = !((t ^ (ONES * u64::from(b'"'))) + LOWS) & ascii;
+    let at_least_5b = t + ONES * 0x25;
+    let at_least_5d = t + ONES * 0x23;
+    let at_least_0e = t + ONES * 0x72;
+    (
+        quotes,
+        ((at_least_5b & !at_least_5d) | !at_least_0e) & ascii,
+    )
+}
+
+/// For [`plain_line`]: `Some(true)` if the word `w` (its `quotes` and `special` bytes from
+/// [`word_flags`], `odd` the quotes before it) goes on word by word: no special byte, or only
+/// `[`s outside strings; `Some(false)` if it holds a backslash or a control byte (the rest is
+/// read byte by byte); `None` if a `[` is inside a string.
+#[inline(always)]
+fn plain_word(w: u64, quotes: u64, special: u64, odd: u32) -> Option<bool> {
+    if special == 0 {
+        return Some(true);
+    }
+    let brackets = !(((w & LOWS) ^ (ONES * u64::from(b'['))) + LOWS) & !w & HIGHS;
+    if special != brackets {
+        return Some(false);
+    }
+    let mut rest = brackets;
+    while rest != 0 {
+        let lane = rest & rest.wrapping_neg();
+        if (odd ^ (quotes & (lane - 1)).count_ones()) & 1 == 1 {
+            return None;
+        }
+        rest &= rest - 1;
+    }
+    Some(true)
 }
 
 /// `event: NAME\n`, `id: ID\n`, one `data:` line per line of `data`, blank line.
@@ -1492,6 +1552,135 @@ mod tests {
             let end = line.iter().position(|&c| c == b'\n' || c == b'\r');
             let want = end.filter(|&end| !bracket_in_a_string_bytewise(&line[..end]));
             prop_assert_eq!(plain_line(&line), want);
+        }
+    }
+
+    /// [`plain_line`] as it was before its words were flagged exactly (what the tests compare
+    /// it with): the position of the first `\n` or `\r` in `line`, if the bytes before it hold no `[`
+    /// inside a JSON string (raw or as `\u005b`, as [`bracket_in_a_string`] reads them); `None`
+    /// if they do or if `line` has no line end. One pass: eight bytes per step until a word holds
+    /// a line end or a backslash, byte by byte from there.
+    fn plain_line_before(line: &[u8]) -> Option<usize> {
+        const ONES: u64 = 0x0101_0101_0101_0101;
+        const HIGHS: u64 = 0x8080_8080_8080_8080;
+        // nonzero if a byte of `x` is zero (only the lowest flag is sure: enough to stop on)
+        let any_zero = |x: u64| x.wrapping_sub(ONES) & !x & HIGHS;
+        let mut odd = 0; // the quotes before the word: odd means inside a string
+        let mut from = 0;
+        while let Some(word) = line.get(from..from + 8) {
+            let w = u64::from_le_bytes(<[u8; 8]>::try_from(word).ok()?);
+            // a byte below 0x0e (LF, CR, or a rare control byte) or a backslash: go bytewise
+            let low = w.wrapping_sub(ONES * 0x0e) & !w & HIGHS;
+            if low | any_zero(w ^ (ONES * u64::from(b'\\'))) != 0 {
+                break;
+            }
+            let quotes = byte_flags(w, b'"');
+            if any_zero(w ^ (ONES * u64::from(b'['))) != 0 {
+                let mut brackets = byte_flags(w, b'[');
+                while brackets != 0 {
+                    let lane = brackets & brackets.wrapping_neg();
+                    if (odd ^ (quotes & (lane - 1)).count_ones()) & 1 == 1 {
+                        return None;
+                    }
+                    brackets &= brackets - 1;
+                }
+            }
+            odd ^= quotes.count_ones();
+            from += 8;
+        }
+        // byte by byte, as `bracket_in_a_string_bytewise` reads them
+        let mut in_string = odd & 1 == 1;
+        let mut escaped = false;
+        let mut i = from;
+        loop {
+            let &byte = line.get(i)?;
+            if byte == b'\n' || byte == b'\r' {
+                // an unterminated string: the next event may complete anything
+                return (!in_string && !escaped).then_some(i);
+            }
+            if escaped {
+                escaped = false;
+                let hex = line.get(i + 1..i + 5);
+                if byte == b'u' && hex.is_some_and(|h| h.eq_ignore_ascii_case(b"005b")) {
+                    return None;
+                }
+            } else {
+                match (in_string, byte) {
+                    (true, b'\\') => escaped = true,
+                    (true, b'"') => in_string = false,
+                    (true, b'[') => return None,
+                    (false, b'"') => in_string = true,
+                    _ => {}
+                }
+            }
+            i += 1;
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        /// The flagged words give what the earlier word loop gave, on lines of JSON-ish bytes
+        /// (every special byte, non-ASCII ones, long runs to cross the sixteen-byte steps).
+        #[test]
+        fn plain_line_is_what_it_was(line in proptest::collection::vec(
+            proptest::prop_oneof![
+                4 => proptest::prop_oneof![Just(b'a'), Just(b' '), Just(b':'), Just(b',')],
+                2 => Just(b'"'),
+                1 => proptest::prop_oneof![Just(b'['), Just(b']'), Just(b'\\'), Just(b'u')],
+                1 => proptest::prop_oneof![Just(b'0'), Just(b'5'), Just(b'b'), Just(b'B')],
+                1 => proptest::prop_oneof![Just(b'\n'), Just(b'\r'), Just(0x0d), Just(0x0e), Just(0x00)],
+                1 => proptest::prop_oneof![Just(0x5b | 0x80), Just(0xa2), Just(0xdb), Just(0xdc)],
+                1 => any::<u8>(),
+            ],
+            0..120,
+        )) {
+            prop_assert_eq!(plain_line(&line), plain_line_before(&line));
+        }
+    }
+
+    /// A stream of the bench's shape (three characters per delta, a placeholder split across
+    /// events, `[`s inside and outside strings, an escape), cut once at every byte and in
+    /// one-event chunks: the bytes to send are those of the framer and
+    /// [`StreamRestorer::event`] alone, byte for byte.
+    #[test]
+    fn a_stream_cut_at_every_byte_is_restored_as_before() {
+        let text =
+            "Write to [EMAIL_1] or [PHONE_1] now: a[0] \"[QUOTE_1]\" \u{e9}t\u{e9} [x] done.";
+        let chars: Vec<char> = text.chars().collect();
+        let mut events: Vec<Vec<u8>> = chars
+            .chunks(3)
+            .map(|piece| {
+                let piece: String = piece.iter().collect();
+                llm_gateway_shared::sse::encode(None, &chat_chunk(&piece))
+            })
+            .collect();
+        events.push(b"data: [DONE]\n\n".to_vec());
+        let body = events.concat();
+        let check = |chunks: &[&[u8]]| {
+            let (want, want_end, _) = restore_the_old_way(None, chunks);
+            let mut map = map();
+            let mut r = SseRestorer::default();
+            let mut got = Vec::new();
+            let mut expected = Vec::new();
+            for (chunk, want) in chunks.iter().zip(&want) {
+                match r.restore(&mut map, chunk) {
+                    None => assert_eq!(chunk, &want.as_slice()),
+                    Some(out) => got.extend(out),
+                }
+                expected.extend_from_slice(want);
+            }
+            assert_eq!(r.finish(&mut map), want_end);
+            expected
+        };
+        let whole = check(&[&body]);
+        let restored = chat_text(&whole);
+        assert!(restored.starts_with("Write to a@x.com or "), "{restored}");
+        assert!(!restored.contains("[EMAIL_1]") && restored.ends_with("[x] done."));
+        let per_event: Vec<&[u8]> = events.iter().map(Vec::as_slice).collect();
+        check(&per_event);
+        for cut in 0..=body.len() {
+            check(&[&body[..cut], &body[cut..]]);
         }
     }
 
