@@ -126,7 +126,8 @@ impl ResponseStream {
         // `copied`: where the bytes not yet copied to `out` start.
         let mut copied = framer.position();
         let mut hidden_now = false;
-        loop {
+        // nothing held: no event to hand out (`next_raw` would find none either)
+        while framer.pending() > 0 {
             let at = framer.position();
             // the usual chunk, recognized and read before it is framed (see
             // `Template::apply_event`); anything else is framed and read by `on_event`
@@ -646,6 +647,99 @@ mod tests {
         ]
     }
 
+    /// A stream as OpenAI (and the bench's mock) sends it: the role chunk, one chunk per
+    /// content piece with the same id, created and model, the finish chunk, then the usage
+    /// (in the finish chunk, in a usage-only chunk, or none), then `[DONE]` (or cut before it).
+    fn openai_stream(contents: &[String], usage: u8, done: bool) -> Vec<u8> {
+        let head = r#"{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1796220172,"model":"gpt-4o-mini","choices":"#;
+        let tail = if usage == 0 { "}" } else { r#","usage":null}"# };
+        let mut s = format!(
+            "data: {head}[{{\"index\":0,\"delta\":{{\"role\":\"assistant\",\"content\":\"\"}},\"logprobs\":null,\"finish_reason\":null}}]{tail}\n\n"
+        );
+        for c in contents {
+            let c = serde_json::to_string(c).unwrap();
+            s.push_str(&format!(
+                "data: {head}[{{\"index\":0,\"delta\":{{\"content\":{c}}},\"logprobs\":null,\"finish_reason\":null}}]{tail}\n\n"
+            ));
+        }
+        let u = r#"{"prompt_tokens":11,"completion_tokens":9,"total_tokens":20}"#;
+        let finish = r#"[{"index":0,"delta":{},"logprobs":null,"finish_reason":"stop"}]"#;
+        match usage {
+            1 => s.push_str(&format!("data: {head}{finish},\"usage\":{u}}}\n\n")),
+            2 => {
+                s.push_str(&format!("data: {head}{finish}{tail}\n\n"));
+                s.push_str(&format!("data: {head}[],\"usage\":{u}}}\n\n"));
+            }
+            _ => s.push_str(&format!("data: {head}{finish}{tail}\n\n")),
+        }
+        if done {
+            s.push_str("data: [DONE]\n\n");
+        }
+        s.into_bytes()
+    }
+
+    /// `body` cut after each blank line: one event per chunk.
+    fn events_of(body: &[u8]) -> Vec<&[u8]> {
+        let mut chunks = Vec::new();
+        let mut last = 0;
+        for i in 1..body.len() {
+            if body[i - 1] == b'\n' && body[i] == b'\n' {
+                chunks.push(&body[last..=i]);
+                last = i + 1;
+            }
+        }
+        if last < body.len() {
+            chunks.push(&body[last..]);
+        }
+        chunks
+    }
+
+    /// Feeds `chunks` to a stream: (usage, model, client bytes, text sample, text chars,
+    /// first output per chunk, counts), as `reference` gives them.
+    #[allow(clippy::type_complexity)]
+    fn fed(
+        api: Api,
+        hide: bool,
+        chunks: &[&[u8]],
+    ) -> (
+        Option<Usage>,
+        Option<String>,
+        Vec<u8>,
+        String,
+        u64,
+        Vec<bool>,
+        (u64, u64),
+    ) {
+        let mut stream = ResponseStream::new(api, hide, Encoding::Chars, 1 << 20);
+        let (mut client, mut firsts) = (Vec::new(), Vec::new());
+        for (n, chunk) in chunks.iter().enumerate() {
+            let mut pushed = stream.push(chunk);
+            let mut forward = vec![pushed.forward.clone()];
+            if n + 1 == chunks.len() {
+                let end = stream.finish();
+                pushed.first_output |= end.first_output;
+                forward.push(end.forward);
+            }
+            for (i, f) in forward.into_iter().enumerate() {
+                match f {
+                    Forward::Unchanged if i == 0 => client.extend_from_slice(chunk),
+                    Forward::Unchanged => {}
+                    Forward::Replace(bytes) => client.extend_from_slice(&bytes),
+                }
+            }
+            firsts.push(pushed.first_output);
+        }
+        (
+            stream.usage(),
+            stream.model().map(str::to_owned),
+            client,
+            stream.text.clone(),
+            stream.text_chars,
+            firsts,
+            stream.counts(),
+        )
+    }
+
     proptest! {
         /// The fast path changes nothing: whatever the events and their chunking, the usage,
         /// model, client bytes, kept text and first output are those of the full parse.
@@ -685,6 +779,39 @@ mod tests {
             prop_assert_eq!(stream.text_chars, chars);
             prop_assert_eq!(firsts, expected_firsts);
             prop_assert_eq!(stream.counts(), counts);
+        }
+
+        /// The usual stream, whole or cut at any boundaries (one event per chunk, several, or
+        /// events split), with its usage in the last chunk, in a usage-only chunk or absent,
+        /// ended, or cut anywhere: read as the full parse reads it (the per-event fast paths — the
+        /// template, the block comparison, nothing looked at once the framer is empty — change
+        /// no figure, no byte the client gets, no text kept for the estimate).
+        #[test]
+        fn the_usual_stream_reads_like_the_full_parse(
+            contents in proptest::collection::vec("([a-z é😀]|\\\\|\"|\n){0,6}", 0..40),
+            usage in 0u8..3,
+            done in proptest::bool::ANY,
+            cuts in proptest::collection::vec(0usize..12_000, 0..12),
+            per_event in proptest::bool::ANY,
+            hide in proptest::bool::ANY,
+            cut_short in proptest::option::of(0usize..12_000),
+        ) {
+            let mut body = openai_stream(&contents, usage, done);
+            // a stream cut anywhere, even inside an event
+            if let Some(end) = cut_short {
+                body.truncate(end % (body.len() + 1));
+            }
+            let chunks: Vec<&[u8]> = if per_event {
+                events_of(&body)
+            } else {
+                cut_at(&body, &cuts)
+            };
+            let got = fed(Api::ChatCompletions, hide, &chunks);
+            let expected = reference(Api::ChatCompletions, hide, &chunks);
+            if cut_short.is_none() {
+                prop_assert_eq!(got.0.is_some(), usage != 0);
+            }
+            prop_assert_eq!(got, expected);
         }
 
         #[test]
