@@ -47,8 +47,9 @@ pub struct ResponseStream {
     /// The first [`TEXT_SAMPLE`] bytes of streamed text, counted only if no usage comes, so
     /// a stream whose usage arrives never costs tokenizer work, however long it is.
     text: String,
-    /// Characters of all streamed text (the sample and what came after it).
-    text_chars: u64,
+    /// Characters of the streamed text that did not fit in the sample (those in it are
+    /// counted from it when needed, not event by event).
+    chars_beyond: u64,
     seen_output: bool,
     events: u64,
     hidden: u64,
@@ -77,7 +78,7 @@ impl ResponseStream {
             hide_usage_only,
             encoding,
             text: String::new(),
-            text_chars: 0,
+            chars_beyond: 0,
             seen_output: false,
             events: 0,
             hidden: 0,
@@ -112,7 +113,7 @@ impl ResponseStream {
             out,
             hide_usage_only,
             text,
-            text_chars,
+            chars_beyond,
             seen_output,
             events,
             hidden,
@@ -147,7 +148,7 @@ impl ResponseStream {
             *events += 1;
             let event_text = reader.event_text.as_str();
             if !event_text.is_empty() && !reader.complete {
-                keep_text(text, text_chars, event_text);
+                keep_text(text, chars_beyond, event_text);
             }
             if !*seen_output && (!event_text.is_empty() || has_usage) {
                 *seen_output = true;
@@ -194,10 +195,11 @@ impl ResponseStream {
     pub fn streamed_tokens(&self) -> u64 {
         let sample_tokens = count_tokens(self.encoding, &self.text);
         let sample_chars = self.text.chars().count() as u64;
-        if sample_chars == 0 || self.text_chars <= sample_chars {
+        let text_chars = sample_chars.saturating_add(self.chars_beyond);
+        if sample_chars == 0 || text_chars <= sample_chars {
             return sample_tokens;
         }
-        let scaled = (u128::from(sample_tokens) * u128::from(self.text_chars)
+        let scaled = (u128::from(sample_tokens) * u128::from(text_chars)
             + u128::from(sample_chars) / 2)
             / u128::from(sample_chars);
         u64::try_from(scaled).unwrap_or(u64::MAX)
@@ -206,6 +208,12 @@ impl ResponseStream {
     /// Events seen and events hidden.
     pub fn counts(&self) -> (u64, u64) {
         (self.events, self.hidden)
+    }
+
+    /// Characters of all streamed text (the sample and what came after it).
+    #[cfg(test)]
+    fn text_chars(&self) -> u64 {
+        (self.text.chars().count() as u64).saturating_add(self.chars_beyond)
     }
 }
 
@@ -290,18 +298,24 @@ impl Reader {
     }
 }
 
-/// Adds an event's text to the sample (while it has room) and to the count of characters.
-fn keep_text(sample: &mut String, chars: &mut u64, text: &str) {
-    *chars = chars.saturating_add(text.chars().count() as u64);
+/// Adds an event's text to the sample while it has room; counts the characters of what does
+/// not fit (the sample's own are counted once, from it, only if no usage comes).
+fn keep_text(sample: &mut String, beyond: &mut u64, text: &str) {
     let room = TEXT_SAMPLE.saturating_sub(sample.len());
-    if room == 0 {
+    if text.len() <= room {
+        sample.push_str(text);
         return;
     }
-    let mut cut = room.min(text.len());
+    let mut cut = room;
     while !text.is_char_boundary(cut) {
         cut -= 1;
     }
-    sample.push_str(text.get(..cut).unwrap_or_default());
+    let (kept, rest) = (
+        text.get(..cut).unwrap_or_default(),
+        text.get(cut..).unwrap_or_default(),
+    );
+    sample.push_str(kept);
+    *beyond = beyond.saturating_add(rest.chars().count() as u64);
 }
 
 #[cfg(test)]
@@ -553,6 +567,20 @@ mod tests {
         }
     }
 
+    /// `keep_text` as it was: every event's characters counted as it comes.
+    fn keep_text_before(sample: &mut String, chars: &mut u64, text: &str) {
+        *chars = chars.saturating_add(text.chars().count() as u64);
+        let room = TEXT_SAMPLE.saturating_sub(sample.len());
+        if room == 0 {
+            return;
+        }
+        let mut cut = room.min(text.len());
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        sample.push_str(text.get(..cut).unwrap_or_default());
+    }
+
     /// What the stream did before the fast path, event by event with `Framer::next_event`
     /// and `StreamUsage::on_event`: (usage, model, client bytes, text sample, text chars,
     /// first output per chunk, counts).
@@ -590,7 +618,7 @@ mod tests {
                             None => Default::default(),
                         };
                         if !info.text.is_empty() && !usage.is_complete() {
-                            keep_text(&mut text, &mut chars, &info.text);
+                            keep_text_before(&mut text, &mut chars, &info.text);
                         }
                         if !seen && (!info.text.is_empty() || info.has_usage) {
                             seen = true;
@@ -734,7 +762,7 @@ mod tests {
             stream.model().map(str::to_owned),
             client,
             stream.text.clone(),
-            stream.text_chars,
+            stream.text_chars(),
             firsts,
             stream.counts(),
         )
@@ -776,7 +804,7 @@ mod tests {
             prop_assert_eq!(stream.model().map(str::to_owned), model);
             prop_assert_eq!(client, expected_client);
             prop_assert_eq!(&stream.text, &text);
-            prop_assert_eq!(stream.text_chars, chars);
+            prop_assert_eq!(stream.text_chars(), chars);
             prop_assert_eq!(firsts, expected_firsts);
             prop_assert_eq!(stream.counts(), counts);
         }
