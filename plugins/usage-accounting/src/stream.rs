@@ -87,9 +87,32 @@ impl ResponseStream {
 
     /// Takes the next chunk.
     pub fn push(&mut self, chunk: &[u8]) -> Pushed {
+        // A chunk that is one usual event (a stream one event per callback) is read in place
+        // when nothing is held: the framer would take it whole (see `Framer::is_idle`) and
+        // `drain` read it the same way, so it need not be copied into the framer first.
+        if self.framer.is_idle() && self.reader.template_event(chunk) == Some(chunk.len()) {
+            return Pushed {
+                forward: Forward::Unchanged,
+                first_output: self.on_text_event(),
+            };
+        }
         let held_before = self.framer.pending();
         self.framer.push(chunk);
         self.drain(held_before)
+    }
+
+    /// Counts an event read by the template (its text in `reader.event_text`, no usage):
+    /// keeps its text; true if it is the first output.
+    fn on_text_event(&mut self) -> bool {
+        self.events += 1;
+        let event_text = self.reader.event_text.as_str();
+        if event_text.is_empty() {
+            return false;
+        }
+        if !self.reader.complete {
+            keep_text(&mut self.text, &mut self.chars_beyond, event_text);
+        }
+        !std::mem::replace(&mut self.seen_output, true)
     }
 
     /// End of the stream: the remaining events and the unterminated tail, if any.
@@ -650,6 +673,26 @@ mod tests {
         )
     }
 
+    /// A usual event arriving while part of another event is held belongs to that event: it
+    /// is not read on its own (the in-place read of a one-event chunk waits for an idle
+    /// framer).
+    #[test]
+    fn a_chunk_that_continues_a_held_event_is_not_read_alone() {
+        let body = openai_stream(&["ab".into(), "cd".into(), "ef".into()], 2, true);
+        let events = events_of(&body);
+        for held in [&b"event: chunk\n"[..], b": note\n", b"data: {\"x\":1}\r"] {
+            let mut chunks = events.clone();
+            chunks.insert(3, held);
+            for hide in [false, true] {
+                assert_eq!(
+                    fed(Api::ChatCompletions, hide, &chunks),
+                    reference(Api::ChatCompletions, hide, &chunks),
+                    "{held:?} hide {hide}"
+                );
+            }
+        }
+    }
+
     /// Events of every shape a chat stream may hold, the usual chunk most often.
     fn chat_event() -> impl Strategy<Value = Vec<u8>> {
         let content = "[a-z é\\\"\n😀]{0,8}";
@@ -677,26 +720,35 @@ mod tests {
 
     /// A stream as OpenAI (and the bench's mock) sends it: the role chunk, one chunk per
     /// content piece with the same id, created and model, the finish chunk, then the usage
-    /// (in the finish chunk, in a usage-only chunk, or none), then `[DONE]` (or cut before it).
+    /// (in the finish chunk, in a usage-only chunk, none, or a usage-only chunk amid the
+    /// content: the text after it is not kept), then `[DONE]` (or cut before it).
     fn openai_stream(contents: &[String], usage: u8, done: bool) -> Vec<u8> {
         let head = r#"{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1796220172,"model":"gpt-4o-mini","choices":"#;
         let tail = if usage == 0 { "}" } else { r#","usage":null}"# };
         let mut s = format!(
             "data: {head}[{{\"index\":0,\"delta\":{{\"role\":\"assistant\",\"content\":\"\"}},\"logprobs\":null,\"finish_reason\":null}}]{tail}\n\n"
         );
-        for c in contents {
+        let u = r#"{"prompt_tokens":11,"completion_tokens":9,"total_tokens":20}"#;
+        for (i, c) in contents.iter().enumerate() {
+            if usage == 3 && i == contents.len() / 2 {
+                // (with no content at all, nothing follows it: see the end)
+                s.push_str(&format!("data: {head}[],\"usage\":{u}}}\n\n"));
+            }
             let c = serde_json::to_string(c).unwrap();
             s.push_str(&format!(
                 "data: {head}[{{\"index\":0,\"delta\":{{\"content\":{c}}},\"logprobs\":null,\"finish_reason\":null}}]{tail}\n\n"
             ));
         }
-        let u = r#"{"prompt_tokens":11,"completion_tokens":9,"total_tokens":20}"#;
         let finish = r#"[{"index":0,"delta":{},"logprobs":null,"finish_reason":"stop"}]"#;
         match usage {
             1 => s.push_str(&format!("data: {head}{finish},\"usage\":{u}}}\n\n")),
             2 => {
                 s.push_str(&format!("data: {head}{finish}{tail}\n\n"));
                 s.push_str(&format!("data: {head}[],\"usage\":{u}}}\n\n"));
+            }
+            3 if contents.is_empty() => {
+                s.push_str(&format!("data: {head}[],\"usage\":{u}}}\n\n"));
+                s.push_str(&format!("data: {head}{finish}{tail}\n\n"));
             }
             _ => s.push_str(&format!("data: {head}{finish}{tail}\n\n")),
         }
@@ -817,7 +869,7 @@ mod tests {
         #[test]
         fn the_usual_stream_reads_like_the_full_parse(
             contents in proptest::collection::vec("([a-z é😀]|\\\\|\"|\n){0,6}", 0..40),
-            usage in 0u8..3,
+            usage in 0u8..4,
             done in proptest::bool::ANY,
             cuts in proptest::collection::vec(0usize..12_000, 0..12),
             per_event in proptest::bool::ANY,
