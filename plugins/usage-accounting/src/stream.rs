@@ -47,8 +47,9 @@ pub struct ResponseStream {
     /// The first [`TEXT_SAMPLE`] bytes of streamed text, counted only if no usage comes, so
     /// a stream whose usage arrives never costs tokenizer work, however long it is.
     text: String,
-    /// Characters of all streamed text (the sample and what came after it).
-    text_chars: u64,
+    /// Characters of the streamed text that did not fit in the sample (those in it are
+    /// counted from it when needed, not event by event).
+    chars_beyond: u64,
     seen_output: bool,
     events: u64,
     hidden: u64,
@@ -77,7 +78,7 @@ impl ResponseStream {
             hide_usage_only,
             encoding,
             text: String::new(),
-            text_chars: 0,
+            chars_beyond: 0,
             seen_output: false,
             events: 0,
             hidden: 0,
@@ -86,9 +87,32 @@ impl ResponseStream {
 
     /// Takes the next chunk.
     pub fn push(&mut self, chunk: &[u8]) -> Pushed {
+        // A chunk that is one usual event (a stream one event per callback) is read in place
+        // when nothing is held: the framer would take it whole (see `Framer::is_idle`) and
+        // `drain` read it the same way, so it need not be copied into the framer first.
+        if self.framer.is_idle() && self.reader.template_event(chunk) == Some(chunk.len()) {
+            return Pushed {
+                forward: Forward::Unchanged,
+                first_output: self.on_text_event(),
+            };
+        }
         let held_before = self.framer.pending();
         self.framer.push(chunk);
         self.drain(held_before)
+    }
+
+    /// Counts an event read by the template (its text in `reader.event_text`, no usage):
+    /// keeps its text; true if it is the first output.
+    fn on_text_event(&mut self) -> bool {
+        self.events += 1;
+        let event_text = self.reader.event_text.as_str();
+        if event_text.is_empty() {
+            return false;
+        }
+        if !self.reader.complete {
+            keep_text(&mut self.text, &mut self.chars_beyond, event_text);
+        }
+        !std::mem::replace(&mut self.seen_output, true)
     }
 
     /// End of the stream: the remaining events and the unterminated tail, if any.
@@ -112,7 +136,7 @@ impl ResponseStream {
             out,
             hide_usage_only,
             text,
-            text_chars,
+            chars_beyond,
             seen_output,
             events,
             hidden,
@@ -126,7 +150,8 @@ impl ResponseStream {
         // `copied`: where the bytes not yet copied to `out` start.
         let mut copied = framer.position();
         let mut hidden_now = false;
-        loop {
+        // nothing held: no event to hand out (`next_raw` would find none either)
+        while framer.pending() > 0 {
             let at = framer.position();
             // the usual chunk, recognized and read before it is framed (see
             // `Template::apply_event`); anything else is framed and read by `on_event`
@@ -146,7 +171,7 @@ impl ResponseStream {
             *events += 1;
             let event_text = reader.event_text.as_str();
             if !event_text.is_empty() && !reader.complete {
-                keep_text(text, text_chars, event_text);
+                keep_text(text, chars_beyond, event_text);
             }
             if !*seen_output && (!event_text.is_empty() || has_usage) {
                 *seen_output = true;
@@ -193,10 +218,11 @@ impl ResponseStream {
     pub fn streamed_tokens(&self) -> u64 {
         let sample_tokens = count_tokens(self.encoding, &self.text);
         let sample_chars = self.text.chars().count() as u64;
-        if sample_chars == 0 || self.text_chars <= sample_chars {
+        let text_chars = sample_chars.saturating_add(self.chars_beyond);
+        if sample_chars == 0 || text_chars <= sample_chars {
             return sample_tokens;
         }
-        let scaled = (u128::from(sample_tokens) * u128::from(self.text_chars)
+        let scaled = (u128::from(sample_tokens) * u128::from(text_chars)
             + u128::from(sample_chars) / 2)
             / u128::from(sample_chars);
         u64::try_from(scaled).unwrap_or(u64::MAX)
@@ -205,6 +231,12 @@ impl ResponseStream {
     /// Events seen and events hidden.
     pub fn counts(&self) -> (u64, u64) {
         (self.events, self.hidden)
+    }
+
+    /// Characters of all streamed text (the sample and what came after it).
+    #[cfg(test)]
+    fn text_chars(&self) -> u64 {
+        (self.text.chars().count() as u64).saturating_add(self.chars_beyond)
     }
 }
 
@@ -289,18 +321,24 @@ impl Reader {
     }
 }
 
-/// Adds an event's text to the sample (while it has room) and to the count of characters.
-fn keep_text(sample: &mut String, chars: &mut u64, text: &str) {
-    *chars = chars.saturating_add(text.chars().count() as u64);
+/// Adds an event's text to the sample while it has room; counts the characters of what does
+/// not fit (the sample's own are counted once, from it, only if no usage comes).
+fn keep_text(sample: &mut String, beyond: &mut u64, text: &str) {
     let room = TEXT_SAMPLE.saturating_sub(sample.len());
-    if room == 0 {
+    if text.len() <= room {
+        sample.push_str(text);
         return;
     }
-    let mut cut = room.min(text.len());
+    let mut cut = room;
     while !text.is_char_boundary(cut) {
         cut -= 1;
     }
-    sample.push_str(text.get(..cut).unwrap_or_default());
+    let (kept, rest) = (
+        text.get(..cut).unwrap_or_default(),
+        text.get(cut..).unwrap_or_default(),
+    );
+    sample.push_str(kept);
+    *beyond = beyond.saturating_add(rest.chars().count() as u64);
 }
 
 #[cfg(test)]
@@ -552,6 +590,20 @@ mod tests {
         }
     }
 
+    /// `keep_text` as it was: every event's characters counted as it comes.
+    fn keep_text_before(sample: &mut String, chars: &mut u64, text: &str) {
+        *chars = chars.saturating_add(text.chars().count() as u64);
+        let room = TEXT_SAMPLE.saturating_sub(sample.len());
+        if room == 0 {
+            return;
+        }
+        let mut cut = room.min(text.len());
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        sample.push_str(text.get(..cut).unwrap_or_default());
+    }
+
     /// What the stream did before the fast path, event by event with `Framer::next_event`
     /// and `StreamUsage::on_event`: (usage, model, client bytes, text sample, text chars,
     /// first output per chunk, counts).
@@ -589,7 +641,7 @@ mod tests {
                             None => Default::default(),
                         };
                         if !info.text.is_empty() && !usage.is_complete() {
-                            keep_text(&mut text, &mut chars, &info.text);
+                            keep_text_before(&mut text, &mut chars, &info.text);
                         }
                         if !seen && (!info.text.is_empty() || info.has_usage) {
                             seen = true;
@@ -621,6 +673,26 @@ mod tests {
         )
     }
 
+    /// A usual event arriving while part of another event is held belongs to that event: it
+    /// is not read on its own (the in-place read of a one-event chunk waits for an idle
+    /// framer).
+    #[test]
+    fn a_chunk_that_continues_a_held_event_is_not_read_alone() {
+        let body = openai_stream(&["ab".into(), "cd".into(), "ef".into()], 2, true);
+        let events = events_of(&body);
+        for held in [&b"event: chunk\n"[..], b": note\n", b"data: {\"x\":1}\r"] {
+            let mut chunks = events.clone();
+            chunks.insert(3, held);
+            for hide in [false, true] {
+                assert_eq!(
+                    fed(Api::ChatCompletions, hide, &chunks),
+                    reference(Api::ChatCompletions, hide, &chunks),
+                    "{held:?} hide {hide}"
+                );
+            }
+        }
+    }
+
     /// Events of every shape a chat stream may hold, the usual chunk most often.
     fn chat_event() -> impl Strategy<Value = Vec<u8>> {
         let content = "[a-z é\\\"\n😀]{0,8}";
@@ -644,6 +716,108 @@ mod tests {
             1 => Just(b"data: {\"choices\":[{\"delta\":{\"content\":\"cut\"\n\n".to_vec()),
             1 => Just(b"data: [DONE]\n\n".to_vec()),
         ]
+    }
+
+    /// A stream as OpenAI (and the bench's mock) sends it: the role chunk, one chunk per
+    /// content piece with the same id, created and model, the finish chunk, then the usage
+    /// (in the finish chunk, in a usage-only chunk, none, or a usage-only chunk amid the
+    /// content: the text after it is not kept), then `[DONE]` (or cut before it).
+    fn openai_stream(contents: &[String], usage: u8, done: bool) -> Vec<u8> {
+        let head = r#"{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1796220172,"model":"gpt-4o-mini","choices":"#;
+        let tail = if usage == 0 { "}" } else { r#","usage":null}"# };
+        let mut s = format!(
+            "data: {head}[{{\"index\":0,\"delta\":{{\"role\":\"assistant\",\"content\":\"\"}},\"logprobs\":null,\"finish_reason\":null}}]{tail}\n\n"
+        );
+        let u = r#"{"prompt_tokens":11,"completion_tokens":9,"total_tokens":20}"#;
+        for (i, c) in contents.iter().enumerate() {
+            if usage == 3 && i == contents.len() / 2 {
+                // (with no content at all, nothing follows it: see the end)
+                s.push_str(&format!("data: {head}[],\"usage\":{u}}}\n\n"));
+            }
+            let c = serde_json::to_string(c).unwrap();
+            s.push_str(&format!(
+                "data: {head}[{{\"index\":0,\"delta\":{{\"content\":{c}}},\"logprobs\":null,\"finish_reason\":null}}]{tail}\n\n"
+            ));
+        }
+        let finish = r#"[{"index":0,"delta":{},"logprobs":null,"finish_reason":"stop"}]"#;
+        match usage {
+            1 => s.push_str(&format!("data: {head}{finish},\"usage\":{u}}}\n\n")),
+            2 => {
+                s.push_str(&format!("data: {head}{finish}{tail}\n\n"));
+                s.push_str(&format!("data: {head}[],\"usage\":{u}}}\n\n"));
+            }
+            3 if contents.is_empty() => {
+                s.push_str(&format!("data: {head}[],\"usage\":{u}}}\n\n"));
+                s.push_str(&format!("data: {head}{finish}{tail}\n\n"));
+            }
+            _ => s.push_str(&format!("data: {head}{finish}{tail}\n\n")),
+        }
+        if done {
+            s.push_str("data: [DONE]\n\n");
+        }
+        s.into_bytes()
+    }
+
+    /// `body` cut after each blank line: one event per chunk.
+    fn events_of(body: &[u8]) -> Vec<&[u8]> {
+        let mut chunks = Vec::new();
+        let mut last = 0;
+        for i in 1..body.len() {
+            if body[i - 1] == b'\n' && body[i] == b'\n' {
+                chunks.push(&body[last..=i]);
+                last = i + 1;
+            }
+        }
+        if last < body.len() {
+            chunks.push(&body[last..]);
+        }
+        chunks
+    }
+
+    /// Feeds `chunks` to a stream: (usage, model, client bytes, text sample, text chars,
+    /// first output per chunk, counts), as `reference` gives them.
+    #[allow(clippy::type_complexity)]
+    fn fed(
+        api: Api,
+        hide: bool,
+        chunks: &[&[u8]],
+    ) -> (
+        Option<Usage>,
+        Option<String>,
+        Vec<u8>,
+        String,
+        u64,
+        Vec<bool>,
+        (u64, u64),
+    ) {
+        let mut stream = ResponseStream::new(api, hide, Encoding::Chars, 1 << 20);
+        let (mut client, mut firsts) = (Vec::new(), Vec::new());
+        for (n, chunk) in chunks.iter().enumerate() {
+            let mut pushed = stream.push(chunk);
+            let mut forward = vec![pushed.forward.clone()];
+            if n + 1 == chunks.len() {
+                let end = stream.finish();
+                pushed.first_output |= end.first_output;
+                forward.push(end.forward);
+            }
+            for (i, f) in forward.into_iter().enumerate() {
+                match f {
+                    Forward::Unchanged if i == 0 => client.extend_from_slice(chunk),
+                    Forward::Unchanged => {}
+                    Forward::Replace(bytes) => client.extend_from_slice(&bytes),
+                }
+            }
+            firsts.push(pushed.first_output);
+        }
+        (
+            stream.usage(),
+            stream.model().map(str::to_owned),
+            client,
+            stream.text.clone(),
+            stream.text_chars(),
+            firsts,
+            stream.counts(),
+        )
     }
 
     proptest! {
@@ -682,9 +856,42 @@ mod tests {
             prop_assert_eq!(stream.model().map(str::to_owned), model);
             prop_assert_eq!(client, expected_client);
             prop_assert_eq!(&stream.text, &text);
-            prop_assert_eq!(stream.text_chars, chars);
+            prop_assert_eq!(stream.text_chars(), chars);
             prop_assert_eq!(firsts, expected_firsts);
             prop_assert_eq!(stream.counts(), counts);
+        }
+
+        /// The usual stream, whole or cut at any boundaries (one event per chunk, several, or
+        /// events split), with its usage in the last chunk, in a usage-only chunk or absent,
+        /// ended, or cut anywhere: read as the full parse reads it (the per-event fast paths — the
+        /// template, the block comparison, nothing looked at once the framer is empty — change
+        /// no figure, no byte the client gets, no text kept for the estimate).
+        #[test]
+        fn the_usual_stream_reads_like_the_full_parse(
+            contents in proptest::collection::vec("([a-z é😀]|\\\\|\"|\n){0,6}", 0..40),
+            usage in 0u8..4,
+            done in proptest::bool::ANY,
+            cuts in proptest::collection::vec(0usize..12_000, 0..12),
+            per_event in proptest::bool::ANY,
+            hide in proptest::bool::ANY,
+            cut_short in proptest::option::of(0usize..12_000),
+        ) {
+            let mut body = openai_stream(&contents, usage, done);
+            // a stream cut anywhere, even inside an event
+            if let Some(end) = cut_short {
+                body.truncate(end % (body.len() + 1));
+            }
+            let chunks: Vec<&[u8]> = if per_event {
+                events_of(&body)
+            } else {
+                cut_at(&body, &cuts)
+            };
+            let got = fed(Api::ChatCompletions, hide, &chunks);
+            let expected = reference(Api::ChatCompletions, hide, &chunks);
+            if cut_short.is_none() {
+                prop_assert_eq!(got.0.is_some(), usage != 0);
+            }
+            prop_assert_eq!(got, expected);
         }
 
         #[test]
