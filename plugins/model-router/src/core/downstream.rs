@@ -791,9 +791,7 @@ impl Core {
             return Flow::ContinueSkipResponseBody;
         };
         if size > 0 {
-            if let Some(chunk) = view.response_body(size) {
-                watcher.push(&chunk);
-            }
+            view.with_response_body(size, &mut |chunk| watcher.push(chunk));
         }
         if watcher.finished() {
             // the terminator went by: nothing later can cut this stream short

@@ -131,6 +131,14 @@ pub trait View {
     fn request_body(&self, size: usize) -> Result<Vec<u8>, ReadError>;
     /// The first `size` bytes of the response body (the current chunk).
     fn response_body(&self, size: usize) -> Option<Vec<u8>>;
+    /// Lends the first `size` bytes of the response body (the current chunk) to `f`, which is
+    /// not called if they cannot be read: a driver that holds them in memory (the fused
+    /// filter) lends them without a copy, once per streamed event.
+    fn with_response_body(&self, size: usize, f: &mut dyn FnMut(&[u8])) {
+        if let Some(body) = self.response_body(size) {
+            f(&body);
+        }
+    }
     /// Property `route_name` (read only when a rule matches on it).
     fn route_name(&self) -> String;
     /// Property `cluster_name` (read only when a rule matches on it).

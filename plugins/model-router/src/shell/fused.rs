@@ -94,6 +94,10 @@ impl View for FusedView<'_> {
         Some(self.0.data.get(..size).unwrap_or(&self.0.data).to_vec())
     }
 
+    fn with_response_body(&self, size: usize, f: &mut dyn FnMut(&[u8])) {
+        f(self.0.data.get(..size).unwrap_or(&self.0.data));
+    }
+
     fn route_name(&self) -> String {
         host::route_name()
     }
