@@ -176,6 +176,46 @@ pub fn walk(body: &[u8], limits: &Limits, visit: &mut Visit<'_>) -> Result<(), J
     s.end()
 }
 
+/// One step of a [`walk_raw`] path: an object member's name as it stands in the body (quotes
+/// and escapes included, not decoded), or an array position.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RawSeg<'b> {
+    /// Member name, the raw string literal (quotes included).
+    Key(&'b [u8]),
+    /// Array position.
+    Index(usize),
+}
+
+impl RawSeg<'_> {
+    /// True if this step is a member whose decoded name (as [`Seg::Key`] holds it) is `name`;
+    /// decodes only a name with an escape.
+    pub fn key_is(&self, name: &str) -> bool {
+        let RawSeg::Key(raw) = self else {
+            return false;
+        };
+        let inner = raw.get(1..raw.len().saturating_sub(1)).unwrap_or_default();
+        if inner.contains(&b'\\') {
+            decode_lossy(raw).unwrap_or_default() == name
+        } else {
+            inner == name.as_bytes()
+        }
+    }
+}
+
+/// The callback of [`walk_raw`]: raw path, kind and byte span of one scalar (or opening).
+pub type RawVisit<'v> = dyn for<'p> FnMut(&[RawSeg<'p>], Scalar, Range<usize>) + 'v;
+
+/// Like [`walk`] (same validation, same calls in the same order), but the path holds member
+/// names as raw slices of `body` instead of decoded copies: no allocation per member.
+pub fn walk_raw(body: &[u8], limits: &Limits, visit: &mut RawVisit<'_>) -> Result<(), JsonError> {
+    check_utf8(body)?;
+    let mut s = Scanner::new(body, limits.max_depth);
+    s.raw_visit = Some(visit);
+    s.skip_ws();
+    s.value(1)?;
+    s.end()
+}
+
 /// Replaces the given spans of `body` (sorted by start, not overlapping; an overlapping one is
 /// skipped) with new bytes.
 pub fn splice(body: &[u8], edits: &[(Range<usize>, Vec<u8>)]) -> Vec<u8> {
@@ -631,6 +671,9 @@ struct Scanner<'b, 'v> {
     /// Set for [`walk`]: told of every scalar; `path` is then kept.
     visit: Option<&'v mut Visit<'v>>,
     path: Vec<Seg>,
+    /// Set for [`walk_raw`]: told of every scalar; `raw_path` is then kept.
+    raw_visit: Option<&'v mut RawVisit<'v>>,
+    raw_path: Vec<RawSeg<'b>>,
 }
 
 impl<'b, 'v> Scanner<'b, 'v> {
@@ -641,12 +684,16 @@ impl<'b, 'v> Scanner<'b, 'v> {
             max_depth,
             visit: None,
             path: Vec::new(),
+            raw_visit: None,
+            raw_path: Vec::new(),
         }
     }
 
     fn report(&mut self, kind: Scalar, span: Range<usize>) {
         if let Some(visit) = self.visit.as_mut() {
             visit(&self.path, kind, span);
+        } else if let Some(visit) = self.raw_visit.as_mut() {
+            visit(&self.raw_path, kind, span);
         }
     }
 
@@ -737,10 +784,16 @@ impl<'b, 'v> Scanner<'b, 'v> {
                 let raw = self.body.get(key_span.clone()).unwrap_or_default();
                 self.path
                     .push(Seg::Key(decode_lossy(raw).unwrap_or_default()));
+            } else if self.raw_visit.is_some() {
+                let body: &'b [u8] = self.body;
+                self.raw_path
+                    .push(RawSeg::Key(body.get(key_span.clone()).unwrap_or_default()));
             }
             let kind = self.value(depth + 1)?;
             if self.visit.is_some() {
                 self.path.pop();
+            } else if self.raw_visit.is_some() {
+                self.raw_path.pop();
             }
             if record {
                 let raw = self.body.get(key_span.clone()).unwrap_or_default();
@@ -791,10 +844,14 @@ impl<'b, 'v> Scanner<'b, 'v> {
             let start = self.at;
             if self.visit.is_some() {
                 self.path.push(Seg::Index(index));
+            } else if self.raw_visit.is_some() {
+                self.raw_path.push(RawSeg::Index(index));
             }
             let kind = self.value(depth + 1)?;
             if self.visit.is_some() {
                 self.path.pop();
+            } else if self.raw_visit.is_some() {
+                self.raw_path.pop();
             }
             index += 1;
             if record {
@@ -1484,7 +1541,82 @@ mod tests {
             })
         }
 
+        /// Every call of [`walk`] as (path, kind, span), and whether the walk succeeded.
+        type Calls = (Vec<(Vec<Seg>, Scalar, Range<usize>)>, bool);
+
+        fn walk_calls(body: &[u8]) -> Calls {
+            let mut calls = Vec::new();
+            let ok = walk(body, &Limits::default(), &mut |p, k, s| {
+                calls.push((p.to_vec(), k, s))
+            })
+            .is_ok();
+            (calls, ok)
+        }
+
+        /// The same from [`walk_raw`], its raw keys decoded as [`walk`] decodes them, and each
+        /// raw key checked to be `key_is` its decoded name (and not another).
+        fn walk_raw_calls(body: &[u8]) -> Calls {
+            let mut calls = Vec::new();
+            let ok = walk_raw(body, &Limits::default(), &mut |p, k, s| {
+                let path = p
+                    .iter()
+                    .map(|seg| match seg {
+                        RawSeg::Key(raw) => {
+                            let name = decode_lossy(raw).unwrap_or_default();
+                            assert!(seg.key_is(&name));
+                            assert!(!seg.key_is(&format!("{name}x")));
+                            Seg::Key(name)
+                        }
+                        RawSeg::Index(i) => Seg::Index(*i),
+                    })
+                    .collect();
+                calls.push((path, k, s))
+            })
+            .is_ok();
+            (calls, ok)
+        }
+
+        fn escaped_key() -> impl Strategy<Value = String> {
+            prop::collection::vec(
+                prop::sample::select(vec![
+                    "a",
+                    "type",
+                    "\\u0074",
+                    "\\\"",
+                    "\\\\",
+                    "\\n",
+                    "é",
+                    "\\ud800",
+                    "\\ud83d\\ude00",
+                    "[",
+                ]),
+                0..4,
+            )
+            .prop_map(|parts| parts.concat())
+        }
+
         proptest! {
+            /// [`walk_raw`] reports what [`walk`] reports, in the same order, with the same
+            /// result: on generated documents (escaped keys included) and on arbitrary bytes.
+            #[test]
+            fn walk_raw_is_walk(
+                value in json_value(),
+                keys in prop::collection::vec(escaped_key(), 1..4),
+                bytes in prop::collection::vec(any::<u8>(), 0..48),
+            ) {
+                let doc = value.to_string();
+                prop_assert_eq!(walk_raw_calls(doc.as_bytes()), walk_calls(doc.as_bytes()));
+                let mut with_keys = String::from("{");
+                for (i, k) in keys.iter().enumerate() {
+                    with_keys.push_str(&format!("\"{k}\":{{\"{k}\":[{i},\"{k}\",{doc}]}},"));
+                }
+                with_keys.push_str("\"end\":null}");
+                let (calls, ok) = walk_raw_calls(with_keys.as_bytes());
+                prop_assert!(ok);
+                prop_assert_eq!((calls, ok), walk_calls(with_keys.as_bytes()));
+                prop_assert_eq!(walk_raw_calls(&bytes), walk_calls(&bytes));
+            }
+
             /// Accepts exactly what serde_json accepts (within the depth limit), never panics.
             #[test]
             fn agrees_with_serde_json(bytes in prop::collection::vec(any::<u8>(), 0..64)) {

@@ -17,7 +17,7 @@
 
 use crate::mask::{OutputHold, PlaceholderMap, Redactor, TextRestorer};
 use crate::scan::{byte_flags, find_any3, find_byte};
-use llm_gateway_shared::json::{self, Scalar, Seg};
+use llm_gateway_shared::json::{self, RawSeg, Scalar, Seg};
 use llm_gateway_shared::sse::{Event, Framer, RawItem};
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -104,6 +104,7 @@ pub struct StreamRestorer {
 }
 
 /// A delta string found in an event.
+#[derive(Debug, PartialEq)]
 struct Delta {
     key: StreamKey,
     span: Range<usize>,
@@ -112,7 +113,7 @@ struct Delta {
 }
 
 /// What one event says about the streams.
-#[derive(Default)]
+#[derive(Debug, Default, PartialEq)]
 struct Reading {
     deltas: Vec<Delta>,
     /// Streams this event ends (released before it).
@@ -121,6 +122,7 @@ struct Reading {
     strings: Vec<Range<usize>>,
 }
 
+#[derive(Debug, PartialEq)]
 enum Ends {
     All,
     Chat(u64),
@@ -653,200 +655,395 @@ fn write_event(out: &mut Vec<u8>, event: Option<&str>, id: Option<&str>, data: &
 }
 
 /// Reads one event's JSON: its deltas, the streams it ends, and other strings to restore.
+///
+/// One walk with raw member names (nothing decoded or copied per member) keeps only what the
+/// restorer needs: the `type`, the stream numbers (`index`, `output_index`, `content_index`,
+/// per choice and tool call), and the spans of the delta strings and of strings with a `[`.
+/// Gives what [`read`] gave when it kept every relevant leaf with its decoded path (the test
+/// module keeps that one and compares the two).
 fn read(data: &str) -> Reading {
+    /// The first number at a path that parses as `u64` (later ones do not count).
+    fn first(slot: &mut Option<u64>, raw: &[u8]) {
+        if slot.is_none() {
+            *slot = std::str::from_utf8(raw).ok().and_then(|n| n.parse().ok());
+        }
+    }
+    fn first_in<K: PartialEq>(list: &mut Vec<(K, u64)>, key: K, raw: &[u8]) {
+        if list.iter().any(|(k, _)| *k == key) {
+            return;
+        }
+        if let Some(n) = std::str::from_utf8(raw).ok().and_then(|n| n.parse().ok()) {
+            list.push((key, n));
+        }
+    }
+    let bytes = data.as_bytes();
     let mut reading = Reading::default();
     let mut kind: Option<String> = None;
-    // (path, kind, span) of the scalars that matter, collected in one walk
-    let mut leaves: Vec<(Vec<Seg>, Scalar, Range<usize>)> = Vec::new();
-    let walked = json::walk(
-        data.as_bytes(),
+    let (mut index, mut output_index, mut content_index) = (None, None, None);
+    // choices[c].index, choices[c].delta.tool_calls[t].index
+    let mut choice_index: Vec<(usize, u64)> = Vec::new();
+    let mut tool_index: Vec<((usize, usize), u64)> = Vec::new();
+    // the first strings at `delta`, `delta.type`, `delta.text`, `delta.partial_json`
+    let mut top_delta: Option<Range<usize>> = None;
+    let mut delta_type: Option<Range<usize>> = None;
+    let mut delta_text: Option<Range<usize>> = None;
+    let mut delta_json: Option<Range<usize>> = None;
+    // chat deltas (choice position, tool call position) and finish reasons, in order
+    let mut chat: Vec<(usize, Option<usize>, Range<usize>)> = Vec::new();
+    let mut finishes: Vec<usize> = Vec::new();
+    // strings with a `[`, in order
+    let mut bracketed: Vec<Range<usize>> = Vec::new();
+    let walked = json::walk_raw(
+        bytes,
         &json::Limits::default(),
         &mut |path, scalar, span| {
-            if matches!(scalar, Scalar::Open | Scalar::Null | Scalar::Bool) {
-                return;
-            }
-            if let ([Seg::Key(k)], Scalar::String) = (path, scalar) {
-                if k == "type" {
-                    kind = data
-                        .as_bytes()
-                        .get(span.clone())
-                        .and_then(json::decode_lossy);
+            let raw = bytes.get(span.clone()).unwrap_or_default();
+            match scalar {
+                Scalar::Number => match path {
+                    [k] if k.key_is("index") => first(&mut index, raw),
+                    [k] if k.key_is("output_index") => first(&mut output_index, raw),
+                    [k] if k.key_is("content_index") => first(&mut content_index, raw),
+                    [c, RawSeg::Index(ci), i] if c.key_is("choices") && i.key_is("index") => {
+                        first_in(&mut choice_index, *ci, raw)
+                    }
+                    [c, RawSeg::Index(ci), d, t, RawSeg::Index(ti), i]
+                        if c.key_is("choices")
+                            && d.key_is("delta")
+                            && t.key_is("tool_calls")
+                            && i.key_is("index") =>
+                    {
+                        first_in(&mut tool_index, (*ci, *ti), raw)
+                    }
+                    _ => {}
+                },
+                Scalar::String => {
+                    if raw.contains(&b'[') {
+                        bracketed.push(span.clone());
+                    }
+                    match path {
+                        [k] if k.key_is("type") => kind = json::decode_lossy(raw),
+                        [k] if k.key_is("delta") => {
+                            top_delta.get_or_insert(span);
+                        }
+                        [d, f] if d.key_is("delta") => {
+                            let slot = if f.key_is("type") {
+                                &mut delta_type
+                            } else if f.key_is("text") {
+                                &mut delta_text
+                            } else if f.key_is("partial_json") {
+                                &mut delta_json
+                            } else {
+                                return;
+                            };
+                            slot.get_or_insert(span);
+                        }
+                        [c, RawSeg::Index(ci), f]
+                            if c.key_is("choices") && f.key_is("finish_reason") =>
+                        {
+                            finishes.push(*ci)
+                        }
+                        [c, RawSeg::Index(ci), d, rest @ ..]
+                            if c.key_is("choices") && d.key_is("delta") =>
+                        {
+                            match rest {
+                                [k] if k.key_is("content") => chat.push((*ci, None, span)),
+                                [t, RawSeg::Index(ti), f, a]
+                                    if t.key_is("tool_calls")
+                                        && f.key_is("function")
+                                        && a.key_is("arguments") =>
+                                {
+                                    chat.push((*ci, Some(*ti), span))
+                                }
+                                _ => {}
+                            }
+                        }
+                        _ => {}
+                    }
                 }
-            }
-            let relevant = scalar == Scalar::Number
-                || data
-                    .as_bytes()
-                    .get(span.clone())
-                    .is_some_and(|s| s.contains(&b'[') || is_delta_path(path));
-            if relevant {
-                leaves.push((path.to_vec(), scalar, span));
+                _ => {}
             }
         },
     );
     if walked.is_err() {
         return reading; // not JSON: passed through as is
     }
-    let number = |want: &[&str], prefix: &[Seg]| -> Option<u64> {
-        leaves.iter().find_map(|(p, s, span)| {
-            (*s == Scalar::Number
-                && p.len() == prefix.len() + want.len()
-                && p.starts_with(prefix)
-                && p.iter()
-                    .skip(prefix.len())
-                    .zip(want)
-                    .all(|(a, b)| a.key() == Some(b)))
-            .then(|| data.get(span.clone())?.parse().ok())
-            .flatten()
-        })
-    };
-    let text_at = |p: &[Seg]| -> Option<String> {
-        leaves.iter().find_map(|(lp, s, span)| {
-            (*s == Scalar::String && lp.as_slice() == p)
-                .then(|| {
-                    data.as_bytes()
-                        .get(span.clone())
-                        .and_then(json::decode_lossy)
-                })
-                .flatten()
-        })
-    };
     let mut used: Vec<Range<usize>> = Vec::new();
     match kind.as_deref() {
         Some("response.output_text.delta") | Some("response.function_call_arguments.delta") => {
-            let output = number(&["output_index"], &[]).unwrap_or(0);
+            let output = output_index.unwrap_or(0);
             let content = if kind.as_deref() == Some("response.output_text.delta") {
-                Some(number(&["content_index"], &[]).unwrap_or(0))
+                Some(content_index.unwrap_or(0))
             } else {
                 None
             };
-            if let Some((_, _, span)) = leaves
-                .iter()
-                .find(|(p, s, _)| *s == Scalar::String && p.as_slice() == [key("delta")])
-            {
+            if let Some(span) = top_delta {
                 used.push(span.clone());
                 reading.deltas.push(Delta {
                     key: StreamKey::Responses(output, content),
-                    span: span.clone(),
+                    span,
                     json_text: false,
                 });
             }
         }
         Some(k) if k.starts_with("response.") && k.ends_with(".done") => {
-            let output = number(&["output_index"], &[]).unwrap_or(0);
-            reading.ends.push(Ends::Responses(output));
+            reading
+                .ends
+                .push(Ends::Responses(output_index.unwrap_or(0)));
         }
         Some("response.completed" | "response.incomplete" | "response.failed") => {
             reading.ends.push(Ends::All);
         }
         Some("content_block_delta") => {
-            let index = number(&["index"], &[]).unwrap_or(0);
-            let field = match text_at(&[key("delta"), key("type")]).as_deref() {
-                Some("text_delta") => Some("text"),
-                Some("input_json_delta") => Some("partial_json"),
-                _ => None,
+            let index = index.unwrap_or(0);
+            let field = delta_type
+                .and_then(|span| bytes.get(span))
+                .and_then(json::decode_lossy);
+            let (span, json_text) = match field.as_deref() {
+                Some("text_delta") => (delta_text, false),
+                Some("input_json_delta") => (delta_json, true),
+                _ => (None, false),
             };
-            if let Some(field) = field {
-                if let Some((_, _, span)) = leaves.iter().find(|(p, s, _)| {
-                    *s == Scalar::String && p.as_slice() == [key("delta"), key(field)]
-                }) {
-                    used.push(span.clone());
-                    reading.deltas.push(Delta {
-                        key: StreamKey::Anthropic(index),
-                        span: span.clone(),
-                        json_text: field == "partial_json",
-                    });
-                }
-            }
-        }
-        Some("content_block_stop") => {
-            reading
-                .ends
-                .push(Ends::Anthropic(number(&["index"], &[]).unwrap_or(0)));
-        }
-        Some("message_delta" | "message_stop") => reading.ends.push(Ends::All),
-        _ => {}
-    }
-    // Chat Completions chunks: choices[*].delta.content / tool_calls[*].function.arguments
-    for (path, scalar, span) in &leaves {
-        if *scalar != Scalar::String {
-            continue;
-        }
-        if let [Seg::Key(c), Seg::Index(ci), Seg::Key(d), rest @ ..] = path.as_slice() {
-            if c != "choices" || d != "delta" {
-                continue;
-            }
-            let choice_prefix = [key("choices"), Seg::Index(*ci)];
-            let choice = number(&["index"], &choice_prefix).unwrap_or(*ci as u64);
-            let stream = match rest {
-                [Seg::Key(k)] if k == "content" => Some(None),
-                [Seg::Key(t), Seg::Index(ti), Seg::Key(f), Seg::Key(a)]
-                    if t == "tool_calls" && f == "function" && a == "arguments" =>
-                {
-                    let tool_prefix = [
-                        key("choices"),
-                        Seg::Index(*ci),
-                        key("delta"),
-                        key("tool_calls"),
-                        Seg::Index(*ti),
-                    ];
-                    Some(Some(number(&["index"], &tool_prefix).unwrap_or(*ti as u64)))
-                }
-                _ => None,
-            };
-            if let Some(sub) = stream {
+            if let Some(span) = span {
                 used.push(span.clone());
                 reading.deltas.push(Delta {
-                    key: StreamKey::Chat(choice, sub),
-                    span: span.clone(),
-                    json_text: false,
+                    key: StreamKey::Anthropic(index),
+                    span,
+                    json_text,
                 });
             }
         }
+        Some("content_block_stop") => reading.ends.push(Ends::Anthropic(index.unwrap_or(0))),
+        Some("message_delta" | "message_stop") => reading.ends.push(Ends::All),
+        _ => {}
+    }
+    let choice = |ci: usize| {
+        choice_index
+            .iter()
+            .find(|(c, _)| *c == ci)
+            .map_or(ci as u64, |(_, n)| *n)
+    };
+    // Chat Completions chunks: choices[*].delta.content / tool_calls[*].function.arguments
+    for (ci, ti, span) in chat {
+        let sub = ti.map(|ti| {
+            tool_index
+                .iter()
+                .find(|(k, _)| *k == (ci, ti))
+                .map_or(ti as u64, |(_, n)| *n)
+        });
+        used.push(span.clone());
+        reading.deltas.push(Delta {
+            key: StreamKey::Chat(choice(ci), sub),
+            span,
+            json_text: false,
+        });
     }
     // a choice with a finish_reason ends that choice's streams
-    for (path, scalar, _) in &leaves {
-        if let ([Seg::Key(c), Seg::Index(ci), Seg::Key(f)], Scalar::String) =
-            (path.as_slice(), scalar)
-        {
-            if c == "choices" && f == "finish_reason" {
-                let choice_prefix = [key("choices"), Seg::Index(*ci)];
-                let choice = number(&["index"], &choice_prefix).unwrap_or(*ci as u64);
-                reading.ends.push(Ends::Chat(choice));
-            }
-        }
+    for ci in finishes {
+        reading.ends.push(Ends::Chat(choice(ci)));
     }
-    for (_, scalar, span) in &leaves {
-        if *scalar == Scalar::String
-            && !used.contains(span)
-            && data
-                .as_bytes()
-                .get(span.clone())
-                .is_some_and(|s| s.contains(&b'['))
-        {
-            reading.strings.push(span.clone());
+    for span in bracketed {
+        if !used.contains(&span) {
+            reading.strings.push(span);
         }
     }
     reading
 }
 
-fn key(k: &str) -> Seg {
-    Seg::Key(k.to_owned())
-}
-
-/// Paths whose strings are always kept (deltas, and the fields that name a stream).
-fn is_delta_path(path: &[Seg]) -> bool {
-    match path {
-        [Seg::Key(k)] => k == "delta" || k == "type",
-        [Seg::Key(d), Seg::Key(_)] => d == "delta",
-        [Seg::Key(c), Seg::Index(_), Seg::Key(d), ..] => {
-            c == "choices" && (d == "delta" || d == "finish_reason")
-        }
-        _ => false,
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    /// [`read`] as it was: every relevant leaf kept with its decoded path.
+    fn read_before(data: &str) -> Reading {
+        let mut reading = Reading::default();
+        let mut kind: Option<String> = None;
+        // (path, kind, span) of the scalars that matter, collected in one walk
+        let mut leaves: Vec<(Vec<Seg>, Scalar, Range<usize>)> = Vec::new();
+        let walked = json::walk(
+            data.as_bytes(),
+            &json::Limits::default(),
+            &mut |path, scalar, span| {
+                if matches!(scalar, Scalar::Open | Scalar::Null | Scalar::Bool) {
+                    return;
+                }
+                if let ([Seg::Key(k)], Scalar::String) = (path, scalar) {
+                    if k == "type" {
+                        kind = data
+                            .as_bytes()
+                            .get(span.clone())
+                            .and_then(json::decode_lossy);
+                    }
+                }
+                let relevant = scalar == Scalar::Number
+                    || data
+                        .as_bytes()
+                        .get(span.clone())
+                        .is_some_and(|s| s.contains(&b'[') || is_delta_path(path));
+                if relevant {
+                    leaves.push((path.to_vec(), scalar, span));
+                }
+            },
+        );
+        if walked.is_err() {
+            return reading; // not JSON: passed through as is
+        }
+        let number = |want: &[&str], prefix: &[Seg]| -> Option<u64> {
+            leaves.iter().find_map(|(p, s, span)| {
+                (*s == Scalar::Number
+                    && p.len() == prefix.len() + want.len()
+                    && p.starts_with(prefix)
+                    && p.iter()
+                        .skip(prefix.len())
+                        .zip(want)
+                        .all(|(a, b)| a.key() == Some(b)))
+                .then(|| data.get(span.clone())?.parse().ok())
+                .flatten()
+            })
+        };
+        let text_at = |p: &[Seg]| -> Option<String> {
+            leaves.iter().find_map(|(lp, s, span)| {
+                (*s == Scalar::String && lp.as_slice() == p)
+                    .then(|| {
+                        data.as_bytes()
+                            .get(span.clone())
+                            .and_then(json::decode_lossy)
+                    })
+                    .flatten()
+            })
+        };
+        let mut used: Vec<Range<usize>> = Vec::new();
+        match kind.as_deref() {
+            Some("response.output_text.delta") | Some("response.function_call_arguments.delta") => {
+                let output = number(&["output_index"], &[]).unwrap_or(0);
+                let content = if kind.as_deref() == Some("response.output_text.delta") {
+                    Some(number(&["content_index"], &[]).unwrap_or(0))
+                } else {
+                    None
+                };
+                if let Some((_, _, span)) = leaves
+                    .iter()
+                    .find(|(p, s, _)| *s == Scalar::String && p.as_slice() == [key("delta")])
+                {
+                    used.push(span.clone());
+                    reading.deltas.push(Delta {
+                        key: StreamKey::Responses(output, content),
+                        span: span.clone(),
+                        json_text: false,
+                    });
+                }
+            }
+            Some(k) if k.starts_with("response.") && k.ends_with(".done") => {
+                let output = number(&["output_index"], &[]).unwrap_or(0);
+                reading.ends.push(Ends::Responses(output));
+            }
+            Some("response.completed" | "response.incomplete" | "response.failed") => {
+                reading.ends.push(Ends::All);
+            }
+            Some("content_block_delta") => {
+                let index = number(&["index"], &[]).unwrap_or(0);
+                let field = match text_at(&[key("delta"), key("type")]).as_deref() {
+                    Some("text_delta") => Some("text"),
+                    Some("input_json_delta") => Some("partial_json"),
+                    _ => None,
+                };
+                if let Some(field) = field {
+                    if let Some((_, _, span)) = leaves.iter().find(|(p, s, _)| {
+                        *s == Scalar::String && p.as_slice() == [key("delta"), key(field)]
+                    }) {
+                        used.push(span.clone());
+                        reading.deltas.push(Delta {
+                            key: StreamKey::Anthropic(index),
+                            span: span.clone(),
+                            json_text: field == "partial_json",
+                        });
+                    }
+                }
+            }
+            Some("content_block_stop") => {
+                reading
+                    .ends
+                    .push(Ends::Anthropic(number(&["index"], &[]).unwrap_or(0)));
+            }
+            Some("message_delta" | "message_stop") => reading.ends.push(Ends::All),
+            _ => {}
+        }
+        // Chat Completions chunks: choices[*].delta.content / tool_calls[*].function.arguments
+        for (path, scalar, span) in &leaves {
+            if *scalar != Scalar::String {
+                continue;
+            }
+            if let [Seg::Key(c), Seg::Index(ci), Seg::Key(d), rest @ ..] = path.as_slice() {
+                if c != "choices" || d != "delta" {
+                    continue;
+                }
+                let choice_prefix = [key("choices"), Seg::Index(*ci)];
+                let choice = number(&["index"], &choice_prefix).unwrap_or(*ci as u64);
+                let stream = match rest {
+                    [Seg::Key(k)] if k == "content" => Some(None),
+                    [Seg::Key(t), Seg::Index(ti), Seg::Key(f), Seg::Key(a)]
+                        if t == "tool_calls" && f == "function" && a == "arguments" =>
+                    {
+                        let tool_prefix = [
+                            key("choices"),
+                            Seg::Index(*ci),
+                            key("delta"),
+                            key("tool_calls"),
+                            Seg::Index(*ti),
+                        ];
+                        Some(Some(number(&["index"], &tool_prefix).unwrap_or(*ti as u64)))
+                    }
+                    _ => None,
+                };
+                if let Some(sub) = stream {
+                    used.push(span.clone());
+                    reading.deltas.push(Delta {
+                        key: StreamKey::Chat(choice, sub),
+                        span: span.clone(),
+                        json_text: false,
+                    });
+                }
+            }
+        }
+        // a choice with a finish_reason ends that choice's streams
+        for (path, scalar, _) in &leaves {
+            if let ([Seg::Key(c), Seg::Index(ci), Seg::Key(f)], Scalar::String) =
+                (path.as_slice(), scalar)
+            {
+                if c == "choices" && f == "finish_reason" {
+                    let choice_prefix = [key("choices"), Seg::Index(*ci)];
+                    let choice = number(&["index"], &choice_prefix).unwrap_or(*ci as u64);
+                    reading.ends.push(Ends::Chat(choice));
+                }
+            }
+        }
+        for (_, scalar, span) in &leaves {
+            if *scalar == Scalar::String
+                && !used.contains(span)
+                && data
+                    .as_bytes()
+                    .get(span.clone())
+                    .is_some_and(|s| s.contains(&b'['))
+            {
+                reading.strings.push(span.clone());
+            }
+        }
+        reading
+    }
+
+    fn key(k: &str) -> Seg {
+        Seg::Key(k.to_owned())
+    }
+
+    /// Paths whose strings are always kept (deltas, and the fields that name a stream).
+    fn is_delta_path(path: &[Seg]) -> bool {
+        match path {
+            [Seg::Key(k)] => k == "delta" || k == "type",
+            [Seg::Key(d), Seg::Key(_)] => d == "delta",
+            [Seg::Key(c), Seg::Index(_), Seg::Key(d), ..] => {
+                c == "choices" && (d == "delta" || d == "finish_reason")
+            }
+            _ => false,
+        }
+    }
+
     use super::*;
 
     proptest::proptest! {
@@ -1750,5 +1947,204 @@ mod tests {
         assert_eq!(chat_text(&out), "to a@x.com ok");
         assert_eq!(r.restore(&mut map, &plain("more")), None);
         assert_eq!(r.finish(&mut map), b"");
+    }
+
+    /// A member name: one of the names [`read`] looks for, maybe written with escapes
+    /// (`\u0074ype` is `type`), or another name.
+    fn any_name() -> impl Strategy<Value = String> {
+        prop::sample::select(vec![
+            "type",
+            "\\u0074ype",
+            "index",
+            "ind\\u0065x",
+            "output_index",
+            "content_index",
+            "delta",
+            "d\\u0065lta",
+            "text",
+            "partial_json",
+            "content",
+            "tool_calls",
+            "function",
+            "arguments",
+            "argum\\u0065nts",
+            "choices",
+            "finish_reason",
+            "a\\\"b",
+            "x[",
+            "other",
+        ])
+        .prop_map(str::to_owned)
+    }
+
+    /// A number, some not a `u64`.
+    fn any_number() -> impl Strategy<Value = String> {
+        prop::sample::select(vec![
+            "0",
+            "1",
+            "2",
+            "7",
+            "-1",
+            "1.5",
+            "18446744073709551616",
+            "3e2",
+        ])
+        .prop_map(str::to_owned)
+    }
+
+    /// A value: a number (some not `u64`), a string (some with a `[`, raw or escaped, or a
+    /// stream's `type`), `null`, or objects and arrays of those under [`any_name`] members.
+    fn any_value() -> impl Strategy<Value = String> {
+        let leaf = prop_oneof![
+            prop::sample::select(vec![
+                "0",
+                "1",
+                "2",
+                "7",
+                "-1",
+                "1.5",
+                "18446744073709551616",
+                "3e2"
+            ])
+            .prop_map(str::to_owned),
+            prop::sample::select(vec![
+                "\"x\"",
+                "\"[EMAIL_1]\"",
+                "\"[EM\"",
+                "\"\\u005bPHONE_1]\"",
+                "\"a\\\"[b\"",
+                "\"text_delta\"",
+                "\"input_json_delta\"",
+                "\"response.output_text.delta\"",
+                "\"response.function_call_arguments.delta\"",
+                "\"response.output_item.done\"",
+                "\"response.completed\"",
+                "\"content_block_delta\"",
+                "\"content_block_stop\"",
+                "\"message_stop\"",
+                "\"stop\"",
+            ])
+            .prop_map(str::to_owned),
+            Just("null".to_owned()),
+        ];
+        leaf.prop_recursive(5, 40, 4, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4)
+                    .prop_map(|v| format!("[{}]", v.join(","))),
+                prop::collection::vec((any_name(), inner), 0..5).prop_map(|m| {
+                    let members: Vec<String> =
+                        m.into_iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
+                    format!("{{{}}}", members.join(" , "))
+                }),
+            ]
+        })
+    }
+
+    /// An event's data shaped like the streams' events (Chat Completions with several choices
+    /// and tool calls, Responses API, Anthropic), with members in any order, extra members,
+    /// escaped names, and sometimes broken JSON.
+    fn any_data() -> impl Strategy<Value = String> {
+        let chat = prop::collection::vec(
+            (
+                (any_value(), any_number()),
+                prop::collection::vec((any_name(), any_value()), 0..3),
+                prop::collection::vec((any_value(), any_number(), any_number()), 0..3),
+            ),
+            0..3,
+        )
+        .prop_map(|choices| {
+            let choices: Vec<String> = choices
+                .into_iter()
+                .map(|((index, again), extra, tools)| {
+                    let tools: Vec<String> = tools
+                        .into_iter()
+                        .map(|(args, i, j)| {
+                            format!(r#"{{"index":{i},"function":{{"arguments":{args}}},"index":{j}}}"#)
+                        })
+                        .collect();
+                    let extra: Vec<String> =
+                        extra.iter().map(|(k, v)| format!(",\"{k}\":{v}")).collect();
+                    format!(
+                        r#"{{"delta":{{"content":"[EM","tool_calls":[{}]}}{},"index":{index},"finish_reason":"stop","index":{again}}}"#,
+                        tools.join(","),
+                        extra.concat()
+                    )
+                })
+                .collect();
+            format!(r#"{{"id":"c","choices":[{}]}}"#, choices.join(","))
+        });
+        let members = prop::collection::vec((any_name(), any_value()), 0..7).prop_map(|m| {
+            let members: Vec<String> = m.into_iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
+            format!("{{{}}}", members.join(","))
+        });
+        let shaped = (
+            prop::sample::select(vec![
+                "response.output_text.delta",
+                "response.function_call_arguments.delta",
+                "response.content_part.done",
+                "response.completed",
+                "content_block_delta",
+                "content_block_stop",
+                "message_delta",
+            ]),
+            prop::sample::select(vec!["text_delta", "input_json_delta", "other"]),
+            (any_value(), any_number(), any_number()),
+            any_value(),
+            prop::collection::vec((any_name(), any_value()), 0..3),
+        )
+            .prop_map(|(kind, delta_type, (index, again, content), text, extra)| {
+                let extra: Vec<String> =
+                    extra.iter().map(|(k, v)| format!(",\"{k}\":{v}")).collect();
+                format!(
+                    r#"{{"type":"{kind}","output_index":{index},"content_index":{content},"index":{index},"delta":{{"type":"{delta_type}","text":{text},"partial_json":"[PH"}}{},"delta":{text},"index":{again},"output_index":{again},"content_index":{again}}}"#,
+                    extra.concat()
+                )
+            });
+        prop_oneof![
+            3 => chat,
+            3 => shaped,
+            2 => members,
+            1 => any_value(),
+        ]
+        .prop_flat_map(|data| {
+            let len = data.len();
+            (Just(data), 0..len + 1, prop::bool::weighted(0.1))
+        })
+        .prop_map(|(data, cut, broken)| {
+            if broken {
+                data.get(..cut).unwrap_or(&data).to_owned()
+            } else {
+                data
+            }
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        /// The walk with raw names reads every event as the walk with decoded paths did.
+        #[test]
+        fn read_is_what_it_was(data in any_data()) {
+            prop_assert_eq!(read(&data), read_before(&data));
+        }
+    }
+
+    #[test]
+    fn read_is_what_it_was_on_the_streams_events() {
+        for data in [
+            r#"{"id":"c","choices":[{"index":1,"delta":{"content":"[EMAIL_1]"},"finish_reason":null}]}"#,
+            r#"{"choices":[{"delta":{"tool_calls":[{"function":{"arguments":"[E"},"index":3}]},"index":2}]}"#,
+            r#"{"type":"response.output_text.delta","output_index":2,"content_index":1,"delta":"[P"}"#,
+            r#"{"\u0074ype":"content_block_delta","index":4,"delta":{"type":"input_json_delta","partial_json":"[Q"}}"#,
+            r#"{"type":"content_block_stop","index":4}"#,
+            r#"{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}],"x":"[EMAIL_1]"}"#,
+        ] {
+            let reading = read(data);
+            assert!(
+                !reading.deltas.is_empty() || !reading.ends.is_empty(),
+                "{data}"
+            );
+            assert_eq!(reading, read_before(data), "{data}");
+        }
     }
 }
