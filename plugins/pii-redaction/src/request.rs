@@ -207,18 +207,13 @@ pub fn redact_pass(
         BodyScope::RawBody => (redact_raw(config, body, map), None),
         BodyScope::Messages => {
             let before = carried.map(|_| map.clone());
-            let (result, incoming) = redact_messages(config, api, body, map);
+            let (result, incoming, forwarded) = redact_messages(config, api, body, map);
             if let (Some(carried), Some(incoming), Some(before)) = (carried, incoming, before) {
                 if carried == incoming {
                     *map = before;
                     return (Redaction::Unchanged, Some(incoming));
                 }
             }
-            let forwarded = match &result {
-                Ok(Some(new)) => fingerprint(new),
-                Ok(None) => incoming,
-                Err(_) => None,
-            };
             (result, forwarded)
         }
     };
@@ -248,6 +243,44 @@ pub fn fingerprint(body: &[u8]) -> Option<u64> {
     Some(sum.finish())
 }
 
+/// The hash of one (path, text) pair of a [`Fingerprint`]: `path` with its `messages`
+/// position moved by `shift` (the place of a message put in front), `text` a [`text_hash`].
+fn item_hash(path: &[Seg], shift: usize, text: Option<u64>) -> u64 {
+    let mut hasher = DefaultHasher::new();
+
+    let shifted = matches!(path.first(), Some(Seg::Key(k)) if k == "messages");
+    for (depth, seg) in path.iter().enumerate() {
+        match seg {
+            Seg::Key(k) => {
+                hasher.write_u8(2);
+                hasher.write_usize(k.len());
+                hasher.write(k.as_bytes());
+            }
+            Seg::Index(i) => {
+                hasher.write_u8(3);
+                let by = if shifted && depth == 1 { shift } else { 0 };
+                hasher.write_usize(i.wrapping_add(by));
+            }
+        }
+    }
+    match text {
+        Some(text) => {
+            hasher.write_u8(1);
+            hasher.write_u64(text);
+        }
+        None => hasher.write_u8(0),
+    }
+    hasher.finish()
+}
+
+/// A message text's own hash: hashed once, it serves the incoming body's fingerprint and the
+/// forwarded body's.
+fn text_hash(text: &str) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    hasher.write(text.as_bytes());
+    hasher.finish()
+}
+
 /// The set of a body's (path, message text) pairs, hashed: each pair's SipHash (fixed keys),
 /// summed, so the order the members come in does not matter.
 #[derive(Debug, Default)]
@@ -258,31 +291,25 @@ struct Fingerprint {
 
 impl Fingerprint {
     fn add(&mut self, path: &[Seg], text: Option<&str>) {
-        let mut hasher = DefaultHasher::new();
-        for seg in path {
-            match seg {
-                Seg::Key(k) => {
-                    hasher.write_u8(2);
-                    hasher.write_usize(k.len());
-                    hasher.write(k.as_bytes());
-                }
-                Seg::Index(i) => {
-                    hasher.write_u8(3);
-                    hasher.write_usize(*i);
-                }
-            }
-        }
-        match text {
-            Some(text) => {
-                hasher.write_u8(1);
-                hasher.write(text.as_bytes());
-            }
-            None => hasher.write_u8(0),
-        }
-        self.sum = self.sum.wrapping_add(hasher.finish());
+        self.add_hashed(path, 0, text.map(text_hash));
+    }
+
+    /// Adds the pair of `path` (its `messages` position moved by `shift`, the place of a
+    /// message put in front) and the text whose [`text_hash`] is `text`.
+    fn add_hashed(&mut self, path: &[Seg], shift: usize, text: Option<u64>) {
+        self.add_item(item_hash(path, shift, text));
+    }
+
+    /// Adds a pair hashed with [`item_hash`].
+    fn add_item(&mut self, item: u64) {
+        self.sum = self.sum.wrapping_add(item);
         self.count = self.count.wrapping_add(1);
     }
 
+    /// This set with the pair hashed `old` replaced by the pair hashed `new`.
+    fn replace(&mut self, old: u64, new: u64) {
+        self.sum = self.sum.wrapping_sub(old).wrapping_add(new);
+    }
     fn finish(&self) -> u64 {
         let mut hasher = DefaultHasher::new();
         hasher.write_u64(self.sum);
@@ -306,20 +333,99 @@ fn redact_raw(
     }
 }
 
-/// The redaction of a JSON body, and the [`fingerprint`] of its incoming message texts.
+/// A body's new bytes (`None`: unchanged), or why it is not forwarded as is.
+type Rewrite = Result<Option<Vec<u8>>, Redaction>;
+
+/// The redaction of a JSON body, the [`fingerprint`] of its incoming message texts and that
+/// of the body it forwards (`None` when nothing is forwarded).
 fn redact_messages(
     config: &PiiConfig,
     api: Api,
     body: &[u8],
     map: &mut PlaceholderMap,
-) -> (Result<Option<Vec<u8>>, Redaction>, Option<u64>) {
-    let mut incoming = Fingerprint::default();
-    let result = redact_messages_into(config, api, body, map, &mut incoming);
+) -> (Rewrite, Option<u64>, Option<u64>) {
+    let mut prints = Prints::default();
+    let result = redact_messages_into(config, api, body, map, &mut prints);
     let incoming = match &result {
         Err(Redaction::Invalid(_)) => None,
-        _ => Some(incoming.finish()),
+        _ => Some(prints.incoming.finish()),
     };
-    (result, incoming)
+    let forwarded = match &result {
+        Ok(Some(new)) => prints
+            .forwarded(config.preamble.as_deref().unwrap_or_default())
+            .or_else(|| fingerprint(new)),
+        Ok(None) => incoming,
+        Err(_) => None,
+    };
+    (result, incoming, forwarded)
+}
+
+/// The fingerprints one redaction walk collects. Masking replaces strings in place, so the
+/// forwarded body has the same paths with the masked texts: its fingerprint is summed during
+/// the walk instead of walking the forwarded body again. A chat preamble is a message put in
+/// front: every message moves one place, summed beside (`behind`). Any other preamble (it
+/// adds a member or changes a text) has the forwarded body walked again.
+#[derive(Debug, Default)]
+struct Prints {
+    incoming: Fingerprint,
+    /// The masked pairs: minus each incoming pair, plus its forwarded one (`sum` only).
+    replaced: Fingerprint,
+    behind: Fingerprint,
+    /// How the forwarded body differs from the incoming one beyond its masked texts.
+    reshaped: Reshaped,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+enum Reshaped {
+    #[default]
+    No,
+    /// A chat preamble message put in front of the messages.
+    MessageInFront,
+    /// Any other preamble.
+    Otherwise,
+}
+
+impl Prints {
+    /// Notes a message text at `path`: `text` as it came, `masked` what is forwarded instead.
+    /// The forwarded set is the incoming one with the masked pairs replaced: only those are
+    /// hashed again (and, with a chat preamble, every pair at its moved place).
+    fn add(&mut self, path: &[Seg], text: u64, masked: Option<&str>, in_front: bool) {
+        let came = item_hash(path, 0, Some(text));
+        self.incoming.add_item(came);
+        let out = masked.map_or(text, text_hash);
+        if masked.is_some() {
+            self.replaced.replace(came, item_hash(path, 0, Some(out)));
+        }
+        if in_front {
+            self.behind.add_hashed(path, 1, Some(out));
+        }
+    }
+
+    /// The forwarded body's fingerprint, if the walk could sum it.
+    fn forwarded(mut self, preamble: &str) -> Option<u64> {
+        match self.reshaped {
+            Reshaped::No => {
+                let mut outgoing = self.incoming;
+                outgoing.replace(0, self.replaced.sum);
+                Some(outgoing.finish())
+            }
+            Reshaped::MessageInFront => {
+                // the texts of `{"role":"system","content":preamble}` at position 0
+                for (key, text) in [("role", "system"), ("content", preamble)] {
+                    let path = [
+                        Seg::Key("messages".into()),
+                        Seg::Index(0),
+                        Seg::Key(key.into()),
+                    ];
+                    if is_message_text(&path) {
+                        self.behind.add(&path, Some(text));
+                    }
+                }
+                Some(self.behind.finish())
+            }
+            Reshaped::Otherwise => None,
+        }
+    }
 }
 
 fn redact_messages_into(
@@ -327,31 +433,41 @@ fn redact_messages_into(
     api: Api,
     body: &[u8],
     map: &mut PlaceholderMap,
-    incoming: &mut Fingerprint,
+    prints: &mut Prints,
 ) -> Result<Option<Vec<u8>>, Redaction> {
     let mut edits: Vec<(Range<usize>, Vec<u8>)> = Vec::new();
     let mut blocked: Option<Blocked> = None;
     let mut anchors = Anchors::default();
     // fail closed: text that cannot be decoded cannot be scanned, so it is not forwarded
     let mut undecodable: Option<usize> = None;
+    // a chat preamble goes in as the first message (see [`Anchors::preamble_edit`])
+    let in_front = api == Api::Chat && config.preamble.is_some();
     json::walk(body, &json::Limits::default(), &mut |path, kind, span| {
         anchors.note(path, kind, &span, body);
         if kind != Scalar::String || !is_message_text(path) {
             return;
         }
-        let text = body.get(span.clone()).and_then(json::decode_lossy);
-        incoming.add(path, text.as_deref());
-        if blocked.is_some() {
-            return;
-        }
-        let Some(text) = text else {
+        let Some(text) = body.get(span.clone()).and_then(json::decode_lossy) else {
+            prints.incoming.add(path, None);
             undecodable = Some(span.start);
             return;
         };
+        let hash = text_hash(&text);
+        if blocked.is_some() {
+            prints.incoming.add_hashed(path, 0, Some(hash));
+            return;
+        }
         match config.redactor.redact(&text, map) {
-            Ok(Some(new)) => edits.push((span, json::quote(&new).into_bytes())),
-            Ok(None) => {}
-            Err(b) => blocked = Some(b),
+            Ok(masked) => {
+                prints.add(path, hash, masked.as_deref(), in_front);
+                if let Some(new) = masked {
+                    edits.push((span, json::quote(&new).into_bytes()));
+                }
+            }
+            Err(b) => {
+                prints.incoming.add_hashed(path, 0, Some(hash));
+                blocked = Some(b);
+            }
         }
     })
     .map_err(Redaction::Invalid)?;
@@ -369,6 +485,11 @@ fn redact_messages_into(
     }
     if let Some(preamble) = &config.preamble {
         if let Some((span, new)) = anchors.preamble_edit(api, body, preamble) {
+            prints.reshaped = if in_front {
+                Reshaped::MessageInFront
+            } else {
+                Reshaped::Otherwise
+            };
             // A string the preamble goes in front of may itself be masked: one edit of both
             // (two edits of one span would drop the second, the preamble).
             match edits.iter_mut().find(|(s, _)| *s == span) {
@@ -1034,6 +1155,47 @@ mod tests {
                 Redaction::Rewritten(out)
             };
             proptest::prop_assert_eq!(r, expected);
+        }
+        /// The forwarded body's fingerprint, summed during the redaction walk, is the one
+        /// a walk of the forwarded body gives: any texts (escapes, non-ASCII, PII or not), in
+        /// string or part form, beside members that are no message text, with a preamble or
+        /// without.
+        #[test]
+        fn the_forwarded_fingerprint_is_the_forwarded_bodys(
+            texts in proptest::collection::vec(
+                proptest::prop_oneof![
+                    proptest::strategy::Just("mail a@x.com now".to_string()),
+                    proptest::strategy::Just("call 13800138000".to_string()),
+                    "\\PC{0,12}",
+                    "[a-z\"\\\\\n\u{1}é😀 ]{0,12}",
+                ],
+                0..6,
+            ),
+            parts in proptest::bool::ANY,
+            preamble in proptest::bool::ANY,
+        ) {
+            let doc = if preamble { r#"{"preamble":"Keep it."}"# } else { "{}" };
+            let messages: Vec<Value> = texts.iter().enumerate().map(|(i, t)| {
+                let content = if parts {
+                    json!([{"type": "text", "text": t}, {"type": "image_url",
+                        "image_url": {"url": "https://x/a@x.com"}}])
+                } else {
+                    json!(t)
+                };
+                json!({"role": if i % 2 == 0 { "user" } else { "assistant" },
+                    "name": t, "content": content})
+            }).collect();
+            let body = serde_json::to_vec(
+                &json!({"model": "a@x.com", "messages": messages, "user": "b@y.org"}),
+            ).unwrap();
+            let mut map = PlaceholderMap::default();
+            let (r, forwarded) = redact_pass(&config(doc), Api::Chat, &body, &mut map, None);
+            let out = match r {
+                Redaction::Rewritten(b) => b,
+                Redaction::Unchanged => body.clone(),
+                other => panic!("{other:?}"),
+            };
+            proptest::prop_assert_eq!(forwarded, fingerprint(&out));
         }
         // never a panic on any body; a rewritten JSON body is still JSON
         #[test]
