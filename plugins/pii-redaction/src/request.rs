@@ -247,7 +247,6 @@ pub fn fingerprint(body: &[u8]) -> Option<u64> {
 /// position moved by `shift` (the place of a message put in front), `text` a [`text_hash`].
 fn item_hash(path: &[Seg], shift: usize, text: Option<u64>) -> u64 {
     let mut hasher = DefaultHasher::new();
-
     let shifted = matches!(path.first(), Some(Seg::Key(k)) if k == "messages");
     for (depth, seg) in path.iter().enumerate() {
         match seg {
@@ -310,6 +309,7 @@ impl Fingerprint {
     fn replace(&mut self, old: u64, new: u64) {
         self.sum = self.sum.wrapping_sub(old).wrapping_add(new);
     }
+
     fn finish(&self) -> u64 {
         let mut hasher = DefaultHasher::new();
         hasher.write_u64(self.sum);
