@@ -595,6 +595,45 @@ mod tests {
     }
 
     #[test]
+    fn the_pii_chat_is_masked_by_the_chains_pii_redaction() {
+        use pii_redaction::request::{redact_body, Api, Redaction};
+        let (chain, _) = configs();
+        let filters = config::wasm_filters(&chain).unwrap();
+        let pii = filters
+            .iter()
+            .find(|f| f.root_id == "pii-redaction")
+            .unwrap();
+        let rules =
+            pii_redaction::config::parse_document(pii.config.to_string().as_bytes()).unwrap();
+        let chats: Vec<_> = crate::bench::wrk::WORKLOADS
+            .iter()
+            .filter(|w| !w.streams())
+            .collect();
+        assert!(chats.iter().any(|w| w.pii), "a chat with personal data");
+        for chat in chats {
+            let body = chat.body("fast");
+            assert!(body.len() <= chat.prompt_bytes + 200, "{}", chat.name);
+            let mut map = Default::default();
+            let redaction = redact_body(
+                rules.global().unwrap(),
+                Api::Chat,
+                body.as_bytes(),
+                &mut map,
+            );
+            match redaction {
+                Redaction::Rewritten(sent) => {
+                    assert!(chat.pii, "{} has no personal data", chat.name);
+                    let sent = String::from_utf8(sent).unwrap();
+                    assert!(sent.contains("[EMAIL_1]") && sent.contains("[PHONE_1]"));
+                    assert!(!sent.contains("jo@ab.com") && !sent.contains("017012345"));
+                }
+                Redaction::Unchanged => assert!(!chat.pii, "{} is not masked", chat.name),
+                _ => panic!("{} is forwarded", chat.name),
+            }
+        }
+    }
+
+    #[test]
     fn the_streamed_prompt_keeps_its_length_through_pii_redaction() {
         use pii_redaction::request::{redact_body, Api, Redaction};
         let (chain, _) = configs();

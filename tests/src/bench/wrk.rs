@@ -20,6 +20,9 @@ pub struct Workload {
     /// pii-redaction masks an e-mail address and a phone number on the way in and restores
     /// them in the stream on the way out.
     pub echo: bool,
+    /// A JSON answer's user message starts with [`ECHO_PII`] (an e-mail address and a phone
+    /// number), so pii-redaction masks it on the way in: the chat the targets name.
+    pub pii: bool,
 }
 
 /// The personal data of an echoed stream's message: an e-mail address and a phone number
@@ -45,18 +48,21 @@ pub const WORKLOADS: [Workload; 3] = [
         prompt_bytes: 2 * 1024,
         events: 0,
         echo: false,
+        pii: true,
     },
     Workload {
         name: "chat 32 KB",
         prompt_bytes: 32 * 1024,
         events: 0,
         echo: false,
+        pii: false,
     },
     Workload {
         name: "stream 200 events",
         prompt_bytes: 2 * 1024,
         events: 200,
         echo: true,
+        pii: true,
     },
 ];
 
@@ -72,7 +78,7 @@ impl Workload {
     }
 
     /// The request body with model `model`, `prompt_bytes` of message text: one user message
-    /// of prose without personal data; for an echoed stream, prose in a system message and
+    /// of prose, with [`ECHO_PII`] in front when `pii`; for an echoed stream, prose in a system message and
     /// the [`echo_text`] of `events` × 3 characters as the (last) user message. `stream: true`
     /// for a stream, and with `include_usage` also `stream_options.include_usage` (what
     /// usage-accounting injects: a row without it asks for it itself).
@@ -92,6 +98,12 @@ impl Workload {
                 {"role": "system", "content": prose(self.prompt_bytes.saturating_sub(echoed.len()))},
                 {"role": "user", "content": echoed},
             ])
+        } else if self.pii {
+            let content = format!(
+                "{ECHO_PII}{}",
+                prose(self.prompt_bytes.saturating_sub(ECHO_PII.len()))
+            );
+            serde_json::json!([{"role": "user", "content": content}])
         } else {
             serde_json::json!([{"role": "user", "content": prose(self.prompt_bytes)}])
         };
