@@ -494,10 +494,11 @@ fn open_brace_end(body: &[u8], close: usize) -> usize {
 
 /// `s` as a JSON string literal, quotes included.
 pub fn quote(s: &str) -> String {
-    let mut out = Vec::with_capacity(s.len() + 2);
-    push_quoted(&mut out, s);
-    // Only ASCII escapes were added to valid UTF-8.
-    String::from_utf8(out).unwrap_or_default()
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    escape_pieces(s, &mut |piece| out.push_str(piece));
+    out.push('"');
+    out
 }
 
 /// Appends the JSON string literal of `s` (with quotes).
@@ -509,30 +510,47 @@ pub fn push_quoted(out: &mut Vec<u8>, s: &str) {
 
 /// Appends `s` escaped for the inside of a JSON string literal (no quotes).
 pub fn push_escaped(out: &mut Vec<u8>, s: &str) {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
+    escape_pieces(s, &mut |piece| out.extend_from_slice(piece.as_bytes()));
+}
+
+/// `s` escaped for the inside of a JSON string literal, in pieces: runs of `s` that need no
+/// escape (found eight bytes at a time by [`plain_run`]) and the escapes of the bytes between
+/// them (`\"`, `\\`, `\n`, `\r`, `\t`, other controls as `\u00xx`). Every piece is a
+/// `&str`: a run ends before an ASCII byte, on a character boundary.
+fn escape_pieces(s: &str, emit: &mut dyn FnMut(&str)) {
     let bytes = s.as_bytes();
-    let mut start = 0;
-    for (i, &b) in bytes.iter().enumerate() {
-        let escape: &[u8] = match b {
-            b'"' => b"\\\"",
-            b'\\' => b"\\\\",
-            b'\n' => b"\\n",
-            b'\r' => b"\\r",
-            b'\t' => b"\\t",
-            0..=0x1f => b"",
-            _ => continue,
-        };
-        out.extend_from_slice(bytes.get(start..i).unwrap_or_default());
-        if escape.is_empty() {
-            out.extend_from_slice(b"\\u00");
-            out.push(HEX.get(usize::from(b >> 4)).copied().unwrap_or(b'0'));
-            out.push(HEX.get(usize::from(b & 15)).copied().unwrap_or(b'0'));
-        } else {
-            out.extend_from_slice(escape);
+    let mut at = 0;
+    while at < bytes.len() {
+        let run = plain_run(bytes.get(at..).unwrap_or_default());
+        if run > 0 {
+            emit(s.get(at..at + run).unwrap_or_default());
+            at += run;
         }
-        start = i + 1;
+        let Some(&byte) = bytes.get(at) else {
+            break;
+        };
+        emit(escape_of(byte));
+        at += 1;
     }
-    out.extend_from_slice(bytes.get(start..).unwrap_or_default());
+}
+
+/// The JSON escape of a byte [`plain_run`] stops at: `"`, a backslash or a control character.
+fn escape_of(byte: u8) -> &'static str {
+    /// `\u00xx` of every control character (`\n`, `\r` and `\t` have short forms instead).
+    const CONTROLS: [&str; 32] = [
+        "\\u0000", "\\u0001", "\\u0002", "\\u0003", "\\u0004", "\\u0005", "\\u0006", "\\u0007",
+        "\\u0008", "\\u0009", "\\u000a", "\\u000b", "\\u000c", "\\u000d", "\\u000e", "\\u000f",
+        "\\u0010", "\\u0011", "\\u0012", "\\u0013", "\\u0014", "\\u0015", "\\u0016", "\\u0017",
+        "\\u0018", "\\u0019", "\\u001a", "\\u001b", "\\u001c", "\\u001d", "\\u001e", "\\u001f",
+    ];
+    match byte {
+        b'"' => "\\\"",
+        b'\\' => "\\\\",
+        b'\n' => "\\n",
+        b'\r' => "\\r",
+        b'\t' => "\\t",
+        _ => CONTROLS.get(usize::from(byte)).copied().unwrap_or_default(),
+    }
 }
 
 /// Decodes a string literal (quotes included) that the scanner accepted, leniently: a lone
@@ -1595,7 +1613,58 @@ mod tests {
             .prop_map(|parts| parts.concat())
         }
 
+        /// The escape of `s` one byte at a time: the reference [`push_escaped`] and [`quote`]
+        /// must give byte for byte.
+        fn escaped_bytewise(s: &str) -> Vec<u8> {
+            let mut out = Vec::new();
+            for &b in s.as_bytes() {
+                match b {
+                    b'"' => out.extend_from_slice(b"\\\""),
+                    b'\\' => out.extend_from_slice(b"\\\\"),
+                    b'\n' => out.extend_from_slice(b"\\n"),
+                    b'\r' => out.extend_from_slice(b"\\r"),
+                    b'\t' => out.extend_from_slice(b"\\t"),
+                    0..=0x1f => out.extend_from_slice(format!("\\u{b:04x}").as_bytes()),
+                    _ => out.push(b),
+                }
+            }
+            out
+        }
+
+        /// Text that is mostly plain, with the bytes that need an escape and multi-byte
+        /// characters at any place (so runs end anywhere in an eight-byte word).
+        fn text_to_escape() -> impl Strategy<Value = String> {
+            prop::collection::vec(
+                prop_oneof![
+                    4 => "[a-z ]{0,11}",
+                    1 => prop::sample::select(vec!["\"", "\\", "\n", "\r", "\t", "\u{0}", "\u{1f}", "\u{8}", "\u{7f}", "é", "😀", "/"]).prop_map(str::to_string),
+                ],
+                0..12,
+            )
+            .prop_map(|parts| parts.concat())
+        }
+
         proptest! {
+            /// [`push_escaped`] and [`quote`] escape exactly as a byte-by-byte escape does,
+            /// and serde_json reads the literal back as the text.
+            #[test]
+            fn escaping_is_the_bytewise_escape(
+                text in text_to_escape(),
+                any_text in any::<String>(),
+            ) {
+                for s in [text.as_str(), any_text.as_str()] {
+                    let expected = escaped_bytewise(s);
+                    let mut escaped = b"x".to_vec();
+                    push_escaped(&mut escaped, s);
+                    prop_assert_eq!(escaped.get(1..), Some(expected.as_slice()));
+                    let quoted = quote(s);
+                    let inside = quoted.as_bytes().get(1..quoted.len() - 1);
+                    prop_assert_eq!(inside, Some(expected.as_slice()));
+                    let read: Option<String> = serde_json::from_str(&quoted).ok();
+                    prop_assert_eq!(read.as_deref(), Some(s));
+                }
+            }
+
             /// [`walk_raw`] reports what [`walk`] reports, in the same order, with the same
             /// result: on generated documents (escaped keys included) and on arbitrary bytes.
             #[test]
