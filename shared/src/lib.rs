@@ -25,6 +25,7 @@
 
 pub mod chain;
 pub mod config;
+pub mod fxhash;
 pub mod hash;
 pub mod headers;
 pub mod json;
