@@ -132,7 +132,8 @@ pub fn estimate_prompt_tokens_sampled(
     encoding: Encoding,
     sample_bytes: usize,
 ) -> u64 {
-    with_sampled_counter(encoding, sample_bytes, |count| {
+    let tokenize = |text: &str| count_tokens(encoding, text);
+    with_sampled_counter(encoding, sample_bytes, &tokenize, |count| {
         estimate_with(api, body, count)
     })
 }
@@ -148,15 +149,33 @@ pub fn estimate_body_tokens_sampled(
     encoding: Encoding,
     sample_bytes: usize,
 ) -> Option<u64> {
-    with_sampled_counter(encoding, sample_bytes, |count| {
+    estimate_body_tokens_sampled_with(api, body, encoding, sample_bytes, &|text: &str| {
+        count_tokens(encoding, text)
+    })
+}
+
+/// [`estimate_body_tokens_sampled`] with the tokenizer's counts supplied by the caller:
+/// `tokenize(text)` must answer `count_tokens(encoding, text)` (a cache of it, say: a
+/// conversation resends its earlier messages with every turn). It is asked only for the texts
+/// of the sample, and only when `encoding` counts with BPE ranks.
+pub fn estimate_body_tokens_sampled_with(
+    api: Api,
+    body: &[u8],
+    encoding: Encoding,
+    sample_bytes: usize,
+    tokenize: &dyn Fn(&str) -> u64,
+) -> Option<u64> {
+    with_sampled_counter(encoding, sample_bytes, tokenize, |count| {
         body::estimate(api, body, count)
     })
 }
 
-/// Runs `f` with the counter of [`estimate_prompt_tokens_sampled`].
+/// Runs `f` with the counter of [`estimate_prompt_tokens_sampled`], which counts the sample's
+/// texts with `tokenize` (`count_tokens` of `encoding`).
 fn with_sampled_counter<R>(
     encoding: Encoding,
     sample_bytes: usize,
+    tokenize: &dyn Fn(&str) -> u64,
     f: impl FnOnce(&dyn Fn(&str) -> u64) -> R,
 ) -> R {
     if !encoding.is_exact() {
@@ -168,7 +187,7 @@ fn with_sampled_counter<R>(
         let (bytes, tokens) = sample.get();
         let room = sample_bytes.saturating_sub(bytes);
         if text.len() <= room {
-            let n = count_tokens(encoding, text);
+            let n = tokenize(text);
             sample.set((bytes + text.len(), tokens.saturating_add(n)));
             return n;
         }
@@ -177,7 +196,7 @@ fn with_sampled_counter<R>(
             cut -= 1;
         }
         let (head, tail) = text.split_at_checked(cut).unwrap_or(("", text));
-        let head_tokens = count_tokens(encoding, head);
+        let head_tokens = tokenize(head);
         let (bytes, tokens) = (bytes + head.len(), tokens.saturating_add(head_tokens));
         sample.set((bytes, tokens));
         let tail_tokens = if bytes == 0 || tokens == 0 {

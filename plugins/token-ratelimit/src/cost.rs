@@ -14,12 +14,14 @@
 //! reservations the estimate is raised by `margin_percent` and a few tokens, so that a
 //! provider counting a little more than the gateway does not push a budget past its amount.
 
+use crate::counts::TextCounts;
 use llm_gateway_shared::json::{self, Kind, Limits};
 use llm_gateway_shared::reject::Reject;
 use llm_gateway_shared::tokens::{
-    estimate_body_tokens_sampled, estimate_prompt_tokens_sampled, Encoding,
+    count_tokens, estimate_body_tokens_sampled_with, estimate_prompt_tokens_sampled, Encoding,
 };
 use llm_gateway_shared::usage::Api;
+use std::cell::RefCell;
 
 /// Tokens added to every reservation's prompt estimate (chat priming and separators the
 /// per-message overhead does not cover).
@@ -74,6 +76,46 @@ pub fn inspect(
     default_max_tokens: u64,
     margin_percent: u8,
     sample_bytes: usize,
+) -> Result<Cost, Reject> {
+    inspect_by(
+        path,
+        body,
+        default_max_tokens,
+        margin_percent,
+        sample_bytes,
+        &count_tokens,
+    )
+}
+
+/// [`inspect`] with the tokenizer's counts of texts counted before taken from `counts` (the
+/// VM's cache, [`crate::counts`]): the same cost.
+pub fn inspect_cached(
+    path: &str,
+    body: &[u8],
+    default_max_tokens: u64,
+    margin_percent: u8,
+    sample_bytes: usize,
+    counts: &mut TextCounts,
+) -> Result<Cost, Reject> {
+    let counts = RefCell::new(counts);
+    inspect_by(
+        path,
+        body,
+        default_max_tokens,
+        margin_percent,
+        sample_bytes,
+        &|encoding, text| counts.borrow_mut().count(encoding, text),
+    )
+}
+
+/// [`inspect`], counting the sample's texts with `tokenize` (`count_tokens` or a cache of it).
+fn inspect_by(
+    path: &str,
+    body: &[u8],
+    default_max_tokens: u64,
+    margin_percent: u8,
+    sample_bytes: usize,
+    tokenize: &dyn Fn(Encoding, &str) -> u64,
 ) -> Result<Cost, Reject> {
     let Some(api) = Api::from_path(path) else {
         return Ok(Cost {
@@ -131,15 +173,18 @@ pub fn inspect(
     };
     let encoding = Encoding::for_model(model.as_deref().unwrap_or_default());
     // read from the bytes; parsed with serde_json only where it might read them otherwise
-    let estimate = match estimate_body_tokens_sampled(api, body, encoding, sample_bytes) {
-        Some(estimate) => estimate,
-        None => {
-            let parsed: serde_json::Value = serde_json::from_slice(body).map_err(|_| {
-                Reject::bad_request("invalid_json", "the request body is not valid JSON")
-            })?;
-            estimate_prompt_tokens_sampled(api, &parsed, encoding, sample_bytes)
-        }
-    };
+    let estimate =
+        match estimate_body_tokens_sampled_with(api, body, encoding, sample_bytes, &|text| {
+            tokenize(encoding, text)
+        }) {
+            Some(estimate) => estimate,
+            None => {
+                let parsed: serde_json::Value = serde_json::from_slice(body).map_err(|_| {
+                    Reject::bad_request("invalid_json", "the request body is not valid JSON")
+                })?;
+                estimate_prompt_tokens_sampled(api, &parsed, encoding, sample_bytes)
+            }
+        };
     let prompt = estimate
         .saturating_add(
             estimate
@@ -159,6 +204,7 @@ pub fn inspect(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use llm_gateway_shared::tokens::estimate_body_tokens_sampled;
     use proptest::prelude::*;
 
     fn chat(body: &str) -> Result<Cost, Reject> {
@@ -299,6 +345,49 @@ mod tests {
     }
 
     proptest! {
+        /// One cache across many requests whose conversations share messages: every estimate
+        /// is the one counted afresh with the tokenizer (`estimate_body_tokens_sampled`, what
+        /// `inspect` called before the cache), whatever the sample size.
+        #[test]
+        fn the_cache_changes_no_estimate(
+            requests in proptest::collection::vec(
+                (proptest::collection::vec(0usize..12, 0..6), 0usize..6000, 0u8..30, 0usize..3),
+                1..12,
+            )
+        ) {
+            let texts: Vec<String> = (0..12)
+                .map(|i| match i % 4 {
+                    0 => "The quarterly review covers onboarding and billing. ".repeat(1 + i),
+                    1 => format!("short {i}"),
+                    2 => "日本語のテキストを数えます。".repeat(i),
+                    _ => format!("line\n\t\"quoted\" {}", "é".repeat(40 * i)),
+                })
+                .collect();
+            let models = ["gpt-4o-mini", "gpt-4-turbo", "claude-sonnet-4-5"];
+            let mut counts = TextCounts::default();
+            for (picked, sample, margin, model) in requests {
+                let messages: Vec<serde_json::Value> = picked
+                    .iter()
+                    .map(|&t| serde_json::json!({"role": "user", "content": texts[t]}))
+                    .collect();
+                let body = serde_json::json!({
+                    "model": models[model], "max_tokens": 5, "messages": messages
+                })
+                .to_string();
+                let cost = inspect_cached(
+                    "/v1/chat/completions", body.as_bytes(), 9, margin, sample, &mut counts,
+                )
+                .unwrap();
+                let encoding = Encoding::for_model(models[model]);
+                let fresh = estimate_body_tokens_sampled(
+                    Api::ChatCompletions, body.as_bytes(), encoding, sample,
+                )
+                .unwrap();
+                let expected = fresh + (fresh * u64::from(margin)).div_ceil(100) + PROMPT_SLACK;
+                prop_assert_eq!(cost.prompt, expected);
+            }
+        }
+
         #[test]
         fn never_panics(body in proptest::collection::vec(any::<u8>(), 0..300), path in "(/v1/chat/completions|/v1/messages|/v1/responses|/v1/embeddings|/x)") {
             let _ = inspect(&path, &body, 10, 5, 64);

@@ -31,6 +31,7 @@ pub mod budget;
 pub mod config;
 pub mod core;
 pub mod cost;
+pub mod counts;
 pub mod decide;
 pub mod fxhash;
 pub mod reentry;

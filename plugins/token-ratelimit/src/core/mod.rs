@@ -37,6 +37,7 @@ use crate::bucket::{Local, Mode, Spec, Take};
 use crate::budget::{self, BucketKeys, Identity, Journal, JournalEntry, Level};
 use crate::config::{Clock, Config, OnRedisFailure, Unit};
 use crate::cost::{self, Cost};
+use crate::counts::TextCounts;
 use crate::decide;
 use crate::fxhash::{FxHashMap, FxHashSet};
 use crate::reentry::{self, AtLog};
@@ -391,6 +392,8 @@ pub struct Core {
     stash: Stash<Flow>,
     /// Settlements waiting for the next tick (HTTP transport).
     outbox: Vec<JournalEntry>,
+    /// The tokenizer's counts of prompt texts this VM counted before.
+    counts: TextCounts,
     commands: VecDeque<Command>,
 }
 
@@ -409,6 +412,7 @@ impl Core {
             replaying: FxHashSet::default(),
             stash: Stash::default(),
             outbox: Vec::new(),
+            counts: TextCounts::default(),
             commands: VecDeque::new(),
         }
     }
@@ -684,12 +688,13 @@ impl Core {
         } else {
             config.tokenizer_sample_bytes
         };
-        let mut cost = match cost::inspect(
+        let mut cost = match cost::inspect_cached(
             &path,
             &body,
             config.default_max_tokens,
             config.prompt_margin_percent,
             sample_bytes,
+            &mut self.counts,
         ) {
             Ok(cost) => cost,
             Err(reject) => {
