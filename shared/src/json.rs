@@ -94,7 +94,13 @@ pub struct Element {
 /// Validates `body` as one JSON object (whitespace around it allowed) and returns its
 /// top-level members.
 pub fn scan_object(body: &[u8], limits: &Limits) -> Result<Object, JsonError> {
-    check_utf8(body)?;
+    scan_object_text(utf8(body)?, limits)
+}
+
+/// [`scan_object`] of a body already known to be UTF-8 (it is not validated again): for a
+/// caller that also reads the body as text, so that it is validated once.
+pub fn scan_object_text(body: &str, limits: &Limits) -> Result<Object, JsonError> {
+    let body = body.as_bytes();
     let mut s = Scanner::new(body, limits.max_depth);
     s.skip_ws();
     if s.peek() != Some(b'{') {
@@ -673,13 +679,16 @@ pub fn plain_run(rest: &[u8]) -> usize {
         .unwrap_or(tail.len())
 }
 
+/// `body` as text; the error [`scan_object`] gives for a body that is not UTF-8.
+pub fn utf8(body: &[u8]) -> Result<&str, JsonError> {
+    std::str::from_utf8(body).map_err(|e| JsonError {
+        at: e.valid_up_to(),
+        reason: "invalid UTF-8",
+    })
+}
+
 fn check_utf8(body: &[u8]) -> Result<(), JsonError> {
-    std::str::from_utf8(body)
-        .map(|_| ())
-        .map_err(|e| JsonError {
-            at: e.valid_up_to(),
-            reason: "invalid UTF-8",
-        })
+    utf8(body).map(|_| ())
 }
 
 struct Scanner<'b, 'v> {
@@ -1645,6 +1654,28 @@ mod tests {
         }
 
         proptest! {
+            /// Reading a body as text first and scanning the text is [`scan_object`], errors
+            /// included (invalid UTF-8 anywhere, bad JSON, valid objects).
+            #[test]
+            fn scanning_the_text_is_scanning_the_bytes(
+                parts in prop::collection::vec(
+                    prop::sample::select(vec![
+                        &b"{"[..], b"}", b"\"", b":", b",", b"a", b"\xc3\xa9", b"\xff", b"\xe6\x97",
+                        b"1", b"[", b"]", b" ", b"\\", b"null",
+                    ]),
+                    0..30,
+                ),
+                wrap in any::<bool>(),
+            ) {
+                let mut body = parts.concat();
+                if wrap {
+                    body = [&b"{\"k\":\""[..], &body, b"\"}"].concat();
+                }
+                let limits = Limits::default();
+                let via_text = utf8(&body).and_then(|text| scan_object_text(text, &limits));
+                prop_assert_eq!(via_text, scan_object(&body, &limits));
+            }
+
             /// [`push_escaped`] and [`quote`] escape exactly as a byte-by-byte escape does,
             /// and serde_json reads the literal back as the text.
             #[test]

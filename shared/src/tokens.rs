@@ -149,24 +149,28 @@ pub fn estimate_body_tokens_sampled(
     encoding: Encoding,
     sample_bytes: usize,
 ) -> Option<u64> {
-    estimate_body_tokens_sampled_with(api, body, encoding, sample_bytes, &|text: &str| {
-        count_tokens(encoding, text)
-    })
+    with_sampled_counter(
+        encoding,
+        sample_bytes,
+        &|text: &str| count_tokens(encoding, text),
+        |count| body::estimate(api, body, count),
+    )
 }
 
-/// [`estimate_body_tokens_sampled`] with the tokenizer's counts supplied by the caller:
-/// `tokenize(text)` must answer `count_tokens(encoding, text)` (a cache of it, say: a
-/// conversation resends its earlier messages with every turn). It is asked only for the texts
-/// of the sample, and only when `encoding` counts with BPE ranks.
-pub fn estimate_body_tokens_sampled_with(
+/// [`estimate_body_tokens_sampled`] of a body already read as text (a caller that validated
+/// its UTF-8 once, for [`crate::json::scan_object_text`] too), with the tokenizer's counts
+/// supplied by the caller: `tokenize(text)` must answer `count_tokens(encoding, text)` (a
+/// cache of it, say: a conversation resends its earlier messages with every turn). It is
+/// asked only for the texts of the sample, and only when `encoding` counts with BPE ranks.
+pub fn estimate_text_tokens_sampled_with(
     api: Api,
-    body: &[u8],
+    body: &str,
     encoding: Encoding,
     sample_bytes: usize,
     tokenize: &dyn Fn(&str) -> u64,
 ) -> Option<u64> {
     with_sampled_counter(encoding, sample_bytes, tokenize, |count| {
-        body::estimate(api, body, count)
+        body::estimate_text(api, body, count)
     })
 }
 

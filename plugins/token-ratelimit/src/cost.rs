@@ -18,7 +18,7 @@ use crate::counts::TextCounts;
 use llm_gateway_shared::json::{self, Kind, Limits};
 use llm_gateway_shared::reject::Reject;
 use llm_gateway_shared::tokens::{
-    count_tokens, estimate_body_tokens_sampled_with, estimate_prompt_tokens_sampled, Encoding,
+    count_tokens, estimate_prompt_tokens_sampled, estimate_text_tokens_sampled_with, Encoding,
 };
 use llm_gateway_shared::usage::Api;
 use std::cell::RefCell;
@@ -126,12 +126,15 @@ fn inspect_by(
             body: None,
         });
     };
-    let object = json::scan_object(body, &Limits::default()).map_err(|e| {
-        Reject::bad_request(
-            "invalid_json",
-            format!("the request body is not a valid JSON object ({e})"),
-        )
-    })?;
+    // UTF-8 validated once, for the scan and the estimate
+    let (text, object) = json::utf8(body)
+        .and_then(|text| Ok((text, json::scan_object_text(text, &Limits::default())?)))
+        .map_err(|e| {
+            Reject::bad_request(
+                "invalid_json",
+                format!("the request body is not a valid JSON object ({e})"),
+            )
+        })?;
     let model = object.str(body, "model").ok().flatten();
     let mut cap = None;
     for field in cap_fields(api) {
@@ -174,7 +177,7 @@ fn inspect_by(
     let encoding = Encoding::for_model(model.as_deref().unwrap_or_default());
     // read from the bytes; parsed with serde_json only where it might read them otherwise
     let estimate =
-        match estimate_body_tokens_sampled_with(api, body, encoding, sample_bytes, &|text| {
+        match estimate_text_tokens_sampled_with(api, text, encoding, sample_bytes, &|text| {
             tokenize(encoding, text)
         }) {
             Some(estimate) => estimate,

@@ -389,9 +389,12 @@ fn read(doc: &Doc<'_>, api: Api, key: &str, i: usize, part: &mut Part) -> Option
 /// [`super::estimate_with`] over the raw `body` (see the module's notes); `None` where the
 /// caller must parse with `serde_json` instead.
 pub(super) fn estimate(api: Api, body: &[u8], count: &dyn Fn(&str) -> u64) -> Option<u64> {
-    let doc = Doc {
-        text: std::str::from_utf8(body).ok()?,
-    };
+    estimate_text(api, std::str::from_utf8(body).ok()?, count)
+}
+
+/// [`estimate`] of a body already read as text.
+pub(super) fn estimate_text(api: Api, body: &str, count: &dyn Fn(&str) -> u64) -> Option<u64> {
+    let doc = Doc { text: body };
     // the members each API reads, in the order it counts them
     let keys: &[&str] = match api {
         Api::ChatCompletions => &["messages"],
