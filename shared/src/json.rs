@@ -1107,18 +1107,24 @@ fn once(seen: u32, bit: u32) -> Option<u32> {
 }
 
 /// A position in a small JSON document for a hand scan that must accept only what a serde
-/// parse accepts (`usage_record::Charge::scan`, `route_info::RoutePrices::scan`). Every
+/// parse accepts (`usage_record::Charge::scan`, `route_info::ScannedRoute::scan`). Every
 /// reader skips the whitespace before its token and returns `None` for what it does not
 /// accept — including some valid JSON (escapes, numbers serde reads as floats): the caller
 /// then leaves the document to serde, which decides.
 pub(crate) struct Cursor<'a> {
+    /// The document, checked as UTF-8 once, so that a string is a slice of it.
+    text: &'a str,
     bytes: &'a [u8],
     at: usize,
 }
 
 impl<'a> Cursor<'a> {
-    pub(crate) fn new(bytes: &'a [u8]) -> Self {
-        Cursor { bytes, at: 0 }
+    /// A cursor at the start of `bytes`; `None` if they are not UTF-8 (serde refuses such a
+    /// document: a byte outside a string that is not ASCII is not JSON, and a string must be
+    /// UTF-8). One check of the whole document rather than one per string.
+    pub(crate) fn new(bytes: &'a [u8]) -> Option<Self> {
+        let text = std::str::from_utf8(bytes).ok()?;
+        Some(Cursor { text, bytes, at: 0 })
     }
 
     pub(crate) fn peek(&mut self) -> Option<u8> {
@@ -1186,14 +1192,14 @@ impl<'a> Cursor<'a> {
         if !self.eat(b'"') {
             return None;
         }
-        let rest = self.bytes.get(self.at..)?;
-        let len = plain_run(rest);
-        let (text, after) = (rest.get(..len)?, rest.get(len..)?);
-        if after.first() != Some(&b'"') {
+        let start = self.at;
+        let len = plain_run(self.bytes.get(start..)?);
+        if self.bytes.get(start + len) != Some(&b'"') {
             return None; // an escape, a control character, or the end
         }
         self.at += len + 1;
-        std::str::from_utf8(text).ok()
+        // between two quotes, so on character boundaries: the slice is never refused
+        self.text.get(start..start + len)
     }
 
     pub(crate) fn text_or_null(&mut self) -> Option<Option<&'a str>> {
@@ -1222,8 +1228,12 @@ impl<'a> Cursor<'a> {
         if len == 0 || (len > 1 && digits.first() == Some(&b'0')) {
             return None;
         }
+        // `n > u64::MAX / 10` rather than `checked_mul`, whose overflow test is a 128-bit
+        // multiplication on wasm32
         let value = digits.iter().try_fold(0u64, |n, d| {
-            n.checked_mul(10)?.checked_add(u64::from(d - b'0'))
+            (n <= u64::MAX / 10)
+                .then(|| n * 10)?
+                .checked_add(u64::from(d - b'0'))
         })?;
         self.at += len;
         Some(value)

@@ -283,7 +283,7 @@ impl<'a> ScannedRoute<'a> {
     fn scan(bytes: &'a [u8], mut tried_name: impl FnMut(&'a str)) -> Option<ScannedRoute<'a>> {
         /// The members without a default.
         const REQUIRED: u32 = 0b1_1001_1111;
-        let mut at = Cursor::new(bytes);
+        let mut at = Cursor::new(bytes)?;
         let mut route = ScannedRoute::default();
         let seen = at.object(|at, key| match key {
             "request_id" => at.string().map(|id| {

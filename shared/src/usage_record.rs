@@ -259,7 +259,7 @@ impl Charge {
     /// and no other, in any order; strings without escapes; integers without sign, fraction
     /// or exponent; whitespace as JSON allows it.
     fn scan(bytes: &[u8]) -> Option<Charge> {
-        let mut at = Cursor::new(bytes);
+        let mut at = Cursor::new(bytes)?;
         let mut charge = Charge::default();
         let seen = at.object(|at, key| match key {
             "request_id" => at.string().map(|_| 0),
