@@ -195,7 +195,9 @@ impl RouteInfo {
     /// declaration order, the absent optional ones omitted), by hand — the router writes it
     /// on every request.
     pub fn to_json(&self) -> Vec<u8> {
-        let mut out = String::with_capacity(256);
+        // room for a record with both prices and a uuid request id (~330 bytes) without a
+        // reallocation
+        let mut out = String::with_capacity(512);
         self.write_json(&mut out);
         out.into_bytes()
     }
@@ -516,7 +518,7 @@ impl Alternative {
     /// The JSON bytes to publish: byte for byte what the serde derive writes, by hand (the
     /// router writes it on every request to a group with a budget fallback).
     pub fn to_json(&self) -> Vec<u8> {
-        let mut out = String::with_capacity(512);
+        let mut out = String::with_capacity(768);
         let mut object = ObjectWriter::open(&mut out);
         self.route.write_json(object.member("route"));
         object.strings("deployments", &self.deployments);
