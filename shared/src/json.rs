@@ -519,7 +519,7 @@ pub fn push_escaped(out: &mut Vec<u8>, s: &str) {
 /// escape (found eight bytes at a time by [`plain_run`]) and the escapes of the bytes between
 /// them, as `escape` writes them ([`escape_of`], [`serde_escape_of`]). Every piece is a
 /// `&str`: a run ends before an ASCII byte, on a character boundary.
-fn escape_pieces(s: &str, escape: fn(u8) -> &'static str, emit: &mut dyn FnMut(&str)) {
+fn escape_pieces(s: &str, escape: impl Fn(u8) -> &'static str, emit: &mut dyn FnMut(&str)) {
     let bytes = s.as_bytes();
     let mut at = 0;
     while at < bytes.len() {
