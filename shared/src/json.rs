@@ -1228,8 +1228,8 @@ impl<'a> Cursor<'a> {
         if len == 0 || (len > 1 && digits.first() == Some(&b'0')) {
             return None;
         }
-        // `n > u64::MAX / 10` rather than `checked_mul`, whose overflow test is a 128-bit
-        // multiplication on wasm32
+        // a compare with `u64::MAX / 10` rather than `checked_mul`, whose overflow test is a
+        // 128-bit multiplication on wasm32
         let value = digits.iter().try_fold(0u64, |n, d| {
             (n <= u64::MAX / 10)
                 .then(|| n * 10)?
