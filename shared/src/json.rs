@@ -502,7 +502,7 @@ fn open_brace_end(body: &[u8], close: usize) -> usize {
 pub fn quote(s: &str) -> String {
     let mut out = String::with_capacity(s.len() + 2);
     out.push('"');
-    escape_pieces(s, &mut |piece| out.push_str(piece));
+    escape_pieces(s, escape_of, &mut |piece| out.push_str(piece));
     out.push('"');
     out
 }
@@ -516,14 +516,16 @@ pub fn push_quoted(out: &mut Vec<u8>, s: &str) {
 
 /// Appends `s` escaped for the inside of a JSON string literal (no quotes).
 pub fn push_escaped(out: &mut Vec<u8>, s: &str) {
-    escape_pieces(s, &mut |piece| out.extend_from_slice(piece.as_bytes()));
+    escape_pieces(s, escape_of, &mut |piece| {
+        out.extend_from_slice(piece.as_bytes());
+    });
 }
 
 /// `s` escaped for the inside of a JSON string literal, in pieces: runs of `s` that need no
 /// escape (found eight bytes at a time by [`plain_run`]) and the escapes of the bytes between
-/// them (`\"`, `\\`, `\n`, `\r`, `\t`, other controls as `\u00xx`). Every piece is a
+/// them, as `escape` writes them ([`escape_of`], [`serde_escape_of`]). Every piece is a
 /// `&str`: a run ends before an ASCII byte, on a character boundary.
-fn escape_pieces(s: &str, emit: &mut dyn FnMut(&str)) {
+fn escape_pieces(s: &str, escape: impl Fn(u8) -> &'static str, emit: &mut dyn FnMut(&str)) {
     let bytes = s.as_bytes();
     let mut at = 0;
     while at < bytes.len() {
@@ -535,7 +537,7 @@ fn escape_pieces(s: &str, emit: &mut dyn FnMut(&str)) {
         let Some(&byte) = bytes.get(at) else {
             break;
         };
-        emit(escape_of(byte));
+        emit(escape(byte));
         at += 1;
     }
 }
@@ -556,6 +558,130 @@ fn escape_of(byte: u8) -> &'static str {
         b'\r' => "\\r",
         b'\t' => "\\t",
         _ => CONTROLS.get(usize::from(byte)).copied().unwrap_or_default(),
+    }
+}
+
+/// The escape `serde_json` writes for a byte [`plain_run`] stops at: [`escape_of`]'s, but
+/// backspace and form feed in their short forms `\b` and `\f` (rather than `\u0008` and
+/// `\u000c`).
+fn serde_escape_of(byte: u8) -> &'static str {
+    match byte {
+        0x08 => "\\b",
+        0x0c => "\\f",
+        _ => escape_of(byte),
+    }
+}
+
+/// Appends the JSON string literal of `s` (with quotes) byte for byte as `serde_json` writes
+/// it: for records whose serde-written form readers already parse ([`ObjectWriter`]).
+pub(crate) fn push_serde_quoted(out: &mut String, s: &str) {
+    out.push('"');
+    escape_pieces(s, serde_escape_of, &mut |piece| out.push_str(piece));
+    out.push('"');
+}
+
+/// Appends `n` in decimal, as `serde_json` (and `format!`) write it, without the formatting
+/// machinery.
+pub(crate) fn push_u64(out: &mut String, n: u64) {
+    let mut digits = [0u8; 20];
+    let mut start = digits.len();
+    let mut rest = n;
+    loop {
+        start -= 1;
+        if let Some(slot) = digits.get_mut(start) {
+            // `rest % 10` is below 10: the cast cannot truncate
+            *slot = b'0' + (rest % 10) as u8;
+        }
+        rest /= 10;
+        if rest == 0 || start == 0 {
+            break;
+        }
+    }
+    for &digit in digits.get(start..).unwrap_or_default() {
+        out.push(char::from(digit));
+    }
+}
+
+/// Writes one JSON object member by member in `serde_json`'s compact form (`{"a":1,"b":"x"}`,
+/// no whitespace): the hand-written writers of the records other filters and the access log
+/// parse ([`crate::route_info`], [`crate::usage_record`]), whose bytes must stay those the
+/// serde derive wrote.
+pub(crate) struct ObjectWriter<'o> {
+    out: &'o mut String,
+    empty: bool,
+}
+
+impl<'o> ObjectWriter<'o> {
+    /// Writes the `{`.
+    pub(crate) fn open(out: &'o mut String) -> Self {
+        out.push('{');
+        ObjectWriter { out, empty: true }
+    }
+
+    /// Writes the separator and `"name":`, and returns the output for the member's value.
+    /// `name` is written as it is: a Rust field name, which needs no escape.
+    pub(crate) fn member(&mut self, name: &str) -> &mut String {
+        if !self.empty {
+            self.out.push(',');
+        }
+        self.empty = false;
+        self.out.push('"');
+        self.out.push_str(name);
+        self.out.push_str("\":");
+        self.out
+    }
+
+    /// A string member.
+    pub(crate) fn string(&mut self, name: &str, value: &str) {
+        push_serde_quoted(self.member(name), value);
+    }
+
+    /// An optional string member: `null` when absent (serde's `Option` without
+    /// `skip_serializing_if`).
+    pub(crate) fn string_or_null(&mut self, name: &str, value: Option<&str>) {
+        let out = self.member(name);
+        match value {
+            Some(value) => push_serde_quoted(out, value),
+            None => out.push_str("null"),
+        }
+    }
+
+    /// An unsigned integer member.
+    pub(crate) fn u64(&mut self, name: &str, value: u64) {
+        push_u64(self.member(name), value);
+    }
+
+    /// An optional unsigned integer member: `null` when absent.
+    pub(crate) fn u64_or_null(&mut self, name: &str, value: Option<u64>) {
+        let out = self.member(name);
+        match value {
+            Some(value) => push_u64(out, value),
+            None => out.push_str("null"),
+        }
+    }
+
+    /// A boolean member.
+    pub(crate) fn bool(&mut self, name: &str, value: bool) {
+        self.member(name)
+            .push_str(if value { "true" } else { "false" });
+    }
+
+    /// An array of strings member.
+    pub(crate) fn strings(&mut self, name: &str, values: &[String]) {
+        let out = self.member(name);
+        out.push('[');
+        for (i, value) in values.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            push_serde_quoted(out, value);
+        }
+        out.push(']');
+    }
+
+    /// Writes the `}`.
+    pub(crate) fn close(self) {
+        self.out.push('}');
     }
 }
 
@@ -990,18 +1116,24 @@ fn once(seen: u32, bit: u32) -> Option<u32> {
 }
 
 /// A position in a small JSON document for a hand scan that must accept only what a serde
-/// parse accepts (`usage_record::Charge::scan`, `route_info::RoutePrices::scan`). Every
+/// parse accepts (`usage_record::Charge::scan`, `route_info::ScannedRoute::scan`). Every
 /// reader skips the whitespace before its token and returns `None` for what it does not
 /// accept — including some valid JSON (escapes, numbers serde reads as floats): the caller
 /// then leaves the document to serde, which decides.
 pub(crate) struct Cursor<'a> {
+    /// The document, checked as UTF-8 once, so that a string is a slice of it.
+    text: &'a str,
     bytes: &'a [u8],
     at: usize,
 }
 
 impl<'a> Cursor<'a> {
-    pub(crate) fn new(bytes: &'a [u8]) -> Self {
-        Cursor { bytes, at: 0 }
+    /// A cursor at the start of `bytes`; `None` if they are not UTF-8 (serde refuses such a
+    /// document: a byte outside a string that is not ASCII is not JSON, and a string must be
+    /// UTF-8). One check of the whole document rather than one per string.
+    pub(crate) fn new(bytes: &'a [u8]) -> Option<Self> {
+        let text = std::str::from_utf8(bytes).ok()?;
+        Some(Cursor { text, bytes, at: 0 })
     }
 
     pub(crate) fn peek(&mut self) -> Option<u8> {
@@ -1069,14 +1201,14 @@ impl<'a> Cursor<'a> {
         if !self.eat(b'"') {
             return None;
         }
-        let rest = self.bytes.get(self.at..)?;
-        let len = plain_run(rest);
-        let (text, after) = (rest.get(..len)?, rest.get(len..)?);
-        if after.first() != Some(&b'"') {
+        let start = self.at;
+        let len = plain_run(self.bytes.get(start..)?);
+        if self.bytes.get(start + len) != Some(&b'"') {
             return None; // an escape, a control character, or the end
         }
         self.at += len + 1;
-        std::str::from_utf8(text).ok()
+        // between two quotes, so on character boundaries: the slice is never refused
+        self.text.get(start..start + len)
     }
 
     pub(crate) fn text_or_null(&mut self) -> Option<Option<&'a str>> {
@@ -1105,8 +1237,12 @@ impl<'a> Cursor<'a> {
         if len == 0 || (len > 1 && digits.first() == Some(&b'0')) {
             return None;
         }
+        // a compare with `u64::MAX / 10` rather than `checked_mul`, whose overflow test is a
+        // 128-bit multiplication on wasm32
         let value = digits.iter().try_fold(0u64, |n, d| {
-            n.checked_mul(10)?.checked_add(u64::from(d - b'0'))
+            (n <= u64::MAX / 10)
+                .then(|| n * 10)?
+                .checked_add(u64::from(d - b'0'))
         })?;
         self.at += len;
         Some(value)
@@ -1480,6 +1616,42 @@ mod tests {
         );
     }
 
+    #[test]
+    fn serde_quoting_and_numbers_are_serde_json_s() {
+        let serde = |s: &str| serde_json::to_string(s).unwrap();
+        let ours = |s: &str| {
+            let mut out = String::new();
+            push_serde_quoted(&mut out, s);
+            out
+        };
+        // every ASCII character alone and inside plain text, and some multi-byte ones
+        for c in (0u8..0x80)
+            .map(char::from)
+            .chain(['é', '漢', '😀', '\u{2028}'])
+        {
+            for s in [c.to_string(), format!("abcdefgh{c}ijklmnopq")] {
+                assert_eq!(ours(&s), serde(&s), "{s:?}");
+            }
+        }
+        assert_eq!(ours("\u{8}\u{c}"), r#""\b\f""#);
+        for n in [
+            0,
+            1,
+            9,
+            10,
+            99,
+            100,
+            12_345,
+            u64::from(u32::MAX),
+            u64::MAX - 1,
+            u64::MAX,
+        ] {
+            let mut out = String::new();
+            push_u64(&mut out, n);
+            assert_eq!(out, serde_json::to_string(&n).unwrap());
+        }
+    }
+
     fn leaves(doc: &str) -> Result<Vec<(String, Scalar, String)>, JsonError> {
         let mut out = Vec::new();
         walk(
@@ -1646,7 +1818,7 @@ mod tests {
             prop::collection::vec(
                 prop_oneof![
                     4 => "[a-z ]{0,11}",
-                    1 => prop::sample::select(vec!["\"", "\\", "\n", "\r", "\t", "\u{0}", "\u{1f}", "\u{8}", "\u{7f}", "é", "😀", "/"]).prop_map(str::to_string),
+                    1 => prop::sample::select(vec!["\"", "\\", "\n", "\r", "\t", "\u{0}", "\u{1f}", "\u{8}", "\u{c}", "\u{7f}", "é", "😀", "/"]).prop_map(str::to_string),
                 ],
                 0..12,
             )
@@ -1694,6 +1866,25 @@ mod tests {
                     let read: Option<String> = serde_json::from_str(&quoted).ok();
                     prop_assert_eq!(read.as_deref(), Some(s));
                 }
+            }
+
+            /// [`push_serde_quoted`] writes what serde_json writes for a string, and
+            /// [`push_u64`] what it writes for a number.
+            #[test]
+            fn serde_quoting_is_serde_json_s(
+                text in text_to_escape(),
+                any_text in any::<String>(),
+                n in any::<u64>(),
+            ) {
+                for s in [text.as_str(), any_text.as_str()] {
+                    let mut quoted = "x".to_string();
+                    push_serde_quoted(&mut quoted, s);
+                    let expected = format!("x{}", serde_json::to_string(s).unwrap_or_default());
+                    prop_assert_eq!(quoted, expected);
+                }
+                let mut number = String::new();
+                push_u64(&mut number, n);
+                prop_assert_eq!(number, n.to_string());
             }
 
             /// [`walk_raw`] reports what [`walk`] reports, in the same order, with the same

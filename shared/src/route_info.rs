@@ -33,7 +33,7 @@
 
 use crate::config::ConfigError;
 use crate::headers;
-use crate::json::Cursor;
+use crate::json::{Cursor, ObjectWriter};
 use serde::{Deserialize, Serialize};
 
 /// The property name (filter state `wasm.llm_route`).
@@ -176,15 +176,166 @@ pub struct RouteInfo {
     pub price_ceiling: Option<Price>,
 }
 
+impl Price {
+    /// Writes the price as its serde derive does: `cached_input` only when present.
+    fn write_json(&self, out: &mut String) {
+        let mut object = ObjectWriter::open(out);
+        object.string("currency", &self.currency);
+        object.u64("input", self.input);
+        object.u64("output", self.output);
+        if let Some(cached_input) = self.cached_input {
+            object.u64("cached_input", cached_input);
+        }
+        object.close();
+    }
+}
+
 impl RouteInfo {
-    /// The JSON bytes to publish.
+    /// The JSON bytes to publish: byte for byte what the serde derive writes (members in
+    /// declaration order, the absent optional ones omitted), by hand — the router writes it
+    /// on every request.
     pub fn to_json(&self) -> Vec<u8> {
-        serde_json::to_vec(self).unwrap_or_default()
+        // room for a record with both prices and a uuid request id (~330 bytes) without a
+        // reallocation
+        let mut out = String::with_capacity(512);
+        self.write_json(&mut out);
+        out.into_bytes()
+    }
+
+    fn write_json(&self, out: &mut String) {
+        let mut object = ObjectWriter::open(out);
+        object.string("request_id", &self.request_id);
+        object.string("model_group", &self.model_group);
+        object.string("deployment", &self.deployment);
+        object.string("model", &self.model);
+        object.string("provider", &self.provider);
+        if let Some(price) = &self.price {
+            price.write_json(object.member("price"));
+        }
+        if let Some(version) = &self.price_version {
+            object.string("price_version", version);
+        }
+        object.string("route_version", &self.route_version);
+        object.u64("attempts", u64::from(self.attempts));
+        if !self.tried.is_empty() {
+            object.strings("tried", &self.tried);
+        }
+        if let Some(ceiling) = &self.price_ceiling {
+            ceiling.write_json(object.member("price_ceiling"));
+        }
+        object.close();
     }
 
     /// Reads a published record; `None` if it is not one.
+    ///
+    /// A record as the router writes it is read by [`RouteInfo::scan`]; anything it is not
+    /// sure of goes to the serde parse, which decides.
     pub fn from_json(bytes: &[u8]) -> Option<RouteInfo> {
+        RouteInfo::scan(bytes).or_else(|| RouteInfo::from_json_serde(bytes))
+    }
+
+    /// The fast path of [`RouteInfo::from_json`]: [`ScannedRoute::scan`], every member copied.
+    fn scan(bytes: &[u8]) -> Option<RouteInfo> {
+        let mut tried = Vec::new();
+        let route = ScannedRoute::scan(bytes, |name| tried.push(name.to_string()))?;
+        Some(RouteInfo {
+            request_id: route.request_id.to_string(),
+            model_group: route.model_group.to_string(),
+            deployment: route.deployment.to_string(),
+            model: route.model.to_string(),
+            provider: route.provider.to_string(),
+            price: route.price,
+            price_version: route.price_version.map(str::to_string),
+            route_version: route.route_version.to_string(),
+            attempts: route.attempts,
+            tried,
+            price_ceiling: route.price_ceiling,
+        })
+    }
+
+    /// The serde parse of [`RouteInfo::from_json`].
+    fn from_json_serde(bytes: &[u8]) -> Option<RouteInfo> {
         serde_json::from_slice(bytes).ok()
+    }
+}
+
+/// A published [`RouteInfo`] as the hand scan reads it, its strings borrowed from the JSON
+/// (`tried` goes to the scan's caller, name by name).
+#[derive(Debug, Default)]
+struct ScannedRoute<'a> {
+    request_id: &'a str,
+    model_group: &'a str,
+    deployment: &'a str,
+    model: &'a str,
+    provider: &'a str,
+    price: Option<Price>,
+    price_version: Option<&'a str>,
+    route_version: &'a str,
+    attempts: u32,
+    price_ceiling: Option<Price>,
+}
+
+impl<'a> ScannedRoute<'a> {
+    /// The fast path of [`RouteInfo::from_json`] and [`RoutePrices::from_json`]: `Some` only
+    /// for a record serde accepts (then with what serde reads), `None` for anything else —
+    /// including records serde accepts that this pass does not handle: one object, each
+    /// member of [`RouteInfo`] at most once (the required ones present) and no other; strings
+    /// without escapes; integers without sign, fraction or exponent. Each name of `tried` is
+    /// handed to `tried_name` as it is read (a reader that drops them allocates nothing).
+    fn scan(bytes: &'a [u8], mut tried_name: impl FnMut(&'a str)) -> Option<ScannedRoute<'a>> {
+        /// The members without a default.
+        const REQUIRED: u32 = 0b1_1001_1111;
+        let mut at = Cursor::new(bytes)?;
+        let mut route = ScannedRoute::default();
+        let seen = at.object(|at, key| match key {
+            "request_id" => at.string().map(|id| {
+                route.request_id = id;
+                0
+            }),
+            "model_group" => at.string().map(|group| {
+                route.model_group = group;
+                1
+            }),
+            "deployment" => at.string().map(|deployment| {
+                route.deployment = deployment;
+                2
+            }),
+            "model" => at.string().map(|model| {
+                route.model = model;
+                3
+            }),
+            "provider" => at.string().map(|provider| {
+                route.provider = provider;
+                4
+            }),
+            "price" => at.price_or_null().map(|price| {
+                route.price = price;
+                5
+            }),
+            "price_version" => at.text_or_null().map(|version| {
+                route.price_version = version;
+                6
+            }),
+            "route_version" => at.string().map(|version| {
+                route.route_version = version;
+                7
+            }),
+            "attempts" => at
+                .u64()
+                .and_then(|n| u32::try_from(n).ok())
+                .map(|attempts| {
+                    route.attempts = attempts;
+                    8
+                }),
+            "tried" => at.strings(&mut tried_name).map(|()| 9),
+            "price_ceiling" => at.price_or_null().map(|price| {
+                route.price_ceiling = price;
+                10
+            }),
+            _ => None,
+        })?;
+        at.end()?;
+        (seen & REQUIRED == REQUIRED).then_some(route)
     }
 }
 
@@ -211,6 +362,16 @@ impl RoutePrices {
         RoutePrices::scan(bytes).or_else(|| RoutePrices::from_json_serde(bytes))
     }
 
+    /// The fast path of [`RoutePrices::from_json`]: [`ScannedRoute::scan`], keeping the group
+    /// and the prices.
+    fn scan(bytes: &[u8]) -> Option<RoutePrices> {
+        ScannedRoute::scan(bytes, |_| ()).map(|route| RoutePrices {
+            model_group: route.model_group.to_string(),
+            price: route.price,
+            price_ceiling: route.price_ceiling,
+        })
+    }
+
     /// The serde parse of [`RoutePrices::from_json`].
     fn from_json_serde(bytes: &[u8]) -> Option<RoutePrices> {
         let view: RouteInfoView<'_> = serde_json::from_slice(bytes).ok()?;
@@ -220,46 +381,9 @@ impl RoutePrices {
             price_ceiling: view.price_ceiling,
         })
     }
-
-    /// The fast path of [`RoutePrices::from_json`]: `Some` only for a record serde accepts
-    /// (then with what serde reads), `None` for anything else — including records serde
-    /// accepts that this pass does not handle: one object, each member of [`RouteInfo`] at
-    /// most once (the required ones present) and no other; strings without escapes;
-    /// integers without sign, fraction or exponent.
-    fn scan(bytes: &[u8]) -> Option<RoutePrices> {
-        /// The members without a default.
-        const REQUIRED: u32 = 0b1_1001_1111;
-        let mut at = Cursor::new(bytes);
-        let mut route = RoutePrices::default();
-        let seen = at.object(|at, key| match key {
-            "request_id" => at.string().map(|_| 0),
-            "model_group" => at.string().map(|group| {
-                route.model_group = group.to_string();
-                1
-            }),
-            "deployment" => at.string().map(|_| 2),
-            "model" => at.string().map(|_| 3),
-            "provider" => at.string().map(|_| 4),
-            "price" => at.price_or_null().map(|price| {
-                route.price = price;
-                5
-            }),
-            "price_version" => at.text_or_null().map(|_| 6),
-            "route_version" => at.string().map(|_| 7),
-            "attempts" => at.u64().filter(|n| u32::try_from(*n).is_ok()).map(|_| 8),
-            "tried" => at.strings().map(|()| 9),
-            "price_ceiling" => at.price_or_null().map(|price| {
-                route.price_ceiling = price;
-                10
-            }),
-            _ => None,
-        })?;
-        at.end()?;
-        (seen & REQUIRED == REQUIRED).then_some(route)
-    }
 }
 
-impl Cursor<'_> {
+impl<'a> Cursor<'a> {
     /// `null` or a [`Price`] object: `input` and `output` once each, `currency` (default
     /// `USD`) and `cached_input` at most once, nothing else (it denies unknown members).
     fn price_or_null(&mut self) -> Option<Option<Price>> {
@@ -299,14 +423,14 @@ impl Cursor<'_> {
         Some(Some(price))
     }
 
-    /// An array of strings.
-    fn strings(&mut self) -> Option<()> {
+    /// An array of strings (each without escapes), each handed to `each` as it is read.
+    fn strings(&mut self, mut each: impl FnMut(&'a str)) -> Option<()> {
         self.expect(b'[')?;
         if self.eat(b']') {
             return Some(());
         }
         loop {
-            self.string()?;
+            each(self.string()?);
             if !self.eat(b',') {
                 return self.expect(b']');
             }
@@ -391,9 +515,16 @@ impl Alternative {
         &self.route.model_group
     }
 
-    /// The JSON bytes to publish.
+    /// The JSON bytes to publish: byte for byte what the serde derive writes, by hand (the
+    /// router writes it on every request to a group with a budget fallback).
     pub fn to_json(&self) -> Vec<u8> {
-        serde_json::to_vec(self).unwrap_or_default()
+        let mut out = String::with_capacity(768);
+        let mut object = ObjectWriter::open(&mut out);
+        self.route.write_json(object.member("route"));
+        object.strings("deployments", &self.deployments);
+        object.strings("clusters", &self.clusters);
+        object.close();
+        out.into_bytes()
     }
 
     /// Reads a published alternative; `None` if it is not one or is inconsistent (no
@@ -507,7 +638,8 @@ mod tests {
             String::new(),
         ];
         for case in &cases {
-            let info = RouteInfo::from_json(case.as_bytes());
+            let info = RouteInfo::from_json_serde(case.as_bytes());
+            assert_eq!(RouteInfo::from_json(case.as_bytes()), info, "{case}");
             assert_eq!(
                 RoutePrices::from_json(case.as_bytes()),
                 info.map(RoutePrices::from),
@@ -543,14 +675,29 @@ mod tests {
         let ceiling = Some(price("USD", 1, 2, None));
         let priced = RouteInfo {
             price_ceiling: ceiling.clone(),
-            ..info
+            ..info.clone()
         };
         let json = String::from_utf8(priced.to_json()).unwrap();
+        assert_eq!(json.as_bytes(), serde_json::to_vec(&priced).unwrap());
         assert!(
             json.contains(r#""price_ceiling":{"currency":"USD","input":1,"output":2}"#),
             "{json}"
         );
         assert_eq!(RouteInfo::from_json(json.as_bytes()), Some(priced));
+
+        // every optional member, escapes and extremes: still serde's bytes, read back
+        let full = RouteInfo {
+            model: "m\"\\\u{8}\u{c}\n\u{1f}\u{7f}é😀".into(),
+            price: Some(price("EUR", u64::MAX, 0, Some(u64::MAX))),
+            price_version: Some("p\t1".into()),
+            attempts: u32::MAX,
+            tried: vec!["a".into(), "b\"".into()],
+            price_ceiling: ceiling,
+            ..info
+        };
+        let json = full.to_json();
+        assert_eq!(json, serde_json::to_vec(&full).unwrap());
+        assert_eq!(RouteInfo::from_json(&json), Some(full));
     }
 
     fn price(currency: &str, input: u64, output: u64, cached_input: Option<u64>) -> Price {
@@ -726,20 +873,28 @@ mod tests {
         use crate::json::mutate::{apply, edit, value_edges, SNIPPETS};
         use proptest::prelude::*;
 
+        /// Names, mostly plain; some with what JSON escapes (quotes, backslashes, every
+        /// control character) and multi-byte characters; some arbitrary.
         fn text() -> impl Strategy<Value = String> {
             prop_oneof![
-                4 => "[a-z0-9._-]{0,10}",
-                1 => "[a-z\"\\/\u{1}\t\u{e9} ]{0,6}",
+                8 => "[a-z0-9._-]{0,10}",
+                2 => "[a-z\"\\\\/\\x00-\\x1f\\x7f\u{e9}\u{1F600} ]{0,8}",
+                1 => any::<String>(),
             ]
+        }
+
+        /// A price or count: small, or anywhere up to the extremes.
+        fn number() -> impl Strategy<Value = u64> {
+            prop_oneof![0u64..1000, any::<u64>(), Just(0), Just(u64::MAX)]
         }
 
         fn price() -> impl Strategy<Value = Option<Price>> {
             prop::option::of(
                 (
                     prop_oneof![Just("USD".to_string()), "[A-Z]{3}", text()],
-                    any::<u64>(),
-                    0u64..100,
-                    prop::option::of(any::<u64>()),
+                    number(),
+                    number(),
+                    prop::option::of(number()),
                 )
                     .prop_map(|(currency, input, output, cached_input)| Price {
                         currency,
@@ -754,7 +909,7 @@ mod tests {
             fn route()(
                 names in prop::collection::vec(text(), 6),
                 version in prop::option::of(text()),
-                attempts in any::<u32>(),
+                attempts in prop_oneof![any::<u32>(), Just(u32::MAX), 0u32..3],
                 tried in prop::collection::vec(text(), 0..3),
                 prices in (price(), price()),
             ) -> RouteInfo {
@@ -835,18 +990,20 @@ mod tests {
             }
         }
 
-        /// The reference: the whole record through serde.
-        fn serde(bytes: &[u8]) -> Option<RoutePrices> {
-            RouteInfo::from_json(bytes).map(RoutePrices::from)
-        }
-
+        /// Both readers against the serde parse of the whole record: what the scans accept,
+        /// serde accepts with the same result, and `from_json` is serde's answer.
         fn check(bytes: &[u8]) {
-            let reference = serde(bytes);
+            let reference = RouteInfo::from_json_serde(bytes);
+            let prices = reference.clone().map(RoutePrices::from);
             let text = String::from_utf8_lossy(bytes);
-            if let Some(scanned) = RoutePrices::scan(bytes) {
+            if let Some(scanned) = RouteInfo::scan(bytes) {
                 assert_eq!(Some(scanned), reference, "{text}");
             }
-            assert_eq!(RoutePrices::from_json(bytes), reference, "{text}");
+            if let Some(scanned) = RoutePrices::scan(bytes) {
+                assert_eq!(Some(scanned), prices, "{text}");
+            }
+            assert_eq!(RouteInfo::from_json(bytes), reference, "{text}");
+            assert_eq!(RoutePrices::from_json(bytes), prices, "{text}");
         }
 
         /// Every snippet at every value edge of two records, one at a time.
@@ -910,12 +1067,31 @@ mod tests {
             }
 
             /// A record as the router writes it takes the fast path unless a string has an
-            /// escape.
+            /// escape (so the property above is about the scans, not only the fallback).
             #[test]
             fn a_plain_record_is_scanned(route in route()) {
                 let line = route.to_json();
-                let expected = (!line.contains(&b'\\')).then(|| RoutePrices::from(route));
+                let plain = !line.contains(&b'\\');
+                let expected = plain.then(|| route.clone());
+                prop_assert_eq!(RouteInfo::scan(&line), expected);
+                let expected = plain.then(|| RoutePrices::from(route));
                 prop_assert_eq!(RoutePrices::scan(&line), expected);
+            }
+
+            /// The hand-written writers write byte for byte what the serde derive writes.
+            #[test]
+            fn the_writers_write_what_serde_writes(
+                route in route(),
+                deployments in prop::collection::vec(text(), 0..4),
+                clusters in prop::collection::vec(text(), 0..4),
+            ) {
+                let line = route.to_json();
+                prop_assert_eq!(&line, &serde_json::to_vec(&route).unwrap_or_default());
+                let alternative = Alternative { route, deployments, clusters };
+                prop_assert_eq!(
+                    alternative.to_json(),
+                    serde_json::to_vec(&alternative).unwrap_or_default()
+                );
             }
         }
     }

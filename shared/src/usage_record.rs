@@ -24,7 +24,7 @@
 //! `null`), in the order above; a record written before `key_id` and `tier` existed reads with
 //! them `null`.
 
-use crate::json::Cursor;
+use crate::json::{Cursor, ObjectWriter};
 use crate::usage::Usage;
 use serde::{Deserialize, Serialize};
 
@@ -136,10 +136,81 @@ pub struct Record {
     pub duration_ms: u64,
 }
 
+impl UsageSource {
+    /// The name serde writes (`snake_case`).
+    fn as_str(self) -> &'static str {
+        match self {
+            UsageSource::Upstream => "upstream",
+            UsageSource::Estimated => "estimated",
+        }
+    }
+}
+
+impl UsageFields {
+    /// Writes the counts as their serde derive does.
+    fn write_json(&self, out: &mut String) {
+        let mut object = ObjectWriter::open(out);
+        object.u64("prompt_tokens", self.prompt_tokens);
+        object.u64("completion_tokens", self.completion_tokens);
+        object.u64("cached_prompt_tokens", self.cached_prompt_tokens);
+        object.u64("cache_write_tokens", self.cache_write_tokens);
+        object.u64("reasoning_tokens", self.reasoning_tokens);
+        object.u64("total_tokens", self.total_tokens);
+        object.close();
+    }
+}
+
+impl Attempt {
+    /// Writes the attempt as its serde derive does.
+    fn write_json(&self, out: &mut String) {
+        let mut object = ObjectWriter::open(out);
+        object.string_or_null("deployment", self.deployment.as_deref());
+        object.u64("status", u64::from(self.status));
+        object.close();
+    }
+}
+
 impl Record {
-    /// The record as one line of JSON.
+    /// The record as one line of JSON: byte for byte what the serde derive writes (every
+    /// member, in declaration order, absent values `null`), by hand — usage-accounting writes
+    /// one per request.
     pub fn to_json(&self) -> String {
-        serde_json::to_string(self).unwrap_or_default()
+        let mut out = String::with_capacity(768);
+        let mut object = ObjectWriter::open(&mut out);
+        object.string("request_id", &self.request_id);
+        object.u64("ts_ms", self.ts_ms);
+        object.string_or_null("consumer", self.consumer.as_deref());
+        object.string_or_null("tenant", self.tenant.as_deref());
+        object.string_or_null("key_id", self.key_id.as_deref());
+        object.string_or_null("tier", self.tier.as_deref());
+        object.string_or_null("project", self.project.as_deref());
+        object.string_or_null("agent", self.agent.as_deref());
+        object.string_or_null("run_id", self.run_id.as_deref());
+        object.string_or_null("model_group", self.model_group.as_deref());
+        object.string_or_null("deployment", self.deployment.as_deref());
+        object.string_or_null("model", self.model.as_deref());
+        object.string("api", &self.api);
+        object.bool("stream", self.stream);
+        object.u64("status", u64::from(self.status));
+        object.bool("complete", self.complete);
+        let attempts = object.member("attempts");
+        attempts.push('[');
+        for (i, attempt) in self.attempts.iter().enumerate() {
+            if i > 0 {
+                attempts.push(',');
+            }
+            attempt.write_json(attempts);
+        }
+        attempts.push(']');
+        object.string("usage_source", self.usage_source.as_str());
+        self.usage.write_json(object.member("usage"));
+        object.u64_or_null("cost_nano", self.cost_nano);
+        object.string_or_null("currency", self.currency.as_deref());
+        object.string_or_null("price_version", self.price_version.as_deref());
+        object.u64_or_null("ttft_ms", self.ttft_ms);
+        object.u64("duration_ms", self.duration_ms);
+        object.close();
+        out
     }
 
     /// Reads a published record (the property's bytes, a log line); `None` if it is not one.
@@ -188,7 +259,7 @@ impl Charge {
     /// and no other, in any order; strings without escapes; integers without sign, fraction
     /// or exponent; whitespace as JSON allows it.
     fn scan(bytes: &[u8]) -> Option<Charge> {
-        let mut at = Cursor::new(bytes);
+        let mut at = Cursor::new(bytes)?;
         let mut charge = Charge::default();
         let seen = at.object(|at, key| match key {
             "request_id" => at.string().map(|_| 0),
@@ -413,11 +484,14 @@ mod tests {
     fn a_record_with_escapes_round_trips_as_one_json_line() {
         let record = Record {
             project: Some("p\"x".into()),
+            agent: Some("\u{8}\u{c}\n\u{1f}\u{7f}\\é😀".into()),
             usage_source: UsageSource::Estimated,
             price_version: Some("v1".into()),
+            ttft_ms: Some(u64::MAX),
             ..record()
         };
         let line = record.to_json();
+        assert_eq!(line, serde_json::to_string(&record).unwrap());
         assert!(!line.contains('\n'));
         assert!(line.contains(r#""usage_source":"estimated""#), "{line}");
         assert_eq!(Record::from_json(line.as_bytes()), Some(record));
@@ -499,22 +573,25 @@ mod tests {
         use super::*;
         use proptest::prelude::*;
 
+        /// Names, mostly plain; some with what JSON escapes (quotes, backslashes, every
+        /// control character) and multi-byte characters; some arbitrary.
         fn text() -> impl Strategy<Value = String> {
             prop_oneof![
-                4 => "[a-z0-9._-]{0,10}",
-                1 => "[a-z\"\\/\u{1}\t\u{e9}\u{1F600} ]{0,6}",
+                8 => "[a-z0-9._-]{0,10}",
+                2 => "[a-z\"\\\\/\\x00-\\x1f\\x7f\u{e9}\u{1F600} ]{0,8}",
+                1 => any::<String>(),
             ]
         }
 
         fn count() -> impl Strategy<Value = u64> {
-            prop_oneof![0u64..2000, any::<u64>()]
+            prop_oneof![0u64..2000, any::<u64>(), Just(0), Just(u64::MAX)]
         }
 
         prop_compose! {
             fn record()(
                 names in prop::collection::vec(prop::option::of(text()), 12),
-                ids in (text(), "[a-z.]{1,12}"),
-                flags in (any::<bool>(), any::<bool>(), any::<u16>(), any::<bool>()),
+                ids in (text(), prop_oneof!["[a-z.]{1,12}", text()]),
+                flags in (any::<bool>(), any::<bool>(), prop_oneof![any::<u16>(), Just(u16::MAX)], any::<bool>()),
                 attempts in prop::collection::vec((prop::option::of(text()), any::<u16>()), 0..3),
                 counts in prop::collection::vec(count(), 6),
                 times in (count(), prop::option::of(count()), count(), prop::option::of(count())),
@@ -661,6 +738,13 @@ mod tests {
                     prop_assert_eq!(Some(scanned), reference.clone(), "{}", String::from_utf8_lossy(&bytes));
                 }
                 prop_assert_eq!(Charge::from_json(&bytes), reference);
+            }
+
+            /// The hand-written writer writes byte for byte what the serde derive writes.
+            #[test]
+            fn the_writer_writes_what_serde_writes(record in record()) {
+                let expected = serde_json::to_string(&record).unwrap_or_default();
+                prop_assert_eq!(record.to_json(), expected);
             }
 
             /// A record as usage-accounting writes it takes the fast path unless a string has an
