@@ -594,9 +594,9 @@ mod tests {
         assert_eq!(per_event_us(10.0, 0.0, 0), 10.0, "no division by zero");
     }
 
-    #[test]
-    fn the_pii_chat_is_masked_by_the_chains_pii_redaction() {
-        use pii_redaction::request::{redact_body, Api, Redaction};
+    /// pii-redaction's rules in the chain the bench runs.
+    fn chain_pii_rules(
+    ) -> llm_gateway_shared::rules::RuleSet<std::rc::Rc<pii_redaction::config::PiiConfig>> {
         let (chain, _) = configs();
         let filters = config::wasm_filters(&chain).unwrap();
         let pii = filters
@@ -605,6 +605,13 @@ mod tests {
             .unwrap();
         let rules =
             pii_redaction::config::parse_document(pii.config.to_string().as_bytes()).unwrap();
+        rules
+    }
+
+    #[test]
+    fn the_pii_chat_is_masked_by_the_chains_pii_redaction() {
+        use pii_redaction::request::{redact_body, Api, Redaction};
+        let rules = chain_pii_rules();
         let chats: Vec<_> = crate::bench::wrk::WORKLOADS
             .iter()
             .filter(|w| !w.streams())
@@ -636,14 +643,7 @@ mod tests {
     #[test]
     fn the_streamed_prompt_keeps_its_length_through_pii_redaction() {
         use pii_redaction::request::{redact_body, Api, Redaction};
-        let (chain, _) = configs();
-        let filters = config::wasm_filters(&chain).unwrap();
-        let pii = filters
-            .iter()
-            .find(|f| f.root_id == "pii-redaction")
-            .unwrap();
-        let rules =
-            pii_redaction::config::parse_document(pii.config.to_string().as_bytes()).unwrap();
+        let rules = chain_pii_rules();
         let stream = crate::bench::wrk::WORKLOADS
             .iter()
             .find(|w| w.echo)
