@@ -62,6 +62,15 @@ impl Hasher for FxHasher {
     }
 }
 
+/// The FxHash of a byte string, its length first (FxHash pads the last word with zeros, so
+/// without it texts differing only in zero bytes at the end would hash alike).
+pub fn hash_bytes(bytes: &[u8]) -> u64 {
+    let mut hasher = FxHasher::default();
+    hasher.write_usize(bytes.len());
+    hasher.write(bytes);
+    hasher.finish()
+}
+
 /// A `HashMap` with [`FxHasher`].
 pub type FxHashMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
 /// A `HashSet` with [`FxHasher`].
@@ -71,6 +80,14 @@ pub type FxHashSet<K> = HashSet<K, BuildHasherDefault<FxHasher>>;
 mod tests {
     use super::*;
     use std::hash::BuildHasher;
+
+    #[test]
+    fn byte_strings_differing_in_trailing_zero_bytes_hash_apart() {
+        assert_ne!(hash_bytes(b"a"), hash_bytes(b"a\0"));
+        assert_ne!(hash_bytes(b""), hash_bytes(&[0; 8]));
+        let owned = String::from("same text");
+        assert_eq!(hash_bytes(b"same text"), hash_bytes(owned.as_bytes()));
+    }
 
     #[test]
     fn distinct_keys_hash_apart_and_equal_ones_alike() {

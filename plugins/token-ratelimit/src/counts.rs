@@ -12,9 +12,8 @@
 //! [`MIN_TEXT`]..=[`MAX_TEXT`] bytes (shorter ones cost little to count), [`MAX_BYTES`] of text
 //! in all (past that, the cache starts over empty).
 
-use llm_gateway_shared::fxhash::FxHasher;
+use llm_gateway_shared::fxhash;
 use llm_gateway_shared::tokens::{count_tokens, Encoding};
-use std::hash::Hasher;
 
 /// Slots (a power of two).
 const SLOTS: usize = 256;
@@ -101,13 +100,9 @@ fn same(a: &[u8], b: &[u8]) -> bool {
         && left.remainder() == right.remainder()
 }
 
-/// The slot of `text`: the top bits of its FxHash (length first, so that texts differing only
-/// in zero bytes at the end part).
+/// The slot of `text`: the top bits of its [`fxhash::hash_bytes`].
 fn slot_of(text: &str) -> usize {
-    let mut hasher = FxHasher::default();
-    hasher.write_usize(text.len());
-    hasher.write(text.as_bytes());
-    (hasher.finish() >> (64 - SLOTS.trailing_zeros())) as usize
+    (fxhash::hash_bytes(text.as_bytes()) >> (64 - SLOTS.trailing_zeros())) as usize
 }
 
 #[cfg(test)]
