@@ -112,14 +112,24 @@ macro_rules! tri {
     };
 }
 
-/// Counts a host call; with `LLM_GATEWAY_HOST_CALL_LOG` set, also prints its name to stderr
-/// (`… 2>&1 | sort | uniq -c` shows which calls a workload makes).
+/// Counts a host call; with `LLM_GATEWAY_HOST_CALL_LOG` set, also prints the filter's
+/// `root_id` and the call's name to stderr (`… 2>&1 | grep '^host call' | sort | uniq -c` shows
+/// which calls each filter makes on a workload; the `callback` lines after them say in which
+/// callback).
 fn count(cx: &mut Cx<'_>, name: &str) {
     cx.data_mut().counters.host_calls += 1;
-    static LOG: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    if *LOG.get_or_init(|| std::env::var_os("LLM_GATEWAY_HOST_CALL_LOG").is_some()) {
-        eprintln!("host call {name}");
+    if host_call_log() {
+        // the fuel left tells how much the callback burnt before this call
+        let left = cx.get_fuel().unwrap_or(0);
+        eprintln!("host call {} {name} (fuel left {left})", cx.data().root_id);
     }
+}
+
+/// `LLM_GATEWAY_HOST_CALL_LOG` is set: every host call and, when it returns, every callback
+/// (filter, export, fuel, host calls) is printed to stderr.
+pub(crate) fn host_call_log() -> bool {
+    static LOG: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *LOG.get_or_init(|| std::env::var_os("LLM_GATEWAY_HOST_CALL_LOG").is_some())
 }
 
 // ---------------------------------------------------------------------------------------

@@ -355,6 +355,12 @@ impl Vm {
         };
         let location = self.location();
         let counters = self.store.data().counters;
+        if super::abi::host_call_log() {
+            eprintln!(
+                "callback {} {name}: {fuel} fuel, {} host calls",
+                self.spec.name, counters.host_calls
+            );
+        }
         self.costs.push(CallCost {
             seq: super::cost::next_seq(),
             plugin: self.spec.name.clone(),
