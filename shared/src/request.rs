@@ -19,6 +19,7 @@
 
 use crate::headers;
 use crate::usage::Api;
+use crate::wire::EncodedHeaders;
 use std::rc::Rc;
 
 /// Request headers as the host lists them: lowercase names, byte values, in order.
@@ -99,21 +100,29 @@ impl RequestHead {
         RequestHead::view(HeadPairs::Shared(pairs))
     }
 
+    /// The view of a header map as the host encoded it ([`wire::EncodedHeaders`]): one buffer
+    /// and an index, no allocation per header (a plugin's own read of the request headers).
+    pub fn encoded(headers: EncodedHeaders) -> RequestHead {
+        RequestHead::view(HeadPairs::Encoded(headers))
+    }
+
     fn view(pairs: HeadPairs) -> RequestHead {
         let mut head = RequestHead::default();
-        for (name, value) in pairs.as_slice() {
+        for (name, value) in pairs.iter() {
             let text = || String::from_utf8_lossy(value).into_owned();
-            match name.as_str() {
-                ":method" => head.method = text(),
-                ":path" => head.path = text(),
-                ":authority" => head.authority = text(),
-                "content-length" => {
+            match name {
+                b":method" => head.method = text(),
+                b":path" => head.path = text(),
+                b":authority" => head.authority = text(),
+                b"content-length" => {
                     head.content_length = std::str::from_utf8(value)
                         .ok()
                         .and_then(|v| v.trim().parse().ok())
                 }
-                headers::REQUEST_ID if !value.is_empty() => head.request_id = Some(text()),
-                headers::REENTRY => head.reentry = true,
+                _ if name == headers::REQUEST_ID.as_bytes() && !value.is_empty() => {
+                    head.request_id = Some(text())
+                }
+                _ if name == headers::REENTRY.as_bytes() => head.reentry = true,
                 _ => {}
             }
         }
@@ -130,10 +139,9 @@ impl RequestHead {
     /// The first value of `name` (lowercase), as bytes.
     pub fn get(&self, name: &str) -> Option<&[u8]> {
         self.pairs
-            .as_slice()
             .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.as_slice())
+            .find(|(n, _)| *n == name.as_bytes())
+            .map(|(_, v)| v)
     }
 
     /// The first value of `name` (lowercase) when it is UTF-8.
@@ -143,31 +151,40 @@ impl RequestHead {
 
     /// True if `name` (lowercase) is present.
     pub fn has(&self, name: &str) -> bool {
-        self.pairs.as_slice().iter().any(|(n, _)| n == name)
+        self.pairs.iter().any(|(n, _)| n == name.as_bytes())
     }
 
-    /// Every header, in the host's order.
-    pub fn pairs(&self) -> &[(String, Vec<u8>)] {
-        self.pairs.as_slice()
+    /// Every header (name, value) in the host's order, as the host gave it.
+    pub fn headers(&self) -> impl Iterator<Item = (&[u8], &[u8])> + '_ {
+        self.pairs.iter()
     }
 }
 
-/// The headers a [`RequestHead`] views: its own list (a filter's one read), or one shared
-/// with the fused filter's [`crate::chain::Headers`] (no copy per stage).
+/// The headers a [`RequestHead`] views: its own list, the map as the host encoded it (a
+/// filter's one read), or one shared with the fused filter's [`crate::chain::Headers`] (no
+/// copy per stage).
 #[derive(Debug, Clone)]
 enum HeadPairs {
     /// A list of its own.
     Owned(Pairs),
+    /// The host's encoding of the map, indexed in place.
+    Encoded(EncodedHeaders),
     /// A list shared with the fused filter's headers as they were when the view was made.
     Shared(Rc<Pairs>),
 }
 
 impl HeadPairs {
-    fn as_slice(&self) -> &[(String, Vec<u8>)] {
-        match self {
-            HeadPairs::Owned(pairs) => pairs,
-            HeadPairs::Shared(pairs) => pairs,
-        }
+    fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> + '_ {
+        let (listed, encoded) = match self {
+            HeadPairs::Owned(pairs) => (Some(pairs.as_slice()), None),
+            HeadPairs::Shared(pairs) => (Some(pairs.as_slice()), None),
+            HeadPairs::Encoded(headers) => (None, Some(headers.iter())),
+        };
+        listed
+            .unwrap_or_default()
+            .iter()
+            .map(|(n, v)| (n.as_bytes(), v.as_slice()))
+            .chain(encoded.into_iter().flatten())
     }
 }
 
@@ -179,7 +196,7 @@ impl Default for HeadPairs {
 
 impl PartialEq for HeadPairs {
     fn eq(&self, other: &Self) -> bool {
-        self.as_slice() == other.as_slice()
+        self.iter().eq(other.iter())
     }
 }
 
@@ -282,7 +299,7 @@ mod tests {
         assert_eq!(head.text("x-bad"), None);
         assert!(head.has("x-llm-reentry"));
         assert!(!head.has("x-missing"));
-        assert_eq!(head.pairs().len(), 8);
+        assert_eq!(head.headers().count(), 8);
     }
 
     #[test]
@@ -311,6 +328,60 @@ mod tests {
         assert_eq!(shared, RequestHead::new(list));
         assert_eq!(shared.api(), Some(Api::Embeddings));
         assert_eq!(shared.request_id.as_deref(), Some("req-2"));
-        assert_eq!(shared.pairs().len(), 3);
+        assert_eq!(shared.headers().count(), 3);
+    }
+
+    #[cfg(not(target_arch = "wasm32"))]
+    mod properties {
+        use super::*;
+        use crate::wire::{encode_header_map, EncodedHeaders};
+        use proptest::prelude::*;
+
+        fn name() -> impl Strategy<Value = String> {
+            prop_oneof![
+                Just(":method".to_string()),
+                Just(":path".to_string()),
+                Just(":authority".to_string()),
+                Just("content-length".to_string()),
+                Just(crate::headers::REQUEST_ID.to_string()),
+                Just(crate::headers::REENTRY.to_string()),
+                "[a-z:-]{0,6}",
+            ]
+        }
+
+        fn value() -> impl Strategy<Value = Vec<u8>> {
+            prop_oneof![
+                Just(b"/v1/chat/completions".to_vec()),
+                Just(b" 42 ".to_vec()),
+                proptest::collection::vec(any::<u8>(), 0..12),
+            ]
+        }
+
+        proptest! {
+            #[test]
+            fn the_encoded_view_is_the_listed_view(
+                list in proptest::collection::vec((name(), value()), 0..10),
+                asked in name(),
+            ) {
+                let borrowed: Vec<(&str, &[u8])> =
+                    list.iter().map(|(n, v)| (n.as_str(), v.as_slice())).collect();
+                let encoded = EncodedHeaders::new(encode_header_map(&borrowed));
+                prop_assert!(encoded.is_some());
+                let encoded = RequestHead::encoded(encoded.unwrap_or_default());
+                let listed = RequestHead::new(list.clone());
+                prop_assert_eq!(&encoded, &listed);
+                prop_assert_eq!(&encoded.method, &listed.method);
+                prop_assert_eq!(&encoded.path, &listed.path);
+                prop_assert_eq!(encoded.content_length, listed.content_length);
+                prop_assert_eq!(&encoded.request_id, &listed.request_id);
+                prop_assert_eq!(encoded.reentry, listed.reentry);
+                prop_assert_eq!(encoded.endpoint, listed.endpoint);
+                prop_assert_eq!(encoded.get(&asked), listed.get(&asked));
+                prop_assert_eq!(encoded.text(&asked), listed.text(&asked));
+                prop_assert_eq!(encoded.has(&asked), listed.has(&asked));
+                let first = list.iter().find(|(n, _)| *n == asked).map(|(_, v)| v.as_slice());
+                prop_assert_eq!(encoded.get(&asked), first);
+            }
+        }
     }
 }

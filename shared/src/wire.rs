@@ -211,6 +211,29 @@ impl EncodedHeaders {
     pub fn text(&self, name: &str) -> Option<&str> {
         self.get(name).and_then(|v| std::str::from_utf8(v).ok())
     }
+
+    /// Every pair, name and value as the host encoded them, in the host's order.
+    pub fn iter(&self) -> impl Iterator<Item = (&[u8], &[u8])> + '_ {
+        self.index.iter().map(|&[at, len, value_at, value_len]| {
+            let slice = |at: u32, len: u32| {
+                let at = at as usize;
+                self.bytes
+                    .get(at..at.saturating_add(len as usize))
+                    .unwrap_or_default()
+            };
+            (slice(at, len), slice(value_at, value_len))
+        })
+    }
+
+    /// How many pairs the map holds.
+    pub fn len(&self) -> usize {
+        self.index.len()
+    }
+
+    /// The map holds no pair.
+    pub fn is_empty(&self) -> bool {
+        self.index.is_empty()
+    }
 }
 
 fn read_u32(bytes: &[u8], at: usize) -> Option<u32> {
@@ -382,6 +405,28 @@ mod tests {
                         prop_assert_eq!(encoded.get(name), first);
                     }
                 }
+            }
+
+            #[test]
+            fn encoded_headers_list_the_decoders_pairs(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+                if let (Some(encoded), Some(decoded)) = (EncodedHeaders::new(bytes.clone()), decode_header_map(&bytes)) {
+                    let listed: Vec<(String, Vec<u8>)> = encoded
+                        .iter()
+                        .map(|(n, v)| (String::from_utf8_lossy(n).into_owned(), v.to_vec()))
+                        .collect();
+                    prop_assert_eq!(encoded.len(), decoded.len());
+                    prop_assert_eq!(listed, decoded);
+                }
+            }
+
+            #[test]
+            fn encoded_headers_list_what_was_encoded(pairs in proptest::collection::vec(("[a-z:-]{0,12}", proptest::collection::vec(any::<u8>(), 0..20)), 0..8)) {
+                let borrowed: Vec<(&str, &[u8])> = pairs.iter().map(|(n, v)| (n.as_str(), v.as_slice())).collect();
+                let encoded = EncodedHeaders::new(encode_header_map(&borrowed)).unwrap();
+                let listed: Vec<(&[u8], &[u8])> = encoded.iter().collect();
+                let expected: Vec<(&[u8], &[u8])> = borrowed.iter().map(|(n, v)| (n.as_bytes(), *v)).collect();
+                prop_assert_eq!(listed, expected);
+                prop_assert_eq!(encoded.is_empty(), pairs.is_empty());
             }
 
             #[test]

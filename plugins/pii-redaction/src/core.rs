@@ -830,7 +830,10 @@ mod tests {
     #[test]
     fn a_body_with_an_email_is_rewritten_and_counted() {
         let (mut worker, mut exchange) = (Worker::default(), Exchange::default());
-        let mut pairs = chat_head().pairs().to_vec();
+        let mut pairs: Vec<(String, Vec<u8>)> = chat_head()
+            .headers()
+            .map(|(n, v)| (String::from_utf8_lossy(n).into_owned(), v.to_vec()))
+            .collect();
         pairs.push(("accept-encoding".into(), b"gzip".to_vec()));
         let gzip = RequestHead::new(pairs);
         let (flow, commands) = request(&mut worker, &mut exchange, EMAIL_RULES, &gzip, BODY);

@@ -144,10 +144,10 @@ fn main() {
         r#"{{"model":"gpt-4o-mini","messages":[{{"role":"user","content":"{prompt}"}}],"max_tokens":100}}"#
     );
     let answer = br#"{"id":"chatcmpl-1","object":"chat.completion","model":"gpt-4o-mini","choices":[{"index":0,"message":{"role":"assistant","content":"tok0 tok1 tok2 tok3"},"finish_reason":"stop"}],"usage":{"prompt_tokens":1000,"completion_tokens":100,"prompt_tokens_details":{"cached_tokens":600}}}"#;
-    let headers: Vec<(String, Vec<u8>)> = vec![
-        ("x-llm-tenant".into(), b"acme".to_vec()),
-        ("x-llm-deployment".into(), b"east".to_vec()),
-        ("x-request-id".into(), b"abc".to_vec()),
+    let headers: [(&[u8], &[u8]); 3] = [
+        (b"x-llm-tenant", b"acme"),
+        (b"x-llm-deployment", b"east"),
+        (b"x-request-id", b"abc"),
     ];
     let route = usage_accounting::exchange::RouteInfo::default();
     let mut samples = Vec::new();
@@ -155,7 +155,7 @@ fn main() {
         let start = Instant::now();
         for _ in 0..100 {
             let attribution =
-                usage_accounting::exchange::Attribution::from_headers(&headers, || None);
+                usage_accounting::exchange::Attribution::from_headers(headers, || None);
             let Some(mut ex) =
                 usage_accounting::exchange::Exchange::start("/v1/chat/completions", attribution, 0)
             else {

@@ -292,7 +292,7 @@ impl Stage {
         if head.method != "POST" {
             return Flow::Continue; // listing or fetching stored objects generates nothing
         }
-        let attribution = Attribution::from_headers(head.pairs(), || lookup.host_request_id());
+        let attribution = Attribution::from_headers(head.headers(), || lookup.host_request_id());
         let now = lookup.now_ms();
         let Some(mut exchange) = Exchange::start(&head.path, attribution, now) else {
             return Flow::Continue;

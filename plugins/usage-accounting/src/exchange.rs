@@ -56,8 +56,8 @@ const ATTRIBUTION_HEADERS: [&str; 11] = [
 impl Attribution {
     /// Reads the request headers (names lowercase, as Envoy gives them).
     /// `host_request_id` is asked only when neither request-id header is there.
-    pub fn from_headers(
-        pairs: &[(String, Vec<u8>)],
+    pub fn from_headers<'a>(
+        pairs: impl IntoIterator<Item = (&'a [u8], &'a [u8])>,
         host_request_id: impl FnOnce() -> Option<String>,
     ) -> Self {
         // One pass over the headers: the first value of each name (as a search per name
@@ -66,15 +66,15 @@ impl Attribution {
             [None; ATTRIBUTION_HEADERS.len()];
         for (name, value) in pairs {
             // every name sought starts with `x-`: most headers are passed over at once
-            if !name.starts_with("x-") {
+            if !name.starts_with(b"x-") {
                 continue;
             }
             if let Some(slot) = ATTRIBUTION_HEADERS
                 .iter()
-                .position(|n| n == name)
+                .position(|n| n.as_bytes() == name)
                 .and_then(|i| found.get_mut(i))
             {
-                slot.get_or_insert(value.as_slice());
+                slot.get_or_insert(value);
             }
         }
         let get = |i: usize| found.get(i).copied().flatten().and_then(clean_attribution);
@@ -755,16 +755,16 @@ mod tests {
             .clone()
     }
 
-    fn headers(pairs: &[(&str, &str)]) -> Vec<(String, Vec<u8>)> {
+    fn headers<'a>(pairs: &[(&'a str, &'a str)]) -> Vec<(&'a [u8], &'a [u8])> {
         pairs
             .iter()
-            .map(|(n, v)| (n.to_string(), v.as_bytes().to_vec()))
+            .map(|(n, v)| (n.as_bytes(), v.as_bytes()))
             .collect()
     }
 
     fn attribution() -> Attribution {
         Attribution::from_headers(
-            &headers(&[
+            headers(&[
                 ("x-llm-consumer", "team-a"),
                 ("x-llm-tenant", "acme"),
                 ("x-llm-key-id", "team-a-prod"),
@@ -798,7 +798,7 @@ mod tests {
             ("x-run-id", "r1"),
             ("x-run-id", "r2"),
         ]);
-        let a = Attribution::from_headers(&pairs, || Some("host".into()));
+        let a = Attribution::from_headers(pairs, || Some("host".into()));
         // a first value that cleans to nothing is not replaced by a later one
         assert_eq!(a.tenant, None);
         assert_eq!(a.request_id, "rid");
@@ -1206,7 +1206,7 @@ event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"delta\":{\
 
     #[test]
     fn request_id_falls_back_to_the_host() {
-        let a = Attribution::from_headers(&headers(&[]), || Some("h".into()));
+        let a = Attribution::from_headers(headers(&[]), || Some("h".into()));
         assert_eq!(a.request_id, "h");
         assert_eq!(a.tenant, None);
     }

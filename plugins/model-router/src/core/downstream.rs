@@ -28,6 +28,7 @@ use crate::signals::is_cooldown_status;
 use crate::stream::{interrupted_event, StreamWatcher};
 use llm_gateway_shared::headers;
 use llm_gateway_shared::reject::{ErrorType, Reject};
+use llm_gateway_shared::request::RequestHead;
 use llm_gateway_shared::route_info::{
     try_property, ATTEMPT_PROPERTY, BUDGET_FALLBACK_HEADER, BUDGET_FALLBACK_PROPERTY,
     BUDGET_FALLBACK_TAKEN, MAX_RETRIES_HEADER, PLAN_PROPERTY, PROPERTY as ROUTE_PROPERTY,
@@ -98,11 +99,11 @@ pub fn attempt_number(view: &dyn View) -> u32 {
 }
 
 /// [`attempt_number`] with the request's headers already read (`headers`: every pair).
-pub fn attempt_number_in(headers: &[(String, Vec<u8>)], view: &dyn View) -> u32 {
+pub fn attempt_number_in(headers: &RequestHead, view: &dyn View) -> u32 {
     headers
-        .iter()
-        .find(|(name, _)| name.eq_ignore_ascii_case(ATTEMPT_COUNT))
-        .and_then(|(_, value)| String::from_utf8(value.clone()).ok())
+        .headers()
+        .find(|(name, _)| name.eq_ignore_ascii_case(ATTEMPT_COUNT.as_bytes()))
+        .and_then(|(_, value)| String::from_utf8(value.to_vec()).ok())
         .or_else(|| property_string(view, &[ATTEMPT_PROPERTY]))
         .and_then(|v| v.trim().parse::<u32>().ok())
         .unwrap_or(1)

@@ -45,6 +45,7 @@ mod tests;
 use crate::config::{Role, RouterConfig};
 use crate::ids::IdSource;
 use llm_gateway_shared::reject::Reject;
+use llm_gateway_shared::request::RequestHead;
 use llm_gateway_shared::rules::{MatchInput, RuleSet};
 use std::borrow::Cow;
 use std::cell::RefCell;
@@ -122,7 +123,7 @@ pub trait View {
     /// A request header; `Ok(None)` if absent.
     fn request_header(&self, name: &str) -> Result<Option<Vec<u8>>, ReadError>;
     /// Every request header (name, value).
-    fn request_headers(&self) -> Result<Vec<(String, Vec<u8>)>, ReadError>;
+    fn request_headers(&self) -> Result<RequestHead, ReadError>;
     /// A response header.
     fn response_header(&self, name: &str) -> Option<Vec<u8>>;
     /// A property (filter state or an Envoy attribute), raw.

@@ -5,6 +5,7 @@ use super::breakers::{key, CAS_ROUNDS};
 use super::*;
 use crate::breaker::{Phase, State};
 use crate::config::parse_document;
+use llm_gateway_shared::request::RequestHead;
 use llm_gateway_shared::route_info::{Alternative, RouteInfo};
 use std::cell::Cell;
 
@@ -59,8 +60,8 @@ impl View for FakeView {
     fn request_header(&self, name: &str) -> Result<Option<Vec<u8>>, ReadError> {
         Ok(find(&self.request.borrow(), name))
     }
-    fn request_headers(&self) -> Result<Vec<(String, Vec<u8>)>, ReadError> {
-        Ok(self.request.borrow().clone())
+    fn request_headers(&self) -> Result<RequestHead, ReadError> {
+        Ok(RequestHead::new(self.request.borrow().clone()))
     }
     fn response_header(&self, name: &str) -> Option<Vec<u8>> {
         find(&self.response.borrow(), name)

@@ -14,6 +14,7 @@ use crate::config::{Deployment, RetryOn, RouterConfig};
 use crate::plan::answered_by;
 use crate::signals::{is_cooldown_status, reset_after_ms};
 use llm_gateway_shared::reject::Reject;
+use llm_gateway_shared::request::RequestHead;
 use llm_gateway_shared::route_info::{
     RouteInfo, ATTEMPT_PROPERTY, PLAN_PROPERTY, PROPERTY as ROUTE_PROPERTY,
 };
@@ -87,14 +88,15 @@ impl Core {
     /// Returns the headers it was given (as they were before), if they could be read.
     fn strip_envoy_headers(
         &mut self,
-        headers: Result<Vec<(String, Vec<u8>)>, ReadError>,
-    ) -> Option<Vec<(String, Vec<u8>)>> {
+        headers: Result<RequestHead, ReadError>,
+    ) -> Option<RequestHead> {
         let on_failure = OnFailure::Log(Level::Error, "cannot remove the x-envoy-* headers");
         match headers {
             Ok(all) => {
-                for (name, _) in &all {
-                    if name.starts_with("x-envoy-") {
-                        self.remove_header(Map::Request, name.clone(), on_failure);
+                for (name, _) in all.headers() {
+                    if name.starts_with(b"x-envoy-") {
+                        let name = String::from_utf8_lossy(name).into_owned();
+                        self.remove_header(Map::Request, name, on_failure);
                     }
                 }
                 Some(all)
@@ -111,7 +113,7 @@ impl Core {
 
     /// Drops the request-header removals queued since `from` of headers `read` (the
     /// attempt's headers, read in this callback) does not have: nothing to remove.
-    fn skip_absent_removals(&mut self, from: usize, read: &[(String, Vec<u8>)]) {
+    fn skip_absent_removals(&mut self, from: usize, read: &RequestHead) {
         let mut index = 0;
         self.queue.retain(|effect| {
             index += 1;
@@ -119,7 +121,7 @@ impl Core {
                 Command::RemoveHeader {
                     map: Map::Request,
                     name,
-                } if index > from => read.iter().any(|(n, _)| n.as_str() == name.as_ref()),
+                } if index > from => read.has(name.as_ref()),
                 _ => true,
             }
         });
@@ -178,7 +180,7 @@ impl Core {
                 "cannot set the credential: cannot read anthropic-version".to_string(),
             );
         }
-        let framed = read.as_deref().and_then(|read| {
+        let framed = read.as_ref().and_then(|read| {
             // the other provider's credential header, when the request has none, is not
             // removed
             self.skip_absent_removals(queued, read);
@@ -375,12 +377,11 @@ impl Core {
 
 /// The `content-length` of request headers `read` that frame their body by it alone (no
 /// `transfer-encoding`), as a number; `None` otherwise.
-fn framed_length(read: &[(String, Vec<u8>)]) -> Option<usize> {
-    if read.iter().any(|(n, _)| n == "transfer-encoding") {
+fn framed_length(read: &RequestHead) -> Option<usize> {
+    if read.has("transfer-encoding") {
         return None;
     }
-    let (_, value) = read.iter().find(|(n, _)| n == "content-length")?;
-    let text = std::str::from_utf8(value).ok()?;
+    let text = std::str::from_utf8(read.get("content-length")?).ok()?;
     // only the digits `set_request_length` would write: then writing them changes nothing
     let canonical = !text.is_empty()
         && text.bytes().all(|b| b.is_ascii_digit())

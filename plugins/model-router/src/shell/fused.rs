@@ -1,6 +1,7 @@
 //! The fused filter (plugins/bundle): the same core, one stage of its chain.
 
 use super::*;
+use llm_gateway_shared::request::RequestHead;
 use llm_gateway_shared::route_info::BUDGET_FALLBACK_PROPERTY;
 
 /// This plugin configured from its section of the fused filter's configuration (the listener
@@ -67,8 +68,8 @@ impl View for FusedView<'_> {
         Ok(self.0.request.get(name).map(<[u8]>::to_vec))
     }
 
-    fn request_headers(&self) -> Result<Vec<(String, Vec<u8>)>, ReadError> {
-        Ok(self.0.request.pairs().to_vec())
+    fn request_headers(&self) -> Result<RequestHead, ReadError> {
+        Ok(RequestHead::shared(self.0.request.shared()))
     }
 
     fn response_header(&self, name: &str) -> Option<Vec<u8>> {

@@ -13,6 +13,7 @@ use crate::core::{
 };
 use llm_gateway_shared::chain::{self, Direction, Step};
 use llm_gateway_shared::host::{self, Buffer, HeaderMap, HostError, LogLevel, Metric};
+use llm_gateway_shared::request::RequestHead;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType};
 use std::cell::RefCell;
@@ -236,8 +237,8 @@ impl View for HostView {
         host::header(HeaderMap::RequestHeaders, name).map_err(|_| ReadError)
     }
 
-    fn request_headers(&self) -> Result<Vec<(String, Vec<u8>)>, ReadError> {
-        host::headers(HeaderMap::RequestHeaders).map_err(|_| ReadError)
+    fn request_headers(&self) -> Result<RequestHead, ReadError> {
+        host::request_head().map_err(|_| ReadError)
     }
 
     fn response_header(&self, name: &str) -> Option<Vec<u8>> {
