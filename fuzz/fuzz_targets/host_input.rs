@@ -96,7 +96,12 @@ fn check_headers(pairs: &[(String, Vec<u8>)], now: i64) {
         );
     }
 
-    let attribution = usage_accounting::exchange::Attribution::from_headers(pairs, || None);
+    let attribution = usage_accounting::exchange::Attribution::from_headers(
+        pairs
+            .iter()
+            .map(|(name, value)| (name.as_bytes(), value.as_slice())),
+        || None,
+    );
     for value in [
         Some(attribution.request_id.as_str()).filter(|s| !s.is_empty()),
         attribution.consumer.as_deref(),
