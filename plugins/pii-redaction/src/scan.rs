@@ -201,6 +201,27 @@ pub(crate) fn has_ascii_digit(b: &[u8]) -> bool {
     chunks.remainder().iter().any(u8::is_ascii_digit)
 }
 
+/// The position of the first ASCII digit in `b` at or after `from`, eight bytes per step.
+pub(crate) fn find_ascii_digit(b: &[u8], from: usize) -> Option<usize> {
+    let rest = b.get(from..)?;
+    let mut chunks = rest.chunks_exact(8);
+    let mut base = from;
+    for chunk in &mut chunks {
+        if let Ok(word) = <[u8; 8]>::try_from(chunk) {
+            let digits = digit_flags(u64::from_le_bytes(word));
+            if digits != 0 {
+                return Some(base + (digits.trailing_zeros() / 8) as usize);
+            }
+        }
+        base += 8;
+    }
+    chunks
+        .remainder()
+        .iter()
+        .position(u8::is_ascii_digit)
+        .map(|p| base + p)
+}
+
 /// The first position at or after `from` whose byte is neither an ASCII lower-case letter
 /// nor a space (`b.len()` if none), eight bytes per step: the run of prose before it
 /// starts no anchored scanner's match (see `detect::Sweep`).
@@ -391,6 +412,15 @@ mod tests {
                                       prop_oneof![Just(b'0'), Just(b'9'), Just(b'/'), Just(b':'),
                                                   Just(0xB0), Just(0xB9), any::<u8>()], 0..40)) {
             prop_assert_eq!(has_ascii_digit(&text), text.iter().any(u8::is_ascii_digit));
+        }
+
+        #[test]
+        fn find_ascii_digit_is_the_first(text in proptest::collection::vec(
+                                      prop_oneof![Just(b'0'), Just(b'9'), Just(b'/'), Just(b':'),
+                                                  Just(0xB0), Just(0xB9), any::<u8>()], 0..40),
+                                  from in 0usize..45) {
+            let expected = text.get(from..).and_then(|r| r.iter().position(u8::is_ascii_digit));
+            prop_assert_eq!(find_ascii_digit(&text, from), expected.map(|p| p + from));
         }
 
         #[test]
