@@ -190,15 +190,7 @@ fn digit_flags(x: u64) -> u64 {
 
 /// Whether `b` holds an ASCII digit, eight bytes per step.
 pub(crate) fn has_ascii_digit(b: &[u8]) -> bool {
-    let mut chunks = b.chunks_exact(8);
-    for chunk in &mut chunks {
-        if let Ok(word) = <[u8; 8]>::try_from(chunk) {
-            if digit_flags(u64::from_le_bytes(word)) != 0 {
-                return true;
-            }
-        }
-    }
-    chunks.remainder().iter().any(u8::is_ascii_digit)
+    find_ascii_digit(b, 0).is_some()
 }
 
 /// The position of the first ASCII digit in `b` at or after `from`, eight bytes per step.
