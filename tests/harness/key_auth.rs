@@ -301,7 +301,8 @@ fn cost_per_request_is_measured_and_stable() {
         llm_gateway_tests::harness::Totals::of(&first.cost),
         llm_gateway_tests::harness::Totals::of(&second.cost),
     );
-    // context create, request headers, response headers, response body, done, log, delete
+    // context create, request headers, request body, done, delete (key-auth.wasm does not
+    // export the response callbacks and proxy_on_log: scripts/unused-callbacks)
     assert!(a.callbacks >= 5, "{a:?}");
     assert!(
         a.fuel > 0 && a.host_calls > 0 && a.bytes_in > 0 && a.bytes_out > 0,
@@ -321,36 +322,51 @@ fn cost_per_request_is_measured_and_stable() {
     assert!(headers.counters.host_calls >= 5, "{headers:?}");
 }
 
-#[test]
-fn two_key_auth_filters_a_refusal_short_circuits_the_second() {
-    // The second filter requires team-a everywhere (rule-free allow list via a route rule).
+/// Two key-auth filters in separate VMs, both from `module` (`key-auth.wasm`, or the bundle
+/// with root_id `key-auth`); the second requires team-a everywhere (rule-free allow list via
+/// a route rule).
+fn two_key_auth_filters(module: &str) -> Fleet {
     let strict = json!({
         "keys": config()["keys"],
         "_rules_": [{ "_match_route_": ["default"], "allow": ["team-a"] }]
     });
-    let gw = Fleet::builder()
-        .filter(FilterSpec::plugin("key-auth", &config()).unwrap())
+    Fleet::builder()
         .filter(
-            FilterSpec::plugin("key-auth", &strict)
+            FilterSpec::plugin(module, &config())
                 .unwrap()
+                .root_id("key-auth"),
+        )
+        .filter(
+            FilterSpec::plugin(module, &strict)
+                .unwrap()
+                .root_id("key-auth")
                 .vm_id("strict"),
         )
         .build()
-        .unwrap();
+        .unwrap()
+}
+
+/// The callbacks filter `filter` saw.
+fn callbacks(ex: &Exchange, filter: usize) -> Vec<&'static str> {
+    ex.cost
+        .iter()
+        .filter(|c| c.filter == filter)
+        .map(|c| c.callback)
+        .collect()
+}
+
+#[test]
+fn two_key_auth_filters_a_refusal_short_circuits_the_second() {
+    // the bundle's module exports every callback (key-auth.wasm's are below)
+    let gw = two_key_auth_filters(llm_gateway_tests::bundle::MODULE);
     // first filter refuses: the second never sees the request, and only the first's
     // context exists, so only it sees the local reply's response callbacks
     let ex = send(&gw, "/v1/chat/completions", &[("x-api-key", UNKNOWN)]);
     assert_error(&ex, 401, "invalid_api_key");
     assert_eq!(ex.local_reply.as_ref().unwrap().filter, Some(0));
     // Envoy 1.40 creates the second filter's context only to call proxy_on_log
-    let second: Vec<_> = ex
-        .cost
-        .iter()
-        .filter(|c| c.filter == 1)
-        .map(|c| c.callback)
-        .collect();
     assert_eq!(
-        second,
+        callbacks(&ex, 1),
         [
             "proxy_on_context_create",
             "proxy_on_log",
@@ -358,13 +374,11 @@ fn two_key_auth_filters_a_refusal_short_circuits_the_second() {
             "proxy_on_delete"
         ]
     );
-    let first: Vec<_> = ex
-        .cost
-        .iter()
-        .filter(|c| c.filter == 0)
-        .map(|c| c.callback)
-        .collect();
-    assert!(first.contains(&"proxy_on_response_headers"), "{first:?}");
+    assert!(
+        callbacks(&ex, 0).contains(&"proxy_on_response_headers"),
+        "{:?}",
+        callbacks(&ex, 0)
+    );
     // The first filter strips the key, so the second sees no key at all.
     let ex = send(&gw, "/v1/chat/completions", &[("x-api-key", TEAM_B)]);
     assert_error(&ex, 401, "missing_api_key");
@@ -377,6 +391,38 @@ fn two_key_auth_filters_a_refusal_short_circuits_the_second() {
         .map(|c| c.filter)
         .collect();
     assert_eq!(order, vec![1, 0]);
+}
+
+#[test]
+fn the_host_skips_the_callbacks_key_auth_wasm_does_not_export() {
+    // the same exchanges with key-auth.wasm (scripts/unused-callbacks): the same answers, and
+    // neither VM is entered for a response callback or proxy_on_log (Envoy 1.40 alike:
+    // e2e_harness_local_reply)
+    let gw = two_key_auth_filters("key-auth");
+    let ex = send(&gw, "/v1/chat/completions", &[("x-api-key", UNKNOWN)]);
+    assert_error(&ex, 401, "invalid_api_key");
+    assert_eq!(
+        callbacks(&ex, 1),
+        [
+            "proxy_on_context_create",
+            "proxy_on_done",
+            "proxy_on_delete"
+        ]
+    );
+    let ex = send(&gw, "/v1/chat/completions", &[("x-api-key", TEAM_B)]);
+    assert_error(&ex, 401, "missing_api_key");
+    assert_eq!(ex.local_reply.as_ref().unwrap().filter, Some(1));
+    for filter in [0, 1] {
+        let seen = callbacks(&ex, filter);
+        assert!(seen.contains(&"proxy_on_request_headers"), "{seen:?}");
+        for skipped in [
+            "proxy_on_response_headers",
+            "proxy_on_response_body",
+            "proxy_on_log",
+        ] {
+            assert!(!seen.contains(&skipped), "{filter}: {seen:?}");
+        }
+    }
 }
 
 #[test]

@@ -202,3 +202,94 @@ fn higress_mode_refuses_what_a_wasm_plugin_cannot_configure() {
     envoy(plain().upstream_filter(true)).unwrap();
     higress(spec()).unwrap();
 }
+
+/// The stream callbacks a module may leave out (`tools/wasm-abi` `DROPPABLE`), each with the
+/// SDK trait method a plugin implements to handle it.
+const STREAM_CALLBACKS: [(&str, &str); 8] = [
+    ("proxy_on_request_headers", "on_http_request_headers"),
+    ("proxy_on_request_body", "on_http_request_body"),
+    ("proxy_on_request_trailers", "on_http_request_trailers"),
+    ("proxy_on_response_headers", "on_http_response_headers"),
+    ("proxy_on_response_body", "on_http_response_body"),
+    ("proxy_on_response_trailers", "on_http_response_trailers"),
+    ("proxy_on_log", "on_log"),
+    ("proxy_on_done", "on_done"),
+];
+
+/// `scripts/unused-callbacks`: plugin → the callbacks dropped from its modules.
+fn unused_callbacks() -> Vec<(String, Vec<String>)> {
+    let path = workspace::root().join("scripts/unused-callbacks");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    text.lines()
+        .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
+        .map(|l| {
+            let mut words = l.split_whitespace().map(str::to_string);
+            let plugin = words.next().unwrap();
+            (plugin, words.collect())
+        })
+        .collect()
+}
+
+/// Every `.rs` file under `dir`, concatenated.
+fn sources(dir: &Path) -> String {
+    let mut out = String::new();
+    for entry in std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            out.push_str(&sources(&path));
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push_str(&std::fs::read_to_string(&path).unwrap());
+        }
+    }
+    out
+}
+
+#[test]
+fn the_callbacks_a_plugin_leaves_at_the_default_are_dropped_from_both_builds() {
+    let listed = unused_callbacks();
+    assert_eq!(
+        listed.iter().map(|(p, _)| p.as_str()).collect::<Vec<_>>(),
+        CHAIN,
+        "scripts/unused-callbacks names each plugin of the chain once, in chain order"
+    );
+    for (plugin, dropped) in &listed {
+        // a dropped callback is one the plugin's code does not handle: the host's answer for a
+        // missing export (Continue; true for on_done) is then what the SDK's default returned
+        let code = sources(&workspace::root().join("plugins").join(plugin).join("src"));
+        for name in dropped {
+            let (_, method) = STREAM_CALLBACKS
+                .iter()
+                .find(|(n, _)| n == name)
+                .unwrap_or_else(|| panic!("{plugin}: {name} is not a stream callback"));
+            assert!(
+                !code.contains(&format!("fn {method}(")),
+                "{plugin} implements {method}: scripts/unused-callbacks must not drop {name}"
+            );
+        }
+        for module in [plain(plugin), higress(plugin)] {
+            let exported = |name: &str| module.exports.iter().any(|(n, _)| n == name);
+            for (name, method) in STREAM_CALLBACKS {
+                let implemented = code.contains(&format!("fn {method}("));
+                if dropped.iter().any(|d| d == name) {
+                    assert!(!exported(name), "{plugin} still exports {name}");
+                } else {
+                    assert!(exported(name), "{plugin} lost {name}");
+                }
+                // what the plugin implements is always there
+                assert!(!implemented || exported(name), "{plugin}: {name}");
+            }
+            for needed in [
+                "proxy_on_context_create",
+                "proxy_on_delete",
+                "proxy_on_memory_allocate",
+            ] {
+                assert!(exported(needed), "{plugin} lost {needed}");
+            }
+        }
+    }
+    // the bundle serves every plugin: it keeps them all
+    let bundle = plain("llm-gateway");
+    for (name, _) in STREAM_CALLBACKS {
+        assert!(bundle.exports.iter().any(|(n, _)| n == name), "{name}");
+    }
+}

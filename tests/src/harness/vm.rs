@@ -157,6 +157,24 @@ pub struct Called {
     pub effects: Vec<Effect>,
 }
 
+/// What the host answers for a stream callback the module does not export, without entering
+/// the VM: `Continue` (0) for a headers, body or trailers callback, `true` (1) for
+/// `proxy_on_done`, nothing for `proxy_on_log`; `None` for any other export (its absence is an
+/// error).
+fn skipped_callback(name: &str) -> Option<Option<u32>> {
+    match name {
+        "proxy_on_request_headers"
+        | "proxy_on_request_body"
+        | "proxy_on_request_trailers"
+        | "proxy_on_response_headers"
+        | "proxy_on_response_body"
+        | "proxy_on_response_trailers" => Some(Some(0)),
+        "proxy_on_done" => Some(Some(1)),
+        "proxy_on_log" => Some(None),
+        _ => None,
+    }
+}
+
 impl Vm {
     /// Instantiates and starts a VM: `_initialize`, root context, `proxy_on_vm_start`,
     /// `proxy_on_configure`. A `false` from either is an error carrying the plugin's logs.
@@ -323,6 +341,15 @@ impl Vm {
             return Err(format!("{}: VM failed earlier: {failed}", self.spec.name));
         }
         let Some(func) = self.instance.get_func(&mut self.store, name) else {
+            // proxy-wasm-cpp-host (Envoy's and Higress's fork, `src/context.cc`) skips a stream
+            // callback the module does not export and answers as the SDK's default would
+            // (`scripts/unused-callbacks`: what scripts/build drops from each plugin)
+            if let Some(value) = skipped_callback(name) {
+                return Ok(Called {
+                    value,
+                    effects: Vec::new(),
+                });
+            }
             return Err(format!(
                 "{}: the module does not export {name}",
                 self.spec.name

@@ -13,7 +13,16 @@
 //! wasm-abi show IN.wasm                 prints the module's proxy_abi_version_* exports
 //! wasm-abi set VERSION IN.wasm OUT.wasm writes IN with its one ABI export renamed to
 //!                                       proxy_abi_version_<VERSION> (e.g. 0_2_100)
+//! wasm-abi drop IN.wasm OUT.wasm NAME.. writes IN without the stream callback exports NAME..
 //! ```
+//!
+//! `drop` is for the callbacks a plugin leaves at the SDK's default (`scripts/unused-callbacks`):
+//! the SDK exports every `proxy_on_*`, so the host enters the VM for each of them (for every
+//! SSE event, for `proxy_on_response_body`) only to run a default that returns `Continue`.
+//! proxy-wasm-cpp-host, which Envoy and Higress's fork both run (`src/context.cc`), skips a
+//! stream callback the module does not export and answers as the default would (`Continue`;
+//! `true` for `proxy_on_done`). Only the stream callbacks listed in [`DROPPABLE`] can go, and
+//! each must be exported (a name the SDK stopped exporting is an error, not a silent no-op).
 //!
 //! It refuses (exit 1) a file that is not a WebAssembly module, a malformed one, and one that
 //! does not export exactly one `proxy_abi_version_*`. Only the export section is rewritten
@@ -27,6 +36,19 @@ const MAGIC: &[u8; 8] = b"\0asm\x01\0\0\0";
 const EXPORT_SECTION: u8 = 7;
 const ABI_PREFIX: &str = "proxy_abi_version_";
 
+/// The exports `drop` may remove: HTTP stream callbacks whose absence the host answers as the
+/// SDK's default does (never a root callback, `proxy_on_context_create`, `proxy_on_delete` or
+/// the memory allocator, which the host needs).
+const DROPPABLE: [&str; 7] = [
+    "proxy_on_request_trailers",
+    "proxy_on_response_headers",
+    "proxy_on_response_body",
+    "proxy_on_response_trailers",
+    "proxy_on_log",
+    "proxy_on_done",
+    "proxy_on_request_body",
+];
+
 /// Why a module cannot be read or rewritten.
 #[derive(Debug, PartialEq, Eq)]
 enum Error {
@@ -37,6 +59,8 @@ enum Error {
     NoExportSection,
     AbiExports(Vec<String>),
     BadVersion(String),
+    NotDroppable(String),
+    NotExported(String),
 }
 
 impl std::fmt::Display for Error {
@@ -56,6 +80,12 @@ impl std::fmt::Display for Error {
                 found.len(),
                 found.join(", ")
             ),
+            Error::NotDroppable(name) => write!(
+                f,
+                "{name} is not a stream callback that may be dropped ({})",
+                DROPPABLE.join(", ")
+            ),
+            Error::NotExported(name) => write!(f, "{name} is not exported"),
             Error::BadVersion(v) => write!(
                 f,
                 "{v:?} is not an ABI version (digits and underscores, like 0_2_100)"
@@ -194,6 +224,45 @@ fn set_abi(module: &[u8], version: &str) -> Result<Vec<u8>, Error> {
         return Err(Error::AbiExports(found));
     }
     let new_name = format!("{ABI_PREFIX}{version}");
+    rewrite_exports(module, |name| {
+        Some(if name.starts_with(ABI_PREFIX) {
+            new_name.clone()
+        } else {
+            name.to_string()
+        })
+    })
+}
+
+/// The module without the exports `names` (each one in [`DROPPABLE`] and exported).
+fn drop_exports(module: &[u8], names: &[String]) -> Result<Vec<u8>, Error> {
+    if abi_exports(module)?.len() != 1 {
+        return Err(Error::AbiExports(abi_exports(module)?));
+    }
+    let mut exported = Vec::new();
+    for (id, payload) in sections(module)? {
+        if id == EXPORT_SECTION {
+            exported.extend(read_exports(payload)?.into_iter().map(|e| e.name));
+        }
+    }
+    for name in names {
+        if !DROPPABLE.contains(&name.as_str()) {
+            return Err(Error::NotDroppable(name.clone()));
+        }
+        if !exported.contains(name) {
+            return Err(Error::NotExported(name.clone()));
+        }
+    }
+    rewrite_exports(module, |name| {
+        (!names.iter().any(|n| n == name)).then(|| name.to_string())
+    })
+}
+
+/// The module with its export section rewritten: each export's new name from `rename`, or
+/// left out for `None`; every other section copied as it is.
+fn rewrite_exports(
+    module: &[u8],
+    rename: impl Fn(&str) -> Option<String>,
+) -> Result<Vec<u8>, Error> {
     let mut out = MAGIC.to_vec();
     for (id, payload) in sections(module)? {
         out.push(id);
@@ -203,17 +272,16 @@ fn set_abi(module: &[u8], version: &str) -> Result<Vec<u8>, Error> {
             continue;
         }
         let exports = read_exports(payload)?;
+        let kept: Vec<(String, &[u8])> = exports
+            .iter()
+            .filter_map(|e| rename(&e.name).map(|name| (name, e.rest)))
+            .collect();
         let mut section = Vec::with_capacity(payload.len() + 4);
-        write_u32(&mut section, exports.len() as u32);
-        for e in &exports {
-            let name = if e.name.starts_with(ABI_PREFIX) {
-                new_name.as_str()
-            } else {
-                e.name.as_str()
-            };
+        write_u32(&mut section, kept.len() as u32);
+        for (name, rest) in kept {
             write_u32(&mut section, name.len() as u32);
             section.extend_from_slice(name.as_bytes());
-            section.extend_from_slice(e.rest);
+            section.extend_from_slice(rest);
         }
         write_u32(&mut out, section.len() as u32);
         out.extend_from_slice(&section);
@@ -233,12 +301,25 @@ fn run(args: &[String]) -> Result<(), String> {
         }
         [cmd, version, input, output] if cmd == "set" => {
             let module = set_abi(&read(input)?, version).map_err(|e| format!("{input}: {e}"))?;
-            let tmp = format!("{output}.tmp");
-            std::fs::write(&tmp, module).map_err(|e| format!("{tmp}: {e}"))?;
-            std::fs::rename(&tmp, output).map_err(|e| format!("{output}: {e}"))
+            write(output, module)
         }
-        _ => Err("usage: wasm-abi show IN.wasm | wasm-abi set VERSION IN.wasm OUT.wasm".into()),
+        [cmd, input, output, names @ ..] if cmd == "drop" => {
+            let module = drop_exports(&read(input)?, names).map_err(|e| format!("{input}: {e}"))?;
+            write(output, module)
+        }
+        _ => Err(
+            "usage: wasm-abi show IN.wasm | wasm-abi set VERSION IN.wasm OUT.wasm | \
+                  wasm-abi drop IN.wasm OUT.wasm NAME..."
+                .into(),
+        ),
     }
+}
+
+/// Writes `module` to `output` through a temporary file (`output` may be the input).
+fn write(output: &str, module: Vec<u8>) -> Result<(), String> {
+    let tmp = format!("{output}.tmp");
+    std::fs::write(&tmp, module).map_err(|e| format!("{tmp}: {e}"))?;
+    std::fs::rename(&tmp, output).map_err(|e| format!("{output}: {e}"))
 }
 
 fn main() -> ExitCode {
@@ -331,6 +412,43 @@ mod tests {
         let mut no_exports = MAGIC.to_vec();
         no_exports.extend_from_slice(&[1, 4, 1, 0x60, 0, 0]);
         assert_eq!(abi_exports(&no_exports), Err(Error::NoExportSection));
+    }
+
+    #[test]
+    fn drops_only_the_named_stream_callbacks() {
+        let before = module(&[
+            "memory",
+            "proxy_abi_version_0_2_1",
+            "proxy_on_response_body",
+            "proxy_on_log",
+            "proxy_on_delete",
+        ]);
+        let names = |n: &[&str]| n.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let after = drop_exports(&before, &names(&["proxy_on_response_body", "proxy_on_log"]));
+        // the kept exports keep their function indices (2 → 4 for proxy_on_delete)
+        let mut expected = MAGIC.to_vec();
+        expected.extend_from_slice(&[1, 4, 1, 0x60, 0, 0]);
+        let mut exports = Vec::new();
+        write_u32(&mut exports, 3);
+        exports.extend(export("memory", 0, 0));
+        exports.extend(export("proxy_abi_version_0_2_1", 0, 1));
+        exports.extend(export("proxy_on_delete", 0, 4));
+        expected.push(EXPORT_SECTION);
+        write_u32(&mut expected, exports.len() as u32);
+        expected.extend(exports);
+        expected.extend_from_slice(&[0, 4, 1, b'x', 0xaa, 0xbb]);
+        assert_eq!(after, Ok(expected));
+        assert_eq!(drop_exports(&before, &[]), Ok(before.clone()));
+        // what the host needs, and what is not there, is refused
+        assert_eq!(
+            drop_exports(&before, &names(&["proxy_on_delete"])),
+            Err(Error::NotDroppable("proxy_on_delete".into()))
+        );
+        assert_eq!(
+            drop_exports(&before, &names(&["proxy_on_done"])),
+            Err(Error::NotExported("proxy_on_done".into()))
+        );
+        assert!(drop_exports(&module(&["memory"]), &[]).is_err());
     }
 
     #[test]
