@@ -235,8 +235,9 @@ fn set_abi(module: &[u8], version: &str) -> Result<Vec<u8>, Error> {
 
 /// The module without the exports `names` (each one in [`DROPPABLE`] and exported).
 fn drop_exports(module: &[u8], names: &[String]) -> Result<Vec<u8>, Error> {
-    if abi_exports(module)?.len() != 1 {
-        return Err(Error::AbiExports(abi_exports(module)?));
+    let abi = abi_exports(module)?;
+    if abi.len() != 1 {
+        return Err(Error::AbiExports(abi));
     }
     let mut exported = Vec::new();
     for (id, payload) in sections(module)? {
