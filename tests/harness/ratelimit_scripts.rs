@@ -862,9 +862,23 @@ struct ClusterNode {
 }
 
 impl ClusterNode {
+    /// A node on fresh ports; a start that fails (a port taken between [`free_port`] and
+    /// redis-server binding it: the server may accept on one port, then exit because the other
+    /// is taken) is retried on new ports.
     fn start() -> ClusterNode {
-        let dir = TempDir::new("redis-cluster").unwrap();
-        let (port, bus) = (free_port().unwrap(), free_port().unwrap());
+        let mut failures = Vec::new();
+        for _ in 0..5 {
+            match ClusterNode::try_start() {
+                Ok(node) => return node,
+                Err(err) => failures.push(err),
+            }
+        }
+        panic!("redis-server (cluster) did not start: {failures:?}");
+    }
+
+    fn try_start() -> Result<ClusterNode, String> {
+        let dir = TempDir::new("redis-cluster").map_err(|e| e.to_string())?;
+        let (port, bus) = (free_port()?, free_port()?);
         let child = Command::new("redis-server")
             .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
             .args([
@@ -882,35 +896,65 @@ impl ClusterNode {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .unwrap();
-        let node = ClusterNode {
+            .map_err(|e| e.to_string())?;
+        let mut node = ClusterNode {
             child,
             addr: SocketAddr::from(([127, 0, 0, 1], port)),
             _dir: dir,
         };
         let deadline = Instant::now() + Duration::from_secs(10);
-        let mut client = loop {
-            if let Ok(stream) = TcpStream::connect(node.addr) {
-                drop(stream);
-                break Client::connect(node.addr);
+        let mut stream = loop {
+            if let Ok(Some(status)) = node.child.try_wait() {
+                return Err(format!("redis-server exited: {status}"));
             }
-            assert!(
-                Instant::now() < deadline,
-                "redis-server (cluster) did not start"
-            );
+            if let Ok(stream) = TcpStream::connect(node.addr) {
+                break stream;
+            }
+            if Instant::now() > deadline {
+                return Err("redis-server (cluster) did not listen".into());
+            }
             std::thread::sleep(Duration::from_millis(20));
         };
-        assert_eq!(
-            client.cmd(&["CLUSTER", "ADDSLOTSRANGE", "0", "16383"]),
-            Reply::Simple("OK".into())
-        );
+        let reply = try_cmd(&mut stream, &["CLUSTER", "ADDSLOTSRANGE", "0", "16383"])?;
+        if reply != Reply::Simple("OK".into()) {
+            return Err(format!("CLUSTER ADDSLOTSRANGE: {reply:?}"));
+        }
         loop {
-            let info = client.cmd(&["CLUSTER", "INFO"]);
-            if String::from_utf8_lossy(info.bytes().unwrap()).contains("cluster_state:ok") {
-                return node;
+            let info = try_cmd(&mut stream, &["CLUSTER", "INFO"])?;
+            let text = String::from_utf8_lossy(info.bytes().unwrap_or_default()).into_owned();
+            if text.contains("cluster_state:ok") {
+                return Ok(node);
             }
-            assert!(Instant::now() < deadline, "cluster state never became ok");
+            if Instant::now() > deadline {
+                return Err("cluster state never became ok".into());
+            }
             std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// One command on `stream` whose failures (a reset, a closed connection, a bad reply) are
+/// errors, not panics: what [`ClusterNode::try_start`] retries on.
+fn try_cmd(stream: &mut TcpStream, args: &[&str]) -> Result<Reply, String> {
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .map_err(|e| e.to_string())?;
+    stream
+        .write_all(&resp::encode_command(args))
+        .map_err(|e| e.to_string())?;
+    let mut pending = Vec::new();
+    loop {
+        match resp::decode_prefix(&pending, &Limits::default()) {
+            Ok((reply, _)) => return Ok(reply),
+            Err(RespError::Incomplete) => {
+                let mut buf = [0u8; 4096];
+                let n = stream.read(&mut buf).map_err(|e| e.to_string())?;
+                if n == 0 {
+                    return Err("redis closed the connection".into());
+                }
+                pending.extend_from_slice(buf.get(..n).unwrap_or_default());
+            }
+            Err(e) => return Err(format!("bad reply from redis: {e}")),
         }
     }
 }
