@@ -7,6 +7,7 @@
 //! (one slot per call, cross-slot refused).
 
 use llm_gateway_shared::resp::{self, Limits, Reply, RespError};
+use llm_gateway_tests::harness::traffic::redis_query;
 use llm_gateway_tests::redis::{free_port, Redis};
 use llm_gateway_tests::workspace::TempDir;
 use std::io::{Read, Write};
@@ -903,24 +904,26 @@ impl ClusterNode {
             _dir: dir,
         };
         let deadline = Instant::now() + Duration::from_secs(10);
-        let mut stream = loop {
+        loop {
             if let Ok(Some(status)) = node.child.try_wait() {
                 return Err(format!("redis-server exited: {status}"));
             }
-            if let Ok(stream) = TcpStream::connect(node.addr) {
-                break stream;
+            if TcpStream::connect(node.addr).is_ok() {
+                break;
             }
             if Instant::now() > deadline {
                 return Err("redis-server (cluster) did not listen".into());
             }
             std::thread::sleep(Duration::from_millis(20));
-        };
-        let reply = try_cmd(&mut stream, &["CLUSTER", "ADDSLOTSRANGE", "0", "16383"])?;
+        }
+        // fallible (a reset is retried by `start`), one connection per command
+        let cmd = |args: &[&str]| redis_query(node.addr, args);
+        let reply = cmd(&["CLUSTER", "ADDSLOTSRANGE", "0", "16383"])?;
         if reply != Reply::Simple("OK".into()) {
             return Err(format!("CLUSTER ADDSLOTSRANGE: {reply:?}"));
         }
         loop {
-            let info = try_cmd(&mut stream, &["CLUSTER", "INFO"])?;
+            let info = cmd(&["CLUSTER", "INFO"])?;
             let text = String::from_utf8_lossy(info.bytes().unwrap_or_default()).into_owned();
             if text.contains("cluster_state:ok") {
                 return Ok(node);
@@ -929,32 +932,6 @@ impl ClusterNode {
                 return Err("cluster state never became ok".into());
             }
             std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-/// One command on `stream` whose failures (a reset, a closed connection, a bad reply) are
-/// errors, not panics: what [`ClusterNode::try_start`] retries on.
-fn try_cmd(stream: &mut TcpStream, args: &[&str]) -> Result<Reply, String> {
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .map_err(|e| e.to_string())?;
-    stream
-        .write_all(&resp::encode_command(args))
-        .map_err(|e| e.to_string())?;
-    let mut pending = Vec::new();
-    loop {
-        match resp::decode_prefix(&pending, &Limits::default()) {
-            Ok((reply, _)) => return Ok(reply),
-            Err(RespError::Incomplete) => {
-                let mut buf = [0u8; 4096];
-                let n = stream.read(&mut buf).map_err(|e| e.to_string())?;
-                if n == 0 {
-                    return Err("redis closed the connection".into());
-                }
-                pending.extend_from_slice(buf.get(..n).unwrap_or_default());
-            }
-            Err(e) => return Err(format!("bad reply from redis: {e}")),
         }
     }
 }
