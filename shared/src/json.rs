@@ -582,7 +582,7 @@ pub(crate) fn push_serde_quoted(out: &mut String, s: &str) {
 
 /// Appends `n` in decimal, as `serde_json` (and `format!`) write it, without the formatting
 /// machinery.
-pub(crate) fn push_u64(out: &mut String, n: u64) {
+pub fn push_u64(out: &mut String, n: u64) {
     let mut digits = [0u8; 20];
     let mut start = digits.len();
     let mut rest = n;

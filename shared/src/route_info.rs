@@ -66,7 +66,10 @@ pub const CREDENTIAL_HEADERS: [&str; 2] = ["authorization", "x-api-key"];
 
 /// The property name of attempt slot `k` (`llm_try_<k>`).
 pub fn try_property(k: usize) -> String {
-    format!("{TRY_PROPERTY_PREFIX}{k}")
+    let mut name = String::with_capacity(TRY_PROPERTY_PREFIX.len() + 2);
+    name.push_str(TRY_PROPERTY_PREFIX);
+    crate::json::push_u64(&mut name, u64::try_from(k).unwrap_or(u64::MAX));
+    name
 }
 
 /// A deployment's price: micro-units of `currency` per one million tokens.

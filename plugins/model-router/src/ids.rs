@@ -31,7 +31,15 @@ impl IdSource {
     pub fn next_id(&mut self, now_nanos: u64) -> String {
         let high = self.next_u64() ^ now_nanos;
         let low = self.next_u64();
-        format!("{high:016x}{low:016x}")
+        let mut id = String::with_capacity(32);
+        for word in [high, low] {
+            for shift in (0..16).rev() {
+                // a nibble is below 16: always a hex digit
+                let nibble = ((word >> (shift * 4)) & 0xf) as u32;
+                id.push(char::from_digit(nibble, 16).unwrap_or('0'));
+            }
+        }
+        id
     }
 }
 
@@ -51,5 +59,16 @@ mod tests {
         // another VM (other seed) does not produce the same stream
         let mut other = IdSource::new(43);
         assert!(!ids.contains(&other.next_id(7)));
+    }
+
+    #[test]
+    fn an_id_is_the_two_words_in_zero_padded_hex() {
+        let mut source = IdSource::new(5);
+        let mut words = IdSource::new(5);
+        for now in [0, 7, u64::MAX, 1 << 40] {
+            let high = words.next_u64() ^ now;
+            let low = words.next_u64();
+            assert_eq!(source.next_id(now), format!("{high:016x}{low:016x}"));
+        }
     }
 }

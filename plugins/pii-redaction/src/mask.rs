@@ -10,6 +10,7 @@
 
 use crate::detect::{Builtin, Detector, Sweep};
 use crate::scan::Present;
+use llm_gateway_shared::json::push_u64;
 use sha2::{Digest, Sha256};
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
@@ -153,7 +154,12 @@ impl PlaceholderMap {
                 1
             }
         };
-        let placeholder = format!("[{name}_{counter}]");
+        let mut placeholder = String::with_capacity(name.len() + 8);
+        placeholder.push('[');
+        placeholder.push_str(name);
+        placeholder.push('_');
+        push_u64(&mut placeholder, u64::from(counter));
+        placeholder.push(']');
         out.push_str(&placeholder);
         if restore {
             self.originals.insert(placeholder.clone(), value.to_owned());

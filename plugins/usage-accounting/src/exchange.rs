@@ -561,14 +561,12 @@ impl Exchange {
         ];
         if let Some(price) = self.price(config, route) {
             let cost = price.cost(&usage);
-            out.push((
-                "x-llm-cost".to_string(),
-                format!(
-                    "{} {}",
-                    crate::pricing::format_nano(cost.nano),
-                    cost.currency
-                ),
-            ));
+            out.push(("x-llm-cost".to_string(), {
+                let mut value = crate::pricing::format_nano(cost.nano);
+                value.push(' ');
+                value.push_str(&cost.currency);
+                value
+            }));
             out.push(("x-llm-price-version".to_string(), cost.version));
         }
         out

@@ -18,6 +18,7 @@
 //! reasoning at `output`; reasoning at `reasoning` (default: `output`). See
 //! [`llm_gateway_shared::usage::Usage`] for what each count includes.
 
+use llm_gateway_shared::json::push_u64;
 use llm_gateway_shared::usage::Usage;
 use serde_json::Value;
 
@@ -126,11 +127,28 @@ pub fn parse_decimal_nano(text: &str) -> Result<u64, String> {
 pub fn format_nano(nano: u64) -> String {
     let whole = nano / 1_000_000_000;
     let fraction = nano % 1_000_000_000;
+    let mut out = String::with_capacity(30);
+    push_u64(&mut out, whole);
     if fraction == 0 {
-        return whole.to_string();
+        return out;
     }
-    let fraction = format!("{fraction:09}");
-    format!("{whole}.{}", fraction.trim_end_matches('0'))
+    // nine digits with the leading zeros, then without the trailing ones
+    let mut digits = [b'0'; 9];
+    let mut rest = fraction;
+    for slot in digits.iter_mut().rev() {
+        // `rest % 10` is below 10: the cast cannot truncate
+        *slot = b'0' + (rest % 10) as u8;
+        rest /= 10;
+    }
+    let kept = digits
+        .iter()
+        .rposition(|d| *d != b'0')
+        .map_or(0, |last| last + 1);
+    out.push('.');
+    for digit in digits.iter().take(kept) {
+        out.push(char::from(*digit));
+    }
+    out
 }
 
 #[cfg(test)]
@@ -255,6 +273,17 @@ mod tests {
     }
 
     proptest::proptest! {
+        #[test]
+        fn format_nano_writes_the_shortest_decimal(nano in proptest::prelude::any::<u64>()) {
+            let (whole, fraction) = (nano / 1_000_000_000, nano % 1_000_000_000);
+            let expected = if fraction == 0 {
+                whole.to_string()
+            } else {
+                format!("{whole}.{}", format!("{fraction:09}").trim_end_matches('0'))
+            };
+            proptest::prop_assert_eq!(format_nano(nano), expected);
+        }
+
         #[test]
         fn cost_is_the_exact_sum_rounded_once(
             prompt in 0u64..1 << 40, cached in 0u64..1 << 40, completion in 0u64..1 << 40,

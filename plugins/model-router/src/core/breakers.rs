@@ -52,12 +52,12 @@ pub trait Store {
 
 /// The shared-data key of a deployment's breaker.
 pub fn key(deployment: &str) -> String {
-    format!("llm_router:breaker:{deployment}")
+    ["llm_router:breaker:", deployment].concat()
 }
 
 /// The shared-data key of a deployment's provider cooldown.
 pub fn cooldown_key(deployment: &str) -> String {
-    format!("llm_router:cooldown:{deployment}")
+    ["llm_router:cooldown:", deployment].concat()
 }
 
 /// A stored cooldown deadline (Unix ms); junk reads as none.

@@ -265,7 +265,7 @@ impl Core {
                 self.set_header(
                     Map::Request,
                     "authorization",
-                    format!("Bearer {credential}"),
+                    ["Bearer ", credential.as_str()].concat(),
                     on_failure,
                 );
             }
@@ -419,7 +419,7 @@ impl Core {
         let alternative_published =
             self.publish_alternative(config, &request, &plan.group, &request_id, now, store);
         self.push(super::Command::ClearRouteCache, must);
-        self.count(format!("version.{}.requests", config.version));
+        self.count(["version.", config.version.as_str(), ".requests"].concat());
         let routed = Routed {
             group: plan.group,
             deployments: plan.deployments,
@@ -692,7 +692,15 @@ impl Core {
                 info.to_json(),
                 OnFailure::Log(Level::Warn, "cannot publish the route info"),
             );
-            self.count(format!("served.{}.{}", routed.group, deployment.name));
+            self.count(
+                [
+                    "served.",
+                    routed.group.as_str(),
+                    ".",
+                    deployment.name.as_str(),
+                ]
+                .concat(),
+            );
         }
         // Every attempt before the last was retried, and Envoy retries only failures (429,
         // 5xx, reset, timeout, connect failure): they all count against their breakers. A

@@ -103,7 +103,7 @@ pub(super) fn reserve_locally(
     let mut done: Vec<(usize, u64)> = Vec::new();
     let mut spent_after = Vec::with_capacity(levels.len());
     for (index, (level, amount)) in levels.iter().zip(amounts).enumerate() {
-        let key = format!("{LOCAL_BUDGET_PREFIX}{}", level.key);
+        let key = [LOCAL_BUDGET_PREFIX, level.key.as_str()].concat();
         let outcome = update(env, &key, &0u64.to_le_bytes(), |v| {
             let spent = decode_u64(v);
             if spent.saturating_add(*amount) > level.limit {
@@ -142,7 +142,7 @@ pub(super) fn reserve_locally(
 }
 
 pub(super) fn add_local(env: &dyn Env, level: &Level, delta: i128) -> Result<(), HostError> {
-    let key = format!("{LOCAL_BUDGET_PREFIX}{}", level.key);
+    let key = [LOCAL_BUDGET_PREFIX, level.key.as_str()].concat();
     update(env, &key, &0u64.to_le_bytes(), |v| {
         let spent = i128::from(decode_u64(v)) + delta;
         let spent = u64::try_from(spent.max(0)).unwrap_or(u64::MAX);
