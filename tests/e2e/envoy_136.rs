@@ -76,6 +76,10 @@ fn both_configs_set_the_plugins_alike_but_for_the_fallback() {
         "the same chain in the same order"
     );
     for ((name, mut expected), (_, got)) in plain.into_iter().zip(old) {
+        if name == "key-auth" {
+            // the redirect re-enters the chain with key-auth's ticket: tickets on (the default)
+            expected.as_object_mut().unwrap().remove("reentry");
+        }
         if name == "model-router" {
             // the two differences: the redirect, and no budget fallback with it (yet)
             expected["fallback"] = json!("redirect");

@@ -5,9 +5,10 @@
 //! byte for byte at the upstream and the client, in filter state, in shared data and in
 //! metrics — while Envoy calls one filter per callback instead of five.
 
-use llm_gateway_tests::bundle;
-use llm_gateway_tests::harness::{FilterSpec, Fleet};
+use llm_gateway_tests::bench::config::{template, wasm_filters};
+use llm_gateway_tests::harness::{FilterSpec, Fleet, Request, Response};
 use llm_gateway_tests::journey::{chain_of, journey, metrics, shared_data, Form, EMAIL};
+use llm_gateway_tests::{bundle, demo};
 use serde_json::{json, Value};
 
 /// The journey's summaries, with what necessarily differs between the forms left out: which
@@ -94,4 +95,43 @@ fn a_fused_configuration_with_an_unknown_section_fails() {
     };
     assert!(err.contains("proxy_on_configure returned false"), "{err}");
     assert!(err.contains("unknown section"), "{err}");
+}
+
+/// gateway.yaml's fallback is the router's retries, so its key-auth (`"reentry": false`)
+/// publishes no re-entry ticket, in either form, on any step of the journey; gateway-1.36.yaml's,
+/// whose redirect re-enters the chain with the ticket, publishes one for an allowed request.
+#[test]
+fn only_the_redirect_gateway_publishes_re_entry_tickets() {
+    for form in [Form::Separate, Form::Fused] {
+        for (i, step) in journey(&chain_of(form, &[])).iter().enumerate() {
+            let state = step["filter_state"].as_object().expect("filter state");
+            assert!(
+                state.contains_key("wasm.llm_route") || i >= 3,
+                "{form:?} step {i}"
+            );
+            assert!(
+                !state.contains_key("wasm.llm_reentry"),
+                "{form:?} step {i}: {state:?}"
+            );
+        }
+    }
+    let old = wasm_filters(&template(demo::CONFIG_136).unwrap()).unwrap();
+    let key_auth = old.iter().find(|f| f.root_id == "key-auth").unwrap();
+    assert_eq!(key_auth.config.get("reentry"), None, "on by default");
+    let fleet = Fleet::single(
+        FilterSpec::plugin("key-auth", &key_auth.config)
+            .unwrap()
+            .root_id("key-auth"),
+    )
+    .unwrap();
+    let request = Request::post("/v1/chat/completions")
+        .header("authorization", &format!("Bearer {}", demo::DEMO_KEY))
+        .header("x-request-id", "rid-1")
+        .body(br#"{"model":"fast","messages":[]}"#);
+    let ex = fleet
+        .exchange(0, 0, &request, |_| Response::status(200).body(b"{}"))
+        .unwrap();
+    assert_eq!(ex.status(), 200, "{}", ex.text());
+    let ticket = ex.filter_state.get("wasm.llm_reentry").expect("a ticket");
+    assert!(ticket.starts_with(b"v1|"), "{ticket:?}");
 }
