@@ -97,6 +97,32 @@ fn a_fused_configuration_with_an_unknown_section_fails() {
     assert!(err.contains("unknown section"), "{err}");
 }
 
+/// gateway.yaml's usage record goes to filter state, which its access log prints; usage-accounting
+/// (`"log_records": false`) writes no second copy as a log line, in either form, while the
+/// record is published on every model call of the journey.
+#[test]
+fn gateway_yaml_logs_no_usage_record_line() {
+    for form in [Form::Separate, Form::Fused] {
+        let fleet = chain_of(form, &[]);
+        let steps = journey(&fleet);
+        for step in steps.iter().take(3) {
+            assert!(
+                step["filter_state"].get("wasm.llm_usage").is_some(),
+                "{form:?}: {step}"
+            );
+        }
+        // the listener filters: five VMs, or the fused one
+        let filters = if form == Form::Fused { 1 } else { 5 };
+        for filter in 0..filters {
+            let logs = fleet.logs(0, 0, filter);
+            assert!(
+                logs.iter().all(|l| !l.message.contains("usage_record:")),
+                "{form:?} filter {filter}: {logs:?}"
+            );
+        }
+    }
+}
+
 /// gateway.yaml's fallback is the router's retries, so its key-auth (`"reentry": false`)
 /// publishes no re-entry ticket, in either form, on any step of the journey; gateway-1.36.yaml's,
 /// whose redirect re-enters the chain with the ticket, publishes one for an allowed request.
