@@ -1606,6 +1606,52 @@ fn the_answering_attempt_publishes_itself() {
     assert_eq!(info.request_id, "r");
 }
 
+/// Attempt 1's success is what the listener role published for the plan's first deployment:
+/// the upstream role leaves the route info alone (the listener publishes the final one); its
+/// error is published (a listener filter holding the response reads the answering attempt).
+#[test]
+fn the_first_attempt_publishes_only_an_error() {
+    let config = parse_document(DOC.as_bytes()).unwrap();
+    let config = config.global().unwrap();
+    let first = crate::plan::route_info(
+        config,
+        "fast",
+        &[0, 1],
+        &config.deployments[0],
+        "r",
+        1,
+        vec![],
+    );
+    for (status, published) in [("200", false), ("204", false), ("429", true), ("500", true)] {
+        let mut rig = upstream();
+        let view = attempt("1", "a,b");
+        view.set_prop("llm_route", &first.to_json());
+        rig.run(
+            &view,
+            1,
+            Input::RequestHeaders {
+                end_of_stream: true,
+            },
+        );
+        view.respond(status, &[]);
+        let (_, commands) = rig.run(
+            &view,
+            1,
+            Input::ResponseHeaders {
+                end_of_stream: false,
+            },
+        );
+        let wrote = commands.iter().any(
+            |c| matches!(c, Command::SetProperty { name, .. } if name.as_ref() == "llm_route"),
+        );
+        assert_eq!(wrote, published, "{status}");
+        let info = view.route();
+        assert_eq!(info.deployment, "a", "{status}");
+        let tried: Vec<String> = if published { vec!["a".into()] } else { vec![] };
+        assert_eq!((info.attempts, info.tried), (1, tried), "{status}");
+    }
+}
+
 #[test]
 fn a_context_length_400_is_marked_for_a_retry_when_a_deployment_is_left() {
     let error = r#"{"error":{"message":"This model's maximum context length is 8192 tokens","code":"context_length_exceeded"}}"#;

@@ -287,13 +287,25 @@ impl Core {
         view: &dyn View,
         store: &dyn Store,
     ) -> Flow {
-        let group = self.publish_answer(context, view);
         let Some(attempt) = self.upstream.get(&context) else {
             return Flow::ContinueSkipResponseBody;
         };
         let status = view
             .response_header(":status")
             .and_then(|s| std::str::from_utf8(&s).ok()?.parse::<u16>().ok());
+        // The first attempt's success changes nothing the route info says: the listener role
+        // published it for the plan's first deployment, which attempt 1 is, and publishes the
+        // final one at its own response headers (`tried` filled in). Only a retry's answer or an
+        // error is published here, before a listener filter holding the response reads it.
+        let first_success = attempt.number == 1 && status.is_some_and(|s| s < 400);
+        let group = if first_success {
+            None
+        } else {
+            self.publish_answer(context, view)
+        };
+        let Some(attempt) = self.upstream.get(&context) else {
+            return Flow::ContinueSkipResponseBody;
+        };
         let Some(status) = status.filter(|s| *s >= 400) else {
             return Flow::ContinueSkipResponseBody; // a success: nothing to mark or cool
         };
