@@ -3,9 +3,10 @@
 //! Prices belong to deployments: the router's deployment config carries each deployment's
 //! price and `price_version`, and the router publishes them with the deployment and the model
 //! group in Envoy filter state, where token-ratelimit (money budgets) and usage-accounting
-//! (cost) read them. The router writes it twice: when it forwards the request (the first
-//! choice), and again when the response headers arrive (the deployment that actually
-//! answered, after any fallback). Both carry `price_ceiling`, the element-wise maximum price
+//! (cost) read them. The router writes it when it forwards the request (the first choice,
+//! already listed in `tried`: attempt 1 goes there), and again when the response headers
+//! arrive if another deployment answered (after a fallback or a budget switch); a first
+//! attempt's answer leaves the first publication as the final one. Both carry `price_ceiling`, the element-wise maximum price
 //! of every deployment the request may try: that, not the first choice's `price`, is what a
 //! pre-deduct must price, since a fallback may go to a dearer deployment.
 //!
@@ -168,8 +169,8 @@ pub struct RouteInfo {
     pub route_version: String,
     /// Attempts made so far (1 before the response; the final count after).
     pub attempts: u32,
-    /// The deployment of every attempt, in order (the last is `deployment`); published by the
-    /// router with the response, empty before it.
+    /// The deployment of every attempt, in order (the last is `deployment`); before the
+    /// response, the first attempt's (the router's publications; empty in older ones).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tried: Vec<String>,
     /// [`Price::ceiling`] of every deployment in the plan (all the attempts the request may

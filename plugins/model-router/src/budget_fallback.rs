@@ -62,7 +62,8 @@ pub fn alternative(config: &RouterConfig, plan: &Plan, request_id: &str) -> Opti
             first,
             request_id,
             1,
-            Vec::new(),
+            // as the router's own first publication: attempt 1 goes to `first`
+            vec![first.name.clone()],
         ),
         deployments: deployments.iter().map(|d| d.name.clone()).collect(),
         clusters: deployments.iter().map(|d| d.cluster.clone()).collect(),

@@ -406,6 +406,8 @@ impl Core {
             }
             self.set_property(PLAN_PROPERTY, names.join(",").into_bytes(), must);
         }
+        // Attempt 1 goes to `first`: published as tried already, so a first attempt's answer
+        // finds the route info final (neither role writes it again).
         let info = route_info(
             config,
             &plan.group,
@@ -413,7 +415,7 @@ impl Core {
             first,
             &request_id,
             1,
-            Vec::new(),
+            vec![first.name.clone()],
         );
         self.set_property(ROUTE_PROPERTY, info.to_json(), must);
         let alternative_published =
@@ -670,7 +672,12 @@ impl Core {
                 deployment.name.as_str(),
                 note,
             );
-            // Attempt k went to the plan's k-th deployment (the route's slot k-1).
+        }
+        // The first attempt of the plan published at the request answered: that route info is
+        // already the final one. Otherwise: attempt k went to the plan's k-th deployment (the
+        // route's slot k-1).
+        let published = attempts == 1 && routed.switched_to.is_none();
+        if let Some(deployment) = served.filter(|_| !published) {
             let tried = routed
                 .deployments
                 .iter()
@@ -692,6 +699,8 @@ impl Core {
                 info.to_json(),
                 OnFailure::Log(Level::Warn, "cannot publish the route info"),
             );
+        }
+        if let Some(deployment) = served {
             self.count(
                 [
                     "served.",

@@ -772,6 +772,43 @@ fn the_response_names_the_attempts_and_the_retried_ones_feed_their_breakers() {
     assert_eq!(rig.store.breaker("b").consecutive, 0);
 }
 
+/// The route info published at the request names attempt 1 as tried: when the first attempt
+/// answers (a success or an error, no budget switch) it is the final one and the listener role
+/// does not write it again; after a retry it publishes the answering attempt.
+#[test]
+fn a_first_attempts_answer_leaves_the_published_route_info_final() {
+    let writes_route = |commands: &[Command]| {
+        commands
+            .iter()
+            .any(|c| matches!(c, Command::SetProperty { name, .. } if name.as_ref() == "llm_route"))
+    };
+    for (attempt, status) in [(None, "200"), (None, "500"), (Some("2"), "200")] {
+        let mut rig = Rig::new(DOC);
+        let view = FakeView::request("/v1/chat/completions", &[("x-llm-groups", "*")], CHAT);
+        let (_, commands) = rig.send(&view, 1);
+        assert!(writes_route(&commands));
+        let info = view.route();
+        assert_eq!((info.deployment.as_str(), info.attempts), ("a", 1));
+        assert_eq!(info.tried, ["a"]);
+        if let Some(n) = attempt {
+            view.set_prop("llm_attempt", n.as_bytes());
+        }
+        view.respond(status, &[]);
+        let commands = rig.response(&view, 1);
+        let info = view.route();
+        if attempt.is_none() {
+            assert!(!writes_route(&commands), "{status}");
+            assert_eq!((info.deployment.as_str(), info.attempts), ("a", 1));
+            assert_eq!(info.tried, ["a"]);
+            assert!(counted(&commands, "served.fast.a"));
+        } else {
+            assert!(writes_route(&commands), "{status}");
+            assert_eq!((info.deployment.as_str(), info.attempts), ("b", 2));
+            assert_eq!(info.tried, ["a", "b"]);
+        }
+    }
+}
+
 #[test]
 fn the_attempt_number_falls_back_to_the_mirrored_filter_state() {
     let mut rig = Rig::new(DOC);
