@@ -1600,10 +1600,10 @@ fn an_unrouted_request_only_loses_its_envoy_headers() {
     assert_eq!(rig.core.requests(), 0);
 }
 
-#[test]
-fn the_answering_attempt_publishes_itself() {
-    let mut rig = upstream();
-    let view = attempt("2", "a,b");
+/// The upstream role's attempt `number` of plan `a,b` answering `status`, after the listener
+/// role published its first choice's route info (attempt 1 listed as tried, as it does); the
+/// view and the commands of the response callback.
+fn answer_after_the_listener(number: &str, status: &str) -> (FakeView, Vec<Command>) {
     let config = parse_document(DOC.as_bytes()).unwrap();
     let config = config.global().unwrap();
     let first = crate::plan::route_info(
@@ -1613,8 +1613,10 @@ fn the_answering_attempt_publishes_itself() {
         &config.deployments[0],
         "r",
         1,
-        vec![],
+        vec!["a".into()],
     );
+    let mut rig = upstream();
+    let view = attempt(number, "a,b");
     view.set_prop("llm_route", &first.to_json());
     rig.run(
         &view,
@@ -1623,14 +1625,20 @@ fn the_answering_attempt_publishes_itself() {
             end_of_stream: true,
         },
     );
-    view.respond("200", &[]);
-    rig.run(
+    view.respond(status, &[]);
+    let (_, commands) = rig.run(
         &view,
         1,
         Input::ResponseHeaders {
             end_of_stream: false,
         },
     );
+    (view, commands)
+}
+
+#[test]
+fn the_answering_attempt_publishes_itself() {
+    let (view, _) = answer_after_the_listener("2", "200");
     let info = view.route();
     assert_eq!(
         (info.deployment.as_str(), info.model.as_str()),
@@ -1648,44 +1656,19 @@ fn the_answering_attempt_publishes_itself() {
 /// error is published (a listener filter holding the response reads the answering attempt).
 #[test]
 fn the_first_attempt_publishes_only_an_error() {
-    let config = parse_document(DOC.as_bytes()).unwrap();
-    let config = config.global().unwrap();
-    let first = crate::plan::route_info(
-        config,
-        "fast",
-        &[0, 1],
-        &config.deployments[0],
-        "r",
-        1,
-        vec![],
-    );
     for (status, published) in [("200", false), ("204", false), ("429", true), ("500", true)] {
-        let mut rig = upstream();
-        let view = attempt("1", "a,b");
-        view.set_prop("llm_route", &first.to_json());
-        rig.run(
-            &view,
-            1,
-            Input::RequestHeaders {
-                end_of_stream: true,
-            },
-        );
-        view.respond(status, &[]);
-        let (_, commands) = rig.run(
-            &view,
-            1,
-            Input::ResponseHeaders {
-                end_of_stream: false,
-            },
-        );
+        let (view, commands) = answer_after_the_listener("1", status);
         let wrote = commands.iter().any(
             |c| matches!(c, Command::SetProperty { name, .. } if name.as_ref() == "llm_route"),
         );
         assert_eq!(wrote, published, "{status}");
         let info = view.route();
         assert_eq!(info.deployment, "a", "{status}");
-        let tried: Vec<String> = if published { vec!["a".into()] } else { vec![] };
-        assert_eq!((info.attempts, info.tried), (1, tried), "{status}");
+        assert_eq!(
+            (info.attempts, info.tried),
+            (1, vec!["a".into()]),
+            "{status}"
+        );
     }
 }
 
