@@ -580,6 +580,19 @@ pub(crate) fn push_serde_quoted(out: &mut String, s: &str) {
     out.push('"');
 }
 
+/// Appends the lowercase hex of `bytes` (two digits each, as `format!("{b:02x}")` writes them),
+/// without the formatting machinery.
+pub fn push_hex(out: &mut String, bytes: &[u8]) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for b in bytes {
+        for nibble in [b >> 4, b & 0xf] {
+            out.push(char::from(
+                DIGITS.get(usize::from(nibble)).copied().unwrap_or(b'0'),
+            ));
+        }
+    }
+}
+
 /// Appends `n` in decimal, as `serde_json` (and `format!`) write it, without the formatting
 /// machinery.
 pub fn push_u64(out: &mut String, n: u64) {
@@ -1650,6 +1663,15 @@ mod tests {
             push_u64(&mut out, n);
             assert_eq!(out, serde_json::to_string(&n).unwrap());
         }
+    }
+
+    #[test]
+    fn hex_is_two_lowercase_digits_per_byte() {
+        let bytes: Vec<u8> = (0..=255).collect();
+        let mut out = String::from("x");
+        push_hex(&mut out, &bytes);
+        let expected: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(out, format!("x{expected}"));
     }
 
     fn leaves(doc: &str) -> Result<Vec<(String, Scalar, String)>, JsonError> {

@@ -6,9 +6,10 @@
 //! (cost) read them. The router writes it when it forwards the request (the first choice,
 //! already listed in `tried`: attempt 1 goes there), and again when the response headers
 //! arrive if another deployment answered (after a fallback or a budget switch); a first
-//! attempt's answer leaves the first publication as the final one. Both carry `price_ceiling`, the element-wise maximum price
-//! of every deployment the request may try: that, not the first choice's `price`, is what a
-//! pre-deduct must price, since a fallback may go to a dearer deployment.
+//! attempt's answer leaves the first publication as the final one. Both carry
+//! `price_ceiling`, the element-wise maximum price of every deployment the request may try:
+//! that, not the first choice's `price`, is what a pre-deduct must price, since a fallback may
+//! go to a dearer deployment.
 //!
 //! * property: [`PROPERTY`] (`llm_route`); a filter reads it with
 //!   `get_property(["llm_route"])`, Envoy keeps it as filter state `wasm.llm_route`, and an

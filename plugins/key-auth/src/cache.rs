@@ -15,7 +15,8 @@
 //! parse is dropped. Pure: the shell reads and writes the bucket, `now` comes in.
 
 use crate::auth::{digest_prefix, Found};
-use crate::config::{entry_from_hash, push_hex, KeyEntry};
+use crate::config::{entry_from_hash, KeyEntry};
+use llm_gateway_shared::json::push_hex;
 use llm_gateway_shared::resp::{self, Reply};
 
 /// Slots per bucket.

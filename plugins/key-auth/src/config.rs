@@ -23,6 +23,7 @@
 
 use crate::rfc3339;
 use llm_gateway_shared::config::{self, validate_name, ConfigError};
+use llm_gateway_shared::json::push_hex;
 use llm_gateway_shared::rules::{RuleSet, Scope};
 use serde::Deserialize;
 use serde_json::{Map, Value};
@@ -137,18 +138,6 @@ impl KeyStoreConfig {
         key.push_str(&self.prefix);
         push_hex(&mut key, digest);
         key
-    }
-}
-
-/// Appends the lowercase hex of `bytes`.
-pub fn push_hex(out: &mut String, bytes: &[u8]) {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    for b in bytes {
-        for nibble in [b >> 4, b & 0xf] {
-            out.push(char::from(
-                HEX.get(usize::from(nibble)).copied().unwrap_or(b'0'),
-            ));
-        }
     }
 }
 

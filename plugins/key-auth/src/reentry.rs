@@ -21,6 +21,7 @@
 //! secret, and a request redirected across that change is authenticated as new (401 without
 //! its key).
 
+use llm_gateway_shared::json::push_hex;
 use sha2::{Digest, Sha256};
 
 /// The filter state key key-auth writes the ticket to (`wasm.llm_reentry`).
@@ -159,18 +160,6 @@ fn hex(bytes: &[u8]) -> String {
     let mut out = String::with_capacity(bytes.len() * 2);
     push_hex(&mut out, bytes);
     out
-}
-
-/// Appends `bytes` in lowercase hex.
-fn push_hex(out: &mut String, bytes: &[u8]) {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    for b in bytes {
-        for nibble in [b >> 4, b & 0xf] {
-            out.push(char::from(
-                DIGITS.get(usize::from(nibble)).copied().unwrap_or(b'0'),
-            ));
-        }
-    }
 }
 
 /// Appends `n` in decimal (what `format!("{n}")` writes), without the formatting machinery.

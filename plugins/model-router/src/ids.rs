@@ -6,6 +6,8 @@
 //! from a per-VM generator seeded with host randomness and the clock. The id is the same on
 //! every attempt because it is set once, before Envoy's retries.
 
+use llm_gateway_shared::json::push_hex;
+
 /// A splitmix64 stream; two ids never repeat within one VM.
 #[derive(Debug, Clone)]
 pub struct IdSource {
@@ -32,13 +34,8 @@ impl IdSource {
         let high = self.next_u64() ^ now_nanos;
         let low = self.next_u64();
         let mut id = String::with_capacity(32);
-        for word in [high, low] {
-            for shift in (0..16).rev() {
-                // a nibble is below 16: always a hex digit
-                let nibble = ((word >> (shift * 4)) & 0xf) as u32;
-                id.push(char::from_digit(nibble, 16).unwrap_or('0'));
-            }
-        }
+        push_hex(&mut id, &high.to_be_bytes());
+        push_hex(&mut id, &low.to_be_bytes());
         id
     }
 }

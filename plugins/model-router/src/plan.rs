@@ -162,9 +162,10 @@ pub fn route_info(
 /// The route info once attempt `attempts` of `plan` (deployment names, in attempt order) has
 /// answered from `deployment`: what the upstream role publishes at that attempt's response
 /// headers, before any listener filter sees the response (unless it is the first attempt's
-/// success, which the listener role's first publication already says). A listener filter that holds the
-/// response headers (usage-accounting with `cost_headers`) finalises before the downstream
-/// role's response callback runs, so the answering deployment must already be published.
+/// success, which the listener role's first publication already says). A listener filter
+/// that holds the response headers (usage-accounting with `cost_headers`) finalises before
+/// the downstream role's response callback runs, so the answering deployment must already be
+/// published.
 /// The group, request id, route version and price ceiling of the request's plan are kept.
 pub fn answered_by(
     mut info: RouteInfo,

@@ -672,35 +672,31 @@ impl Core {
                 deployment.name.as_str(),
                 note,
             );
-        }
-        // The first attempt of the plan published at the request answered: that route info is
-        // already the final one. Otherwise: attempt k went to the plan's k-th deployment (the
-        // route's slot k-1).
-        let published = attempts == 1 && routed.switched_to.is_none();
-        if let Some(deployment) = served.filter(|_| !published) {
-            let tried = routed
-                .deployments
-                .iter()
-                .take(attempts as usize)
-                .filter_map(|i| config.deployments.get(*i))
-                .map(|d| d.name.clone())
-                .collect();
-            let info = route_info(
-                config,
-                &routed.group,
-                &routed.deployments,
-                deployment,
-                &routed.request_id,
-                attempts,
-                tried,
-            );
-            self.set_property(
-                ROUTE_PROPERTY,
-                info.to_json(),
-                OnFailure::Log(Level::Warn, "cannot publish the route info"),
-            );
-        }
-        if let Some(deployment) = served {
+            // The plan's first attempt answered: what the request published is final. Otherwise
+            // attempt k went to the plan's k-th deployment (the route's slot k-1).
+            if attempts > 1 || routed.switched_to.is_some() {
+                let tried = routed
+                    .deployments
+                    .iter()
+                    .take(attempts as usize)
+                    .filter_map(|i| config.deployments.get(*i))
+                    .map(|d| d.name.clone())
+                    .collect();
+                let info = route_info(
+                    config,
+                    &routed.group,
+                    &routed.deployments,
+                    deployment,
+                    &routed.request_id,
+                    attempts,
+                    tried,
+                );
+                self.set_property(
+                    ROUTE_PROPERTY,
+                    info.to_json(),
+                    OnFailure::Log(Level::Warn, "cannot publish the route info"),
+                );
+            }
             self.count(
                 [
                     "served.",

@@ -287,17 +287,15 @@ impl Core {
         view: &dyn View,
         store: &dyn Store,
     ) -> Flow {
-        let Some(attempt) = self.upstream.get(&context) else {
-            return Flow::ContinueSkipResponseBody;
-        };
         let status = view
             .response_header(":status")
             .and_then(|s| std::str::from_utf8(&s).ok()?.parse::<u16>().ok());
         // The first attempt's success changes nothing the route info says: the listener role
-        // published it for the plan's first deployment, which attempt 1 is, and publishes the
-        // final one at its own response headers (`tried` filled in). Only a retry's answer or an
-        // error is published here, before a listener filter holding the response reads it.
-        let first_success = attempt.number == 1 && status.is_some_and(|s| s < 400);
+        // published it for the plan's first deployment, which attempt 1 is, with attempt 1 as
+        // tried. Only a retry's answer or an error is published here, before a listener filter
+        // holding the response reads it.
+        let first_success = status.is_some_and(|s| s < 400)
+            && self.upstream.get(&context).is_some_and(|a| a.number == 1);
         let group = if first_success {
             None
         } else {
