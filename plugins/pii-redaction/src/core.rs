@@ -232,8 +232,9 @@ impl Refusal {
 pub enum Command {
     /// Remove a request header (its failure refuses the request).
     RemoveRequestHeader(&'static str),
-    /// Replace the buffered request body of `size` bytes; `frame`: the headers were held, so
-    /// `content-length` becomes the new length (otherwise it was removed already).
+    /// Replace the buffered request body of `size` bytes; `frame`: the headers were held and
+    /// carry a `content-length`, which becomes the new length (otherwise the body is chunked
+    /// or the length was removed already).
     ReplaceRequestBody {
         /// Bytes buffered now.
         size: usize,
@@ -273,6 +274,8 @@ enum Response {
 pub struct Exchange {
     config: Option<Rc<PiiConfig>>,
     api: Api,
+    /// The request headers carry a `content-length`.
+    framed: bool,
     /// The request body is to be read and redacted.
     scan: bool,
     map: PlaceholderMap,
@@ -293,6 +296,7 @@ impl Default for Exchange {
         Exchange {
             config: None,
             api: Api::Other,
+            framed: false,
             scan: false,
             map: PlaceholderMap::default(),
             counted: HashMap::new(),
@@ -425,6 +429,7 @@ impl Exchange {
             return Flow::Continue; // no body
         }
         self.api = Api::from_head(head);
+        self.framed = head.content_length.is_some();
         if config.scope == BodyScope::Messages {
             // multipart uploads and other non-JSON bodies carry no chat messages
             let content_type = head.text("content-type").unwrap_or_default();
@@ -530,7 +535,7 @@ impl Exchange {
                 self.push(Command::ReplaceRequestBody {
                     size,
                     body: new_body,
-                    frame: config.hold_headers,
+                    frame: config.hold_headers && self.framed,
                 });
                 Flow::Continue
             }
@@ -862,13 +867,20 @@ mod tests {
     fn held_headers_pause_and_the_new_body_is_framed() {
         let doc = r#"{"rules":[{"detector":"email"}],"hold_headers":true}"#;
         let (mut worker, mut exchange) = (Worker::default(), Exchange::default());
+        let length = BODY.len().to_string();
+        let framed_head = head(&[
+            (":method", "POST"),
+            (":path", "/v1/chat/completions"),
+            ("content-type", "application/json"),
+            ("content-length", length.as_str()),
+        ]);
         let flow = exchange.handle(
             &mut worker,
             0,
             Input::RequestHeaders {
                 configured: true,
                 config: Some(config(doc)),
-                head: &chat_head(),
+                head: &framed_head,
                 end_of_stream: false,
             },
         );
@@ -892,6 +904,23 @@ mod tests {
         assert_eq!(exchange.handle(&mut worker, 0, last), Flow::Continue);
         let (_, frame) = replaced_body(&drain(&mut exchange)).unwrap();
         assert!(frame);
+        // held, but chunked: there is no length to fix
+        let mut exchange = Exchange::default();
+        let headers = Input::RequestHeaders {
+            configured: true,
+            config: Some(config(doc)),
+            head: &chat_head(),
+            end_of_stream: false,
+        };
+        assert_eq!(exchange.handle(&mut worker, 0, headers), Flow::Pause);
+        let whole = Input::RequestBody {
+            size: BODY.len(),
+            end_of_stream: true,
+            body: Some(BODY),
+        };
+        assert_eq!(exchange.handle(&mut worker, 0, whole), Flow::Continue);
+        let (_, frame) = replaced_body(&drain(&mut exchange)).unwrap();
+        assert!(!frame);
     }
 
     #[test]

@@ -113,12 +113,16 @@ pub enum Level {
 pub enum Command {
     /// Remove a request header.
     RemoveRequestHeader(&'static str),
-    /// Replace the buffered request body of `size` bytes (held headers get its length).
+    /// Replace the buffered request body of `size` bytes.
     ReplaceRequestBody {
         /// Bytes buffered now.
         size: usize,
         /// The new body.
         body: Vec<u8>,
+        /// The headers are held and carry a `content-length`, which gets the new length
+        /// (otherwise the body is chunked, or the length was removed before the headers went
+        /// on).
+        frame: bool,
     },
     /// Remove a response header.
     RemoveResponseHeader(&'static str),
@@ -363,9 +367,11 @@ impl Stage {
         };
         if let Some(new_body) = active.exchange.on_request_body(&active.config, body) {
             // held headers get the new length (without `hold_headers` there is none to fix)
+            let frame = active.config.hold_headers && active.exchange.framed();
             self.push(Command::ReplaceRequestBody {
                 size,
                 body: new_body,
+                frame,
             });
         }
         Flow::Continue
@@ -735,6 +741,32 @@ mod tests {
     }
 
     #[test]
+    fn held_headers_frame_the_injected_body_only_when_it_has_a_length() {
+        for (extra, framed) in [
+            (("content-length", "85"), true),
+            (("transfer-encoding", "chunked"), false),
+        ] {
+            let (mut stage, mut worker, mut fake) =
+                (Stage::default(), Worker::default(), Fake::default());
+            let doc = json!({"hold_headers": true});
+            let head = head("/v1/chat/completions", &[extra]);
+            assert_eq!(
+                start(&mut stage, &mut worker, &mut fake, doc, &head),
+                Flow::Pause
+            );
+            assert!(drain(&mut stage).is_empty(), "the length stays: {extra:?}");
+            assert_eq!(
+                body(&mut stage, &mut worker, &mut fake, STREAM_BODY),
+                Flow::Continue
+            );
+            let Some(Command::ReplaceRequestBody { frame, .. }) = stage.poll() else {
+                panic!("the body gets include_usage");
+            };
+            assert_eq!(frame, framed, "{extra:?}");
+        }
+    }
+
+    #[test]
     fn a_stream_gets_usage_injected_hidden_and_recorded_once() {
         let (mut stage, mut worker, mut fake) =
             (Stage::default(), Worker::default(), Fake::default());
@@ -771,8 +803,13 @@ mod tests {
             body(&mut stage, &mut worker, &mut fake, STREAM_BODY),
             Flow::Continue
         );
-        let Some(Command::ReplaceRequestBody { body: new_body, .. }) = stage.poll() else {
-            panic!("the body gets include_usage");
+        let Some(Command::ReplaceRequestBody {
+            body: new_body,
+            frame: false,
+            ..
+        }) = stage.poll()
+        else {
+            panic!("the body gets include_usage (headers gone on: nothing to frame)");
         };
         assert!(String::from_utf8(new_body)
             .unwrap()

@@ -336,6 +336,11 @@ impl Exchange {
         self.request_length = length;
     }
 
+    /// The request headers announced a `content-length` ([`Self::set_request_length`]).
+    pub fn framed(&self) -> bool {
+        self.request_length.is_some()
+    }
+
     /// A chunk of a request body that is not held: kept whole up to [`KEEP_WHOLE`] bytes,
     /// past that only counted.
     pub fn on_request_data(&mut self, chunk: &[u8]) {

@@ -293,9 +293,11 @@ impl Sink<'_> {
         }
     }
 
-    /// Replaces the request body (`size` bytes buffered). `frame`: the headers are held, so
-    /// `content-length` follows the new body ([`replace_request_body`]); otherwise it was
-    /// removed before the headers went on.
+    /// Replaces the request body (`size` bytes buffered). `frame`: the headers are held and
+    /// carry a `content-length`, which then follows the new body
+    /// ([`replace_framed_request_body`]; the caller read the headers already, so the host is
+    /// not asked again); otherwise there is none to fix (the body is chunked, or the length
+    /// was removed before the headers went on). The fused filter frames the body itself.
     pub fn replace_request_body(
         &mut self,
         size: usize,
@@ -303,8 +305,7 @@ impl Sink<'_> {
         frame: bool,
     ) -> HostResult<()> {
         match self {
-            Sink::Host if frame => replace_request_body(size, body),
-            Sink::Host => set_buffer(Buffer::RequestBody, 0, size, body),
+            Sink::Host => replace_framed_request_body(size, body, frame),
             Sink::Fused(x) => {
                 x.replace_data(body.to_vec());
                 Ok(())

@@ -344,16 +344,23 @@ impl Core {
         let internal = |_| Reject::internal("cannot route the request");
         let rewritten = body.with_model(&first.model);
         let length = rewritten.len();
+        // Read before the body is written (one header map per callback, no read of its own):
+        // the writes are carried out after this callback's reads.
+        let framed = view
+            .request_header("content-length")
+            .map_err(|_| Reject::internal("cannot read the request headers"))?
+            .is_some();
         self.push(
-            super::Command::ReplaceRequestBody {
+            super::Command::SetRequestBody {
                 size,
                 body: rewritten,
             },
             must,
         );
-        if redirect {
-            // no upstream role frames the body on this host: the provider gets the length of
-            // what it receives, whatever the client sent (the later filters keep it true)
+        // A body sent with `content-length` keeps it true. On a redirect host no upstream role
+        // frames the body: the provider gets the length of what it receives, whatever the
+        // client sent (the later filters keep it true).
+        if framed || redirect {
             self.push(super::Command::SetRequestLength(length), must);
         }
         if plan.deployments.len() == 1 || redirect {
@@ -473,7 +480,7 @@ impl Core {
         let rewritten = body.with_model(&chosen.model);
         let length = rewritten.len();
         self.push(
-            super::Command::ReplaceRequestBody {
+            super::Command::SetRequestBody {
                 size,
                 body: rewritten,
             },

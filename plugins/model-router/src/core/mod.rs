@@ -225,16 +225,9 @@ pub enum Command {
         /// Lowercase name.
         name: Name,
     },
-    /// Replace the whole request body (`size` bytes) and keep `content-length` true when the
-    /// request has one (`host::replace_request_body`).
-    ReplaceRequestBody {
-        /// The size the body callback reported.
-        size: usize,
-        /// The new body.
-        body: Vec<u8>,
-    },
     /// Overwrite the request body's first `size` bytes with `body`, headers untouched (the
-    /// upstream role frames the length itself with [`Command::SetRequestLength`]).
+    /// core frames the length itself with [`Command::SetRequestLength`] when the request has
+    /// one: it read the headers already, the host need not be asked again).
     SetRequestBody {
         /// The size the body callback reported.
         size: usize,

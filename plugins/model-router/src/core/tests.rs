@@ -154,9 +154,6 @@ impl FakeView {
                 Map::Request => self.request.borrow_mut().retain(|(n, _)| n != name),
                 Map::Response => self.response.borrow_mut().retain(|(n, _)| n != name),
             },
-            Command::ReplaceRequestBody { body, .. } => {
-                *self.request_body.borrow_mut() = body.clone();
-            }
             Command::SetRequestBody { body, .. } => *self.request_body.borrow_mut() = body.clone(),
             Command::SetRequestLength(n) => {
                 // as host::set_request_length
@@ -407,6 +404,35 @@ fn a_request_of_a_group_is_planned_rewritten_and_published_for_the_retries() {
     assert!(counted(&commands, "version.v1.requests"));
     // the body was read once, the clock once (breakers and the id)
     assert_eq!(view.clock_reads.get(), 1);
+}
+
+#[test]
+fn the_rewritten_body_keeps_a_content_length_true_and_a_chunked_one_chunked() {
+    let mut rig = Rig::new(DOC);
+    // sent with a length the rewrite changes: the new length, from the headers already read
+    let view = FakeView::request(
+        "/v1/chat/completions",
+        &[("x-llm-groups", "*"), ("content-length", "999")],
+        CHAT,
+    );
+    let (_, commands) = rig.send(&view, 1);
+    let length = view.request_body.borrow().len();
+    assert_ne!(length, CHAT.len(), "the model was rewritten");
+    assert_eq!(view.header("content-length"), Some(length.to_string()));
+    assert!(commands.contains(&Command::SetRequestLength(length)));
+    // sent chunked (no content-length): none is added
+    let view = FakeView::request(
+        "/v1/chat/completions",
+        &[("x-llm-groups", "*"), ("transfer-encoding", "chunked")],
+        CHAT,
+    );
+    let (_, commands) = rig.send(&view, 2);
+    assert_eq!(body_model(&view), "gpt-a");
+    assert_eq!(view.header("content-length"), None);
+    assert_eq!(view.header("transfer-encoding").as_deref(), Some("chunked"));
+    assert!(!commands
+        .iter()
+        .any(|c| matches!(c, Command::SetRequestLength(_))));
 }
 
 #[test]

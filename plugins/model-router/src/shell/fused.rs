@@ -166,7 +166,7 @@ fn execute_fused(command: Command, x: &mut chain::Exchange) -> Result<(), HostEr
             }
             Ok(())
         }
-        Command::ReplaceRequestBody { body, .. } | Command::SetRequestBody { body, .. } => {
+        Command::SetRequestBody { body, .. } => {
             x.replace_data(body);
             Ok(())
         }

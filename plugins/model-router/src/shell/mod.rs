@@ -14,9 +14,10 @@ use crate::core::{
 use llm_gateway_shared::chain::{self, Direction, Step};
 use llm_gateway_shared::host::{self, Buffer, HeaderMap, HostError, LogLevel, Metric};
 use llm_gateway_shared::request::RequestHead;
+use llm_gateway_shared::wire::EncodedHeaders;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType};
-use std::cell::RefCell;
+use std::cell::{OnceCell, RefCell};
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
 use std::rc::Rc;
@@ -91,8 +92,9 @@ struct Exchange {
 
 impl Exchange {
     fn run(&mut self, input: Input) -> Action {
+        let view = HostView::new(&input);
         let flow = match self.core.try_borrow_mut() {
-            Ok(mut core) => core.handle(self.id, input, &HostView, &HostStore),
+            Ok(mut core) => core.handle(self.id, input, &view, &HostStore),
             Err(_) => {
                 log(
                     LogLevel::Error,
@@ -181,7 +183,6 @@ fn execute(command: Command) -> Result<(), HostError> {
     match command {
         Command::SetHeader { map, name, value } => host::set_header(header_map(map), &name, &value),
         Command::RemoveHeader { map, name } => host::remove_header(header_map(map), &name),
-        Command::ReplaceRequestBody { size, body } => host::replace_request_body(size, &body),
         Command::SetRequestBody { size, body } => {
             host::set_buffer(Buffer::RequestBody, 0, size, &body)
         }
@@ -229,16 +230,51 @@ fn header_map(map: Map) -> HeaderMap {
     }
 }
 
-/// The current request through the host, one call per read.
-struct HostView;
+/// The current request through the host, for one callback. In a request callback the first
+/// read of a request header takes the whole map in one host call and the callback's later
+/// reads are answered from it: each value the host returns is an allocation it makes in the
+/// VM, so a header read alone costs it about as much as a small map, and the router reads
+/// several there (path, method, authority; the caller's groups and subject and the body's
+/// framing). The core's writes are carried out after its callback returns, so within one
+/// callback the map is what a read of its own would return. Response callbacks read one or
+/// two headers (and a request header that is mostly absent, which costs the host little):
+/// one call per read there.
+struct HostView {
+    /// Request headers are read as one map.
+    whole_request: bool,
+    request: OnceCell<Option<EncodedHeaders>>,
+}
+
+impl HostView {
+    fn new(input: &Input) -> HostView {
+        HostView {
+            whole_request: matches!(
+                input,
+                Input::RequestHeaders { .. } | Input::RequestBody { .. }
+            ),
+            request: OnceCell::new(),
+        }
+    }
+}
 
 impl View for HostView {
     fn request_header(&self, name: &str) -> Result<Option<Vec<u8>>, ReadError> {
-        host::header(HeaderMap::RequestHeaders, name).map_err(|_| ReadError)
+        if !self.whole_request {
+            return host::header(HeaderMap::RequestHeaders, name).map_err(|_| ReadError);
+        }
+        let map = self
+            .request
+            .get_or_init(|| host::header_view(HeaderMap::RequestHeaders).ok())
+            .as_ref()
+            .ok_or(ReadError)?;
+        Ok(map.get(name).map(<[u8]>::to_vec))
     }
 
     fn request_headers(&self) -> Result<RequestHead, ReadError> {
-        host::request_head().map_err(|_| ReadError)
+        match self.request.get() {
+            Some(Some(map)) => Ok(RequestHead::encoded(map.clone())),
+            _ => host::request_head().map_err(|_| ReadError),
+        }
     }
 
     fn response_header(&self, name: &str) -> Option<Vec<u8>> {

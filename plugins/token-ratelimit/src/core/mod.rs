@@ -118,6 +118,8 @@ pub struct Head {
     pub path: String,
     /// The re-entry marker header was present (a pass after an internal redirect).
     pub reentry: bool,
+    /// The body is framed by `content-length` (an edited body then gets its new length).
+    pub framed: bool,
 }
 
 /// Why a Redis call got no reply.
@@ -201,11 +203,14 @@ pub enum Command {
     Refuse { ctx: u32, reject: Reject },
     /// Read the request body (`size` bytes) and hand it back ([`Input::Body`]).
     ReadBody { ctx: u32, size: usize },
-    /// Replace the request body (`size` bytes) and say how it went ([`Input::BodyReplaced`]).
+    /// Replace the request body (`size` bytes) and say how it went ([`Input::BodyReplaced`]);
+    /// `framed`: the request has `content-length`, which must follow (known from the headers
+    /// read, so the host is not asked again).
     ReplaceBody {
         ctx: u32,
         size: usize,
         body: Vec<u8>,
+        framed: bool,
     },
     /// Set a filter-state property of request `ctx`.
     SetProperty {
@@ -286,6 +291,8 @@ struct Flow {
     identity: Identity,
     request_id: String,
     path: String,
+    /// [`Head::framed`].
+    framed: bool,
     cost: Option<Cost>,
     /// The body's cost while its edited body is being written.
     staged: Option<Cost>,
@@ -590,6 +597,7 @@ impl Core {
                 self.count("reentry_adopted", 1);
                 Flow {
                     reentered: true,
+                    framed: head.framed,
                     ..carried
                 }
             }
@@ -607,6 +615,7 @@ impl Core {
                     request_id,
                     logical,
                     path: head.path,
+                    framed: head.framed,
                     ..Flow::default()
                 }
             }
@@ -669,8 +678,8 @@ impl Core {
             self.refuse(ctx, Reject::internal("cannot read the request body"));
             return;
         };
-        let (config_index, path, reentered) = match self.flows.get(&ctx) {
-            Some(flow) => (flow.config, flow.path.clone(), flow.reentered),
+        let (config_index, path, reentered, framed) = match self.flows.get(&ctx) {
+            Some(flow) => (flow.config, flow.path.clone(), flow.reentered, flow.framed),
             None => {
                 self.proceed(ctx);
                 return;
@@ -712,6 +721,7 @@ impl Core {
                     ctx,
                     size,
                     body: edited,
+                    framed,
                 });
             }
             None => self.after_body(env, now, ctx, cost),

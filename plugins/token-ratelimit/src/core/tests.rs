@@ -175,6 +175,7 @@ fn head(key: &str) -> Head {
         stream_id: Some(format!("req-{key}")),
         path: CHAT.to_string(),
         reentry: false,
+        framed: true,
     }
 }
 
@@ -342,6 +343,45 @@ const REDIS_BUDGET_ALLOW: &str = r#"{"default_max_tokens":100,
 // Admission: local buckets
 
 #[test]
+fn a_chunked_request_body_is_capped_without_a_length() {
+    let env = Fake::default();
+    let mut core = new_core(LOCAL_RPM, false);
+    let head = Head {
+        framed: false,
+        ..head("k1")
+    };
+    core.handle(
+        T0,
+        Input::RequestHeaders {
+            ctx: 1,
+            config: Some(0),
+            head,
+            end_of_stream: false,
+        },
+        &env,
+    );
+    for input in [
+        Input::RequestBody {
+            ctx: 1,
+            size: BODY.len(),
+            end_of_stream: true,
+        },
+        Input::Body {
+            ctx: 1,
+            size: BODY.len(),
+            body: Ok(BODY.to_vec()),
+        },
+    ] {
+        core.handle(T0, input, &env);
+    }
+    let replaced = std::iter::from_fn(|| core.poll()).find_map(|c| match c {
+        Command::ReplaceBody { framed, .. } => Some(framed),
+        _ => None,
+    });
+    assert_eq!(replaced, Some(false), "chunked: no content-length is added");
+}
+
+#[test]
 fn a_request_within_its_limit_goes_on_with_the_capped_body_and_rate_headers() {
     let env = Fake::default();
     let mut core = new_core(LOCAL_RPM, false);
@@ -382,9 +422,13 @@ fn a_request_within_its_limit_goes_on_with_the_capped_body_and_rate_headers() {
         },
         &env,
     );
-    let Some(Command::ReplaceBody { body, .. }) = core.poll() else {
+    let Some(Command::ReplaceBody { body, framed, .. }) = core.poll() else {
         panic!("the output cap is injected");
     };
+    assert!(
+        framed,
+        "sent with content-length: the new body gets its length"
+    );
     let body = String::from_utf8(body).unwrap();
     assert!(body.ends_with(r#","max_completion_tokens":100}"#), "{body}");
     assert_eq!(core.poll(), None, "waits for the body write");

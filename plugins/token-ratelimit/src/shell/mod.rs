@@ -143,8 +143,15 @@ impl State {
                 let body = self.at(ctx, || host::buffer(Buffer::RequestBody, 0, size));
                 return Some(Input::Body { ctx, size, body });
             }
-            Command::ReplaceBody { ctx, size, body } => {
-                let result = self.at(ctx, || host::replace_request_body(size, &body));
+            Command::ReplaceBody {
+                ctx,
+                size,
+                body,
+                framed,
+            } => {
+                let result = self.at(ctx, || {
+                    host::replace_framed_request_body(size, &body, framed)
+                });
                 return Some(Input::BodyReplaced { ctx, result });
             }
             Command::SetProperty { ctx, name, value } => self.on(ctx, Debug, "set", || {
@@ -480,6 +487,7 @@ fn read_head(counts_ip: bool, header: impl Fn(&str) -> Option<String>) -> Head {
         stream_id,
         path: header(":path").unwrap_or_default(),
         reentry: header(headers::REENTRY).is_some(),
+        framed: header("content-length").is_some(),
     }
 }
 

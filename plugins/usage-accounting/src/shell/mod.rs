@@ -222,9 +222,8 @@ impl Request {
 fn execute(state: &State, command: &Command, target: &mut Sink<'_>) -> Result<(), HostError> {
     match command {
         Command::RemoveRequestHeader(name) => target.remove_header(HeaderMap::RequestHeaders, name),
-        // held headers get the new length (without `hold_headers` there is none to fix)
-        Command::ReplaceRequestBody { size, body } => {
-            target.replace_request_body(*size, body, true)
+        Command::ReplaceRequestBody { size, body, frame } => {
+            target.replace_request_body(*size, body, *frame)
         }
         Command::RemoveResponseHeader(name) => {
             target.remove_header(HeaderMap::ResponseHeaders, name)
