@@ -16,9 +16,9 @@ fn callback<'a>(
     costs.iter().filter(move |c| c.callback == name)
 }
 
-/// key-auth decides on headers alone: its body callbacks never copy a byte into the VM and
-/// stay trivially cheap, so a 256 KiB body costs it what a 2 KiB one does, plus a constant
-/// per chunk.
+/// key-auth decides on headers alone: key-auth.wasm does not even export the body callback
+/// (only its Higress build holds the body while a key is read from Redis), so a 256 KiB body
+/// costs it what a 2 KiB one does.
 #[test]
 fn key_auth_never_reads_the_body() {
     let fleet = Fleet::single(w::key_auth().unwrap()).unwrap();
@@ -29,12 +29,7 @@ fn key_auth_never_reads_the_body() {
             .exchange(0, 0, &w::router_request(&body), |_| w::chat_completion())
             .unwrap();
         assert_eq!(ex.status(), 200, "{}", ex.text());
-        let bodies: Vec<_> = callback(&ex.cost, "proxy_on_request_body").collect();
-        assert_eq!(bodies.len(), body.len().div_ceil(w::CHUNK));
-        for c in &bodies {
-            assert_eq!(c.counters.bytes_in, 0, "{c:?}");
-            assert!(c.fuel < 2_000, "a body callback burnt {} fuel", c.fuel);
-        }
+        assert_eq!(callback(&ex.cost, "proxy_on_request_body").count(), 0);
         let headers = Totals::of(callback(&ex.cost, "proxy_on_request_headers"));
         fuel.push(headers.fuel);
     }

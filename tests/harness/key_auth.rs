@@ -3,6 +3,7 @@
 //! harness shows (cost per request, two workers, chains).
 
 use llm_gateway_tests::harness::{Exchange, FilterSpec, Fleet, Request, Response};
+use llm_gateway_tests::workloads as w;
 use llm_gateway_tests::workspace;
 use serde_json::{json, Value};
 
@@ -301,9 +302,9 @@ fn cost_per_request_is_measured_and_stable() {
         llm_gateway_tests::harness::Totals::of(&first.cost),
         llm_gateway_tests::harness::Totals::of(&second.cost),
     );
-    // context create, request headers, request body, done, delete (key-auth.wasm does not
-    // export the response callbacks and proxy_on_log: scripts/unused-callbacks)
-    assert!(a.callbacks >= 5, "{a:?}");
+    // context create, request headers, delete (key-auth.wasm does not export the body and
+    // response callbacks, proxy_on_log and proxy_on_done: scripts/unused-callbacks)
+    assert_eq!(a.callbacks, 3, "{a:?}");
     assert!(
         a.fuel > 0 && a.host_calls > 0 && a.bytes_in > 0 && a.bytes_out > 0,
         "{a:?}"
@@ -396,18 +397,14 @@ fn two_key_auth_filters_a_refusal_short_circuits_the_second() {
 #[test]
 fn the_host_skips_the_callbacks_key_auth_wasm_does_not_export() {
     // the same exchanges with key-auth.wasm (scripts/unused-callbacks): the same answers, and
-    // neither VM is entered for a response callback or proxy_on_log (Envoy 1.40 alike:
-    // e2e_harness_local_reply)
+    // neither VM is entered for a body or response callback, proxy_on_log or proxy_on_done
+    // (Envoy 1.40 alike: e2e_harness_local_reply)
     let gw = two_key_auth_filters("key-auth");
     let ex = send(&gw, "/v1/chat/completions", &[("x-api-key", UNKNOWN)]);
     assert_error(&ex, 401, "invalid_api_key");
     assert_eq!(
         callbacks(&ex, 1),
-        [
-            "proxy_on_context_create",
-            "proxy_on_done",
-            "proxy_on_delete"
-        ]
+        ["proxy_on_context_create", "proxy_on_delete"]
     );
     let ex = send(&gw, "/v1/chat/completions", &[("x-api-key", TEAM_B)]);
     assert_error(&ex, 401, "missing_api_key");
@@ -416,13 +413,31 @@ fn the_host_skips_the_callbacks_key_auth_wasm_does_not_export() {
         let seen = callbacks(&ex, filter);
         assert!(seen.contains(&"proxy_on_request_headers"), "{seen:?}");
         for skipped in [
+            "proxy_on_request_body",
             "proxy_on_response_headers",
             "proxy_on_response_body",
             "proxy_on_log",
+            "proxy_on_done",
         ] {
             assert!(!seen.contains(&skipped), "{filter}: {seen:?}");
         }
     }
+    // a request both let pass: the body goes by without entering either VM (the bundle's
+    // key-auth would be called for each chunk)
+    let gw = Fleet::single(w::key_auth().unwrap()).unwrap();
+    let body = w::chat_body(2 * 1024);
+    let ex = gw
+        .exchange(0, 0, &w::router_request(&body), |_| w::chat_completion())
+        .unwrap();
+    assert_eq!(ex.status(), 200, "{}", ex.text());
+    assert_eq!(
+        callbacks(&ex, 0),
+        [
+            "proxy_on_context_create",
+            "proxy_on_request_headers",
+            "proxy_on_delete"
+        ]
+    );
 }
 
 #[test]

@@ -138,6 +138,9 @@ struct Request {
 }
 
 impl Context for Request {
+    // Only a Redis key store (the Higress build) keeps per-request state; without it the SDK's
+    // default is this callback, and the plain build does not export it (scripts/unused-callbacks).
+    #[cfg(feature = "higress")]
     fn on_done(&mut self) -> bool {
         if let Some(store) = self.state.as_ref().and_then(|s| s.store.as_ref()) {
             store.forget(self.id);
@@ -186,9 +189,11 @@ impl HttpContext for Request {
         }
     }
 
+    // Higress (ABI 0.2.100) delivers the body while the headers wait for Redis: hold it too,
+    // or it would carry the headers past an undecided key. Without a key store (the plain
+    // build has none) the SDK's default is this callback: not exported there.
+    #[cfg(feature = "higress")]
     fn on_http_request_body(&mut self, _size: usize, _end_of_stream: bool) -> Action {
-        // Higress (ABI 0.2.100) delivers the body while the headers wait for Redis: hold it
-        // too, or it would carry the headers past an undecided key.
         match self.state.as_ref().and_then(|s| s.store.as_ref()) {
             Some(store) if store.is_parked(self.id) => Action::Pause,
             _ => Action::Continue,

@@ -62,11 +62,13 @@ impl Store {
     }
 
     /// True while request `ctx` waits for Redis.
+    #[cfg_attr(not(feature = "higress"), allow(dead_code))] // no store without Redis calls
     pub(super) fn is_parked(&self, ctx: u32) -> bool {
         self.parked.borrow().contains_key(&ctx)
     }
 
     /// Request `ctx` is gone.
+    #[cfg_attr(not(feature = "higress"), allow(dead_code))]
     pub(super) fn forget(&self, ctx: u32) {
         self.parked.borrow_mut().remove(&ctx);
     }
