@@ -24,10 +24,15 @@ const USED: (u64, u64) = (40, 6);
 fn fleet(limiter: &Value, redis: Option<&Redis>) -> Fleet {
     let pii = json!({"rules": [{"detector": "email"}], "preamble": PREAMBLE});
     let usage = json!({"log_records": true});
+    fleet_of(&pii, &usage, limiter, redis)
+}
+
+/// [`fleet`] with these three configs.
+fn fleet_of(pii: &Value, usage: &Value, limiter: &Value, redis: Option<&Redis>) -> Fleet {
     let builder = match redis {
         None => Fleet::builder()
-            .filter(FilterSpec::plugin("pii-redaction", &pii).unwrap())
-            .filter(FilterSpec::plugin("usage-accounting", &usage).unwrap())
+            .filter(FilterSpec::plugin("pii-redaction", pii).unwrap())
+            .filter(FilterSpec::plugin("usage-accounting", usage).unwrap())
             .filter(
                 FilterSpec::plugin("token-ratelimit", limiter)
                     .unwrap()
@@ -35,8 +40,8 @@ fn fleet(limiter: &Value, redis: Option<&Redis>) -> Fleet {
             ),
         Some(redis) => Fleet::builder()
             .host(Host::Higress)
-            .filter(FilterSpec::higress("pii-redaction", &pii).unwrap())
-            .filter(FilterSpec::higress("usage-accounting", &usage).unwrap())
+            .filter(FilterSpec::higress("pii-redaction", pii).unwrap())
+            .filter(FilterSpec::higress("usage-accounting", usage).unwrap())
             .filter(FilterSpec::higress("token-ratelimit", limiter).unwrap())
             .redis(SERVICE, redis.addr()),
     };
@@ -229,6 +234,37 @@ fn upstream_envoy_one_admission_one_record_one_settlement_same_placeholders() {
         !fleet.log_text().contains("bob@example.com"),
         "no PII logged"
     );
+}
+
+/// `"reentry": false` (gateway.yaml, whose fallback is the router's retries): no plugin asks
+/// whether its pass was superseded, so a pass that was (a host that does redirect after all)
+/// is final in each: usage-accounting records it, token-ratelimit settles it and stashes
+/// nothing, pii-redaction stashes no map. The test above, with the default, records nothing
+/// and carries the admission over.
+#[test]
+fn without_reentry_a_superseded_pass_is_final_in_every_plugin() {
+    let off = |mut config: Value| {
+        config["reentry"] = json!(false);
+        config
+    };
+    let pii = off(json!({"rules": [{"detector": "email"}], "preamble": PREAMBLE}));
+    let usage = off(json!({"log_records": true}));
+    let fleet = fleet_of(&pii, &usage, &off(plain_limits()), None);
+    let first = superseded_on_upstream_envoy(&fleet, "L1");
+    assert_first_pass_edits(&first);
+    let recs = records(&fleet);
+    assert_eq!(recs.len(), 1, "recorded as final: {recs:?}");
+    assert_eq!(recs[0]["request_id"], "L1");
+    let metric = |name: &str| fleet.metric_sum(&format!("llm_gateway.ratelimit.{name}"));
+    assert_eq!(metric("admitted"), 1);
+    assert_eq!(metric("reentry_carried"), 0, "nothing stashed");
+    // a second pass of L1 finds nothing carried over: a fresh admission
+    let ex = fleet
+        .exchange(0, 0, &pass("L1", true, &first), stream_answer)
+        .unwrap();
+    assert_eq!(ex.status(), 200, "{}", ex.text());
+    assert_eq!(metric("reentry_adopted"), 0);
+    assert_eq!(metric("admitted"), 2);
 }
 
 #[test]

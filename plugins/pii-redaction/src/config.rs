@@ -17,7 +17,8 @@
 //!   "max_body_bytes": 1048576,
 //!   "oversize": "reject",
 //!   "preamble": "Keep tokens like [EMAIL_1] exactly as written.",
-//!   "hold_headers": false
+//!   "hold_headers": false,
+//!   "reentry": true
 //! }
 //! ```
 //! Without `rules`, every built-in detector masks and restores.
@@ -68,6 +69,12 @@ pub struct PiiConfig {
     /// callback). Needs Envoy's `allow_on_headers_stop_iteration: true` on the filter, else
     /// Envoy never delivers the body to the plugin.
     pub hold_headers: bool,
+    /// Watch for an internal redirect superseding the pass (`response.code_details` read at
+    /// `on_log`; the placeholder map stashed for the next pass): the fallback of Higress and
+    /// `envoy-config/gateway-1.36.yaml`. `false` where the fallback is the router's retries
+    /// (`envoy-config/gateway.yaml`): nothing re-enters the chain there, and the read is
+    /// saved.
+    pub reentry: bool,
 }
 
 #[derive(Deserialize)]
@@ -87,8 +94,14 @@ struct RawConfig {
     preamble: Option<String>,
     #[serde(default)]
     hold_headers: bool,
+    #[serde(default = "default_true")]
+    reentry: bool,
     #[serde(default)]
     output_rules: Option<Vec<RawRule>>,
+}
+
+fn default_true() -> bool {
+    true
 }
 
 #[derive(Deserialize)]
@@ -208,6 +221,7 @@ fn parse_scope(fields: &Map<String, Value>, _scope: Scope) -> Result<PiiConfig, 
         oversize,
         preamble: raw.preamble.filter(|p| !p.is_empty()),
         hold_headers: raw.hold_headers,
+        reentry: raw.reentry,
     })
 }
 

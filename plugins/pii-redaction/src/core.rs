@@ -337,10 +337,11 @@ impl Exchange {
         self.map.has_restorable() || self.config.as_ref().is_some_and(|c| c.output.is_some())
     }
 
-    /// True if [`Input::Log`] may stash the map (the request has a logical id): otherwise
-    /// whether the pass was superseded need not be asked.
+    /// True if [`Input::Log`] may stash the map (the request has a logical id and its config
+    /// watches for re-entry, `reentry`): otherwise whether the pass was superseded need not be
+    /// asked.
     pub fn stashes_when_superseded(&self) -> bool {
-        self.logical_id.is_some()
+        self.logical_id.is_some() && self.config.as_ref().is_some_and(|c| c.reentry)
     }
 
     /// True if the response is a JSON answer, restored whole at its end.
@@ -1240,6 +1241,19 @@ mod tests {
         };
         assert_eq!(exchange.handle(&mut worker, 0, failed), Flow::Continue);
         assert!(!exchange.wants_response_body(true));
+    }
+
+    #[test]
+    fn without_reentry_a_pass_is_never_asked_whether_it_was_superseded() {
+        let mut worker = Worker::default();
+        let mut exchange = Exchange::default();
+        let rules = r#"{"rules":[{"detector":"email"}],"reentry":false}"#;
+        request(&mut worker, &mut exchange, rules, &chat_head(), BODY);
+        assert!(!exchange.stashes_when_superseded());
+        // the same request with the default does
+        let mut exchange = Exchange::default();
+        request(&mut worker, &mut exchange, EMAIL_RULES, &chat_head(), BODY);
+        assert!(exchange.stashes_when_superseded());
     }
 
     #[test]

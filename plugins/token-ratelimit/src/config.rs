@@ -24,7 +24,8 @@
 //!   "prompt_margin_percent": 10,
 //!   "prices": {"gpt-4o-mini": {"currency": "USD", "input": 150000, "output": 600000}},
 //!   "tokenizer_sample_bytes": 8192,
-//!   "usage_filter_state": "llm_usage"
+//!   "usage_filter_state": "llm_usage",
+//!   "reentry": true
 //! }
 //! ```
 //! Every field is described in the README. Limits are soft (buckets per instance, leased from
@@ -296,6 +297,12 @@ pub struct Config {
     /// Where usage-accounting publishes its record: `wasm.<usage_filter_state>`; the same
     /// name as usage-accounting's `filter_state`.
     pub usage_filter_state: String,
+    /// Watch for an internal redirect superseding the pass (`response.code_details` read at
+    /// `on_log`; a superseded pass settles nothing and stashes its admission for the next):
+    /// the fallback of Higress and `envoy-config/gateway-1.36.yaml`. `false` where the
+    /// fallback is the router's retries (`envoy-config/gateway.yaml`): every pass is final
+    /// there, and the read is saved.
+    pub reentry: bool,
 }
 
 impl Config {
@@ -363,6 +370,12 @@ struct RawConfig {
     tokenizer_sample_bytes: usize,
     #[serde(default = "default_usage_filter_state")]
     usage_filter_state: String,
+    #[serde(default = "default_true")]
+    reentry: bool,
+}
+
+fn default_true() -> bool {
+    true
 }
 
 #[derive(Deserialize)]
@@ -757,6 +770,7 @@ fn parse_scope(fields: &Map<String, Value>) -> Result<Config, ConfigError> {
             n => n,
         },
         usage_filter_state: raw.usage_filter_state,
+        reentry: raw.reentry,
     })
 }
 

@@ -13,6 +13,7 @@
 //!   "cost_headers": false,
 //!   "hold_headers": false,
 //!   "log_records": true,
+//!   "reentry": true,
 //!   "consumer_label": false,
 //!   "filter_state": "llm_usage",
 //!   "max_event_bytes": 1048576
@@ -50,6 +51,12 @@ pub struct UsageConfig {
     pub hold_headers: bool,
     /// Write one JSON log line per record.
     pub log_records: bool,
+    /// Watch for an internal redirect superseding the pass (`response.code_details` read at
+    /// `on_log`; a superseded pass records nothing and stashes its state for the next): the
+    /// fallback of Higress and `envoy-config/gateway-1.36.yaml`. `false` where the fallback is
+    /// the router's retries (`envoy-config/gateway.yaml`): every pass is final there, and the
+    /// read is saved.
+    pub reentry: bool,
     /// Label metrics with the consumer too (cardinality: one series per consumer).
     pub consumer_label: bool,
     /// Filter state name: the record is published as `wasm.<filter_state>`.
@@ -96,6 +103,8 @@ struct RawConfig {
     hold_headers: bool,
     #[serde(default = "default_true")]
     log_records: bool,
+    #[serde(default = "default_true")]
+    reentry: bool,
     #[serde(default)]
     consumer_label: bool,
     #[serde(default = "default_filter_state")]
@@ -187,6 +196,7 @@ fn parse_scope(fields: &Map<String, Value>) -> Result<UsageConfig, ConfigError> 
         cost_headers: raw.cost_headers,
         hold_headers: raw.hold_headers,
         log_records: raw.log_records,
+        reentry: raw.reentry,
         consumer_label: raw.consumer_label,
         filter_state: raw.filter_state,
         max_event_bytes: raw.max_event_bytes,
@@ -284,7 +294,8 @@ mod tests {
     #[test]
     fn defaults() {
         let c = parse(json!({})).unwrap();
-        assert!(c.inject_include_usage && c.log_records);
+        assert!(c.inject_include_usage && c.log_records && c.reentry);
+        assert!(!parse(json!({"reentry": false})).unwrap().reentry);
         assert!(!c.consumer_label && !c.cost_headers && !c.hold_headers);
         assert!(parse(json!({"hold_headers": true})).unwrap().hold_headers);
         assert_eq!(c.filter_state, "llm_usage");

@@ -193,6 +193,13 @@ impl Stage {
         self.active.is_some()
     }
 
+    /// True if [`Input::Log`] needs to know whether the pass was superseded (its config
+    /// watches for re-entry, `reentry`); otherwise every pass is final and the host need not
+    /// be asked.
+    pub fn watches_supersession(&self) -> bool {
+        self.active.as_ref().is_some_and(|a| a.config.reentry)
+    }
+
     /// True if the request body is read whole at its end (it may get `include_usage`).
     pub fn holds_request_body(&self) -> bool {
         self.active
@@ -738,6 +745,18 @@ mod tests {
             },
         );
         drain(stage)
+    }
+
+    #[test]
+    fn without_reentry_a_pass_is_never_asked_whether_it_was_superseded() {
+        for (doc, watches) in [(json!({}), true), (json!({"reentry": false}), false)] {
+            let (mut stage, mut worker, mut fake) =
+                (Stage::default(), Worker::default(), Fake::default());
+            let head = head("/v1/chat/completions", &[]);
+            start(&mut stage, &mut worker, &mut fake, doc.clone(), &head);
+            assert!(stage.is_active());
+            assert_eq!(stage.watches_supersession(), watches, "{doc}");
+        }
     }
 
     #[test]

@@ -454,6 +454,16 @@ impl Core {
         self.flows.get(&ctx).is_some_and(|f| !f.abandoned)
     }
 
+    /// True if [`Input::Log`] for request `ctx` needs to know whether its pass was superseded
+    /// (its config watches for re-entry, `reentry`); otherwise every pass is final and the host
+    /// need not be asked. A request this core does not know is asked about, as before.
+    pub fn watches_supersession(&self, ctx: u32) -> bool {
+        self.flows
+            .get(&ctx)
+            .and_then(|f| self.rules.configs().nth(f.config))
+            .is_none_or(|c| c.reentry)
+    }
+
     /// Redis calls awaiting a reply.
     pub fn calls_in_flight(&self) -> usize {
         self.calls.len()

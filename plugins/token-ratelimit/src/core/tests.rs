@@ -343,6 +343,26 @@ const REDIS_BUDGET_ALLOW: &str = r#"{"default_max_tokens":100,
 // Admission: local buckets
 
 #[test]
+fn without_reentry_a_pass_is_never_asked_whether_it_was_superseded() {
+    let env = Fake::default();
+    let without = LOCAL_RPM.replacen('{', r#"{"reentry": false, "#, 1);
+    for (config, watches) in [(LOCAL_RPM.to_string(), true), (without, false)] {
+        let mut core = new_core(&config, false);
+        core.handle(
+            T0,
+            Input::RequestHeaders {
+                ctx: 1,
+                config: Some(0),
+                head: head("k1"),
+                end_of_stream: false,
+            },
+            &env,
+        );
+        assert_eq!(core.watches_supersession(1), watches, "{config}");
+    }
+}
+
+#[test]
 fn a_chunked_request_body_is_capped_without_a_length() {
     let env = Fake::default();
     let mut core = new_core(LOCAL_RPM, false);

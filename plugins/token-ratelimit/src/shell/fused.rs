@@ -270,8 +270,13 @@ impl chain::Stage<chain::Exchange> for FusedStage {
     }
 
     fn log(&mut self, x: &mut chain::Exchange) {
-        let superseded = is_superseded(x.code_details(host::code_details));
         let ctx = self.id;
+        let watches = self
+            .state
+            .core
+            .try_borrow()
+            .map_or(true, |c| c.watches_supersession(ctx));
+        let superseded = watches && is_superseded(x.code_details(host::code_details));
         self.run(x, Input::Log { ctx, superseded });
     }
 }

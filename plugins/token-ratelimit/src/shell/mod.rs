@@ -434,9 +434,12 @@ impl HttpContext for Limiter {
     }
 
     fn on_log(&mut self) {
-        if self.state.is_some() {
-            let details = host::property_string(&["response", "code_details"]);
-            let superseded = is_superseded(details.ok().flatten().as_deref());
+        if let Some(state) = &self.state {
+            let watches = state.core.borrow().watches_supersession(self.id);
+            let superseded = watches && {
+                let details = host::property_string(&["response", "code_details"]);
+                is_superseded(details.ok().flatten().as_deref())
+            };
             self.run(Input::Log {
                 ctx: self.id,
                 superseded,

@@ -140,7 +140,8 @@ impl chain::Stage<chain::Exchange> for FusedStage {
         if !self.stage.is_active() {
             return;
         }
-        let superseded = is_superseded(x.code_details(host::code_details));
+        let superseded =
+            self.stage.watches_supersession() && is_superseded(x.code_details(host::code_details));
         self.drive(x, Input::Log { superseded });
     }
 }

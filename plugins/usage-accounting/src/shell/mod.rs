@@ -384,12 +384,14 @@ impl HttpContext for Request {
         if !self.stage.is_active() {
             return;
         }
-        let details = host::property_string(&["response", "code_details"])
-            .ok()
-            .flatten();
-        self.run(Input::Log {
-            superseded: is_superseded(details.as_deref()),
-        });
+        let superseded = self.stage.watches_supersession()
+            && is_superseded(
+                host::property_string(&["response", "code_details"])
+                    .ok()
+                    .flatten()
+                    .as_deref(),
+            );
+        self.run(Input::Log { superseded });
     }
 }
 
