@@ -171,9 +171,14 @@ fn execute_fused(command: Command, x: &mut chain::Exchange) -> Result<(), HostEr
             Ok(())
         }
         Command::SetRequestLength(length) => {
-            x.request
-                .set("content-length", length.to_string().as_bytes());
-            x.request.remove("transfer-encoding");
+            // A body framed by content-length gets its final length when the fused filter
+            // frames it after every stage's edits (bundle `fused::frame`); only a request
+            // without one (a redirect pass: Envoy removed it) is framed here.
+            if x.request.get("content-length").is_none() {
+                x.request
+                    .set("content-length", length.to_string().as_bytes());
+                x.request.remove("transfer-encoding");
+            }
             Ok(())
         }
         Command::ClearRouteCache => {
