@@ -9,7 +9,7 @@
 //! take many 15-digit numbers that are not cards.
 
 use crate::detect::{
-    at, before, context_before, digits_from, is_digit, is_word, Step, REFERENCE_WORDS,
+    at, before, context_before, digits_from, is_digit, is_word, Step, Words, REFERENCE_WORDS,
 };
 
 /// Lengths as a bit set: bit `n` for `n` digits.
@@ -65,7 +65,7 @@ const MAESTRO_SHORT: [Row; 3] = [
 ];
 
 /// Words for a card, lower case (ASCII compared ignoring case).
-pub(crate) const CARD_WORDS: [&[u8]; 12] = [
+pub(crate) const CARD_WORDS: Words = Words::new(&[
     b"card",
     b"maestro",
     b"karte",
@@ -78,7 +78,7 @@ pub(crate) const CARD_WORDS: [&[u8]; 12] = [
     "卡".as_bytes(),
     "カード".as_bytes(),
     "카드".as_bytes(),
-];
+]);
 
 fn fits(rows: &[Row], digits: &[u8]) -> bool {
     let n = digits.len() as u32;

@@ -480,65 +480,76 @@ fn is_key_char(c: u8) -> bool {
     c.is_ascii_alphanumeric() || c == b'_' || c == b'-'
 }
 
-/// The bytes the context words begin with (both cases of an ASCII letter): a window position
-/// whose byte is not one of them starts no word, whatever the list.
-struct FirstBytes([u64; 4]);
+/// A list of context words (lower case; ASCII letters compared ignoring case) with the set
+/// of bytes they begin with (both cases of an ASCII letter), built at compile time: a window
+/// position whose byte is not in the set starts none of them, and of the words only those
+/// with that first byte are compared.
+pub(crate) struct Words {
+    list: &'static [&'static [u8]],
+    firsts: [u64; 4],
+}
 
-impl FirstBytes {
-    fn of(words: &[&[u8]]) -> FirstBytes {
-        let mut set = FirstBytes([0; 4]);
-        for c in words.iter().filter_map(|w| w.first().copied()) {
-            for c in [c.to_ascii_lowercase(), c.to_ascii_uppercase()] {
-                if let Some(bits) = set.0.get_mut(usize::from(c >> 6)) {
-                    *bits |= 1 << (c & 63);
-                }
+impl Words {
+    // Evaluated at compile time (every list is a `const`): an index out of range would fail
+    // the build, never panic.
+    #[allow(clippy::indexing_slicing)]
+    pub(crate) const fn new(list: &'static [&'static [u8]]) -> Words {
+        let mut firsts = [0u64; 4];
+        let mut n = 0;
+        while n < list.len() {
+            let word = list[n];
+            if !word.is_empty() {
+                let c = word[0];
+                let lower = c.to_ascii_lowercase();
+                let upper = c.to_ascii_uppercase();
+                firsts[(lower >> 6) as usize] |= 1 << (lower & 63);
+                firsts[(upper >> 6) as usize] |= 1 << (upper & 63);
             }
+            n += 1;
         }
-        set
+        Words { list, firsts }
     }
 
-    fn has(&self, c: u8) -> bool {
-        self.0
+    fn may_start(&self, c: u8) -> bool {
+        self.firsts
             .get(usize::from(c >> 6))
             .is_some_and(|bits| bits & (1 << (c & 63)) != 0)
     }
-}
 
-/// Whether one of `words` (lower case) starts a word in the `window` bytes before `i`: ASCII
-/// letters compared ignoring case, and no ASCII letter right before it (so `tel` is found
-/// in "Tel." and "telephone", not in "hotel"). Reads at most `window` bytes per word.
-pub(crate) fn context_before(b: &[u8], i: usize, words: &[&[u8]], window: usize) -> bool {
-    let firsts = FirstBytes::of(words);
-    (i.saturating_sub(window)..i).any(|k| {
-        // most positions are inside a word or start no listed word: two bit tests rule
-        // them out before any word is compared
-        firsts.has(at(b, k))
-            && !before(b, k).is_ascii_alphabetic()
-            && words.iter().any(|w| {
-                k + w.len() <= i
-                    && b.get(k..k + w.len())
-                        .is_some_and(|win| win.eq_ignore_ascii_case(w))
-            })
-    })
-}
-
-/// Whether one of `words` (lower case) starts a word in the `window` bytes after `end` (the
-/// same comparison as [`context_before`]): "5272868387 is the phone number",
-/// "…は昨日伺ったマイナンバーです". Reads at most `window` bytes per word.
-pub(crate) fn context_after(b: &[u8], end: usize, words: &[&[u8]], window: usize) -> bool {
-    let firsts = FirstBytes::of(words);
-    (end..end.saturating_add(window).min(b.len())).any(|k| {
-        firsts.has(at(b, k))
-            && !before(b, k).is_ascii_alphabetic()
-            && words.iter().any(|w| {
-                b.get(k..k + w.len())
+    /// Whether one of the words starts a word at `k` and ends by `limit`.
+    fn at(&self, b: &[u8], k: usize, limit: usize) -> bool {
+        let c = at(b, k);
+        if !self.may_start(c) || before(b, k).is_ascii_alphabetic() {
+            return false;
+        }
+        let lower = c.to_ascii_lowercase();
+        self.list.iter().any(|w| {
+            w.first() == Some(&lower)
+                && k + w.len() <= limit
+                && b.get(k..k + w.len())
                     .is_some_and(|win| win.eq_ignore_ascii_case(w))
-            })
-    })
+        })
+    }
+}
+
+/// Whether one of `words` starts a word in the `window` bytes before `i`: ASCII letters
+/// compared ignoring case, and no ASCII letter right before it (so `tel` is found in "Tel."
+/// and "telephone", not in "hotel"). Reads at most `window` bytes per word.
+pub(crate) fn context_before(b: &[u8], i: usize, words: &Words, window: usize) -> bool {
+    // most positions are inside a word or start no listed word: two bit tests rule them out
+    // before any word is compared
+    (i.saturating_sub(window)..i).any(|k| words.at(b, k, i))
+}
+
+/// Whether one of `words` starts a word in the `window` bytes after `end` (the same
+/// comparison as [`context_before`]): "5272868387 is the phone number",
+/// "…は昨日伺ったマイナンバーです". Reads at most `window` bytes per word.
+pub(crate) fn context_after(b: &[u8], end: usize, words: &Words, window: usize) -> bool {
+    (end..end.saturating_add(window).min(b.len())).any(|k| words.at(b, k, usize::MAX))
 }
 
 /// Words before a number that say it is a reference, not personal data (lower case).
-pub(crate) const REFERENCE_WORDS: [&[u8]; 17] = [
+pub(crate) const REFERENCE_WORDS: Words = Words::new(&[
     b"order",
     b"invoice",
     b"tracking",
@@ -556,7 +567,7 @@ pub(crate) const REFERENCE_WORDS: [&[u8]; 17] = [
     "订单".as_bytes(),
     "单号".as_bytes(),
     "注文".as_bytes(),
-];
+]);
 
 /// Runs `try_at` at every position whose byte can begin a match (`first`); on a match,
 /// reports it and continues after its end. Every `try_at` reads a bounded number of bytes, or
@@ -833,7 +844,7 @@ fn ipv4(b: &[u8], i: usize) -> Step {
 }
 
 /// Words before a dotted quad that make it a version number (lower case).
-const VERSION_WORDS: [&[u8]; 4] = [b"version", b"release", b"build", b"firmware"];
+const VERSION_WORDS: Words = Words::new(&[b"version", b"release", b"build", b"firmware"]);
 
 fn is_ipv6_char(c: u8) -> bool {
     c.is_ascii_hexdigit() || c == b':' || c == b'.'

@@ -22,19 +22,19 @@
 
 use crate::card::CARD_WORDS;
 use crate::detect::{
-    at, before, context_after, context_before, digits_from, is_digit, is_word, Step,
+    at, before, context_after, context_before, digits_from, is_digit, is_word, Step, Words,
     REFERENCE_WORDS,
 };
 use crate::phone::PHONE_WORDS;
 
 /// Words for a German tax id (lower case; ASCII ignoring case).
-pub(crate) const TAX_ID_WORDS: [&[u8]; 5] = [
+pub(crate) const TAX_ID_WORDS: Words = Words::new(&[
     b"steuer",
     b"idnr",
     b"id-nr",
     b"identifikationsnummer",
     b"tax",
-];
+]);
 
 fn starts_clean(b: &[u8], i: usize) -> bool {
     let prev = before(b, i);
@@ -85,7 +85,7 @@ pub(crate) fn ssn_us(b: &[u8], i: usize) -> Step {
             };
             e
         }
-        9 if context_before(b, i, &[b"ssn", b"social security"], 32) => run,
+        9 if context_before(b, i, &SSN_WORDS, 32) => run,
         _ => return Step::Skip(digits_from(b, i, usize::MAX)),
     };
     if !ends_clean(b, end) {
@@ -391,14 +391,17 @@ pub(crate) fn my_number_jp(b: &[u8], i: usize) -> Step {
     }
 }
 
+/// Words for a US Social Security number before a bare 9-digit run (lower case).
+const SSN_WORDS: Words = Words::new(&[b"ssn", b"social security"]);
+
 /// Words for a My Number before a bare 12-digit run (lower case; ASCII ignoring case).
-const MY_NUMBER_WORDS: [&[u8]; 5] = [
+const MY_NUMBER_WORDS: Words = Words::new(&[
     b"my number",
     b"mynumber",
     b"individual number",
     "マイナンバー".as_bytes(),
     "個人番号".as_bytes(),
-];
+]);
 
 /// Whether the text names a My Number around the number at `i..end`: a word for it in the
 /// 32 bytes before, or in the 48 after ("…は昨日お客様から伺ったマイナンバーです").

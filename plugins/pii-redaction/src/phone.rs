@@ -38,7 +38,7 @@
 //! Each try reads at most a few dozen bytes, so the scan stays linear.
 
 use crate::detect::{
-    at, before, context_after, context_before, is_digit, is_word, Step, REFERENCE_WORDS,
+    at, before, context_after, context_before, is_digit, is_word, Step, Words, REFERENCE_WORDS,
 };
 use crate::national_id::{valid_tax_id_de, TAX_ID_WORDS};
 
@@ -232,7 +232,7 @@ fn named_tax_id(s: &Shape, b: &[u8], i: usize, end: usize) -> bool {
 }
 
 /// Words for a phone, lower case (ASCII compared ignoring case).
-pub(crate) const PHONE_WORDS: [&[u8]; 31] = [
+pub(crate) const PHONE_WORDS: Words = Words::new(&[
     b"phone",
     b"tel", // tel, telephone, Telefon, teléfono, telefono
     b"call",
@@ -264,7 +264,7 @@ pub(crate) const PHONE_WORDS: [&[u8]; 31] = [
     "番号".as_bytes(),
     "号码".as_bytes(),
     "연락처".as_bytes(),
-];
+]);
 
 /// A bare run of digits with a word for a phone in the 32 bytes before or the 24 after ("5272868387 is
 /// the phone number"): a North American number with valid area and exchange codes, or a trunk
