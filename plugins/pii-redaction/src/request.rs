@@ -186,8 +186,9 @@ pub struct Carried {
 
 /// Redacts one pass's request body. `carried`: the fingerprint the superseded pass forwarded,
 /// when this pass re-enters (`map` then holds that pass's map). Returns the redaction and the
-/// fingerprint of what this pass forwards (`None` outside `messages` scope or when nothing
-/// is forwarded).
+/// fingerprint of what this pass forwards (`None` outside `messages` scope, when nothing is
+/// forwarded, or when the config watches for no re-entry, `reentry: false`, and nothing is
+/// carried: no fingerprint is taken then).
 ///
 /// A re-entering body whose message texts are exactly what the superseded pass forwarded
 /// is that pass's own output: it passes unchanged and `map` stays as carried. Any other body
@@ -208,7 +209,9 @@ pub fn redact_pass(
         BodyScope::RawBody => (redact_raw(config, body, map), None),
         BodyScope::Messages => {
             let before = carried.map(|_| map.clone());
-            let (result, incoming, forwarded) = redact_messages(config, api, body, map);
+            // without re-entry (and nothing carried) no pass asks for a fingerprint
+            let prints = config.reentry || carried.is_some();
+            let (result, incoming, forwarded) = redact_messages(config, api, body, map, prints);
             if let (Some(carried), Some(incoming), Some(before)) = (carried, incoming, before) {
                 if carried == incoming {
                     *map = before;
@@ -339,15 +342,24 @@ fn redact_raw(
 type Rewrite = Result<Option<Vec<u8>>, Redaction>;
 
 /// The redaction of a JSON body, the [`fingerprint`] of its incoming message texts and that
-/// of the body it forwards (`None` when nothing is forwarded).
+/// of the body it forwards (`None` when nothing is forwarded); with `prints` false neither
+/// fingerprint is taken (both `None`).
 fn redact_messages(
     config: &PiiConfig,
     api: Api,
     body: &[u8],
     map: &mut PlaceholderMap,
+    prints: bool,
 ) -> (Rewrite, Option<u64>, Option<u64>) {
+    if !prints {
+        return (
+            redact_messages_into(config, api, body, map, None),
+            None,
+            None,
+        );
+    }
     let mut prints = Prints::default();
-    let result = redact_messages_into(config, api, body, map, &mut prints);
+    let result = redact_messages_into(config, api, body, map, Some(&mut prints));
     let incoming = match &result {
         Err(Redaction::Invalid(_)) => None,
         _ => Some(prints.incoming.finish()),
@@ -435,7 +447,7 @@ fn redact_messages_into(
     api: Api,
     body: &[u8],
     map: &mut PlaceholderMap,
-    prints: &mut Prints,
+    mut prints: Option<&mut Prints>,
 ) -> Result<Option<Vec<u8>>, Redaction> {
     let mut edits: Vec<(Range<usize>, Vec<u8>)> = Vec::new();
     let mut blocked: Option<Blocked> = None;
@@ -450,24 +462,33 @@ fn redact_messages_into(
             return;
         }
         let Some(text) = body.get(span.clone()).and_then(json::decode_lossy) else {
-            prints.incoming.add(path, None);
+            if let Some(prints) = prints.as_deref_mut() {
+                prints.incoming.add(path, None);
+            }
             undecodable = Some(span.start);
             return;
         };
-        let hash = text_hash(&text);
+        let hash = prints.is_some().then(|| text_hash(&text));
+        let came = |prints: &mut Option<&mut Prints>| {
+            if let (Some(prints), Some(hash)) = (prints.as_deref_mut(), hash) {
+                prints.incoming.add_hashed(path, 0, Some(hash));
+            }
+        };
         if blocked.is_some() {
-            prints.incoming.add_hashed(path, 0, Some(hash));
+            came(&mut prints);
             return;
         }
         match config.redactor.redact(&text, map) {
             Ok(masked) => {
-                prints.add(path, hash, masked.as_deref(), in_front);
+                if let (Some(prints), Some(hash)) = (prints.as_deref_mut(), hash) {
+                    prints.add(path, hash, masked.as_deref(), in_front);
+                }
                 if let Some(new) = masked {
                     edits.push((span, json::quote(&new).into_bytes()));
                 }
             }
             Err(b) => {
-                prints.incoming.add_hashed(path, 0, Some(hash));
+                came(&mut prints);
                 blocked = Some(b);
             }
         }
@@ -487,11 +508,13 @@ fn redact_messages_into(
     }
     if let Some(preamble) = &config.preamble {
         if let Some((span, new)) = anchors.preamble_edit(api, body, preamble) {
-            prints.reshaped = if in_front {
-                Reshaped::MessageInFront
-            } else {
-                Reshaped::Otherwise
-            };
+            if let Some(prints) = prints {
+                prints.reshaped = if in_front {
+                    Reshaped::MessageInFront
+                } else {
+                    Reshaped::Otherwise
+                };
+            }
             // A string the preamble goes in front of may itself be masked: one edit of both
             // (two edits of one span would drop the second, the preamble).
             match edits.iter_mut().find(|(s, _)| *s == span) {
@@ -950,6 +973,46 @@ mod tests {
         // nothing masked: no preamble
         let plain = json!({"messages": [{"role": "user", "content": "hi"}]});
         assert_eq!(run(doc, Api::Chat, &plain).0, Redaction::Unchanged);
+    }
+
+    /// With `"reentry": false` no fingerprint is taken (nothing asks for one) and the body is
+    /// redacted to the same bytes; a carried fingerprint still has the pass compare.
+    #[test]
+    fn without_reentry_no_fingerprint_is_taken_and_the_redaction_is_the_same() {
+        let with = config(r#"{"preamble": "P"}"#);
+        let without = config(r#"{"preamble": "P", "reentry": false}"#);
+        for (api, body) in [
+            (
+                Api::Chat,
+                json!({"messages": [{"role": "user", "content": "a@x.com"}]}),
+            ),
+            (
+                Api::Chat,
+                json!({"messages": [{"role": "user", "content": "hi"}]}),
+            ),
+            (Api::Responses, json!({"input": "mail a@x.com"})),
+        ] {
+            let bytes = serde_json::to_vec(&body).unwrap();
+            let (mut a, mut b) = (PlaceholderMap::default(), PlaceholderMap::default());
+            let (r_with, print) = redact_pass(&with, api, &bytes, &mut a, None);
+            let (r_without, none) = redact_pass(&without, api, &bytes, &mut b, None);
+            assert_eq!(r_with, r_without, "{body}");
+            assert!(print.is_some(), "{body}");
+            assert_eq!(none, None, "{body}");
+            assert_eq!(a.total(), b.total());
+        }
+        // a pass that carries the superseded pass's fingerprint still recognises its output
+        let bytes =
+            serde_json::to_vec(&json!({"messages": [{"role": "user", "content": "a@x.com"}]}))
+                .unwrap();
+        let mut first = PlaceholderMap::default();
+        let (r, forwarded) = redact_pass(&with, Api::Chat, &bytes, &mut first, None);
+        let Redaction::Rewritten(out) = r else {
+            panic!("{r:?}")
+        };
+        let mut again = first.clone();
+        let (r, _) = redact_pass(&without, Api::Chat, &out, &mut again, forwarded);
+        assert_eq!(r, Redaction::Unchanged);
     }
 
     /// The first pass of a request, then the pass that re-enters after an internal redirect
