@@ -70,7 +70,8 @@ pub struct PiiConfig {
     /// Envoy never delivers the body to the plugin.
     pub hold_headers: bool,
     /// Watch for an internal redirect superseding the pass (`response.code_details` read at
-    /// `on_log`; the placeholder map stashed for the next pass): the fallback of Higress and
+    /// `on_log`; the placeholder map stashed for the next pass; the message texts fingerprinted
+    /// to tell a re-sent body from the forwarded one): the fallback of Higress and
     /// `envoy-config/gateway-1.36.yaml`. `false` where the fallback is the router's retries
     /// (`envoy-config/gateway.yaml`): nothing re-enters the chain there, and the read is
     /// saved.
