@@ -7,6 +7,12 @@
 
 use std::fmt;
 
+/// `true`: the serde default of a switch that is on unless the config turns it off
+/// (`#[serde(default = "config::default_true")]`).
+pub fn default_true() -> bool {
+    true
+}
+
 /// A configuration the plugin refuses, with the JSON path of the offending field.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigError {

@@ -150,9 +150,9 @@ struct RawConfig {
     query_param: Option<String>,
     #[serde(default)]
     allow: Option<Vec<String>>,
-    #[serde(default = "default_true")]
+    #[serde(default = "config::default_true")]
     global_auth: bool,
-    #[serde(default = "default_true")]
+    #[serde(default = "config::default_true")]
     reentry: bool,
     #[serde(default)]
     redis: Option<RawStore>,
@@ -265,10 +265,6 @@ struct RawKey {
 
 fn default_sources() -> Vec<String> {
     vec!["authorization".into(), "x-api-key".into(), "api-key".into()]
-}
-
-fn default_true() -> bool {
-    true
 }
 
 fn default_tenant() -> String {

@@ -109,7 +109,7 @@ struct RawConfig {
     version: Option<String>,
     #[serde(default = "default_max_attempts")]
     max_attempts: usize,
-    #[serde(default = "yes")]
+    #[serde(default = "config::default_true")]
     enforce_groups: bool,
     #[serde(default)]
     deployments: Vec<RawDeployment>,
@@ -132,10 +132,6 @@ pub const DEFAULT_MAX_COOLDOWN_MS: u64 = 60_000;
 
 fn default_max_cooldown_ms() -> u64 {
     DEFAULT_MAX_COOLDOWN_MS
-}
-
-fn yes() -> bool {
-    true
 }
 
 /// A provider deployment: one model at one provider, reached through one upstream cluster.

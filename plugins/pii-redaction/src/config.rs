@@ -95,14 +95,10 @@ struct RawConfig {
     preamble: Option<String>,
     #[serde(default)]
     hold_headers: bool,
-    #[serde(default = "default_true")]
+    #[serde(default = "config::default_true")]
     reentry: bool,
     #[serde(default)]
     output_rules: Option<Vec<RawRule>>,
-}
-
-fn default_true() -> bool {
-    true
 }
 
 #[derive(Deserialize)]

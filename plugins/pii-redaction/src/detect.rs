@@ -517,7 +517,7 @@ impl Words {
     }
 
     /// Whether one of the words starts a word at `k` and ends by `limit`.
-    fn at(&self, b: &[u8], k: usize, limit: usize) -> bool {
+    fn starts_at(&self, b: &[u8], k: usize, limit: usize) -> bool {
         let c = at(b, k);
         if !self.may_start(c) || before(b, k).is_ascii_alphabetic() {
             return false;
@@ -538,14 +538,14 @@ impl Words {
 pub(crate) fn context_before(b: &[u8], i: usize, words: &Words, window: usize) -> bool {
     // most positions are inside a word or start no listed word: two bit tests rule them out
     // before any word is compared
-    (i.saturating_sub(window)..i).any(|k| words.at(b, k, i))
+    (i.saturating_sub(window)..i).any(|k| words.starts_at(b, k, i))
 }
 
 /// Whether one of `words` starts a word in the `window` bytes after `end` (the same
 /// comparison as [`context_before`]): "5272868387 is the phone number",
 /// "…は昨日伺ったマイナンバーです". Reads at most `window` bytes per word.
 pub(crate) fn context_after(b: &[u8], end: usize, words: &Words, window: usize) -> bool {
-    (end..end.saturating_add(window).min(b.len())).any(|k| words.at(b, k, usize::MAX))
+    (end..end.saturating_add(window).min(b.len())).any(|k| words.starts_at(b, k, usize::MAX))
 }
 
 /// Words before a number that say it is a reference, not personal data (lower case).

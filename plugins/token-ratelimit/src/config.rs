@@ -370,12 +370,8 @@ struct RawConfig {
     tokenizer_sample_bytes: usize,
     #[serde(default = "default_usage_filter_state")]
     usage_filter_state: String,
-    #[serde(default = "default_true")]
+    #[serde(default = "config::default_true")]
     reentry: bool,
-}
-
-fn default_true() -> bool {
-    true
 }
 
 #[derive(Deserialize)]

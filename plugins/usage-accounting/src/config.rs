@@ -95,15 +95,15 @@ struct RawConfig {
     prices: Map<String, Value>,
     #[serde(default)]
     default_price: Option<Value>,
-    #[serde(default = "default_true")]
+    #[serde(default = "config::default_true")]
     inject_include_usage: bool,
     #[serde(default)]
     cost_headers: bool,
     #[serde(default)]
     hold_headers: bool,
-    #[serde(default = "default_true")]
+    #[serde(default = "config::default_true")]
     log_records: bool,
-    #[serde(default = "default_true")]
+    #[serde(default = "config::default_true")]
     reentry: bool,
     #[serde(default)]
     consumer_label: bool,
@@ -117,9 +117,6 @@ struct RawConfig {
 
 fn default_currency() -> String {
     "USD".into()
-}
-fn default_true() -> bool {
-    true
 }
 fn default_filter_state() -> String {
     llm_gateway_shared::usage_record::PROPERTY.into()
