@@ -496,9 +496,12 @@ async fn a_provider_that_sends_garbage() {
         "endless: {} MiB read, Envoy RSS every 8 MiB (KiB): {rss:?}",
         total >> 20
     );
-    // A filter holding the line grows Envoy by at least what flowed, in every 8 MiB window;
-    // the allocator takes a step of 15-40 MiB once or twice, at any point of the line.
-    let growing = rss.windows(2).filter(|w| w[1] > w[0] + 4 * 1024).count();
+    // A filter holding the line grows Envoy by at least what flowed, in every 8 MiB window
+    // (appending touches new pages). Not holding it, Envoy warms up by 4-5 MiB a window over
+    // the first windows (seen: three in a row at 0-24 MiB) and the allocator takes a step of
+    // 15-40 MiB once or twice, at any point of the line: a window counts as growing when it
+    // grows by three quarters of what flowed through it.
+    let growing = rss.windows(2).filter(|w| w[1] > w[0] + 6 * 1024).count();
     assert!(
         rss.len() >= 8 && growing <= 2,
         "Envoy keeps growing with the line: {rss:?}"
