@@ -3,10 +3,12 @@
 //! agrees. The decisions are [`crate::breaker`]'s; this is the accounting around them (CAS
 //! rounds, fail-open, who claims the probe), over a [`Store`].
 //!
-//! Next to each breaker, a provider's cooldown (`llm_router:cooldown:<name>`: the Unix ms until
-//! which the deployment asked to be left alone, [`crate::signals`]): admission skips a cooling
-//! deployment as it skips an open breaker. A cooldown only ever grows (the later deadline of
-//! the stored one and a new one wins), capped by `max_cooldown_ms`.
+//! The same value holds the deployment's provider cooldown (the Unix ms until which the
+//! deployment asked to be left alone, [`crate::signals`]; see [`Entry`]): admission skips a
+//! cooling deployment as it skips an open breaker. A cooldown only ever grows (the later
+//! deadline of the stored one and a new one wins), capped by `max_cooldown_ms`. One value, not
+//! two keys: admitting a deployment reads shared data once (every request admits each
+//! deployment of its plan, and each read costs the host an allocation in the VM).
 
 use super::{Core, Level};
 use crate::breaker::{State, Transition, Verdict};
@@ -55,27 +57,50 @@ pub fn key(deployment: &str) -> String {
     ["llm_router:breaker:", deployment].concat()
 }
 
-/// The shared-data key of a deployment's provider cooldown.
-pub fn cooldown_key(deployment: &str) -> String {
-    ["llm_router:cooldown:", deployment].concat()
+/// What a breaker key holds: the breaker's state and the provider's cooldown deadline, as
+/// [`State::encode`]'s form with the deadline as one more field when there is one
+/// (`c 0 0 0 0 1767225600000`). [`State::decode`] reads the state of either form.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Entry {
+    /// The breaker.
+    pub state: State,
+    /// Unix ms until which the provider asked to be left alone; 0: never asked.
+    pub cooldown_until_ms: u64,
 }
 
-/// A stored cooldown deadline (Unix ms); junk reads as none.
-fn decode_cooldown(bytes: &[u8]) -> u64 {
-    std::str::from_utf8(bytes)
-        .ok()
-        .and_then(|t| t.parse().ok())
-        .unwrap_or(0)
-}
+impl Entry {
+    /// The entry of a stored value (`None`: no value yet); junk reads as a fresh breaker, and
+    /// a deadline that is no number as none.
+    pub fn decode(value: Option<&[u8]>) -> Entry {
+        let Some(bytes) = value else {
+            return Entry::default();
+        };
+        let cooldown_until_ms = bytes
+            .split(|&b| b == b' ')
+            .nth(5)
+            .and_then(|t| std::str::from_utf8(t).ok())
+            .and_then(|t| t.parse().ok())
+            .unwrap_or(0);
+        Entry {
+            state: State::decode(bytes),
+            cooldown_until_ms,
+        }
+    }
 
-/// The deployment's provider cooldown: `Skip(remaining ms)` while it lasts. No shared data:
-/// none (fail open).
-fn cooling(deployment: &str, now_ms: u64, store: &dyn Store) -> Option<Admission> {
-    let Ok((Some(value), _)) = store.get(&cooldown_key(deployment)) else {
-        return None;
-    };
-    let until = decode_cooldown(&value);
-    (until > now_ms).then(|| Admission::Skip(until - now_ms))
+    /// The stored form.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut bytes = self.state.encode();
+        if self.cooldown_until_ms > 0 {
+            bytes.extend_from_slice(format!(" {}", self.cooldown_until_ms).as_bytes());
+        }
+        bytes
+    }
+
+    /// The provider's cooldown: `Skip(remaining ms)` while it lasts.
+    fn cooling(&self, now_ms: u64) -> Option<Admission> {
+        let until = self.cooldown_until_ms;
+        (until > now_ms).then(|| Admission::Skip(until - now_ms))
+    }
 }
 
 /// Creates every deployment's breaker entry that does not exist yet. proxy-wasm has no
@@ -87,20 +112,16 @@ pub fn seed(rules: &RuleSet<RouterConfig>, store: &dyn Store) {
             let key = key(&deployment.name);
             if let Ok((None, _)) = store.get(&key) {
                 // a failed seed leaves the first update unconditional: still correct
-                let _ = store.set(&key, &State::default().encode(), 0);
-            }
-            let key = cooldown_key(&deployment.name);
-            if let Ok((None, _)) = store.get(&key) {
-                let _ = store.set(&key, b"0", 0);
+                let _ = store.set(&key, &Entry::default().encode(), 0);
             }
         }
     }
 }
 
 impl Core {
-    /// Asks the deployment's breaker; claims the probe with CAS when it is this request's
-    /// turn. No shared data: admitted (fail open). Lost every race: skipped (someone else
-    /// probes).
+    /// Skips a cooling deployment, else asks its breaker; claims the probe with CAS when it
+    /// is this request's turn. No shared data: admitted (fail open). Lost every race: skipped
+    /// (someone else probes).
     pub(crate) fn admit(
         &mut self,
         config: &RouterConfig,
@@ -108,19 +129,27 @@ impl Core {
         now_ms: u64,
         store: &dyn Store,
     ) -> Admission {
-        if let Some(skip) = cooling(&deployment.name, now_ms, store) {
-            return skip;
-        }
         let key = key(&deployment.name);
         for _ in 0..CAS_ROUNDS {
             let Ok((value, cas)) = store.get(&key) else {
                 return Admission::Admit;
             };
-            let state = value.as_deref().map(State::decode).unwrap_or_default();
-            match state.admit(&config.breaker, now_ms) {
+            let entry = Entry::decode(value.as_deref());
+            if let Some(skip) = entry.cooling(now_ms) {
+                return skip;
+            }
+            match entry.state.admit(&config.breaker, now_ms) {
                 Verdict::Admit(None) => return Admission::Admit,
                 Verdict::Skip(ms) => return Admission::Skip(ms),
-                Verdict::Admit(Some(probing)) => match store.set(&key, &probing.encode(), cas) {
+                Verdict::Admit(Some(probing)) => match store.set(
+                    &key,
+                    &Entry {
+                        state: probing,
+                        ..entry
+                    }
+                    .encode(),
+                    cas,
+                ) {
                     Ok(()) => {
                         self.log(
                             Level::Info,
@@ -155,11 +184,16 @@ impl Core {
             let Ok((value, cas)) = store.get(&key) else {
                 return;
             };
-            let state = value.as_deref().map(State::decode).unwrap_or_default();
-            let (next, transition) = state.record(&config.breaker, failed, now_ms);
-            if next == state {
+            let entry = Entry::decode(value.as_deref());
+            let (next, transition) = entry.state.record(&config.breaker, failed, now_ms);
+            if next == entry.state {
                 return;
             }
+            // the cooldown stays as it is
+            let next = Entry {
+                state: next,
+                ..entry
+            };
             match store.set(&key, &next.encode(), cas) {
                 Ok(()) => {
                     match transition {
@@ -212,15 +246,21 @@ impl Core {
             return None;
         }
         let until = now_ms.saturating_add(ms);
-        let key = cooldown_key(deployment);
+        let key = key(deployment);
         for _ in 0..CAS_ROUNDS {
             let Ok((value, cas)) = store.get(&key) else {
                 return None;
             };
-            if value.as_deref().map(decode_cooldown).unwrap_or(0) >= until {
+            let entry = Entry::decode(value.as_deref());
+            if entry.cooldown_until_ms >= until {
                 return None;
             }
-            match store.set(&key, until.to_string().as_bytes(), cas) {
+            // the breaker stays as it is
+            let next = Entry {
+                cooldown_until_ms: until,
+                ..entry
+            };
+            match store.set(&key, &next.encode(), cas) {
                 Ok(()) => {
                     self.log(
                         Level::Info,
@@ -245,14 +285,14 @@ pub fn admit_without_probe(
     now_ms: u64,
     store: &dyn Store,
 ) -> Admission {
-    if let Some(skip) = cooling(&deployment.name, now_ms, store) {
-        return skip;
-    }
     let Ok((value, _)) = store.get(&key(&deployment.name)) else {
         return Admission::Admit; // no shared data: fail open
     };
-    let state = value.as_deref().map(State::decode).unwrap_or_default();
-    match state.admit(&config.breaker, now_ms) {
+    let entry = Entry::decode(value.as_deref());
+    if let Some(skip) = entry.cooling(now_ms) {
+        return skip;
+    }
+    match entry.state.admit(&config.breaker, now_ms) {
         Verdict::Admit(None) => Admission::Admit,
         Verdict::Admit(Some(_)) => Admission::Skip(0),
         Verdict::Skip(ms) => Admission::Skip(ms),

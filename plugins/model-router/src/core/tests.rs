@@ -1316,8 +1316,8 @@ fn a_reentering_pass_continues_the_plan_and_its_breaker_learns_at_on_log() {
     );
     assert_eq!(
         rig.store.writes.get(),
-        8,
-        "only the seeds (breakers and cooldowns) so far: on_log decides"
+        4,
+        "only the seeds (one per deployment) so far: on_log decides"
     );
     view.set_prop("response.code_details", b"via_upstream");
     rig.run(&view, 1, Input::Log);
@@ -1772,13 +1772,9 @@ fn signals_doc() -> String {
 
 /// The stored cooldown deadline (0: none).
 fn cooldown_until(store: &FakeStore, deployment: &str) -> u64 {
-    store
-        .data
-        .borrow()
-        .get(&super::breakers::cooldown_key(deployment))
-        .and_then(|(v, _)| String::from_utf8(v.clone()).ok())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
+    let data = store.data.borrow();
+    let value = data.get(&key(deployment)).map(|(v, _)| v.as_slice());
+    super::breakers::Entry::decode(value).cooldown_until_ms
 }
 
 /// An upstream core whose listener has `doc`.
@@ -1951,9 +1947,8 @@ fn a_groups_retry_on_decides_which_statuses_move_on() {
 #[test]
 fn admission_skips_a_cooling_deployment_until_its_deadline() {
     let mut rig = Rig::new(DOC);
-    rig.store
-        .set(&super::breakers::cooldown_key("a"), b"2000", 0)
-        .unwrap();
+    // the breaker's state and the deadline in one value
+    rig.store.set(&key("a"), b"c 0 0 0 0 2000", 0).unwrap();
     let first = |rig: &mut Rig, ms: u64, context: u32, group: &str| {
         let view = FakeView::request(
             "/v1/chat/completions",
@@ -1981,11 +1976,60 @@ fn admission_skips_a_cooling_deployment_until_its_deadline() {
     // over: a again, and its breaker was never touched
     assert_eq!(first(&mut rig, 2_000, 4, "fast").0.as_deref(), Some("a"));
     assert_eq!(rig.store.breaker("a"), State::default());
-    // junk in shared data is no cooldown
-    rig.store
-        .set(&super::breakers::cooldown_key("a"), b"soon", 0)
-        .unwrap();
+    assert_eq!(cooldown_until(&rig.store, "a"), 2000);
+    // a deadline that is no number is no cooldown
+    rig.store.set(&key("a"), b"c 0 0 0 0 soon", 0).unwrap();
     assert_eq!(first(&mut rig, 0, 5, "fast").0.as_deref(), Some("a"));
+}
+
+#[test]
+fn the_breaker_and_the_cooldown_share_one_value_and_leave_each_other_alone() {
+    use super::breakers::Entry;
+    let open = State {
+        phase: Phase::Open { until_ms: 9 },
+        ..State::default()
+    };
+    for entry in [
+        Entry::default(),
+        Entry {
+            state: open,
+            cooldown_until_ms: 0,
+        },
+        Entry {
+            state: open,
+            cooldown_until_ms: 5_000,
+        },
+    ] {
+        assert_eq!(Entry::decode(Some(&entry.encode())), entry);
+    }
+    assert_eq!(Entry::decode(None), Entry::default());
+    assert_eq!(Entry::decode(Some(b"junk")), Entry::default());
+    // a value without the deadline (as seeded) has no cooldown
+    assert_eq!(Entry::decode(Some(&open.encode())).cooldown_until_ms, 0);
+
+    let mut rig = Rig::new(DOC);
+    let rules = parse_document(DOC.as_bytes()).unwrap();
+    let config = rules.configs().next().unwrap();
+    rig.core.record(config, "a", true, 1_000, &rig.store);
+    let failed = rig.store.breaker("a");
+    assert_ne!(failed, State::default());
+    // a cooldown keeps the failures counted, and an outcome recorded keeps the cooldown
+    assert_eq!(
+        rig.core.cool_down(60_000, "a", 2_000, 1_000, &rig.store),
+        Some(3_000)
+    );
+    assert_eq!(rig.store.breaker("a"), failed);
+    assert_eq!(cooldown_until(&rig.store, "a"), 3_000);
+    rig.core.record(config, "a", false, 1_500, &rig.store);
+    assert_ne!(rig.store.breaker("a"), failed);
+    assert_eq!(cooldown_until(&rig.store, "a"), 3_000);
+    // one key per deployment (the seeds and a's): no cooldown of its own
+    let keys: Vec<String> = rig.store.data.borrow().keys().cloned().collect();
+    assert!(keys.contains(&key("a")), "{keys:?}");
+    assert!(
+        keys.iter().all(|k| k.starts_with("llm_router:breaker:")),
+        "{keys:?}"
+    );
 }
 
 #[test]
