@@ -101,10 +101,13 @@ pub struct StreamRestorer {
     streams: BTreeMap<StreamKey, Held>,
     /// Output rules, applied to the model's text before placeholders are restored.
     output: Option<Redactor>,
+    /// The data of the last event read whose [`Reading`] was one delta and nothing else, and
+    /// that delta: see [`StreamRestorer::read`].
+    single: Option<(String, Delta)>,
 }
 
 /// A delta string found in an event.
-#[derive(Debug, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 struct Delta {
     key: StreamKey,
     span: Range<usize>,
@@ -136,6 +139,7 @@ impl StreamRestorer {
         StreamRestorer {
             streams: BTreeMap::new(),
             output,
+            single: None,
         }
     }
 
@@ -154,7 +158,7 @@ impl StreamRestorer {
             out.extend_from_slice(&event.raw);
             return;
         }
-        let reading = read(data);
+        let reading = self.read(data);
         for end in &reading.ends {
             self.release(
                 map,
@@ -226,6 +230,36 @@ impl StreamRestorer {
         write_event(out, event.event.as_deref(), event.id.as_deref(), &new_data);
     }
 
+    /// [`read`], without walking an event that repeats the last one read but for its delta
+    /// string. A stream's events differ in little else (the same `id`, `created`, `model`,
+    /// `choices[0].index`), and while the restorer holds text back (a placeholder cut between
+    /// events) every event is read. When the last reading was one delta and nothing else (no
+    /// end, no other string with a `[`), an event whose bytes are the last one's before and
+    /// after that delta, with one JSON string between, reads the same: the same members and
+    /// scalars at the same paths, and a delta string counts whatever it holds. Its reading is
+    /// that delta at the new span.
+    fn read(&mut self, data: &str) -> Reading {
+        if let Some((last, delta)) = &self.single {
+            if let Some(span) = same_but_string(last, &delta.span, data) {
+                return Reading {
+                    deltas: vec![Delta {
+                        span,
+                        ..delta.clone()
+                    }],
+                    ..Reading::default()
+                };
+            }
+        }
+        let reading = read(data);
+        self.single = match reading.deltas.as_slice() {
+            [delta] if reading.ends.is_empty() && reading.strings.is_empty() => {
+                Some((data.to_owned(), delta.clone()))
+            }
+            _ => None,
+        };
+        reading
+    }
+
     /// True if `data` can change nothing: no string in it holds a `[` (raw or
     /// `\u005b`-escaped), so no placeholder can be in it or complete one; nothing is held back;
     /// and no output rule reads the text. Such an event (most of a stream) goes out as it came,
@@ -272,6 +306,26 @@ impl StreamRestorer {
             }
         }
     }
+}
+
+/// The span of the string in `data` that stands where `span` stands in `last`, if `data` is
+/// `last` with that string replaced by one JSON string (quotes included) and nothing else
+/// changed.
+fn same_but_string(last: &str, span: &Range<usize>, data: &str) -> Option<Range<usize>> {
+    let (last, bytes) = (last.as_bytes(), data.as_bytes());
+    let before = last.get(..span.start)?;
+    let after = last.get(span.end..)?;
+    let end = bytes.len().checked_sub(after.len())?;
+    if end < before.len() || !bytes.starts_with(before) || !bytes.ends_with(after) {
+        return None;
+    }
+    let string = bytes.get(before.len()..end)?;
+    let quoted = string.len() >= 2 && string.first() == Some(&b'"') && string.last() == Some(&b'"');
+    let one_string = matches!(
+        json::scan_value(string, &json::Limits::default()),
+        Ok(json::Kind::String)
+    );
+    (quoted && one_string).then_some(before.len()..end)
 }
 
 /// True if a JSON string in `data` holds a `[`, raw or escaped as `\u005b` (one pass, no
@@ -2127,6 +2181,68 @@ mod tests {
         fn read_is_what_it_was(data in any_data()) {
             prop_assert_eq!(read(&data), read_before(&data));
         }
+
+        /// An event read from the last one's reading reads as its own walk: the last event
+        /// with its delta string replaced by any literal (valid or not), or any other event.
+        #[test]
+        fn a_reading_taken_from_the_last_event_is_the_walked_one(
+            first in any_data(),
+            other in any_data(),
+            pieces in prop::collection::vec(prop::sample::select(vec![
+                "a", "[", "]", "[EMAIL_1]", r#"\""#, r"\\", r"\u005b", r"\n", "é", "\"",
+                "\\", "\u{1}", " ",
+            ]), 0..6),
+            replace in any::<bool>(),
+        ) {
+            let mut restorer = StreamRestorer::default();
+            prop_assert_eq!(restorer.read(&first), read(&first));
+            let next = match (&restorer.single, replace) {
+                (Some((last, delta)), true) => {
+                    let mut next = last.get(..delta.span.start).unwrap_or_default().to_owned();
+                    next.push('"');
+                    next.push_str(&pieces.concat());
+                    next.push('"');
+                    next.push_str(last.get(delta.span.end..).unwrap_or_default());
+                    next
+                }
+                _ => other,
+            };
+            prop_assert_eq!(restorer.read(&next), read(&next), "{}", next);
+        }
+    }
+
+    #[test]
+    fn an_event_like_the_last_but_its_delta_is_read_from_it() {
+        let chunk = |content: &str| {
+            format!(
+                r#"{{"id":"c","created":1,"choices":[{{"index":0,"delta":{{"content":{content}}},"finish_reason":null}}]}}"#
+            )
+        };
+        let mut restorer = StreamRestorer::default();
+        let first = chunk(r#""to [EM""#);
+        let reading = restorer.read(&first);
+        assert_eq!(reading.deltas.len(), 1);
+        let (last, delta) = restorer.single.clone().expect("one delta: kept");
+        assert_eq!(last, first);
+        // the same event but its delta: read from the last one
+        let string = r#""AIL_1] \"ok\"""#;
+        let next = chunk(string);
+        let span = same_but_string(&last, &delta.span, &next).expect("the same but the delta");
+        assert_eq!(next.get(span), Some(string));
+        assert_eq!(restorer.read(&next), read(&next));
+        // anything else changed, or no single string there: walked
+        for other in [
+            chunk(r#""x""#).replace(r#""id":"c""#, r#""id":"d""#),
+            chunk("null"),
+            chunk(r#""a" "b""#),
+            chunk(r#""a"#),
+        ] {
+            assert_eq!(same_but_string(&last, &delta.span, &other), None, "{other}");
+            assert_eq!(restorer.read(&other), read(&other), "{other}");
+        }
+        // an event that ends a stream is not kept
+        restorer.read(r#"{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}"#);
+        assert!(restorer.single.is_none());
     }
 
     #[test]
