@@ -2,15 +2,16 @@
 
 mod anthropic;
 mod openai;
+mod tool;
 
 pub(crate) use anthropic::{count_tokens, messages};
 pub(crate) use openai::{chat, embeddings, responses};
 
-use hyper::StatusCode;
 use serde_json::Value;
 
-use crate::json::{push_str_lit, Sse};
-use crate::knobs::{KnobError, Knobs};
+pub(crate) use crate::error::ApiError;
+use crate::json::Sse;
+use crate::knobs::Knobs;
 
 /// What a handler learned from the server.
 pub(crate) struct Ctx<'a> {
@@ -19,6 +20,8 @@ pub(crate) struct Ctx<'a> {
     pub(crate) id: u64,
     /// Unix seconds.
     pub(crate) created: u64,
+    /// Azure: the deployment named by the path, the answer's `model` when the body has none.
+    pub(crate) deployment: Option<&'a str>,
 }
 
 /// A successful answer, before the pacing / cutting knobs are applied.
@@ -27,56 +30,6 @@ pub(crate) enum Reply {
     Json(String),
     /// `200`, `text/event-stream`.
     Sse(Sse),
-}
-
-/// An error answer, serialized OpenAI-style.
-#[derive(Debug, Clone)]
-pub(crate) struct ApiError {
-    pub(crate) status: StatusCode,
-    pub(crate) message: String,
-    /// `error.type`.
-    pub(crate) kind: &'static str,
-    pub(crate) code: String,
-    pub(crate) param: Option<String>,
-}
-
-impl ApiError {
-    /// A `400 invalid_request_error` with `code: "invalid_request"`.
-    pub(crate) fn invalid(message: &str, param: Option<&str>) -> ApiError {
-        ApiError {
-            status: StatusCode::BAD_REQUEST,
-            message: message.to_owned(),
-            kind: "invalid_request_error",
-            code: "invalid_request".to_owned(),
-            param: param.map(str::to_owned),
-        }
-    }
-
-    /// `{"error":{"message":..,"type":..,["param":..,]"code":..}}`
-    pub(crate) fn to_json(&self) -> String {
-        let mut b = String::with_capacity(96 + self.message.len());
-        b.push_str(r#"{"error":{"message":"#);
-        push_str_lit(&mut b, &self.message);
-        b.push_str(r#","type":"#);
-        push_str_lit(&mut b, self.kind);
-        if let Some(param) = &self.param {
-            b.push_str(r#","param":"#);
-            push_str_lit(&mut b, param);
-        }
-        b.push_str(r#","code":"#);
-        push_str_lit(&mut b, &self.code);
-        b.push_str("}}");
-        b
-    }
-}
-
-impl From<KnobError> for ApiError {
-    fn from(e: KnobError) -> ApiError {
-        ApiError::invalid(
-            &format!("invalid {} header: expected {}", e.knob, e.expected),
-            Some(e.knob),
-        )
-    }
 }
 
 /// The required string `model`.
@@ -88,6 +41,18 @@ pub(crate) fn model(req: &Value) -> Result<&str, ApiError> {
             Some("model"),
         )),
         Some(_) => Err(ApiError::invalid("'model' must be a string", Some("model"))),
+    }
+}
+
+/// The answer's `model`: the body's, else (Azure) the deployment's name; the body's must be a
+/// string.
+pub(crate) fn model_or_deployment<'v>(
+    req: &'v Value,
+    deployment: Option<&'v str>,
+) -> Result<&'v str, ApiError> {
+    match (req.get("model"), deployment) {
+        (None | Some(Value::Null), Some(deployment)) => Ok(deployment),
+        _ => model(req),
     }
 }
 
@@ -239,15 +204,5 @@ mod tests {
         // Unicode scalar values, not bytes: 4 chars, 12 bytes.
         assert_eq!(message_tokens(Some(&json!("漢字漢字")), &["text"]), 1 + 4);
         assert_eq!(message_tokens(Some(&json!("")), &["text"]), 4);
-    }
-
-    #[test]
-    fn error_json_shape() {
-        let e = ApiError::invalid("bad \"x\"", Some("x"));
-        let v: Value = serde_json::from_str(&e.to_json()).expect("json");
-        assert_eq!(
-            v,
-            json!({"error": {"message": "bad \"x\"", "type": "invalid_request_error", "param": "x", "code": "invalid_request"}})
-        );
     }
 }

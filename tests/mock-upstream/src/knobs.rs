@@ -21,6 +21,18 @@ pub(crate) const CACHE_READ_TOKENS: &str = "x-mock-cache-read-tokens";
 pub(crate) const ECHO: &str = "x-mock-echo";
 pub(crate) const GARBAGE: &str = "x-mock-garbage";
 pub(crate) const CUT_RST: &str = "x-mock-cut-rst";
+pub(crate) const TOOL_CALL: &str = "x-mock-tool-call";
+pub(crate) const USAGE_STYLE: &str = "x-mock-usage-style";
+
+/// How a chat answer's `usage` reports cached prompt tokens (`x-mock-usage-style`).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum UsageStyle {
+    /// `prompt_tokens_details.cached_tokens` (with `x-mock-cache-read-tokens`).
+    #[default]
+    Openai,
+    /// DeepSeek's `prompt_cache_hit_tokens` / `prompt_cache_miss_tokens`.
+    Deepseek,
+}
 
 /// What `x-mock-garbage` puts into a stream after its first event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,6 +73,9 @@ pub(crate) struct Knobs {
     pub(crate) echo: bool,
     pub(crate) garbage: Option<Garbage>,
     pub(crate) cut_rst: bool,
+    /// `x-mock-tool-call`: the tool to call.
+    pub(crate) tool_call: Option<String>,
+    pub(crate) usage_style: UsageStyle,
 }
 
 /// A knob header with a value it cannot take.
@@ -134,6 +149,10 @@ impl Knobs {
             echo: flag(headers, ECHO)?,
             garbage: garbage(headers)?,
             cut_rst: flag(headers, CUT_RST)?,
+            tool_call: text(headers, TOOL_CALL, "a visible ASCII tool name")?
+                .filter(|name| !name.is_empty())
+                .map(str::to_owned),
+            usage_style: usage_style(headers)?,
         })
     }
 
@@ -197,6 +216,21 @@ fn garbage(headers: &HeaderMap) -> Result<Option<Garbage>, KnobError> {
     }
 }
 
+fn usage_style(headers: &HeaderMap) -> Result<UsageStyle, KnobError> {
+    const EXPECTED: &str = "openai or deepseek";
+    let Some(value) = text(headers, USAGE_STYLE, EXPECTED)? else {
+        return Ok(UsageStyle::Openai);
+    };
+    match value.to_ascii_lowercase().as_str() {
+        "openai" => Ok(UsageStyle::Openai),
+        "deepseek" => Ok(UsageStyle::Deepseek),
+        _ => Err(KnobError {
+            knob: USAGE_STYLE,
+            expected: EXPECTED,
+        }),
+    }
+}
+
 fn flag(headers: &HeaderMap, knob: &'static str) -> Result<bool, KnobError> {
     const EXPECTED: &str = "1/true/yes/on or 0/false/no/off";
     let Some(value) = text(headers, knob, EXPECTED)? else {
@@ -246,8 +280,12 @@ mod tests {
             (ECHO, "on"),
             (GARBAGE, "Endless"),
             (CUT_RST, "1"),
+            (TOOL_CALL, "get_weather"),
+            (USAGE_STYLE, "DeepSeek"),
         ])
         .expect("valid knobs");
+        assert_eq!(k.tool_call.as_deref(), Some("get_weather"));
+        assert_eq!(k.usage_style, UsageStyle::Deepseek);
         assert_eq!(k.garbage, Some(Garbage::Endless));
         assert!(k.cut_rst);
         assert_eq!(k.status, Some(StatusCode::TOO_MANY_REQUESTS));
@@ -281,6 +319,7 @@ mod tests {
             (GARBAGE, "binary"),
             (GARBAGE, ""),
             (CUT_RST, "rst"),
+            (USAGE_STYLE, "anthropic"),
         ] {
             let err = parse(&[(knob, value)]).expect_err(value);
             assert_eq!(err.knob, knob, "{knob}: {value}");

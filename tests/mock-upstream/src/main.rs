@@ -1,18 +1,24 @@
-//! `mock-upstream [--listen 127.0.0.1:8080] [--threads N] [--log]`: runs the mock OpenAI /
-//! Anthropic upstream until killed. See the library documentation for the endpoints and knobs.
+//! `mock-upstream [--listen 127.0.0.1:8080] [--threads N] [--flavor any|openai|anthropic|azure]
+//! [--log]`: runs the mock OpenAI / Anthropic / Azure upstream until killed. See the library
+//! documentation for the flavors, endpoints and knobs.
 
 use std::io::Write as _;
 use std::net::SocketAddr;
 use std::process::ExitCode;
 
-const USAGE: &str = "usage: mock-upstream [--listen ADDR] [--threads N] [--log]
-  --listen ADDR   address to bind (default 127.0.0.1:0, an ephemeral port)
-  --threads N     tokio worker threads (default 1)
-  --log           one line per request on stderr";
+use mock_upstream::Flavor;
+
+const USAGE: &str = "usage: mock-upstream [--listen ADDR] [--threads N] [--flavor FLAVOR] [--log]
+  --listen ADDR     address to bind (default 127.0.0.1:0, an ephemeral port)
+  --threads N       tokio worker threads (default 1)
+  --flavor FLAVOR   the provider to play: any (every route, lenient; the default), openai,
+                    anthropic or azure (its routes, authentication and validation only)
+  --log             one line per request on stderr";
 
 struct Args {
     listen: SocketAddr,
     threads: usize,
+    flavor: Flavor,
     log: bool,
 }
 
@@ -25,6 +31,7 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Parsed, String> 
     let mut parsed = Args {
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         threads: 1,
+        flavor: Flavor::Any,
         log: false,
     };
     while let Some(arg) = args.next() {
@@ -57,6 +64,11 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Parsed, String> 
                         ))
                     }
                 };
+            }
+            "--flavor" => {
+                parsed.flavor = value("--flavor")?
+                    .parse()
+                    .map_err(|e| format!("--flavor: {e}"))?;
             }
             "--log" if inline.is_none() => parsed.log = true,
             "-h" | "--help" if inline.is_none() => return Ok(Parsed::Help),
@@ -112,7 +124,7 @@ fn main() -> ExitCode {
             // Whoever waits for the line is gone; keep serving anyway.
         }
         drop(stdout);
-        match mock_upstream::serve(listener, args.log).await {
+        match mock_upstream::serve_flavor(listener, args.log, args.flavor).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("mock-upstream: {e}");
@@ -137,6 +149,7 @@ mod tests {
         };
         assert_eq!(a.listen, SocketAddr::from(([127, 0, 0, 1], 0)));
         assert_eq!(a.threads, 1);
+        assert_eq!(a.flavor, Flavor::Any);
         assert!(!a.log);
         let Ok(Parsed::Run(a)) = parse(&["--listen", "0.0.0.0:8080", "--threads=4", "--log"])
         else {
@@ -145,6 +158,14 @@ mod tests {
         assert_eq!(a.listen, SocketAddr::from(([0, 0, 0, 0], 8080)));
         assert_eq!(a.threads, 4);
         assert!(a.log);
+        let Ok(Parsed::Run(a)) = parse(&["--flavor", "anthropic"]) else {
+            panic!("--flavor")
+        };
+        assert_eq!(a.flavor, Flavor::Anthropic);
+        let Ok(Parsed::Run(a)) = parse(&["--flavor=azure"]) else {
+            panic!("--flavor=")
+        };
+        assert_eq!(a.flavor, Flavor::Azure);
         assert!(matches!(parse(&["--help"]), Ok(Parsed::Help)));
         for bad in [
             &["--listen"][..],
@@ -153,6 +174,8 @@ mod tests {
             &["--threads", "x"],
             &["--bogus"],
             &["--log=1"],
+            &["--flavor", "gemini"],
+            &["--flavor"],
         ] {
             assert!(parse(bad).is_err(), "{bad:?}");
         }

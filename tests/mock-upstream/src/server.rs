@@ -15,34 +15,41 @@ use hyper::body::Incoming;
 use hyper::header::{HeaderValue, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use hyper::{Method, Request, Response, StatusCode};
+use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
 use crate::body::MockBody;
-use crate::handlers::{self, ApiError, Ctx, Reply};
+use crate::error::{ApiError, Dialect};
+use crate::flavor::{Flavor, Route};
+use crate::handlers::{self, Ctx, Reply};
 use crate::knobs::{Garbage, Knobs};
-use crate::{RecordedRequest, Recorder, MAX_BODY_BYTES};
+use crate::{validate, RecordedRequest, Recorder, MAX_BODY_BYTES};
 
 pub(crate) struct State {
     recorder: Recorder,
     record: bool,
     log: bool,
+    flavor: Flavor,
     next_id: AtomicU64,
+    /// Anthropic's `request-id`s.
+    next_request_id: AtomicU64,
     /// Knob headers applied to requests that do not carry them (see
     /// `MockUpstream::set_default_knobs`).
     default_knobs: std::sync::Mutex<hyper::header::HeaderMap>,
 }
 
 impl State {
-    pub(crate) fn new(record: bool, log: bool) -> State {
+    pub(crate) fn new(record: bool, log: bool, flavor: Flavor) -> State {
         State {
             recorder: Recorder::new(),
             record,
             log,
+            flavor,
             next_id: AtomicU64::new(1),
+            next_request_id: AtomicU64::new(1),
             default_knobs: std::sync::Mutex::new(hyper::header::HeaderMap::new()),
         }
     }
@@ -203,6 +210,37 @@ async fn handle_inner(
     parts: hyper::http::request::Parts,
     body: Incoming,
 ) -> Response<MockBody> {
+    // Anthropic answers every request with a `request-id` (its error bodies carry it too)
+    let request_id = (state.flavor == Flavor::Anthropic).then(|| {
+        format!(
+            "req_mock_{}",
+            state.next_request_id.fetch_add(1, Ordering::Relaxed)
+        )
+    });
+    let mut response = answer(
+        state,
+        reset,
+        parts,
+        body,
+        request_id.as_deref().unwrap_or(""),
+    )
+    .await;
+    if let Some(value) = request_id.and_then(|id| HeaderValue::from_str(&id).ok()) {
+        response.headers_mut().insert("request-id", value);
+    }
+    response
+}
+
+/// Reads, records and answers one request.
+async fn answer(
+    state: &State,
+    reset: &AtomicBool,
+    parts: hyper::http::request::Parts,
+    body: Incoming,
+    request_id: &str,
+) -> Response<MockBody> {
+    let dialect = state.flavor.dialect();
+    let refuse = |e: &ApiError| error_response(e, dialect, request_id);
     // Refuse an announced oversized body without reading it.
     let announced = parts
         .headers
@@ -242,36 +280,30 @@ async fn handle_inner(
 
     let body = match body {
         Ok(body) => body,
-        Err(e) => return error_response(&e),
+        Err(e) => return refuse(&e),
     };
 
-    let route = match (&parts.method, parts.uri.path()) {
-        (&Method::GET, "/health") => {
+    let route = match state
+        .flavor
+        .route(&parts.method, parts.uri.path(), parts.uri.query())
+    {
+        Ok(Route::Health) => {
             return response(
                 StatusCode::OK,
                 "text/plain",
                 MockBody::full(Bytes::from_static(b"ok"), true),
             )
         }
-        (&Method::POST, "/v1/chat/completions") => Route::Chat,
-        (&Method::POST, "/v1/messages") => Route::Messages,
-        (&Method::POST, "/v1/messages/count_tokens") => Route::CountTokens,
-        (&Method::POST, "/v1/responses") => Route::Responses,
-        (&Method::POST, "/v1/embeddings") => Route::Embeddings,
-        (method, path) => {
-            return error_response(&ApiError {
-                status: StatusCode::NOT_FOUND,
-                message: format!("no route for {method} {path}"),
-                kind: "invalid_request_error",
-                code: "not_found".into(),
-                param: None,
-            })
-        }
+        Ok(route) => route,
+        Err(e) => return refuse(&e),
     };
+    if let Err(e) = state.flavor.authenticate(&parts.headers) {
+        return refuse(&e);
+    }
 
     let knobs = match Knobs::from_headers(&state.with_default_knobs(&parts.headers)) {
         Ok(knobs) => knobs,
-        Err(e) => return error_response(&e.into()),
+        Err(e) => return refuse(&e.into()),
     };
     if knobs.cut_rst && knobs.cut_after.is_some() {
         // the cut drops the connection: with a reset, not a FIN
@@ -292,15 +324,14 @@ async fn handle_inner(
     });
     if let Some(status) = status {
         let code = status.as_u16();
-        let mut resp = error_response(&ApiError {
-            status,
-            message: format!("mock status {code}"),
-            kind: "mock_error",
-            code: knobs
-                .error_code
-                .clone()
-                .unwrap_or_else(|| format!("mock_{code}")),
-            param: None,
+        let mut resp = refuse(&ApiError {
+            code: Some(
+                knobs
+                    .error_code
+                    .clone()
+                    .unwrap_or_else(|| format!("mock_{code}")),
+            ),
+            ..ApiError::new(status, format!("mock status {code}"), "mock_error")
         });
         if let Some(value) = knobs
             .retry_after
@@ -315,54 +346,58 @@ async fn handle_inner(
     let request: serde_json::Value = match serde_json::from_slice(&body) {
         Ok(v @ serde_json::Value::Object(_)) => v,
         Ok(_) => {
-            return error_response(&ApiError::invalid(
+            return refuse(&ApiError::invalid(
                 "the request body must be a JSON object",
                 None,
             ))
         }
         Err(e) => {
-            return error_response(&ApiError::invalid(
+            return refuse(&ApiError::invalid(
                 &format!("the request body is not valid JSON: {e}"),
                 None,
             ))
         }
     };
+    if let Err(e) = validate::check(state.flavor, &route, &request) {
+        return refuse(&e);
+    }
 
+    let deployment = match &route {
+        Route::AzureChat(deployment) | Route::AzureEmbeddings(deployment) => {
+            Some(deployment.as_str())
+        }
+        _ => None,
+    };
     let ctx = Ctx {
         knobs: &knobs,
         id: state.next_id.fetch_add(1, Ordering::Relaxed),
         created: SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
+        deployment,
     };
     let reply = match route {
-        Route::Chat => handlers::chat(&request, &ctx),
+        Route::Chat | Route::AzureChat(_) => handlers::chat(&request, &ctx),
         Route::Messages => handlers::messages(&request, &ctx),
         Route::CountTokens => handlers::count_tokens(&request, &ctx),
         Route::Responses => handlers::responses(&request, &ctx),
-        Route::Embeddings => handlers::embeddings(&request, &ctx),
+        Route::Embeddings | Route::AzureEmbeddings(_) => handlers::embeddings(&request, &ctx),
+        Route::Health => Err(ApiError::invalid("no body for a health check", None)),
     };
     match reply {
         Ok(reply) => reply_response(reply, &knobs),
-        Err(e) => error_response(&e),
+        Err(e) => refuse(&e),
     }
-}
-
-enum Route {
-    Chat,
-    Messages,
-    CountTokens,
-    Responses,
-    Embeddings,
 }
 
 fn too_large() -> ApiError {
     ApiError {
-        status: StatusCode::PAYLOAD_TOO_LARGE,
-        message: format!("the request body is larger than {MAX_BODY_BYTES} bytes"),
-        kind: "invalid_request_error",
-        code: "request_too_large".into(),
-        param: None,
+        code: Some("request_too_large".to_owned()),
+        ..ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("the request body is larger than {MAX_BODY_BYTES} bytes"),
+            "invalid_request_error",
+        )
     }
 }
 
@@ -374,11 +409,11 @@ fn response(status: StatusCode, content_type: &'static str, body: MockBody) -> R
     resp
 }
 
-fn error_response(e: &ApiError) -> Response<MockBody> {
+fn error_response(e: &ApiError, dialect: Dialect, request_id: &str) -> Response<MockBody> {
     response(
         e.status,
         "application/json",
-        MockBody::full(Bytes::from(e.to_json()), true),
+        MockBody::full(Bytes::from(e.to_json(dialect, request_id)), true),
     )
 }
 

@@ -11,7 +11,7 @@ use hyper::{Request, Response, StatusCode};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use mock_upstream::MockUpstream;
+use mock_upstream::{Flavor, MockUpstream};
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -22,6 +22,26 @@ async fn start() -> MockUpstream {
     MockUpstream::start(SocketAddr::from(([127, 0, 0, 1], 0)))
         .await
         .expect("mock starts")
+}
+
+async fn start_flavor(flavor: Flavor) -> MockUpstream {
+    MockUpstream::start_flavor(SocketAddr::from(([127, 0, 0, 1], 0)), flavor)
+        .await
+        .expect("mock starts")
+}
+
+/// What each provider needs to let a request in.
+const OPENAI_AUTH: &[(&str, &str)] = &[("authorization", "Bearer sk-test")];
+const ANTHROPIC_AUTH: &[(&str, &str)] = &[
+    ("x-api-key", "sk-ant-test"),
+    ("anthropic-version", "2023-06-01"),
+];
+const AZURE_AUTH: &[(&str, &str)] = &[("api-key", "azure-test")];
+const AZURE_CHAT: &str = "/openai/deployments/gpt4o-prod/chat/completions?api-version=2024-10-21";
+
+/// `auth` then `knobs`.
+fn with<'a>(auth: &[(&'a str, &'a str)], knobs: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
+    auth.iter().chain(knobs).copied().collect()
 }
 
 fn client() -> HttpClient {
@@ -682,7 +702,7 @@ async fn status_knob() {
     assert_eq!(content_type(&headers), "application/json");
     assert_eq!(
         json_of(&body),
-        json!({"error": {"message": "mock status 429", "type": "mock_error", "code": "mock_429"}})
+        json!({"error": {"message": "mock status 429", "type": "mock_error", "param": null, "code": "mock_429"}})
     );
 
     // Any route, before body validation; x-mock-retry-after names the provider's signal
@@ -1400,4 +1420,814 @@ async fn cut_rst_resets_the_connection() {
     assert_eq!(end, Err(std::io::ErrorKind::ConnectionReset));
     let text = String::from_utf8_lossy(&out);
     assert_eq!(text.matches("data: ").count(), 2, "{text}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Flavors
+
+/// An Anthropic-shaped error: its type and message (after checking the shape and that the
+/// body's request_id is the `request-id` header).
+fn anthropic_error(status: StatusCode, headers: &HeaderMap, body: &Bytes) -> (u16, String, String) {
+    assert_eq!(content_type(headers), "application/json");
+    let v = json_of(body);
+    assert_eq!(v["type"], "error", "{v}");
+    let request_id = headers
+        .get("request-id")
+        .and_then(|v| v.to_str().ok())
+        .expect("request-id header");
+    assert!(request_id.starts_with("req_mock_"), "{request_id}");
+    assert_eq!(v["request_id"], request_id);
+    let error = v["error"].as_object().expect("error object");
+    assert_eq!(error.len(), 2, "type and message only: {v}");
+    (
+        status.as_u16(),
+        v["error"]["type"].as_str().expect("type").to_owned(),
+        v["error"]["message"].as_str().expect("message").to_owned(),
+    )
+}
+
+/// An OpenAI-shaped error: (status, message, param, code), after checking the shape.
+fn openai_error(status: StatusCode, body: &Bytes) -> (u16, String, Value, Value) {
+    let v = json_of(body);
+    let error = v["error"].as_object().expect("error object");
+    assert_eq!(error.len(), 4, "message, type, param, code: {v}");
+    assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
+    (
+        status.as_u16(),
+        v["error"]["message"].as_str().expect("message").to_owned(),
+        v["error"]["param"].clone(),
+        v["error"]["code"].clone(),
+    )
+}
+
+fn claude_body(extra: Value) -> Value {
+    let mut body = json!({
+        "model": "claude-mock",
+        "max_tokens": 64,
+        "messages": [{"role": "user", "content": "hello there"}]
+    });
+    if let (Some(body), Value::Object(extra)) = (body.as_object_mut(), extra) {
+        body.extend(extra);
+    }
+    body
+}
+
+#[tokio::test]
+async fn each_flavor_serves_only_its_routes_and_answers_others_with_its_404() {
+    let openai = start_flavor(Flavor::Openai).await;
+    let anthropic = start_flavor(Flavor::Anthropic).await;
+    let azure = start_flavor(Flavor::Azure).await;
+    assert_eq!(
+        [
+            openai.flavor(),
+            anthropic.flavor(),
+            azure.flavor(),
+            start().await.flavor()
+        ],
+        [
+            Flavor::Openai,
+            Flavor::Anthropic,
+            Flavor::Azure,
+            Flavor::Any
+        ]
+    );
+    for mock in [&openai, &anthropic, &azure] {
+        let (status, _, body) = call(mock, "GET", "/health", &[], "").await;
+        assert_eq!(
+            (status, &body[..]),
+            (StatusCode::OK, &b"ok"[..]),
+            "{mock:?}"
+        );
+    }
+
+    // OpenAI: today's 404
+    for path in ["/v1/messages", "/v1/messages/count_tokens", AZURE_CHAT] {
+        let (status, _, body) = post(&openai, path, OPENAI_AUTH, &claude_body(json!({}))).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{path}");
+        let v = json_of(&body);
+        assert_eq!(v["error"]["code"], "not_found");
+        assert_eq!(v["error"]["type"], "invalid_request_error");
+    }
+
+    // Anthropic: not_found_error in its shape, with a request-id
+    for path in [
+        "/v1/chat/completions",
+        "/v1/responses",
+        "/v1/embeddings",
+        AZURE_CHAT,
+    ] {
+        let (status, headers, body) =
+            post(&anthropic, path, ANTHROPIC_AUTH, &chat_body(json!({}))).await;
+        assert_eq!(
+            anthropic_error(status, &headers, &body),
+            (404, "not_found_error".into(), "Not Found".into()),
+            "{path}"
+        );
+    }
+
+    // Azure: its own 404, also without the api-version query parameter
+    for path in [
+        "/v1/chat/completions",
+        "/v1/messages",
+        "/openai/deployments/gpt4o-prod/chat/completions",
+        "/openai/deployments/gpt4o-prod/chat/completions?api-version=",
+        "/openai/deployments/gpt4o-prod/completions?api-version=2024-10-21",
+    ] {
+        let (status, _, body) = post(&azure, path, AZURE_AUTH, &chat_body(json!({}))).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{path}");
+        assert_eq!(
+            json_of(&body),
+            json!({"error": {"code": "404", "message": "Resource not found"}})
+        );
+    }
+    assert!(
+        anthropic.requests().len() >= 4,
+        "refused requests are recorded too"
+    );
+}
+
+#[tokio::test]
+async fn anthropic_flavor_wants_x_api_key_and_anthropic_version() {
+    let mock = start_flavor(Flavor::Anthropic).await;
+    let body = claude_body(json!({}));
+    let version = ("anthropic-version", "2023-06-01");
+    for headers in [
+        vec![version],
+        vec![("x-api-key", ""), version],
+        vec![("authorization", "Bearer sk-ant-test"), version],
+    ] {
+        let (status, h, b) = post(&mock, "/v1/messages", &headers, &body).await;
+        assert_eq!(
+            anthropic_error(status, &h, &b),
+            (
+                401,
+                "authentication_error".into(),
+                "x-api-key header is required".into()
+            ),
+            "{headers:?}"
+        );
+    }
+    let (status, h, b) = post(&mock, "/v1/messages", &[("x-api-key", "k")], &body).await;
+    assert_eq!(
+        anthropic_error(status, &h, &b),
+        (
+            400,
+            "invalid_request_error".into(),
+            "anthropic-version: header is required".into()
+        )
+    );
+    let (status, headers, body) = post(&mock, "/v1/messages", ANTHROPIC_AUTH, &body).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(headers.get("request-id").is_some(), "every answer has one");
+    assert_eq!(json_of(&body)["content"][0]["text"], tokens(8));
+}
+
+#[tokio::test]
+async fn anthropic_flavor_refuses_what_anthropic_refuses() {
+    let mock = start_flavor(Flavor::Anthropic).await;
+    let tool_turns = |result_id: &str| {
+        json!([
+            {"role": "user", "content": "weather?"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": result_id, "content": "sunny"}]}
+        ])
+    };
+    let cases = [
+        (json!({"max_tokens": null}), "max_tokens: Field required"),
+        (json!({"max_tokens": 0}), "max_tokens: Input should be greater than or equal to 1"),
+        (json!({"messages": []}), "messages: at least one message is required"),
+        (json!({"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]}),
+         "messages.0.role: Input should be 'user' or 'assistant'"),
+        (json!({"messages": [{"role": "user", "content": "hi"}, {"role": "developer", "content": "x"}]}),
+         "messages.1.role: Input should be 'user' or 'assistant'"),
+        (json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}),
+         "messages.0.content.0: Input tag 'image_url' found using 'type' does not match any of the expected tags: 'text', 'image', 'document', 'tool_use', 'tool_result', 'thinking', 'redacted_thinking'"),
+        (json!({"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "base64", "data": "x"}}]}]}),
+         "messages.0.content.0.image.source.base64.media_type: Field required"),
+        (json!({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "input": {}}]}]}),
+         "messages.1.content.0.tool_use.name: Field required"),
+        (json!({"messages": tool_turns("toolu_9")}),
+         "messages.1: `tool_use` ids were found without `tool_result` blocks immediately after: toolu_1. Each `tool_use` block must have a corresponding `tool_result` block in the next message."),
+        (json!({"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "x"}]}]}),
+         "messages.0.content.0: unexpected `tool_use_id` found in `tool_result` blocks: toolu_1. Each `tool_result` block must have a corresponding `tool_use` block in the previous message."),
+        (json!({"temperature": 1.2}), "temperature: Input should be less than or equal to 1"),
+        (json!({"tool_choice": {"type": "required"}}),
+         "tool_choice: Input tag 'required' found using 'type' does not match any of the expected tags: 'auto', 'any', 'tool', 'none'"),
+        (json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}),
+         "tools.0: Input tag 'function' found using 'type' does not match any of the expected tags: 'custom', 'bash_20250124', 'text_editor_20250728', 'web_search_20250305', '…'"),
+        (json!({"metadata": {"user_id": "u", "tenant": "t"}}), "metadata.tenant: Extra inputs are not permitted"),
+        (json!({"stream": true, "stream_options": {"include_usage": true}}), "stream_options: Extra inputs are not permitted"),
+        (json!({"max_completion_tokens": 5}), "max_completion_tokens: Extra inputs are not permitted"),
+        (json!({"n": 1}), "n: Extra inputs are not permitted"),
+        (json!({"response_format": {"type": "json_object"}}), "response_format: Extra inputs are not permitted"),
+        (json!({"frequency_penalty": 0}), "frequency_penalty: Extra inputs are not permitted"),
+        (json!({"user": "u"}), "user: Extra inputs are not permitted"),
+        (json!({"seed": 1}), "seed: Extra inputs are not permitted"),
+        (json!({"tool_calls": []}), "tool_calls: Extra inputs are not permitted"),
+    ];
+    for (extra, message) in cases {
+        let (status, headers, body) = post(
+            &mock,
+            "/v1/messages",
+            ANTHROPIC_AUTH,
+            &claude_body(extra.clone()),
+        )
+        .await;
+        assert_eq!(
+            anthropic_error(status, &headers, &body),
+            (400, "invalid_request_error".into(), message.to_owned()),
+            "{extra}"
+        );
+    }
+    // the same tool turns, answered: accepted
+    let (status, _, _) = post(
+        &mock,
+        "/v1/messages",
+        ANTHROPIC_AUTH,
+        &claude_body(json!({
+            "messages": tool_turns("toolu_1"),
+            "tools": [{"name": "get_weather", "input_schema": {"type": "object"}}]
+        })),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    // not JSON: Anthropic's shape too
+    let (status, headers, body) = call(&mock, "POST", "/v1/messages", ANTHROPIC_AUTH, "nope").await;
+    assert_eq!(
+        anthropic_error(status, &headers, &body).1,
+        "invalid_request_error"
+    );
+
+    // count_tokens: no max_tokens, no generation parameters
+    let count =
+        json!({"model": "claude-mock", "messages": [{"role": "user", "content": "hello there"}]});
+    let (status, _, body) = post(&mock, "/v1/messages/count_tokens", ANTHROPIC_AUTH, &count).await;
+    assert_eq!(
+        (status, json_of(&body)),
+        (StatusCode::OK, json!({"input_tokens": 7}))
+    );
+    let (status, headers, body) = post(
+        &mock,
+        "/v1/messages/count_tokens",
+        ANTHROPIC_AUTH,
+        &claude_body(json!({})),
+    )
+    .await;
+    assert_eq!(
+        anthropic_error(status, &headers, &body).2,
+        "max_tokens: Extra inputs are not permitted"
+    );
+}
+
+#[tokio::test]
+async fn anthropic_flavor_status_knob_answers_in_anthropic_shape() {
+    let mock = start_flavor(Flavor::Anthropic).await;
+    for (code, kind) in [
+        ("400", "invalid_request_error"),
+        ("401", "authentication_error"),
+        ("403", "permission_error"),
+        ("404", "not_found_error"),
+        ("413", "request_too_large"),
+        ("429", "rate_limit_error"),
+        ("500", "api_error"),
+        ("529", "overloaded_error"),
+    ] {
+        let headers = with(
+            ANTHROPIC_AUTH,
+            &[("x-mock-status", code), ("x-mock-retry-after", "3")],
+        );
+        let (status, h, b) = post(&mock, "/v1/messages", &headers, &claude_body(json!({}))).await;
+        assert_eq!(
+            anthropic_error(status, &h, &b),
+            (
+                code.parse().expect("code"),
+                kind.to_owned(),
+                format!("mock status {code}")
+            )
+        );
+        assert_eq!(
+            h.get("retry-after").and_then(|v| v.to_str().ok()),
+            Some("3")
+        );
+    }
+    // a bad knob: Anthropic's shape as well
+    let headers = with(ANTHROPIC_AUTH, &[("x-mock-chunks", "x")]);
+    let (status, h, b) = post(&mock, "/v1/messages", &headers, &claude_body(json!({}))).await;
+    assert_eq!(anthropic_error(status, &h, &b).0, 400);
+}
+
+#[tokio::test]
+async fn openai_flavor_wants_a_bearer_token() {
+    let mock = start_flavor(Flavor::Openai).await;
+    let body = chat_body(json!({}));
+    for headers in [
+        &[][..],
+        &[("authorization", "Bearer ")],
+        &[("x-api-key", "sk-test")],
+        &[("api-key", "sk-test")],
+    ] {
+        let (status, _, b) = post(&mock, "/v1/chat/completions", headers, &body).await;
+        let (status, message, param, code) = openai_error(status, &b);
+        assert_eq!(status, 401, "{headers:?}");
+        assert!(
+            message.starts_with("You didn't provide an API key."),
+            "{message}"
+        );
+        assert_eq!((param, code), (Value::Null, Value::Null));
+    }
+    for path in ["/v1/chat/completions", "/v1/responses", "/v1/embeddings"] {
+        let (status, _, _) = post(&mock, path, &[], &json!({})).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{path}");
+    }
+    let (status, _, _) = post(&mock, "/v1/chat/completions", OPENAI_AUTH, &body).await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, _, _) = post(
+        &mock,
+        "/v1/embeddings",
+        OPENAI_AUTH,
+        &json!({"model": "e", "input": "x", "encoding_format": "float"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn openai_flavor_refuses_what_openai_refuses() {
+    let mock = start_flavor(Flavor::Openai).await;
+    let unrecognized = |field: &str| {
+        (
+            400,
+            format!("Unrecognized request argument supplied: {field}"),
+            json!(field),
+            Value::Null,
+        )
+    };
+    for field in [
+        "system",
+        "stop_sequences",
+        "top_k",
+        "thinking",
+        "anthropic_version",
+        "max_output_tokens",
+    ] {
+        let mut body = chat_body(json!({}));
+        body[field] = json!("x");
+        let (status, _, b) = post(&mock, "/v1/chat/completions", OPENAI_AUTH, &body).await;
+        assert_eq!(openai_error(status, &b), unrecognized(field));
+    }
+    let (status, _, b) = post(
+        &mock,
+        "/v1/embeddings",
+        OPENAI_AUTH,
+        &json!({"model": "e", "input": "x", "task": "q"}),
+    )
+    .await;
+    assert_eq!(openai_error(status, &b), unrecognized("task"));
+
+    let get_weather = json!([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]);
+    let cases = [
+        (json!({"tools": get_weather, "tool_choice": {"type": "any"}}),
+         "Invalid value: 'any'. Supported values are: 'function', 'allowed_tools', and 'custom'.", json!("tool_choice.type"), json!("invalid_value")),
+        (json!({"tools": get_weather, "tool_choice": {"type": "tool", "name": "get_weather"}}),
+         "Invalid value: 'tool'. Supported values are: 'function', 'allowed_tools', and 'custom'.", json!("tool_choice.type"), json!("invalid_value")),
+        (json!({"messages": [{"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]}]}),
+         "Invalid value: 'tool_use'. Supported values are: 'text' and 'refusal'.", json!("messages[0].content[0].type"), json!("invalid_value")),
+        (json!({"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "x"}}]}]}),
+         "Invalid value: 'image'. Supported values are: 'text', 'image_url', 'input_audio', and 'file'.", json!("messages[0].content[0].type"), json!("invalid_value")),
+        (json!({"stream_options": {"include_usage": true}}),
+         "The 'stream_options' parameter is only allowed when 'stream' is enabled.", json!("stream_options"), Value::Null),
+        (json!({"messages": [{"role": "user", "content": "x"}, {"role": "tool", "tool_call_id": "call_1", "content": "42"}]}),
+         "Invalid parameter: messages with role 'tool' must be a response to a preceeding message with 'tool_calls'.", json!("messages.[1].role"), Value::Null),
+        (json!({"messages": []}),
+         "Invalid 'messages': empty array. Expected an array with minimum length 1, but got an empty array instead.", json!("messages"), json!("empty_array")),
+        (json!({"temperature": 2.5}),
+         "Invalid 'temperature': decimal above maximum value. Expected a value <= 2, but got 2.5 instead.", json!("temperature"), json!("decimal_above_max_value")),
+        (json!({"stop": ["a", "b", "c", "d", "e"]}),
+         "Invalid 'stop': array too long. Expected an array with maximum length 4, but got an array with length 5 instead.", json!("stop"), json!("array_above_max_length")),
+    ];
+    for (extra, message, param, code) in cases {
+        let (status, _, b) = post(
+            &mock,
+            "/v1/chat/completions",
+            OPENAI_AUTH,
+            &chat_body(extra.clone()),
+        )
+        .await;
+        assert_eq!(
+            openai_error(status, &b),
+            (400, message.to_owned(), param, code),
+            "{extra}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn azure_flavor_takes_the_deployment_from_the_path() {
+    let mock = start_flavor(Flavor::Azure).await;
+    // no model in the body: the deployment names it
+    let body = json!({"messages": [{"role": "user", "content": "hello"}]});
+    let (status, _, b) = post(&mock, AZURE_CHAT, AZURE_AUTH, &body).await;
+    assert_eq!(status, StatusCode::OK);
+    let v = json_of(&b);
+    assert_eq!(v["model"], "gpt4o-prod");
+    assert_eq!(v["object"], "chat.completion");
+    assert_eq!(v["choices"][0]["message"]["content"], tokens(8));
+    // the body's model wins
+    let (_, _, b) = post(&mock, AZURE_CHAT, AZURE_AUTH, &chat_body(json!({}))).await;
+    assert_eq!(json_of(&b)["model"], "gpt-mock");
+    let recorded = mock.requests();
+    assert_eq!(recorded[0].path, AZURE_CHAT, "the path keeps its query");
+    assert_eq!(recorded[0].header("api-key"), Some("azure-test"));
+
+    // the key: api-key, not a bearer token
+    for headers in [
+        &[][..],
+        &[("authorization", "Bearer azure-test")],
+        &[("api-key", " ")],
+    ] {
+        let (status, _, b) = post(&mock, AZURE_CHAT, headers, &body).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{headers:?}");
+        let v = json_of(&b);
+        assert_eq!(v["error"]["code"], "401");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .expect("message")
+                .starts_with(
+                    "Access denied due to invalid subscription key or wrong API endpoint."
+                ),
+            "{v}"
+        );
+    }
+
+    // the body: OpenAI's rules and errors
+    let anthropic_shaped = json!({"messages": [{"role": "user", "content": "hi"}], "top_k": 5});
+    let (status, _, b) = post(&mock, AZURE_CHAT, AZURE_AUTH, &anthropic_shaped).await;
+    assert_eq!(
+        openai_error(status, &b),
+        (
+            400,
+            "Unrecognized request argument supplied: top_k".to_owned(),
+            json!("top_k"),
+            Value::Null
+        )
+    );
+
+    // streaming and embeddings
+    let stream = json!({"messages": [{"role": "user", "content": "hi"}], "stream": true, "stream_options": {"include_usage": true}});
+    let (status, _, b) = post(
+        &mock,
+        AZURE_CHAT,
+        &with(AZURE_AUTH, &[("x-mock-chunks", "2")]),
+        &stream,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let chunks = chat_chunks(&b);
+    assert!(chunks.iter().all(|c| c["model"] == "gpt4o-prod"));
+    assert_eq!(
+        chunks.last().expect("usage chunk")["usage"]["completion_tokens"],
+        2
+    );
+    let path = "/openai/deployments/embed-small/embeddings?api-version=2024-10-21";
+    let (status, _, b) = post(&mock, path, AZURE_AUTH, &json!({"input": ["a", "b"]})).await;
+    assert_eq!(status, StatusCode::OK);
+    let v = json_of(&b);
+    assert_eq!(v["model"], "embed-small");
+    assert_eq!(v["data"].as_array().map(Vec::len), Some(2));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tool calls, images, DeepSeek usage
+
+/// The arguments `x-mock-tool-call` sends for the last user text `query`.
+fn tool_arguments(query: &str) -> String {
+    json!({"query": query}).to_string()
+}
+
+/// `s` in pieces of 5 characters.
+fn pieces_of_5(s: &str) -> Vec<String> {
+    let chars: Vec<char> = s.chars().collect();
+    chars.chunks(5).map(|c| c.iter().collect()).collect()
+}
+
+fn weather_chat(extra: Value) -> Value {
+    let mut body = json!({
+        "model": "gpt-mock",
+        "messages": [{"role": "user", "content": "Weather in Paris?"}],
+        "tools": [
+            {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}},
+            {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+        ]
+    });
+    if let (Some(body), Value::Object(extra)) = (body.as_object_mut(), extra) {
+        body.extend(extra);
+    }
+    body
+}
+
+fn weather_claude(extra: Value) -> Value {
+    let mut body = json!({
+        "model": "claude-mock",
+        "max_tokens": 64,
+        "messages": [{"role": "user", "content": "Weather in Paris?"}],
+        "tools": [{"name": "get_weather", "input_schema": {"type": "object"}}]
+    });
+    if let (Some(body), Value::Object(extra)) = (body.as_object_mut(), extra) {
+        body.extend(extra);
+    }
+    body
+}
+
+#[tokio::test]
+async fn tool_call_knob_openai_json_and_stream() {
+    let arguments = tool_arguments("Weather in Paris?");
+    let pieces = pieces_of_5(&arguments);
+    for (mock, auth) in [
+        (start().await, &[][..]),
+        (start_flavor(Flavor::Openai).await, OPENAI_AUTH),
+    ] {
+        let headers = with(auth, &[("x-mock-tool-call", "get_weather")]);
+        let (status, _, body) = post(
+            &mock,
+            "/v1/chat/completions",
+            &headers,
+            &weather_chat(json!({})),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK);
+        let v = json_of(&body);
+        let choice = &v["choices"][0];
+        let id = v["id"]
+            .as_str()
+            .expect("id")
+            .trim_start_matches("chatcmpl-mock-")
+            .to_owned();
+        assert_eq!(
+            choice["message"],
+            json!({"role": "assistant", "content": null, "tool_calls": [
+                {"id": format!("call_mock_{id}"), "type": "function", "function": {"name": "get_weather", "arguments": arguments}}
+            ]})
+        );
+        assert_eq!(choice["finish_reason"], "tool_calls");
+        assert_eq!(v["usage"]["completion_tokens"], pieces.len());
+
+        let stream =
+            weather_chat(json!({"stream": true, "stream_options": {"include_usage": true}}));
+        let (status, _, body) = post(&mock, "/v1/chat/completions", &headers, &stream).await;
+        assert_eq!(status, StatusCode::OK);
+        let chunks = chat_chunks(&body);
+        assert_eq!(chunks.len(), 1 + pieces.len() + 1 + 1);
+        let first = &chunks[0]["choices"][0]["delta"];
+        assert_eq!(first["role"], "assistant");
+        assert_eq!(first["content"], Value::Null);
+        let call = &first["tool_calls"][0];
+        assert_eq!(call["index"], 0);
+        assert!(call["id"].as_str().expect("id").starts_with("call_mock_"));
+        assert_eq!(call["type"], "function");
+        assert_eq!(
+            call["function"],
+            json!({"name": "get_weather", "arguments": ""})
+        );
+        let streamed: Vec<String> = chunks[1..=pieces.len()]
+            .iter()
+            .map(|c| {
+                let call = &c["choices"][0]["delta"]["tool_calls"][0];
+                assert_eq!(call["index"], 0);
+                assert!(call.get("id").is_none());
+                call["function"]["arguments"]
+                    .as_str()
+                    .expect("arguments")
+                    .to_owned()
+            })
+            .collect();
+        assert_eq!(streamed, pieces);
+        let last = &chunks[pieces.len() + 1]["choices"][0];
+        assert_eq!(last["finish_reason"], "tool_calls");
+        assert_eq!(
+            chunks[pieces.len() + 2]["usage"]["completion_tokens"],
+            pieces.len()
+        );
+    }
+}
+
+#[tokio::test]
+async fn tool_call_knob_anthropic_json_and_stream() {
+    let arguments = tool_arguments("Weather in Paris?");
+    let pieces = pieces_of_5(&arguments);
+    for (mock, auth) in [
+        (start().await, &[][..]),
+        (start_flavor(Flavor::Anthropic).await, ANTHROPIC_AUTH),
+    ] {
+        let headers = with(auth, &[("x-mock-tool-call", "get_weather")]);
+        let (status, _, body) =
+            post(&mock, "/v1/messages", &headers, &weather_claude(json!({}))).await;
+        assert_eq!(status, StatusCode::OK);
+        let v = json_of(&body);
+        let id = v["id"]
+            .as_str()
+            .expect("id")
+            .trim_start_matches("msg_mock_")
+            .to_owned();
+        assert_eq!(
+            v["content"],
+            json!([{"type": "tool_use", "id": format!("toolu_mock_{id}"), "name": "get_weather", "input": {"query": "Weather in Paris?"}}])
+        );
+        assert_eq!(v["stop_reason"], "tool_use");
+        assert_eq!(v["usage"]["output_tokens"], pieces.len());
+
+        let (status, _, body) = post(
+            &mock,
+            "/v1/messages",
+            &headers,
+            &weather_claude(json!({"stream": true})),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK);
+        let events = sse(&body);
+        let data: Vec<Value> = events
+            .iter()
+            .map(|(_, d)| serde_json::from_str(d).expect("JSON"))
+            .collect();
+        assert_eq!(events.len(), 3 + pieces.len() + 3);
+        let block = &data[1]["content_block"];
+        assert_eq!(block["type"], "tool_use");
+        assert!(block["id"].as_str().expect("id").starts_with("toolu_mock_"));
+        assert_eq!(block["name"], "get_weather");
+        assert_eq!(block["input"], json!({}));
+        let streamed: Vec<String> = data[3..3 + pieces.len()]
+            .iter()
+            .map(|d| {
+                assert_eq!(d["type"], "content_block_delta");
+                assert_eq!(d["delta"]["type"], "input_json_delta");
+                d["delta"]["partial_json"]
+                    .as_str()
+                    .expect("partial_json")
+                    .to_owned()
+            })
+            .collect();
+        assert_eq!(streamed, pieces);
+        assert_eq!(data[3 + pieces.len()]["type"], "content_block_stop");
+        let delta = &data[4 + pieces.len()];
+        assert_eq!(delta["delta"]["stop_reason"], "tool_use");
+        assert_eq!(delta["usage"]["output_tokens"], pieces.len());
+        assert_eq!(data[5 + pieces.len()]["type"], "message_stop");
+    }
+}
+
+#[tokio::test]
+async fn tool_call_knob_needs_the_tool_and_defaults_its_query() {
+    let mock = start_flavor(Flavor::Openai).await;
+    let headers = with(OPENAI_AUTH, &[("x-mock-tool-call", "get_stock")]);
+    let (status, _, body) = post(
+        &mock,
+        "/v1/chat/completions",
+        &headers,
+        &weather_chat(json!({})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(json_of(&body)["error"]["param"], "x-mock-tool-call");
+    let anthropic = start_flavor(Flavor::Anthropic).await;
+    let headers = with(ANTHROPIC_AUTH, &[("x-mock-tool-call", "get_stock")]);
+    let (status, h, b) = post(
+        &anthropic,
+        "/v1/messages",
+        &headers,
+        &weather_claude(json!({})),
+    )
+    .await;
+    assert_eq!(anthropic_error(status, &h, &b).0, 400);
+
+    // no user text: the query is "tok0"
+    let body = weather_chat(
+        json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://x/y.png"}}]}]}),
+    );
+    let headers = with(OPENAI_AUTH, &[("x-mock-tool-call", "get_time")]);
+    let (_, _, b) = post(&mock, "/v1/chat/completions", &headers, &body).await;
+    assert_eq!(
+        json_of(&b)["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"],
+        tool_arguments("tok0")
+    );
+}
+
+#[tokio::test]
+async fn a_tool_result_is_answered_in_text_and_echoed() {
+    // OpenAI: the last message is the tool's result
+    let mock = start_flavor(Flavor::Openai).await;
+    let body = weather_chat(json!({"messages": [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": null, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"query\":\"Paris\"}"}}
+        ]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21C"}
+    ]}));
+    let headers = with(
+        OPENAI_AUTH,
+        &[("x-mock-tool-call", "get_weather"), ("x-mock-echo", "1")],
+    );
+    let (status, _, b) = post(&mock, "/v1/chat/completions", &headers, &body).await;
+    assert_eq!(status, StatusCode::OK);
+    let v = json_of(&b);
+    assert_eq!(v["choices"][0]["message"]["content"], "sunny, 21C");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    assert!(v["choices"][0]["message"].get("tool_calls").is_none());
+
+    // Anthropic: the last user turn holds tool_result blocks
+    let mock = start_flavor(Flavor::Anthropic).await;
+    let body = weather_claude(json!({"messages": [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"query": "Paris"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "text", "text": "sunny, 21C"}]}]}
+    ]}));
+    let headers = with(
+        ANTHROPIC_AUTH,
+        &[("x-mock-tool-call", "get_weather"), ("x-mock-echo", "1")],
+    );
+    let (status, _, b) = post(&mock, "/v1/messages", &headers, &body).await;
+    assert_eq!(status, StatusCode::OK);
+    let v = json_of(&b);
+    assert_eq!(
+        v["content"],
+        json!([{"type": "text", "text": "sunny, 21C"}])
+    );
+    assert_eq!(v["stop_reason"], "end_turn");
+    // the result's text counts like the OpenAI tool message it translates: "Weather in
+    // Paris?" (17 chars: 5 + 4), the tool_use turn (4), "sunny, 21C" (10 chars: 3 + 4)
+    assert_eq!(v["usage"]["input_tokens"], 9 + 4 + 7);
+}
+
+#[tokio::test]
+async fn images_are_accepted_count_nothing_and_are_recorded() {
+    let openai = start_flavor(Flavor::Openai).await;
+    let image =
+        json!({"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}});
+    let body = json!({"model": "gpt-mock", "messages": [{"role": "user", "content": [{"type": "text", "text": "what is it?"}, image]}]});
+    let (status, _, b) = post(&openai, "/v1/chat/completions", OPENAI_AUTH, &body).await;
+    assert_eq!(status, StatusCode::OK);
+    // "what is it?" (11 chars: 3 + 4); the image counts nothing
+    assert_eq!(json_of(&b)["usage"]["prompt_tokens"], 7);
+    let seen = openai.requests()[0].json().expect("json");
+    assert_eq!(seen["messages"][0]["content"][1], image);
+
+    let anthropic = start_flavor(Flavor::Anthropic).await;
+    let image = json!({"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}});
+    let body = claude_body(
+        json!({"messages": [{"role": "user", "content": [{"type": "text", "text": "what is it?"}, image]}]}),
+    );
+    let (status, _, b) = post(&anthropic, "/v1/messages", ANTHROPIC_AUTH, &body).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(json_of(&b)["usage"]["input_tokens"], 7);
+    let seen = anthropic.requests()[0].json().expect("json");
+    assert_eq!(seen["messages"][0]["content"][1], image);
+}
+
+#[tokio::test]
+async fn deepseek_usage_style_reports_cache_hits_and_misses() {
+    for (mock, auth) in [
+        (start().await, &[][..]),
+        (start_flavor(Flavor::Openai).await, OPENAI_AUTH),
+    ] {
+        let headers = with(
+            auth,
+            &[
+                ("x-mock-usage-style", "deepseek"),
+                ("x-mock-cache-read-tokens", "5"),
+                ("x-mock-chunks", "2"),
+            ],
+        );
+        let (_, _, b) = post(
+            &mock,
+            "/v1/chat/completions",
+            &headers,
+            &chat_body(json!({})),
+        )
+        .await;
+        assert_eq!(
+            json_of(&b)["usage"],
+            json!({"prompt_tokens": 12, "completion_tokens": 2, "total_tokens": 14,
+                   "prompt_cache_hit_tokens": 5, "prompt_cache_miss_tokens": 7})
+        );
+        let stream = chat_body(json!({"stream": true, "stream_options": {"include_usage": true}}));
+        let headers = with(
+            auth,
+            &[("x-mock-usage-style", "deepseek"), ("x-mock-chunks", "2")],
+        );
+        let (_, _, b) = post(&mock, "/v1/chat/completions", &headers, &stream).await;
+        let chunks = chat_chunks(&b);
+        assert_eq!(
+            chunks.last().expect("usage chunk")["usage"],
+            json!({"prompt_tokens": 12, "completion_tokens": 2, "total_tokens": 14,
+                   "prompt_cache_hit_tokens": 0, "prompt_cache_miss_tokens": 12})
+        );
+        let headers = with(auth, &[("x-mock-usage-style", "gemini")]);
+        let (status, _, _) = post(
+            &mock,
+            "/v1/chat/completions",
+            &headers,
+            &chat_body(json!({})),
+        )
+        .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+    }
 }

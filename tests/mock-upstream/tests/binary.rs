@@ -7,10 +7,11 @@ use std::time::Duration;
 
 const BIN: &str = env!("CARGO_BIN_EXE_mock-upstream");
 
-#[test]
-fn prints_listening_line_and_serves() {
+/// Runs the binary with `args`, sends it one request (`POST path` with `headers`, a chat body)
+/// and returns the listening line and the raw response.
+fn one_request(args: &[&str], path: &str, headers: &str) -> (String, String) {
     let mut child = Command::new(BIN)
-        .args(["--listen", "127.0.0.1:0", "--threads", "2"])
+        .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -32,7 +33,7 @@ fn prints_listening_line_and_serves() {
         let body = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
         write!(
             stream,
-            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+            "POST {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n{headers}content-length: {}\r\n\r\n{body}",
             body.len()
         )
         .map_err(|e| e.to_string())?;
@@ -45,10 +46,43 @@ fn prints_listening_line_and_serves() {
     let _ = child.kill();
     let _ = child.wait();
 
-    let response = outcome.expect("a response");
+    (line, outcome.expect("a response"))
+}
+
+#[test]
+fn prints_listening_line_and_serves() {
+    let (line, response) = one_request(
+        &["--listen", "127.0.0.1:0", "--threads", "2"],
+        "/v1/chat/completions",
+        "",
+    );
     assert!(line.ends_with('\n'), "one full line: {line:?}");
     assert!(response.starts_with("HTTP/1.1 200 OK\r\n"), "{response}");
     assert!(response.contains(r#""completion_tokens":8"#), "{response}");
+}
+
+#[test]
+fn flavor_flag_plays_one_provider() {
+    let (_, response) = one_request(&["--flavor", "anthropic"], "/v1/chat/completions", "");
+    assert!(
+        response.starts_with("HTTP/1.1 404 Not Found\r\n"),
+        "{response}"
+    );
+    assert!(
+        response.contains(r#""type":"not_found_error""#),
+        "{response}"
+    );
+    let (_, response) = one_request(
+        &["--flavor=openai"],
+        "/v1/chat/completions",
+        "authorization: Bearer sk-test\r\n",
+    );
+    assert!(response.starts_with("HTTP/1.1 200 OK\r\n"), "{response}");
+    let (_, response) = one_request(&["--flavor", "openai"], "/v1/chat/completions", "");
+    assert!(
+        response.starts_with("HTTP/1.1 401 Unauthorized\r\n"),
+        "{response}"
+    );
 }
 
 #[test]
@@ -58,6 +92,7 @@ fn bad_arguments_exit_2() {
         &["--listen", "nope"],
         &["--frobnicate"],
         &["--listen"],
+        &["--flavor", "gemini"],
     ] {
         let out = Command::new(BIN).args(args).output().expect("run");
         assert_eq!(out.status.code(), Some(2), "{args:?}");

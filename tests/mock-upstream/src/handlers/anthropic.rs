@@ -4,8 +4,8 @@ use serde_json::Value;
 
 use super::openai::tokens_len;
 use super::{
-    array, conversation_tokens, last_user_text, message_tokens, model, opt_bool, opt_u64, ApiError,
-    Ctx, Reply,
+    array, content_chars, content_text, last_user_text, message_tokens, model, opt_bool, opt_u64,
+    text_tokens, tool, ApiError, Ctx, Reply,
 };
 use crate::json::{str_lit, w, Completion, Sse};
 
@@ -18,10 +18,50 @@ pub(crate) fn count_tokens(req: &Value, ctx: &Ctx<'_>) -> Result<Reply, ApiError
     model(req)?;
     let messages = array(req, "messages")?;
     let system = system_tokens(req)?;
-    let input = ctx.knobs.prompt_tokens.unwrap_or_else(|| {
-        conversation_tokens(messages.iter().map(|m| m.get("content")), TEXT).saturating_add(system)
-    });
+    let input = ctx
+        .knobs
+        .prompt_tokens
+        .unwrap_or_else(|| conversation_tokens(messages).saturating_add(system));
     Ok(Reply::Json(format!(r#"{{"input_tokens":{input}}}"#)))
+}
+
+/// The prompt count of `messages`: each message `ceil(text chars / 4) + 4`, its text the text
+/// blocks and the text of its `tool_result` blocks' content (so a tool's result counts as the
+/// OpenAI `tool` message it translates); at least 1.
+fn conversation_tokens(messages: &[Value]) -> u64 {
+    messages
+        .iter()
+        .map(|m| {
+            let content = m.get("content");
+            let chars = tool_results(content)
+                .filter_map(|r| r.get("content"))
+                .map(|c| content_chars(c, TEXT))
+                .fold(
+                    content.map_or(0, |c| content_chars(c, TEXT)),
+                    usize::saturating_add,
+                );
+            text_tokens(chars).saturating_add(4)
+        })
+        .fold(0u64, u64::saturating_add)
+        .max(1)
+}
+
+/// The `tool_result` blocks of a message's content.
+fn tool_results(content: Option<&Value>) -> impl Iterator<Item = &Value> {
+    content
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter(|b| b.get("type").and_then(Value::as_str) == Some("tool_result"))
+}
+
+/// The names of the request's tools.
+fn tool_names(req: &Value) -> impl Iterator<Item = &str> {
+    req.get("tools")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|t| t.get("name")?.as_str())
 }
 
 /// The tokens of `system` (a string or text blocks), counted as one more message; 0 without.
@@ -47,13 +87,41 @@ pub(crate) fn messages(req: &Value, ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
     let cap = opt_u64(req, "max_tokens")?;
 
     let knobs = ctx.knobs;
-    let prompt = knobs.prompt_tokens.unwrap_or_else(|| {
-        conversation_tokens(messages.iter().map(|m| m.get("content")), TEXT).saturating_add(system)
-    });
+    let prompt = knobs
+        .prompt_tokens
+        .unwrap_or_else(|| conversation_tokens(messages).saturating_add(system));
     let cache_read = knobs.cache_read_tokens.unwrap_or(0);
-    let completion = Completion::new(knobs.echo, &last_user_text(messages, TEXT));
-    let (n, capped) = completion.count(knobs, cap);
-    let stop = if capped { "max_tokens" } else { "end_turn" };
+    // the last turn a user's tool results: the model answers them in text, echoing them
+    let last = messages
+        .last()
+        .filter(|m| m.get("role").and_then(Value::as_str) == Some("user"));
+    let answers_tool = tool_results(last.and_then(|m| m.get("content")))
+        .next()
+        .is_some();
+    let text = if answers_tool {
+        tool_results(last.and_then(|m| m.get("content")))
+            .filter_map(|r| r.get("content"))
+            .map(|c| content_text(c, TEXT))
+            .collect()
+    } else {
+        last_user_text(messages, TEXT)
+    };
+    let call = tool::requested(
+        knobs.tool_call.as_deref(),
+        tool_names(req),
+        answers_tool,
+        &text,
+    )?;
+    let completion = Completion::new(knobs.echo, &text);
+    let (n, capped) = match &call {
+        Some(call) => (call.tokens(), false),
+        None => completion.count(knobs, cap),
+    };
+    let stop = match (&call, capped) {
+        (Some(_), _) => "tool_use",
+        (None, true) => "max_tokens",
+        (None, false) => "end_turn",
+    };
     let usage = |output: u64| {
         (!knobs.no_usage).then(|| {
             format!(
@@ -67,10 +135,22 @@ pub(crate) fn messages(req: &Value, ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
         let mut b = String::with_capacity(384 + model.len() + tokens_len(n));
         w!(
             b,
-            r#"{{"id":"msg_mock_{id}","type":"message","role":"assistant","model":{model},"content":[{{"type":"text","text":""#
+            r#"{{"id":"msg_mock_{id}","type":"message","role":"assistant","model":{model},"content":["#
         );
-        completion.push_all(&mut b, n);
-        w!(b, r#""}}],"stop_reason":"{stop}","stop_sequence":null"#);
+        match &call {
+            Some(call) => w!(
+                b,
+                r#"{{"type":"tool_use","id":"toolu_mock_{id}","name":{},"input":{}}}"#,
+                call.name,
+                call.arguments
+            ),
+            None => {
+                b.push_str(r#"{"type":"text","text":""#);
+                completion.push_all(&mut b, n);
+                b.push_str(r#""}"#);
+            }
+        }
+        w!(b, r#"],"stop_reason":"{stop}","stop_sequence":null"#);
         if let Some(usage) = usage(n) {
             w!(b, r#","usage":{usage}"#);
         }
@@ -89,19 +169,37 @@ pub(crate) fn messages(req: &Value, ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
         }
         b.push_str("}}");
     });
-    sse.event(Some("content_block_start"), |b| {
-        b.push_str(
+    sse.event(Some("content_block_start"), |b| match &call {
+        Some(call) => w!(
+            b,
+            r#"{{"type":"content_block_start","index":0,"content_block":{{"type":"tool_use","id":"toolu_mock_{id}","name":{},"input":{{}}}}}}"#,
+            call.name
+        ),
+        None => b.push_str(
             r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#,
-        );
+        ),
     });
     sse.event(Some("ping"), |b| b.push_str(r#"{"type":"ping"}"#));
     for i in 0..n {
-        sse.event(Some("content_block_delta"), |b| {
-            b.push_str(
-                r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":""#,
-            );
-            completion.push(b, i);
-            b.push_str(r#""}}"#);
+        sse.event(Some("content_block_delta"), |b| match &call {
+            Some(call) => {
+                let piece = usize::try_from(i)
+                    .ok()
+                    .and_then(|i| call.pieces().get(i))
+                    .map_or("", String::as_str);
+                w!(
+                    b,
+                    r#"{{"type":"content_block_delta","index":0,"delta":{{"type":"input_json_delta","partial_json":{}}}}}"#,
+                    str_lit(piece)
+                );
+            }
+            None => {
+                b.push_str(
+                    r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":""#,
+                );
+                completion.push(b, i);
+                b.push_str(r#""}}"#);
+            }
         });
     }
     sse.event(Some("content_block_stop"), |b| {

@@ -3,17 +3,18 @@
 use serde_json::Value;
 
 use super::{
-    array, conversation_tokens, last_user_text, message_tokens, model, opt_bool, opt_u64,
-    text_tokens, ApiError, Ctx, Reply,
+    array, content_text, conversation_tokens, last_user_text, message_tokens, model,
+    model_or_deployment, opt_bool, opt_u64, text_tokens, tool, ApiError, Ctx, Reply,
 };
 use crate::json::{str_lit, w, Completion, Sse};
+use crate::knobs::{Knobs, UsageStyle};
 
 const CHAT_TEXT: &[&str] = &["text"];
 const RESPONSES_TEXT: &[&str] = &["input_text", "output_text", "text"];
 
-/// `POST /v1/chat/completions`
+/// `POST /v1/chat/completions` (and Azure's chat completions of a deployment)
 pub(crate) fn chat(req: &Value, ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
-    let model = str_lit(model(req)?);
+    let model = str_lit(model_or_deployment(req, ctx.deployment)?);
     let messages = array(req, "messages")?;
     let stream = opt_bool(req, "stream", "stream")?;
     let include_usage = match req.get("stream_options") {
@@ -37,35 +38,56 @@ pub(crate) fn chat(req: &Value, ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
     let prompt = knobs.prompt_tokens.unwrap_or_else(|| {
         conversation_tokens(messages.iter().map(|m| m.get("content")), CHAT_TEXT)
     });
-    let completion = Completion::new(knobs.echo, &last_user_text(messages, CHAT_TEXT));
-    let (n, capped) = completion.count(knobs, cap);
-    let finish = if capped { "length" } else { "stop" };
-    let usage = (!knobs.no_usage).then(|| {
-        let mut u = String::with_capacity(128);
-        w!(
-            u,
-            r#"{{"prompt_tokens":{prompt},"completion_tokens":{n},"total_tokens":{}"#,
-            prompt.saturating_add(n)
-        );
-        if let Some(cached) = knobs.cache_read_tokens {
-            w!(
-                u,
-                r#","prompt_tokens_details":{{"cached_tokens":{cached}}}"#
-            );
-        }
-        u.push('}');
-        u
-    });
+    // the last message a tool's result: the model answers it in text, echoing the result
+    let tool_result = messages
+        .last()
+        .filter(|m| m.get("role").and_then(Value::as_str) == Some("tool"));
+    let text = match tool_result {
+        Some(result) => result
+            .get("content")
+            .map(|c| content_text(c, CHAT_TEXT))
+            .unwrap_or_default(),
+        None => last_user_text(messages, CHAT_TEXT),
+    };
+    let call = tool::requested(
+        knobs.tool_call.as_deref(),
+        tool_names(req),
+        tool_result.is_some(),
+        &text,
+    )?;
+    let completion = Completion::new(knobs.echo, &text);
+    let (n, capped) = match &call {
+        Some(call) => (call.tokens(), false),
+        None => completion.count(knobs, cap),
+    };
+    let finish = match (&call, capped) {
+        (Some(_), _) => "tool_calls",
+        (None, true) => "length",
+        (None, false) => "stop",
+    };
+    let usage = (!knobs.no_usage).then(|| chat_usage(knobs, prompt, n));
     let (id, created) = (ctx.id, ctx.created);
 
     if !stream {
         let mut b = String::with_capacity(320 + model.len() + tokens_len(n));
         w!(
             b,
-            r#"{{"id":"chatcmpl-mock-{id}","object":"chat.completion","created":{created},"model":{model},"choices":[{{"index":0,"message":{{"role":"assistant","content":""#
+            r#"{{"id":"chatcmpl-mock-{id}","object":"chat.completion","created":{created},"model":{model},"choices":[{{"index":0,"message":{{"role":"assistant","content":"#
         );
-        completion.push_all(&mut b, n);
-        w!(b, r#""}},"logprobs":null,"finish_reason":"{finish}"}}]"#);
+        match &call {
+            Some(call) => w!(
+                b,
+                r#"null,"tool_calls":[{{"id":"call_mock_{id}","type":"function","function":{{"name":{},"arguments":{}}}}}]"#,
+                call.name,
+                str_lit(&call.arguments)
+            ),
+            None => {
+                b.push('"');
+                completion.push_all(&mut b, n);
+                b.push('"');
+            }
+        }
+        w!(b, r#"}},"logprobs":null,"finish_reason":"{finish}"}}]"#);
         if let Some(usage) = &usage {
             w!(b, r#","usage":{usage}"#);
         }
@@ -85,15 +107,37 @@ pub(crate) fn chat(req: &Value, ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
     let mut sse = Sse::new(n.saturating_add(4));
     sse.event(None, |b| {
         b.push_str(&head);
-        b.push_str(r#"[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]"#);
+        match &call {
+            Some(call) => w!(
+                b,
+                r#"[{{"index":0,"delta":{{"role":"assistant","content":null,"tool_calls":[{{"index":0,"id":"call_mock_{id}","type":"function","function":{{"name":{},"arguments":""}}}}]}},"logprobs":null,"finish_reason":null}}]"#,
+                call.name
+            ),
+            None => b.push_str(r#"[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]"#),
+        }
         b.push_str(tail);
     });
     for i in 0..n {
         sse.event(None, |b| {
             b.push_str(&head);
-            b.push_str(r#"[{"index":0,"delta":{"content":""#);
-            completion.push(b, i);
-            b.push_str(r#""},"logprobs":null,"finish_reason":null}]"#);
+            match &call {
+                Some(call) => {
+                    let piece = usize::try_from(i)
+                        .ok()
+                        .and_then(|i| call.pieces().get(i))
+                        .map_or("", String::as_str);
+                    w!(
+                        b,
+                        r#"[{{"index":0,"delta":{{"tool_calls":[{{"index":0,"function":{{"arguments":{}}}}}]}},"logprobs":null,"finish_reason":null}}]"#,
+                        str_lit(piece)
+                    );
+                }
+                None => {
+                    b.push_str(r#"[{"index":0,"delta":{"content":""#);
+                    completion.push(b, i);
+                    b.push_str(r#""},"logprobs":null,"finish_reason":null}]"#);
+                }
+            }
             b.push_str(tail);
         });
     }
@@ -117,6 +161,46 @@ pub(crate) fn chat(req: &Value, ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
     }
     sse.event(None, |b| b.push_str("[DONE]"));
     Ok(Reply::Sse(sse))
+}
+
+/// A chat answer's `usage` object: cached prompt tokens as `prompt_tokens_details`, or
+/// (`x-mock-usage-style: deepseek`) as DeepSeek's hit / miss counts.
+fn chat_usage(knobs: &Knobs, prompt: u64, completion: u64) -> String {
+    let mut u = String::with_capacity(128);
+    w!(
+        u,
+        r#"{{"prompt_tokens":{prompt},"completion_tokens":{completion},"total_tokens":{}"#,
+        prompt.saturating_add(completion)
+    );
+    match knobs.usage_style {
+        UsageStyle::Openai => {
+            if let Some(cached) = knobs.cache_read_tokens {
+                w!(
+                    u,
+                    r#","prompt_tokens_details":{{"cached_tokens":{cached}}}"#
+                );
+            }
+        }
+        UsageStyle::Deepseek => {
+            let hit = knobs.cache_read_tokens.unwrap_or(0);
+            w!(
+                u,
+                r#","prompt_cache_hit_tokens":{hit},"prompt_cache_miss_tokens":{}"#,
+                prompt.saturating_sub(hit)
+            );
+        }
+    }
+    u.push('}');
+    u
+}
+
+/// The names of a chat request's function tools.
+fn tool_names(req: &Value) -> impl Iterator<Item = &str> {
+    req.get("tools")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|t| t.get("function")?.get("name")?.as_str())
 }
 
 /// `POST /v1/responses`
@@ -246,9 +330,9 @@ pub(crate) fn responses(req: &Value, ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
     Ok(Reply::Sse(sse))
 }
 
-/// `POST /v1/embeddings`
+/// `POST /v1/embeddings` (and Azure's embeddings of a deployment)
 pub(crate) fn embeddings(req: &Value, ctx: &Ctx<'_>) -> Result<Reply, ApiError> {
-    let model = str_lit(model(req)?);
+    let model = str_lit(model_or_deployment(req, ctx.deployment)?);
     let bad_input = || {
         ApiError::invalid(
             "'input' must be a string, an array of strings, or token arrays",
