@@ -493,6 +493,87 @@ def host_seeds():
 
 # ---- dictionaries (libFuzzer -dict=): tokens the mutator splices in -------------------------
 
+def translate_seeds():
+    """model-router's translate: mode byte = entry (0 request, 1 response, 2 error, 3 stream)
+    | from (4: Messages) | to (8: Messages), then the entry's parameters and the payload."""
+    chat, messages = 0, 1
+
+    def mode(entry, frm, to):
+        return entry | (frm << 2) | (to << 3)
+
+    chat_tools = dict(CHAT, stream=False, stop=["END"], temperature=1.4, top_p=0.9, max_completion_tokens=300,
+                      user="u-1", n=1, parallel_tool_calls=False, seed=7, stream_options={"include_usage": True},
+                      tools=[{"type": "function", "function": {"name": "lookup", "description": "Find a record",
+                                                               "parameters": {"type": "object", "properties": {
+                                                                   "id": {"type": "string"}}}, "strict": True}}],
+                      tool_choice={"type": "function", "function": {"name": "lookup"}})
+    chat_images = {"model": "fast", "messages": [
+        {"role": "developer", "content": [{"type": "text", "text": "Describe."}]},
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo=",
+                                                                         "detail": "low"}}]},
+        {"role": "user", "content": "and this?"}]}
+    anthropic_full = dict(ANTHROPIC, temperature=0.5, top_k=40, stop_sequences=["\n\nHuman:"],
+                          metadata={"user_id": "u-2"}, thinking={"type": "enabled", "budget_tokens": 1024},
+                          tools=[{"name": "mail", "description": "Send mail", "input_schema": {"type": "object"},
+                                  "cache_control": {"type": "ephemeral"}}],
+                          tool_choice={"type": "any", "disable_parallel_tool_use": True})
+    anthropic_images = {"model": "claude", "max_tokens": 64, "messages": [
+        {"role": "user", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/jpeg", "data": "/9j/4AAQ"}},
+            {"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}},
+            {"type": "text", "text": "compare"}]},
+        {"role": "assistant", "content": [{"type": "thinking", "thinking": "...", "signature": "s"},
+                                          {"type": "text", "text": "Same."}]}]}
+    for name, frm, to, body, flags in [
+        ("request-chat", chat, messages, CHAT, 0),
+        ("request-chat-tools", chat, messages, chat_tools, 3),
+        ("request-chat-images", chat, messages, chat_images, 8),
+        ("request-chat-refused", chat, messages, dict(CHAT, n=2, response_format={"type": "json_object"}), 0),
+        ("request-anthropic", messages, chat, ANTHROPIC, 1),
+        ("request-anthropic-full", messages, chat, anthropic_full, 0),
+        ("request-anthropic-images", messages, chat, anthropic_images, 1),
+        ("request-same", chat, chat, CHAT, 0),
+    ]:
+        seed("translate", name, [mode(0, frm, to), flags], j(body))
+    chat_body = {"id": "chatcmpl-1", "object": "chat.completion", "created": 1741569952, "model": "gpt-4.1",
+                 "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hi", "refusal": None,
+                                                      "tool_calls": [{"id": "call_1", "type": "function", "function": {
+                                                          "name": "lookup", "arguments": "{\"id\":\"7\"}"}}]},
+                              "logprobs": None, "finish_reason": "tool_calls"}],
+                 "usage": {"prompt_tokens": 19, "completion_tokens": 10, "total_tokens": 29,
+                           "prompt_tokens_details": {"cached_tokens": 4}}}
+    anthropic_body = {"id": "msg_01", "type": "message", "role": "assistant", "model": "claude-sonnet-4-5",
+                      "content": [{"type": "text", "text": "Hi!"},
+                                  {"type": "tool_use", "id": "toolu_1", "name": "mail", "input": {"to": "x"}}],
+                      "stop_reason": "tool_use", "stop_sequence": None,
+                      "usage": {"input_tokens": 2095, "output_tokens": 503, "cache_creation_input_tokens": 100,
+                                "cache_read_input_tokens": 1800}}
+    seed("translate", "response-chat", [mode(1, chat, messages)], j(chat_body))
+    seed("translate", "response-anthropic", [mode(1, messages, chat)], j(anthropic_body))
+    for name, frm, to, status, body in [
+        ("error-openai", chat, messages, 429, j({"error": {"message": "Rate limit reached", "type": "requests",
+                                                          "param": None, "code": "rate_limit_exceeded"}})),
+        ("error-quota", chat, messages, 429, j({"error": {"message": "Quota", "type": "insufficient_quota",
+                                                         "param": None, "code": "insufficient_quota"}})),
+        ("error-anthropic", messages, chat, 529, j({"type": "error", "error": {"type": "overloaded_error",
+                                                                              "message": "Overloaded"}})),
+        ("error-html", messages, chat, 502, "<html><body>Bad Gateway</body></html>"),
+        ("error-empty", chat, messages, 503, ""),
+    ]:
+        seed("translate", name, [mode(2, frm, to), status >> 8, status & 0xff], body)
+    for name, frm, to, body in [
+        ("stream-anthropic", messages, chat, STREAMS["anthropic"]),
+        ("stream-anthropic-error", messages, chat, STREAMS["anthropic-error"]),
+        ("stream-chat", chat, messages, STREAMS["chat"]),
+        ("stream-chat-tools", chat, messages, STREAMS["chat-tools"]),
+        ("stream-chat-cut", chat, messages, STREAMS["chat"][:300]),
+        ("stream-same", messages, messages, STREAMS["anthropic"]),
+    ]:
+        seed("translate", name, [mode(3, frm, to), 3] + split_plan([40, 0, 200, 3]), body)
+    seed("translate", "stream-anthropic-bytewise", [mode(3, messages, chat), 3] + split_plan(every_byte=True),
+         STREAMS["anthropic"])
+
+
 def dict_entry(token):
     if isinstance(token, str):
         token = token.encode()
@@ -615,5 +696,6 @@ config_seeds()
 resp_seeds()
 host_seeds()
 token_seeds()
+translate_seeds()
 for target, n in sorted(written.items()):
     print(f"{target}: {n} seeds")

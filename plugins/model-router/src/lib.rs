@@ -42,6 +42,7 @@ pub mod plan;
 pub mod redirect;
 pub mod signals;
 pub mod stream;
+pub mod translate;
 
 #[cfg(target_arch = "wasm32")]
 mod shell;
