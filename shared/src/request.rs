@@ -45,11 +45,28 @@ const SUFFIXES: [(&str, Endpoint); 5] = [
     ("/v1/embeddings", Endpoint::Api(Api::Embeddings)),
 ];
 
+/// Azure OpenAI's deployment paths: `/openai/deployments/<name>/<suffix>`.
+const AZURE_PREFIX: &str = "/openai/deployments/";
+const AZURE_SUFFIXES: [(&str, Endpoint); 2] = [
+    ("/chat/completions", Endpoint::Api(Api::ChatCompletions)),
+    ("/embeddings", Endpoint::Api(Api::Embeddings)),
+];
+
 impl Endpoint {
     /// The endpoint `path` addresses (query and fragment ignored); `None` for anything else.
+    /// Besides the `/v1/…` forms, Azure OpenAI's `/openai/deployments/<name>/chat/completions`
+    /// and `…/embeddings` (the model router sends an Azure deployment's attempt there, and the
+    /// filters after it read that path).
     pub fn from_path(path: &str) -> Option<Endpoint> {
         let path = path.split(['?', '#']).next().unwrap_or_default();
         let path = path.trim_end_matches('/');
+        if let Some(rest) = path.strip_prefix(AZURE_PREFIX) {
+            let (name, tail) = rest.split_once('/')?;
+            return AZURE_SUFFIXES
+                .iter()
+                .find(|(suffix, _)| !name.is_empty() && tail == &suffix[1..])
+                .map(|(_, endpoint)| *endpoint);
+        }
         SUFFIXES
             .iter()
             .find(|(suffix, _)| path.ends_with(suffix))
@@ -243,6 +260,18 @@ mod tests {
     }
 
     #[test]
+    fn azure_deployment_paths() {
+        assert_eq!(
+            endpoint("/openai/deployments/gpt-4o/chat/completions?api-version=2024-10-21"),
+            Some(Endpoint::Api(Api::ChatCompletions))
+        );
+        assert_eq!(
+            endpoint("/openai/deployments/emb-3/embeddings?api-version=2024-10-21"),
+            Some(Endpoint::Api(Api::Embeddings))
+        );
+    }
+
+    #[test]
     fn other_resources_are_no_endpoint() {
         for path in [
             "/",
@@ -252,7 +281,9 @@ mod tests {
             "/v1/chat/completions/abc",
             "/v1/threads/thread_1/messages",
             "/chat/completions",
-            "/openai/deployments/gpt-4o/chat/completions?api-version=2024-10-21",
+            "/openai/deployments//chat/completions",
+            "/openai/deployments/gpt-4o/completions",
+            "/openai/deployments/a/b/chat/completions",
             "/v1/chat/completionsx",
             "/v2/chat/completions",
             "/v1/responses/resp_1",

@@ -63,8 +63,8 @@ pub const BUDGET_FALLBACK_PROPERTY: &str = "llm_route_budget_fallback";
 pub const BUDGET_FALLBACK_TAKEN: &str = "llm_budget_fallback";
 /// Response header naming the group a budget switched the request to (added by the router).
 pub const BUDGET_FALLBACK_HEADER: &str = "x-llm-budget-fallback";
-/// The provider credential headers; a switch removes both (see [`SwitchWrites`]).
-pub const CREDENTIAL_HEADERS: [&str; 2] = ["authorization", "x-api-key"];
+/// The provider credential headers; a switch removes them all (see [`SwitchWrites`]).
+pub const CREDENTIAL_HEADERS: [&str; 3] = ["authorization", "x-api-key", "api-key"];
 
 /// The property name of attempt slot `k` (`llm_try_<k>`).
 pub fn try_property(k: usize) -> String {
@@ -179,6 +179,11 @@ pub struct RouteInfo {
     /// if a deployment of the plan has no price or the currencies differ.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub price_ceiling: Option<Price>,
+    /// The client's API (`chat.completions`, `messages`: `shared::usage::Api::name`) when the
+    /// router translates the request and the filters after it read another one (the first
+    /// attempt's deployment's); absent when they read the client's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_api: Option<String>,
 }
 
 impl Price {
@@ -228,6 +233,9 @@ impl RouteInfo {
         if let Some(ceiling) = &self.price_ceiling {
             ceiling.write_json(object.member("price_ceiling"));
         }
+        if let Some(api) = &self.client_api {
+            object.string("client_api", api);
+        }
         object.close();
     }
 
@@ -255,6 +263,7 @@ impl RouteInfo {
             attempts: route.attempts,
             tried,
             price_ceiling: route.price_ceiling,
+            client_api: route.client_api.map(str::to_string),
         })
     }
 
@@ -278,6 +287,7 @@ struct ScannedRoute<'a> {
     route_version: &'a str,
     attempts: u32,
     price_ceiling: Option<Price>,
+    client_api: Option<&'a str>,
 }
 
 impl<'a> ScannedRoute<'a> {
@@ -336,6 +346,10 @@ impl<'a> ScannedRoute<'a> {
             "price_ceiling" => at.price_or_null().map(|price| {
                 route.price_ceiling = price;
                 10
+            }),
+            "client_api" => at.text_or_null().map(|api| {
+                route.client_api = api;
+                11
             }),
             _ => None,
         })?;
@@ -672,6 +686,7 @@ mod tests {
             attempts: 1,
             tried: Vec::new(),
             price_ceiling: None,
+            client_api: None,
         };
         let json = String::from_utf8(info.to_json()).unwrap();
         assert!(!json.contains("price"), "{json}");
@@ -698,6 +713,7 @@ mod tests {
             attempts: u32::MAX,
             tried: vec!["a".into(), "b\"".into()],
             price_ceiling: ceiling,
+            client_api: Some("chat.completions".into()),
             ..info
         };
         let json = full.to_json();
@@ -779,6 +795,7 @@ mod tests {
                 attempts: 1,
                 tried: Vec::new(),
                 price_ceiling: Some(price("USD", 200, 600, None)),
+                client_api: None,
             },
             deployments: vec!["mini".into(), "nano".into()],
             clusters: vec!["openai".into(), "azure".into()],
@@ -854,7 +871,10 @@ mod tests {
                 ("x-envoy-max-retries", "1".to_string()),
             ]
         );
-        assert_eq!(w.remove_headers, vec!["authorization", "x-api-key"]);
+        assert_eq!(
+            w.remove_headers,
+            vec!["authorization", "x-api-key", "api-key"]
+        );
         assert_eq!(w.model, "gpt-4o-mini");
     }
 
@@ -931,6 +951,7 @@ mod tests {
                     attempts,
                     tried,
                     price_ceiling: prices.1,
+                    client_api: None,
                 }
             }
         }
@@ -1032,6 +1053,7 @@ mod tests {
                 attempts: 1,
                 tried: Vec::new(),
                 price_ceiling: None,
+                client_api: None,
             };
             let full = RouteInfo {
                 price: Some(priced.clone()),

@@ -10,19 +10,24 @@
 //! ```json
 //! {"request_id":"…","ts_ms":1764480000000,"consumer":"team-a","tenant":"acme",
 //!  "key_id":"team-a-prod","tier":"pro","project":"search","agent":"planner","run_id":"r-1","model_group":"fast",
-//!  "deployment":"east","model":"gpt-4o-mini","api":"chat.completions","stream":true,
+//!  "deployment":"east","model":"gpt-4o-mini","api":"chat.completions",
+//!  "provider_api":"chat.completions","stream":true,
 //!  "status":200,"complete":true,"attempts":[{"deployment":"east","status":200}],
 //!  "usage_source":"upstream","usage":{"prompt_tokens":1000,"completion_tokens":100,
 //!  "cached_prompt_tokens":600,"cache_write_tokens":0,"reasoning_tokens":0,"total_tokens":1100},
 //!  "cost_nano":243600,"currency":"USD","price_version":"2026-11","ttft_ms":180,"duration_ms":950}
 //! ```
+//! `api` is the API the client called and `provider_api` the one the answering deployment
+//! speaks (`chat.completions`, `responses`, `messages`, `embeddings`); they differ when the model
+//! router translated the request (a Chat Completions client served by an Anthropic deployment:
+//! `chat.completions` and `messages`).
 //! `usage_source` is `upstream` (the provider's numbers) or `estimated` (counted by the gateway:
 //! stream cut, provider without usage, client gone). `cost_nano` is in nano-units (10⁻⁹) of
 //! `currency`; it and `price_version` are null when no price is configured for the request.
 //! `key_id` is key-auth's `x-llm-key-id` (the key's `id`, which rotation keeps, else its digest
 //! prefix) and `tier` its `x-llm-tier`. Every member is always present (absent values are
-//! `null`), in the order above; a record written before `key_id` and `tier` existed reads with
-//! them `null`.
+//! `null`), in the order above; a record written before `key_id`, `tier` or `provider_api`
+//! existed reads with them `null`.
 
 use crate::json::{Cursor, ObjectWriter};
 use crate::usage::Usage;
@@ -110,8 +115,12 @@ pub struct Record {
     pub deployment: Option<String>,
     /// Model the upstream named (else the request's).
     pub model: Option<String>,
-    /// `chat.completions`, `responses`, `messages`, `embeddings`.
+    /// The API the client called: `chat.completions`, `responses`, `messages`, `embeddings`.
     pub api: String,
+    /// The API the answering deployment speaks (one of `api`'s names): another one than `api`
+    /// when the router translated the request.
+    #[serde(default)]
+    pub provider_api: Option<String>,
     /// Streaming response.
     pub stream: bool,
     /// Final HTTP status (0: none).
@@ -190,6 +199,7 @@ impl Record {
         object.string_or_null("deployment", self.deployment.as_deref());
         object.string_or_null("model", self.model.as_deref());
         object.string("api", &self.api);
+        object.string_or_null("provider_api", self.provider_api.as_deref());
         object.bool("stream", self.stream);
         object.u64("status", u64::from(self.status));
         object.bool("complete", self.complete);
@@ -275,33 +285,34 @@ impl Charge {
             "deployment" => at.text_or_null().map(|_| 10),
             "model" => at.text_or_null().map(|_| 11),
             "api" => at.string().map(|_| 12),
-            "stream" => at.bool().map(|_| 13),
-            "status" => at.u16().map(|_| 14),
-            "complete" => at.bool().map(|_| 15),
-            "attempts" => at.attempts().map(|()| 16),
+            "provider_api" => at.text_or_null().map(|_| 13),
+            "stream" => at.bool().map(|_| 14),
+            "status" => at.u16().map(|_| 15),
+            "complete" => at.bool().map(|_| 16),
+            "attempts" => at.attempts().map(|()| 17),
             "usage_source" => at
                 .string()
                 .filter(|s| matches!(*s, "upstream" | "estimated"))
-                .map(|_| 17),
+                .map(|_| 18),
             "usage" => at.usage().map(|usage| {
                 charge.usage = usage;
-                18
+                19
             }),
             "cost_nano" => at.u64_or_null().map(|cost| {
                 charge.cost_nano = cost;
-                19
+                20
             }),
             "currency" => at.text_or_null().map(|currency| {
                 charge.currency = currency.map(str::to_string);
-                20
+                21
             }),
-            "price_version" => at.text_or_null().map(|_| 21),
-            "ttft_ms" => at.u64_or_null().map(|_| 22),
-            "duration_ms" => at.u64().map(|_| 23),
+            "price_version" => at.text_or_null().map(|_| 22),
+            "ttft_ms" => at.u64_or_null().map(|_| 23),
+            "duration_ms" => at.u64().map(|_| 24),
             _ => None,
         })?;
         at.end()?;
-        (seen == (1 << 24) - 1).then_some(charge)
+        (seen == (1 << 25) - 1).then_some(charge)
     }
 }
 
@@ -400,6 +411,8 @@ struct RecordView<'a> {
     model: Option<Text<'a>>,
     #[serde(borrow)]
     api: Text<'a>,
+    #[serde(default, borrow)]
+    provider_api: Option<Text<'a>>,
     stream: bool,
     status: u16,
     complete: bool,
@@ -437,6 +450,7 @@ mod tests {
             deployment: Some("east".into()),
             model: None,
             api: "chat.completions".into(),
+            provider_api: Some("messages".into()),
             stream: true,
             status: 200,
             complete: true,
@@ -464,7 +478,7 @@ mod tests {
         let line = record().to_json();
         assert_eq!(
             line,
-            r#"{"request_id":"r","ts_ms":1,"consumer":"team-a","tenant":null,"key_id":"team-a-prod","tier":null,"project":null,"agent":null,"run_id":null,"model_group":"fast","deployment":"east","model":null,"api":"chat.completions","stream":true,"status":200,"complete":true,"attempts":[{"deployment":"east","status":200}],"usage_source":"upstream","usage":{"prompt_tokens":10,"completion_tokens":2,"cached_prompt_tokens":0,"cache_write_tokens":0,"reasoning_tokens":0,"total_tokens":12},"cost_nano":243600,"currency":"USD","price_version":null,"ttft_ms":null,"duration_ms":5}"#
+            r#"{"request_id":"r","ts_ms":1,"consumer":"team-a","tenant":null,"key_id":"team-a-prod","tier":null,"project":null,"agent":null,"run_id":null,"model_group":"fast","deployment":"east","model":null,"api":"chat.completions","provider_api":"messages","stream":true,"status":200,"complete":true,"attempts":[{"deployment":"east","status":200}],"usage_source":"upstream","usage":{"prompt_tokens":10,"completion_tokens":2,"cached_prompt_tokens":0,"cache_write_tokens":0,"reasoning_tokens":0,"total_tokens":12},"cost_nano":243600,"currency":"USD","price_version":null,"ttft_ms":null,"duration_ms":5}"#
         );
         assert_eq!(Record::from_json(line.as_bytes()), Some(record()));
     }
@@ -478,6 +492,27 @@ mod tests {
         let read = Record::from_json(old.as_bytes()).expect("an older record");
         assert_eq!((read.key_id, read.tier), (None, None));
         assert_eq!(read.consumer.as_deref(), Some("team-a"));
+    }
+
+    #[test]
+    fn a_record_from_before_provider_api_reads_with_it_null() {
+        let old = record()
+            .to_json()
+            .replace(r#""provider_api":"messages","#, "");
+        assert!(!old.contains("provider_api"), "{old}");
+        let read = Record::from_json(old.as_bytes()).expect("an older record");
+        assert_eq!(read.provider_api, None);
+        assert_eq!(read.api, "chat.completions");
+        assert_eq!(
+            Charge::from_json(old.as_bytes()),
+            Some(Charge::from(&record()))
+        );
+        // and one without it written now
+        let unknown = Record {
+            provider_api: None,
+            ..record()
+        };
+        assert!(unknown.to_json().contains(r#""provider_api":null,"#));
     }
 
     #[test]
@@ -513,6 +548,9 @@ mod tests {
             line.replace(r#""consumer":"team-a","#, ""),
             line.replace(r#""cost_nano":243600,"#, ""),
             line.replace(r#""api":"chat.completions","#, ""),
+            line.replace(r#""provider_api":"messages","#, ""),
+            line.replace(r#""provider_api":"messages""#, r#""provider_api":null"#),
+            line.replace(r#""provider_api":"messages""#, r#""provider_api":2"#),
             line.replace(r#""api":"chat.completions""#, r#""api":1"#),
             line.replace(r#""tenant":null"#, r#""tenant":"t","tenant":"u""#),
             line.replace(
@@ -589,7 +627,7 @@ mod tests {
 
         prop_compose! {
             fn record()(
-                names in prop::collection::vec(prop::option::of(text()), 12),
+                names in prop::collection::vec(prop::option::of(text()), 13),
                 ids in (text(), prop_oneof!["[a-z.]{1,12}", text()]),
                 flags in (any::<bool>(), any::<bool>(), prop_oneof![any::<u16>(), Just(u16::MAX)], any::<bool>()),
                 attempts in prop::collection::vec((prop::option::of(text()), any::<u16>()), 0..3),
@@ -612,6 +650,7 @@ mod tests {
                     deployment: name(8),
                     model: name(9),
                     api: ids.1,
+                    provider_api: name(12),
                     stream: flags.0,
                     status: flags.2,
                     complete: flags.1,

@@ -531,11 +531,13 @@ async fn a_provider_429_falls_back_to_the_next_deployment() {
             "gpt-4o-mini",
             ("authorization", &bearer(OPENAI_CREDENTIAL)),
         );
-        assert_provider_view(
-            &second[0],
-            "gpt-4o-mini",
-            ("authorization", &bearer(AZURE_CREDENTIAL)),
+        // Azure OpenAI as Azure serves it: its deployment path, `api-version`, `api-key`
+        assert_provider_view(&second[0], "gpt-4o-mini", ("api-key", AZURE_CREDENTIAL));
+        assert_eq!(
+            second[0].path,
+            "/openai/deployments/gpt-4o-mini/chat/completions?api-version=2024-10-21"
         );
+        assert_eq!(second[0].header("authorization"), None);
         demo.openai.clear_requests();
         demo.azure.clear_requests();
 
@@ -781,7 +783,7 @@ async fn the_model_list_is_the_keys_groups_answered_by_the_gateway() {
 
     assert_eq!(
         model_ids(&get(&demo, "/v1/models", DEMO_KEY, user).await),
-        ["fast", "smart", "claude"]
+        ["fast", "smart", "claude", "code"]
     );
     let intern = get(&demo, "/v1/models?limit=10", FAST_ONLY_KEY, user).await;
     assert_eq!(model_ids(&intern), ["fast"]);
@@ -920,15 +922,16 @@ async fn claude_codes_token_count_reaches_anthropic_and_is_not_charged() {
         0
     );
 
-    // a group without an Anthropic deployment cannot count: refused, no provider
+    // a group without an Anthropic deployment: the gateway's own estimate, labelled as one,
+    // and no provider asked ("hi": ceil(2 / 4) + the message overhead of 4, the mock's formula)
     let fast = json!({"model": "fast", "messages": [{"role": "user", "content": "hi"}]});
-    http::assert_openai_error(
-        &post(&demo, "/v1/messages/count_tokens", &headers, &fast).await,
-        400,
-        "unsupported_endpoint",
-    );
+    let estimated = post(&demo, "/v1/messages/count_tokens", &headers, &fast).await;
+    assert_eq!(estimated.status, 200, "{}", estimated.text());
+    assert_eq!(estimated.json().unwrap(), json!({"input_tokens": 5}));
+    assert_eq!(estimated.header("x-llm-token-count"), Some("estimated"));
     assert_eq!(demo.anthropic.requests().len(), 2);
     assert!(demo.openai.requests().is_empty());
+    assert!(demo.azure.requests().is_empty());
 }
 
 /// The route's timeouts bound silence, not length: `gateway.yaml` with its per-attempt timeout

@@ -28,7 +28,7 @@ async fn the_printed_walkthrough_works() {
     let demo = Demo::start(0).await.unwrap();
     let banner = demo.banner();
     let steps = demo.walkthrough();
-    assert_eq!(steps.len(), 7);
+    assert_eq!(steps.len(), 8);
     for step in &steps {
         assert!(banner.contains(&step.command), "{banner}");
     }
@@ -45,15 +45,38 @@ async fn the_printed_walkthrough_works() {
         "{lines:?}"
     );
 
-    // 2. no key
-    let out = run(&format!("{} -w ' %{{http_code}}'", steps[1].command)).await;
+    // 2. an OpenAI client's request answered by the Anthropic deployment: Anthropic's shape
+    // and credential at the provider, OpenAI's shape for the client
+    let out = run(&steps[1].command).await;
+    let answer: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(answer["object"], "chat.completion", "{out}");
+    assert_eq!(answer["model"], "claude-sonnet-4-5", "{out}");
+    assert!(
+        answer["choices"][0]["message"]["content"].is_string(),
+        "{out}"
+    );
+    assert!(
+        answer["usage"]["prompt_tokens"].as_u64().unwrap() > 0,
+        "{out}"
+    );
+    let lines = demo.drain_provider_lines();
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(
+        lines[0].starts_with(
+            "[anthropic] POST /v1/messages model=claude-sonnet-4-5 credential=sk-ant-"
+        ),
+        "{lines:?}"
+    );
+
+    // 3. no key
+    let out = run(&format!("{} -w ' %{{http_code}}'", steps[2].command)).await;
     assert!(
         out.contains("\"code\":\"missing_api_key\"") && out.ends_with(" 401"),
         "{out}"
     );
 
-    // 3. PII: the provider sees a placeholder, the client its own address
-    let out = run(&steps[2].command).await;
+    // 4. PII: the provider sees a placeholder, the client its own address
+    let out = run(&steps[3].command).await;
     assert!(
         out.contains("jane.doe@example.com") && !out.contains("[EMAIL_1]"),
         "{out}"
@@ -66,16 +89,16 @@ async fn the_printed_walkthrough_works() {
     );
     assert!(!lines[0].contains(DEMO_KEY), "{lines:?}");
 
-    // 4. group not allowed
-    let out = run(&format!("{} -w ' %{{http_code}}'", steps[3].command)).await;
+    // 5. group not allowed
+    let out = run(&format!("{} -w ' %{{http_code}}'", steps[4].command)).await;
     assert!(
         out.contains("\"code\":\"model_not_allowed\"") && out.ends_with(" 403"),
         "{out}"
     );
     assert!(demo.drain_provider_lines().is_empty());
 
-    // 5. the model list of the fast-only key, answered by the gateway
-    let out = run(&steps[4].command).await;
+    // 6. the model list of the fast-only key, answered by the gateway
+    let out = run(&steps[5].command).await;
     let list: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(list["object"], "list", "{out}");
     let ids: Vec<_> = list["data"]
@@ -87,14 +110,14 @@ async fn the_printed_walkthrough_works() {
     assert_eq!(ids, ["fast"], "{out}");
     assert!(demo.drain_provider_lines().is_empty());
 
-    // 6. metrics: four keys allowed, two model calls admitted (the list is none)
-    let out = run(&steps[5].command).await;
+    // 7. metrics: five keys allowed, three model calls admitted (the list is none)
+    let out = run(&steps[6].command).await;
     assert!(
-        out.contains("wasmcustom.llm_gateway.key_auth.allowed: 4"),
+        out.contains("wasmcustom.llm_gateway.key_auth.allowed: 5"),
         "{out}"
     );
     assert!(
-        out.contains("wasmcustom.llm_gateway.ratelimit.admitted: 2"),
+        out.contains("wasmcustom.llm_gateway.ratelimit.admitted: 3"),
         "{out}"
     );
     assert!(
@@ -102,7 +125,7 @@ async fn the_printed_walkthrough_works() {
         "{out}"
     );
 
-    // 7. the usage report over the access log, once both answered requests are logged
+    // 8. the usage report over the access log, once both answered requests are logged
     // (scripts/usage-report only builds and runs this binary)
     for (what, stream) in [("the stream", true), ("the PII request", false)] {
         demo.envoy
@@ -113,12 +136,12 @@ async fn the_printed_walkthrough_works() {
             })
             .await;
     }
-    let command = steps[6].command.replacen(
+    let command = steps[7].command.replacen(
         "scripts/usage-report",
         env!("CARGO_BIN_EXE_usage-report"),
         1,
     );
-    assert_ne!(command, steps[6].command);
+    assert_ne!(command, steps[7].command);
     let out = run(&command).await;
     assert!(out.contains("demo"), "{out}");
     assert!(out.contains("fast"), "{out}");

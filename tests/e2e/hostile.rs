@@ -506,7 +506,15 @@ fn body_cases() -> Vec<BodyCase> {
             Some("invalid_request_body"),
             bad,
         ),
-        case("depth 64, the limit", nested(61), 200, None, "via_upstream"),
+        // within the bound: forwarded, and the provider refuses an array where a content part
+        // (an object) belongs, as OpenAI does
+        case(
+            "depth 64, the limit",
+            nested(61),
+            400,
+            Some("invalid_type"),
+            "via_upstream",
+        ),
     ];
     for (name, path) in [
         ("truncated Anthropic Messages", "/v1/messages"),
@@ -536,6 +544,9 @@ fn number_cases() -> Vec<BodyCase> {
         )
     };
     let forwarded = |name, field: &str| case(name, with_field(field), 200, None, "via_upstream");
+    // forwarded, and refused by the provider with its own code, as OpenAI refuses it
+    let refused_upstream =
+        |name, field: &str, code| case(name, with_field(field), 400, Some(code), "via_upstream");
     let mut cases = vec![
         // u64::MAX fits the cap's type: the router's size estimate (prompt + cap) exceeds every
         // deployment's context window
@@ -561,11 +572,19 @@ fn number_cases() -> Vec<BodyCase> {
             r#""max_completion_tokens":-5"#,
         ),
         // fields the gateway does not read reach the provider as sent: it decides
-        forwarded("temperature = -1", r#""temperature":-1"#),
-        forwarded("temperature = \"hot\"", r#""temperature":"hot""#),
-        forwarded("n = -1", r#""n":-1"#),
-        forwarded("n = 1.5", r#""n":1.5"#),
-        forwarded("n = \"2\"", r#""n":"2""#),
+        refused_upstream(
+            "temperature = -1",
+            r#""temperature":-1"#,
+            "decimal_below_min_value",
+        ),
+        refused_upstream(
+            "temperature = \"hot\"",
+            r#""temperature":"hot""#,
+            "invalid_type",
+        ),
+        refused_upstream("n = -1", r#""n":-1"#, "integer_below_min_value"),
+        refused_upstream("n = 1.5", r#""n":1.5"#, "invalid_type"),
+        refused_upstream("n = \"2\"", r#""n":"2""#, "invalid_type"),
         forwarded("stream = null", r#""stream":null"#),
         // a number no f64 holds: grammatical JSON that token-ratelimit's parser refuses
         case(
@@ -576,20 +595,8 @@ fn number_cases() -> Vec<BodyCase> {
             "token_ratelimit.invalid_json",
         ),
         // `stream` of the wrong type: forwarded, the provider's own 400 comes back
-        case(
-            "stream = \"true\"",
-            with_field(r#""stream":"true""#),
-            400,
-            Some("invalid_request"),
-            "via_upstream",
-        ),
-        case(
-            "stream = 1",
-            with_field(r#""stream":1"#),
-            400,
-            Some("invalid_request"),
-            "via_upstream",
-        ),
+        refused_upstream("stream = \"true\"", r#""stream":"true""#, "invalid_type"),
+        refused_upstream("stream = 1", r#""stream":1"#, "invalid_type"),
     ];
     cases.push(BodyCase {
         name: "max_output_tokens = -1 (Responses)",

@@ -26,7 +26,7 @@ use llm_gateway_tests::prometheus::Prometheus;
 use llm_gateway_tests::redis::Redis;
 use llm_gateway_tests::webdis::{self, Webdis};
 use llm_gateway_tests::workspace::{self, sha256_hex};
-use mock_upstream::MockUpstream;
+use mock_upstream::{Flavor, MockUpstream};
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -214,9 +214,16 @@ async fn start_gateway() -> Gateway {
     let redis = Redis::start().unwrap();
     let webdis = Webdis::start(redis.addr()).unwrap();
     let addr = "127.0.0.1:0".parse().unwrap();
-    let openai = MockUpstream::start(addr).await.unwrap();
-    let azure = MockUpstream::start(addr).await.unwrap();
-    let anthropic = MockUpstream::start(addr).await.unwrap();
+    // each provider plays its own API (gateway.yaml's deployments speak each one's)
+    let openai = MockUpstream::start_flavor(addr, Flavor::Openai)
+        .await
+        .unwrap();
+    let azure = MockUpstream::start_flavor(addr, Flavor::Azure)
+        .await
+        .unwrap();
+    let anthropic = MockUpstream::start_flavor(addr, Flavor::Anthropic)
+        .await
+        .unwrap();
     let shipped = read(&format!("envoy-config/{FLEET_CONFIG}"));
     let drain_key = format!(
         r#""consumer": "intern", "tenant": "demo", "groups": ["fast"], "tier": "free"}},

@@ -218,7 +218,7 @@ async fn the_openai_sdk_drives_the_whole_chain() {
     let models = &obs["models"];
     assert_eq!(
         models["list"],
-        json!(["fast", "smart", "claude"]),
+        json!(["fast", "smart", "claude", "code"]),
         "{models}"
     );
     assert_eq!(models["list_fast_only"], json!(["fast"]), "{models}");

@@ -461,6 +461,7 @@ fn route(id: &str, deployment: &str, price: Price, attempts: u32) -> String {
         attempts,
         tried,
         price_ceiling: Some(dear()),
+        client_api: None,
     };
     String::from_utf8(info.to_json()).unwrap()
 }

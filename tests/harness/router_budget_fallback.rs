@@ -261,14 +261,24 @@ fn the_upstream_role_follows_the_switched_plan() {
     for (property, value) in &writes.properties {
         request = request.property(property, String::from_utf8(value.clone()).unwrap());
     }
+    // claude-nano is an Anthropic deployment: the chat body is translated for it, and its
+    // Anthropic answer back into the body's API (Chat)
     let ex = fleet
         .exchange(0, 0, &request, |_| {
-            llm_gateway_tests::harness::Response::json(&json!({"object": "chat.completion"}))
+            llm_gateway_tests::harness::Response::json(&json!({
+                "id": "msg_1", "type": "message", "role": "assistant", "model": "claude-nano",
+                "content": [{"type": "text", "text": "hi"}], "stop_reason": "end_turn",
+                "usage": {"input_tokens": 3, "output_tokens": 1}}))
         })
         .unwrap();
     assert_eq!(ex.status(), 200);
     assert_eq!(ex.upstream_header("x-api-key"), Some("cred-nano"));
     assert_eq!(ex.upstream_header("authorization"), None);
+    assert_eq!(ex.upstream_header(":path"), Some("/v1/messages"));
     let sent: Value = serde_json::from_slice(&ex.upstream.as_ref().unwrap().body).unwrap();
     assert_eq!(sent["model"], "claude-nano");
+    assert!(sent["max_tokens"].as_u64().is_some_and(|n| n > 0), "{sent}");
+    let answer = ex.json();
+    assert_eq!(answer["object"], "chat.completion", "{answer}");
+    assert_eq!(answer["choices"][0]["message"]["content"], "hi", "{answer}");
 }

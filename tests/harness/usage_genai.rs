@@ -20,6 +20,7 @@ fn route_info() -> String {
         attempts: 1,
         tried: Vec::new(),
         price_ceiling: None,
+        client_api: None,
     };
     String::from_utf8(info.to_json()).unwrap()
 }

@@ -35,66 +35,15 @@ import time
 
 import openai
 
-try:  # the transport layer the SDK runs on: httpx2 from openai 3, httpx before
-    import httpx2 as httpx
-except ImportError:  # pragma: no cover - older SDKs
-    import httpx
+import os
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "sdk"))
+from recording import Failure, RecordingTransport, check, httpx  # noqa: E402 (tests/sdk/recording.py)
 
 EMAIL = "jane.doe@example.com"
 MESSAGE = f"Please write to {EMAIL} about the invoice."
 USER_RPM = 10  # gateway.yaml: limit `user-rpm`, requests per minute per x-user-id
 USER_DAY_TOKENS = 20_000  # gateway.yaml: budget `user-day`, tokens per x-user-id per day
-
-
-class Failure(Exception):
-    """A check that did not hold."""
-
-
-def check(condition, what, seen=None):
-    if not condition:
-        raise Failure(what if seen is None else f"{what}: got {seen!r}")
-
-
-class RecordingTransport(httpx.BaseTransport):
-    """Passes every request to the real transport and keeps a copy of each exchange, the
-    response body as far as the client read it."""
-
-    def __init__(self):
-        self.inner = httpx.HTTPTransport()
-        self.exchanges = []
-
-    def handle_request(self, request):
-        response = self.inner.handle_request(request)
-        record = {
-            "method": request.method,
-            "path": request.url.raw_path.decode("ascii", "replace"),
-            "request_headers": [[k, v] for k, v in request.headers.multi_items()],
-            "status": response.status_code,
-            "headers": [[k, v] for k, v in response.headers.multi_items()],
-            "body": bytearray(),
-        }
-        self.exchanges.append(record)
-        inner_stream = response.stream
-
-        class Tee(httpx.SyncByteStream):
-            def __iter__(self):
-                for chunk in inner_stream:
-                    record["body"] += chunk
-                    yield chunk
-
-            def close(self):
-                inner_stream.close()
-
-        response.stream = Tee()
-        return response
-
-    def close(self):
-        self.inner.close()
-
-    def report(self):
-        return [
-            dict(e, body=bytes(e["body"]).decode("utf-8", "replace")) for e in self.exchanges
-        ]
 
 
 def client(args, transport, key):
@@ -338,7 +287,7 @@ def models(args, transport, api):
         check(m.owned_by == "llm-gateway", "owned_by", m.owned_by)
         check(isinstance(m.created, int) and m.created > 0, "created", m.created)
     ids = [m.id for m in listed]
-    check(ids == ["fast", "smart", "claude"], "the demo key lists its three groups", ids)
+    check(ids == ["fast", "smart", "claude", "code"], "the demo key lists its four groups", ids)
 
     fast_only = client(args, transport, args.fast_only_key)
     fast_only_ids = [m.id for m in fast_only.models.list(extra_headers=headers("journey", "models-list-fast-only"))]

@@ -375,14 +375,21 @@ fn fallback_through_the_redirect(stream: bool) {
 
     let policy = InternalRedirect::llm_gateway(2);
     let mut seen: Vec<(Value, Option<String>)> = Vec::new();
+    let mut paths: Vec<Option<String>> = Vec::new();
     let passes = fleet
         .exchange_with_redirect(0, 0, &demo_chat(stream), &policy, |up| {
             let body: Value = serde_json::from_slice(&up.body).unwrap();
+            // each provider's credential header: a Bearer token (OpenAI), `api-key` (Azure)
             let auth = up.headers.as_ref().and_then(|h| {
                 h.iter()
-                    .find(|(n, _)| n == "authorization")
-                    .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+                    .find(|(n, _)| n == "authorization" || n == "api-key")
+                    .map(|(n, v)| format!("{n}: {}", String::from_utf8_lossy(v)))
             });
+            paths.push(up.headers.as_ref().and_then(|h| {
+                h.iter()
+                    .find(|(n, _)| n == ":path")
+                    .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+            }));
             seen.push((body, auth));
             if seen.len() == 1 {
                 Response::status(429).body(b"slow down")
@@ -441,8 +448,17 @@ fn fallback_through_the_redirect(stream: bool) {
 
     // each deployment: its own credential, the real model, a placeholder for the address
     assert_eq!(seen.len(), 2);
-    assert_eq!(seen[0].1.as_deref(), Some("Bearer sk-replace-me"));
-    assert_eq!(seen[1].1.as_deref(), Some("Bearer azure-replace-me"));
+    assert_eq!(
+        seen[0].1.as_deref(),
+        Some("authorization: Bearer sk-replace-me")
+    );
+    // azure-mini is an Azure OpenAI deployment (higress/model-router.yaml): its `api-key`
+    assert_eq!(seen[1].1.as_deref(), Some("api-key: azure-replace-me"));
+    assert_eq!(paths[0].as_deref(), Some("/v1/chat/completions"));
+    assert_eq!(
+        paths[1].as_deref(),
+        Some("/openai/deployments/gpt-4o-mini/chat/completions?api-version=2024-10-21")
+    );
     for (body, _) in &seen {
         assert_eq!(body["model"], "gpt-4o-mini", "{body}");
         let text = body.to_string();

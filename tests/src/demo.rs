@@ -9,7 +9,7 @@
 
 use crate::envoy::{Envoy, Options};
 use crate::Result;
-use mock_upstream::MockUpstream;
+use mock_upstream::{Flavor, MockUpstream};
 use std::net::SocketAddr;
 
 /// The demo's virtual key: consumer `demo`, tenant `demo`, groups `fast`, `smart`, `claude`.
@@ -49,11 +49,17 @@ pub const ANTHROPIC_CREDENTIAL: &str = "sk-ant-demo-provider-credential";
 pub struct Demo {
     /// The Envoy gateway.
     pub envoy: Envoy,
-    /// Cluster `openai`: deployments `openai-mini` (group `fast`), `openai-4o` (`smart`).
+    /// Cluster `openai`: deployments `openai-mini` (group `fast`), `openai-4o` (`smart`). Plays
+    /// OpenAI ([`Flavor::Openai`]): a request in another provider's shape is refused as
+    /// api.openai.com refuses it.
     pub openai: MockUpstream,
-    /// Cluster `azure`: deployments `azure-mini`, `azure-4o` (the fallbacks).
+    /// Cluster `azure`: deployments `azure-mini`, `azure-4o` (the fallbacks). Plays Azure
+    /// OpenAI ([`Flavor::Azure`]): `/openai/deployments/{deployment}/…?api-version=` and
+    /// `api-key`, nothing else.
     pub azure: MockUpstream,
-    /// Cluster `anthropic`: deployment `claude` (group `claude`, `/v1/messages`).
+    /// Cluster `anthropic`: deployment `claude` (groups `claude` and `code`, `/v1/messages`). Plays
+    /// Anthropic ([`Flavor::Anthropic`]): `x-api-key`, `anthropic-version` and Anthropic's
+    /// Messages schema, refused in Anthropic's shape otherwise.
     pub anthropic: MockUpstream,
 }
 
@@ -83,9 +89,11 @@ pub fn vars(
     ]
 }
 
-async fn mock() -> Result<MockUpstream> {
+/// A mock provider that serves its own API only and validates requests as that provider does
+/// ([`Flavor`]): a request the gateway sent in the wrong shape fails as it would in production.
+async fn mock(flavor: Flavor) -> Result<MockUpstream> {
     let addr: SocketAddr = "127.0.0.1:0".parse().map_err(|_| "bad address")?;
-    MockUpstream::start(addr)
+    MockUpstream::start_flavor(addr, flavor)
         .await
         .map_err(|e| format!("mock upstream: {e}"))
 }
@@ -99,7 +107,11 @@ impl Demo {
     /// [`Demo::start`] with another bootstrap: a name in `envoy-config/` or an absolute path
     /// (a test's variant of `gateway.yaml`).
     pub async fn start_with(port: u16, config: &str) -> Result<Demo> {
-        let (openai, azure, anthropic) = (mock().await?, mock().await?, mock().await?);
+        let (openai, azure, anthropic) = (
+            mock(Flavor::Openai).await?,
+            mock(Flavor::Azure).await?,
+            mock(Flavor::Anthropic).await?,
+        );
         let vars = vars(
             port,
             openai.addr().port(),
@@ -212,6 +224,13 @@ impl Demo {
                 look_for: "SSE chunks (data: {...}) ending with data: [DONE]",
             },
             Step {
+                title: "An OpenAI client reaches Claude: the openai SDK's request for group `claude` -> claude-sonnet-4-5 at the `anthropic` deployment, translated both ways",
+                command: format!(
+                    "{chat} {key} {json} \\\n  -d '{{\"model\":\"claude\",\"messages\":[{{\"role\":\"system\",\"content\":\"Be brief.\"}},{{\"role\":\"user\",\"content\":\"Hello!\"}}]}}'"
+                ),
+                look_for: "an OpenAI chat.completion (choices, usage); the provider line shows POST /v1/messages with Anthropic's x-api-key",
+            },
+            Step {
                 title: "The same request without a key is refused",
                 command: format!(
                     "{chat} {json} \\\n  -d '{{\"model\":\"fast\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello!\"}}]}}'"
@@ -261,7 +280,7 @@ impl Demo {
              \x20 admin      http://{}\n\
              \x20 config     envoy-config/{} (rendered: {})\n\
              \x20 logs       {}\n\
-             \x20 keys       {DEMO_KEY} (groups fast, smart, claude)\n\
+             \x20 keys       {DEMO_KEY} (groups fast, smart, claude, code)\n\
              \x20            {FAST_ONLY_KEY} (group fast)\n",
             self.url(),
             if crate::workspace::envoy_136() { "1.36" } else { "1.40" },
@@ -287,7 +306,7 @@ impl Demo {
             .admin()
             .to_string()]));
         out.push_str(
-            "\nAnthropic clients use the same gateway: POST /v1/messages with `x-api-key` and model `claude`.\n\
+            "\nAnthropic clients use the same gateway: POST /v1/messages with `x-api-key`, any group (an OpenAI deployment gets it translated).\n\
              Each request a provider receives is printed below. Ctrl-C stops everything.\n",
         );
         out
@@ -303,6 +322,7 @@ fn provider_line(cluster: &str, request: &mock_upstream::RecordedRequest) -> Str
     let credential = request
         .header("authorization")
         .or_else(|| request.header("x-api-key"))
+        .or_else(|| request.header("api-key"))
         .map_or("none".to_string(), |c| {
             let shown: String = c.chars().take(16).collect();
             format!("{shown}…")
@@ -338,7 +358,7 @@ pub struct FleetDemo {
     pub redis: crate::redis::Redis,
     /// webdis in front of it (the ACL of `envoy-config/webdis.json`).
     pub webdis: crate::webdis::Webdis,
-    /// The mock providers (clusters `openai`, `azure`, `anthropic`).
+    /// The mock providers (clusters `openai`, `azure`, `anthropic`), flavored as [`Demo`]'s.
     pub providers: [MockUpstream; 3],
 }
 
@@ -348,7 +368,11 @@ impl FleetDemo {
     pub async fn start(port: u16) -> Result<FleetDemo> {
         let redis = crate::redis::Redis::start()?;
         let webdis = crate::webdis::Webdis::start(redis.addr())?;
-        let providers = [mock().await?, mock().await?, mock().await?];
+        let providers = [
+            mock(Flavor::Openai).await?,
+            mock(Flavor::Azure).await?,
+            mock(Flavor::Anthropic).await?,
+        ];
         let options = Options {
             concurrency: 2,
             trace_wasm: false,

@@ -232,6 +232,7 @@ mod tests {
             deployment: None,
             model: None,
             api: "chat.completions".into(),
+            provider_api: Some("chat.completions".into()),
             stream: false,
             status: 200,
             complete: true,

@@ -4,6 +4,7 @@
 //! whole body in one pass without building the nested messages, and the rewrite splices the
 //! new model name into the original bytes, so the messages reach the provider byte for byte.
 
+use crate::translate::Asked;
 use llm_gateway_shared::json::{self, quote, scan_object, Edits, Limits, Object};
 use llm_gateway_shared::reject::Reject;
 use llm_gateway_shared::request::Endpoint;
@@ -18,7 +19,7 @@ pub fn is_routed_path(path: &str) -> bool {
 
 /// True if `path` (with or without a query) is Anthropic's token counting
 /// (`/v1/messages/count_tokens`): routed to the group's Anthropic deployment only
-/// (`plan::Request::anthropic_only`); it generates nothing, so later filters count it as a
+/// (`plan::Request::endpoint`); it generates nothing, so later filters count it as a
 /// request and charge it no tokens (it is no API of `shared::usage::Api`).
 pub fn is_count_tokens(path: &str) -> bool {
     Endpoint::from_path(path) == Some(Endpoint::CountTokens)
@@ -70,6 +71,29 @@ impl<'a> Body<'a> {
         })
     }
 
+    /// The body's bytes.
+    pub fn bytes(&self) -> &'a [u8] {
+        self.bytes
+    }
+
+    /// What the client asked for that shapes the answer: `stream`, and (Chat) a usage chunk
+    /// at the stream's end (`stream_options.include_usage`).
+    pub fn asked(&self) -> Asked {
+        let stream = self.object.bool(self.bytes, "stream").ok().flatten() == Some(true);
+        let include_usage = self
+            .object
+            .raw(self.bytes, "stream_options")
+            .and_then(|raw| {
+                let options = scan_object(raw, &Limits::default()).ok()?;
+                options.bool(raw, "include_usage").ok().flatten()
+            })
+            == Some(true);
+        Asked {
+            stream,
+            include_usage,
+        }
+    }
+
     /// The body with `model` set to `model`; nothing else changes.
     pub fn with_model(&self, model: &str) -> Vec<u8> {
         let mut edits = Edits::new(self.bytes, &self.object);
@@ -89,6 +113,32 @@ impl<'a> Body<'a> {
             .unwrap_or(0);
         prompt.saturating_add(cap)
     }
+}
+
+/// A Chat body whose `stream_options` says `include_usage` as `include`: a body translated
+/// back into a Chat client's API asks for the usage chunk only if that client did. Unchanged
+/// when it already does, or when it is not a JSON object.
+pub fn with_include_usage(bytes: &[u8], include: bool) -> Vec<u8> {
+    let Ok(object) = scan_object(bytes, &Limits::default()) else {
+        return bytes.to_vec();
+    };
+    let has = object
+        .raw(bytes, "stream_options")
+        .and_then(|raw| {
+            let options = scan_object(raw, &Limits::default()).ok()?;
+            options.bool(raw, "include_usage").ok().flatten()
+        })
+        .unwrap_or(false);
+    if has == include {
+        return bytes.to_vec();
+    }
+    let mut edits = Edits::new(bytes, &object);
+    if include {
+        edits.set("stream_options", br#"{"include_usage":true}"#.to_vec());
+    } else {
+        edits.remove("stream_options");
+    }
+    edits.finish()
 }
 
 /// Rewrites only `model` of an already-routed body (the upstream filter, per attempt).

@@ -129,7 +129,7 @@ mod tests {
             allowed_groups: Some(groups),
             subject: Some("team-a"),
             estimated_tokens: tokens,
-            anthropic_only: false,
+            endpoint: None,
         }
     }
 

@@ -15,16 +15,22 @@ use std::collections::HashMap;
 /// Largest `max_attempts` (one per filter-state slot `llm_try_<k>` the route's matcher reads).
 pub const MAX_ATTEMPTS: usize = TRY_SLOTS;
 
-/// How a provider wants its credential.
+/// The provider's API: which wire API it speaks, where, and how it wants its credential
+/// ([`crate::wire`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Provider {
-    /// `Authorization: Bearer <credential>`.
+    /// OpenAI: `Authorization: Bearer <credential>`, `/v1/...`.
     Openai,
-    /// `x-api-key: <credential>` (plus `anthropic-version: 2023-06-01` when the client sent none).
+    /// Anthropic Messages: `x-api-key: <credential>` (plus `anthropic-version: 2023-06-01` when
+    /// the client sent none), `/v1/messages`.
     Anthropic,
-    /// An OpenAI-compatible API: `Authorization: Bearer <credential>`.
+    /// An OpenAI-compatible API (DeepSeek, Qwen/DashScope, vLLM, ...): `Authorization: Bearer
+    /// <credential>`, `<path_prefix>/v1/...`.
     OpenaiCompatible,
+    /// Azure OpenAI: `api-key: <credential>`,
+    /// `/openai/deployments/<azure_deployment>/chat/completions?api-version=<api_version>`.
+    Azure,
 }
 
 impl Provider {
@@ -34,6 +40,7 @@ impl Provider {
             Provider::Openai => "openai",
             Provider::Anthropic => "anthropic",
             Provider::OpenaiCompatible => "openai-compatible",
+            Provider::Azure => "azure",
         }
     }
 }
@@ -67,6 +74,14 @@ struct RawDeployment {
     price_version: Option<String>,
     #[serde(default)]
     forward_envoy_headers: bool,
+    #[serde(default)]
+    max_tokens: Option<u64>,
+    #[serde(default)]
+    api_version: Option<String>,
+    #[serde(default)]
+    azure_deployment: Option<String>,
+    #[serde(default)]
+    path_prefix: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -121,10 +136,20 @@ struct RawConfig {
     fallback: Fallback,
     #[serde(default = "default_max_cooldown_ms")]
     max_cooldown_ms: u64,
+    #[serde(default = "default_max_tokens")]
+    default_max_tokens: u64,
 }
 
 fn default_max_attempts() -> usize {
     3
+}
+
+/// The output cap sent to an Anthropic deployment (which requires one) for a request that
+/// sets none, unless the deployment or the configuration says otherwise.
+pub const DEFAULT_MAX_TOKENS: u64 = 4096;
+
+fn default_max_tokens() -> u64 {
+    DEFAULT_MAX_TOKENS
 }
 
 /// Longest provider cooldown (`retry-after` & co.) the router honours by default.
@@ -157,6 +182,15 @@ pub struct Deployment {
     /// `false` (the default): the upstream role removes them, a provider learns nothing of
     /// the gateway's internals.
     pub forward_envoy_headers: bool,
+    /// The output cap sent when a request translated to Anthropic Messages has none (the
+    /// configuration's `default_max_tokens` when the deployment sets none).
+    pub max_tokens: u64,
+    /// Azure: the `api-version` query parameter (required there, refused elsewhere).
+    pub api_version: Option<String>,
+    /// Azure: the deployment name in the path (default: `model`).
+    pub azure_deployment: Option<String>,
+    /// Before `/v1/...` in the provider's path (`/compatible-mode` for DashScope); empty: none.
+    pub path_prefix: String,
 }
 
 /// One member of a group: a deployment and its share of first choices.
@@ -254,6 +288,9 @@ pub struct RouterConfig {
     pub fallback: Fallback,
     /// Longest provider cooldown honoured (ms; 0: provider signals are ignored).
     pub max_cooldown_ms: u64,
+    /// The output cap sent to an Anthropic deployment for a request that sets none (a
+    /// deployment's own `max_tokens` wins).
+    pub default_max_tokens: u64,
     group_index: HashMap<String, usize>,
     deployment_index: HashMap<String, usize>,
 }
@@ -286,6 +323,9 @@ impl RouterConfig {
         }
         let version = raw.version.unwrap_or_else(|| "unversioned".to_string());
         validate_name("version", &version)?;
+        if raw.default_max_tokens == 0 {
+            return Err(ConfigError::new("default_max_tokens", "must be positive"));
+        }
 
         let mut deployments = Vec::with_capacity(raw.deployments.len());
         let mut deployment_index = HashMap::new();
@@ -320,6 +360,55 @@ impl RouterConfig {
             if let Some(price) = &d.price {
                 price.validate().map_err(|e| e.within(&at("price")))?;
             }
+            if d.max_tokens == Some(0) {
+                return Err(ConfigError::new(at("max_tokens"), "must be positive"));
+            }
+            match (d.provider, &d.api_version) {
+                (Provider::Azure, None) => {
+                    return Err(ConfigError::new(
+                        at("api_version"),
+                        "required for an Azure deployment (e.g. \"2024-10-21\")",
+                    ))
+                }
+                (Provider::Azure, Some(v)) => validate_path_part(&at("api_version"), v)?,
+                (_, Some(_)) => {
+                    return Err(ConfigError::new(
+                        at("api_version"),
+                        "only an Azure deployment takes one",
+                    ))
+                }
+                (_, None) => {}
+            }
+            match (d.provider, &d.azure_deployment) {
+                (Provider::Azure, Some(name)) => validate_path_part(&at("azure_deployment"), name)?,
+                (_, Some(_)) => {
+                    return Err(ConfigError::new(
+                        at("azure_deployment"),
+                        "only an Azure deployment takes one",
+                    ))
+                }
+                _ => {}
+            }
+            if d.provider == Provider::Azure {
+                // the deployment name in the path defaults to the model's
+                validate_path_part(
+                    &at("model"),
+                    d.azure_deployment.as_ref().unwrap_or(&d.model),
+                )?;
+            }
+            let path_prefix = match d.path_prefix {
+                None => String::new(),
+                Some(_) if d.provider == Provider::Azure => {
+                    return Err(ConfigError::new(
+                        at("path_prefix"),
+                        "an Azure deployment's path is Azure's (/openai/deployments/...)",
+                    ))
+                }
+                Some(prefix) => {
+                    validate_path_prefix(&at("path_prefix"), &prefix)?;
+                    prefix.trim_end_matches('/').to_string()
+                }
+            };
             if deployment_index.insert(d.name.clone(), i).is_some() {
                 return Err(ConfigError::new(at("name"), "duplicate deployment name"));
             }
@@ -333,6 +422,10 @@ impl RouterConfig {
                 price: d.price,
                 price_version: d.price_version,
                 forward_envoy_headers: d.forward_envoy_headers,
+                max_tokens: d.max_tokens.unwrap_or(raw.default_max_tokens),
+                api_version: d.api_version,
+                azure_deployment: d.azure_deployment,
+                path_prefix,
             });
         }
 
@@ -463,6 +556,7 @@ impl RouterConfig {
         )?;
 
         Ok(RouterConfig {
+            default_max_tokens: raw.default_max_tokens,
             fallback: raw.fallback,
             max_cooldown_ms: raw.max_cooldown_ms,
             role: raw.role,
@@ -493,6 +587,47 @@ fn validate_cluster(field: &str, value: &str) -> Result<(), ConfigError> {
         ));
     }
     Ok(())
+}
+
+/// A value that goes into a provider's path or query as it is: 1 to 128 of letters, digits
+/// and `-_.` (an Azure deployment name, an API version).
+fn validate_path_part(field: &str, value: &str) -> Result<(), ConfigError> {
+    let fits = !value.is_empty()
+        && value.len() <= 128
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+    if fits {
+        Ok(())
+    } else {
+        Err(ConfigError::new(
+            field,
+            "must be 1 to 128 of letters, digits and -_. (it goes into the provider's path)",
+        ))
+    }
+}
+
+/// A path prefix: `/` then segments of letters, digits and `-_.~`, separated by `/`, at most
+/// 128 bytes; no query, no `..`.
+fn validate_path_prefix(field: &str, value: &str) -> Result<(), ConfigError> {
+    let trimmed = value.trim_end_matches('/');
+    let fits = value.starts_with('/')
+        && value.len() <= 128
+        && trimmed.split('/').skip(1).all(|s| {
+            !s.is_empty()
+                && s != "."
+                && s != ".."
+                && s.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~'))
+        });
+    if fits {
+        Ok(())
+    } else {
+        Err(ConfigError::new(
+            field,
+            "must be a path like /compatible-mode: segments of letters, digits and -_.~, no query",
+        ))
+    }
 }
 
 /// Parses a configuration document (plain JSON or Higress's global config + `_rules_`).

@@ -11,14 +11,22 @@
 //! byte a failure cannot be retried: a streamed response that ends without its terminator gets
 //! an in-band SSE error event instead of `[DONE]`.
 //!
+//! One API to every provider: a client of OpenAI Chat Completions may be served by an
+//! Anthropic deployment and a client of Anthropic Messages by an OpenAI, Azure OpenAI or
+//! OpenAI-compatible one; the router translates the request per attempt and the answer (JSON,
+//! stream or error) back ([`translate`], pure; which deployment serves which endpoint, at which
+//! path, with which credential header: [`wire`]). A group may mix providers and fall back
+//! across them.
+//!
 //! It answers `GET /v1/models` and `GET /v1/models/{id}` itself: the groups the key may use,
 //! in OpenAI's list shape ([`models`]), never sent to a provider. `POST
 //! /v1/messages/count_tokens` is routed like a model call, to the group's Anthropic
-//! deployments only.
+//! deployments only (a group without one gets the router's own estimate).
 //!
 //! Decisions live in [`core`] (both roles as a sans-I/O state machine: events in, effects out,
 //! clock and shared data behind traits) over [`config`], [`plan`], [`models`], [`breaker`],
-//! [`budget_fallback`], [`redirect`], [`body`] and [`stream`], all compiled and tested natively;
+//! [`budget_fallback`], [`redirect`], [`body`], [`stream`], [`wire`] and [`translate`], all
+//! compiled and tested natively;
 //! the proxy-wasm shell, compiled only for `wasm32`, copies host data in and carries the
 //! effects out. It never logs a credential, a key or a prompt.
 #![cfg_attr(
@@ -43,6 +51,7 @@ pub mod redirect;
 pub mod signals;
 pub mod stream;
 pub mod translate;
+pub mod wire;
 
 #[cfg(target_arch = "wasm32")]
 mod shell;

@@ -3,8 +3,9 @@
 //!
 //! Pure: the breaker's verdicts and the prompt-size estimate come in as arguments.
 
-use crate::config::{Deployment, Group, Provider, RouterConfig};
+use crate::config::{Deployment, Group, RouterConfig};
 use llm_gateway_shared::reject::Reject;
+use llm_gateway_shared::request::Endpoint;
 use llm_gateway_shared::route_info::{Price, RouteInfo};
 
 /// What the router knows about the request when it plans.
@@ -18,9 +19,10 @@ pub struct Request<'a> {
     pub subject: Option<&'a str>,
     /// Estimated prompt tokens plus the output cap (0: unknown).
     pub estimated_tokens: u64,
-    /// Only an Anthropic deployment can serve the request (`/v1/messages/count_tokens`, an
-    /// endpoint of Anthropic's API alone): the group's other deployments are left out.
-    pub anthropic_only: bool,
+    /// What the request's path addresses; deployments that cannot serve it (no native API
+    /// and no translation: embeddings at Anthropic, token counting anywhere but Anthropic,
+    /// [`Deployment::serves`]) are left out. `None`: every deployment is a candidate.
+    pub endpoint: Option<Endpoint>,
 }
 
 /// The deployments to try, by index into [`RouterConfig::deployments`], first choice first.
@@ -77,8 +79,10 @@ pub fn plan(
         let Some(deployment) = config.deployments.get(index) else {
             continue;
         };
-        if request.anthropic_only && deployment.provider != Provider::Anthropic {
-            continue;
+        if let Some(endpoint) = request.endpoint {
+            if deployment.serves(endpoint).is_none() {
+                continue;
+            }
         }
         serves_endpoint = true;
         if let Some(window) = deployment.context_window {
@@ -94,11 +98,8 @@ pub fn plan(
             }
         }
     }
-    if request.anthropic_only && !serves_endpoint {
-        return Err(Reject::bad_request(
-            "unsupported_endpoint",
-            "this model group has no Anthropic deployment: /v1/messages/count_tokens needs one",
-        ));
+    if !serves_endpoint {
+        return Err(unsupported(request.endpoint));
     }
     if deployments.is_empty() {
         if let Some(ms) = retry_after_ms {
@@ -121,6 +122,26 @@ pub fn plan(
         group: group.name.clone(),
         deployments,
     })
+}
+
+/// Code of the refusal of a request whose endpoint no deployment of its group serves.
+pub const UNSUPPORTED_ENDPOINT: &str = "unsupported_endpoint";
+
+/// 400 for a request whose endpoint no deployment of its group can serve, naming why.
+fn unsupported(endpoint: Option<Endpoint>) -> Reject {
+    let message = match endpoint {
+        Some(Endpoint::CountTokens) => {
+            "this model group has no Anthropic deployment: /v1/messages/count_tokens needs one"
+        }
+        Some(Endpoint::Api(llm_gateway_shared::usage::Api::Responses)) => {
+            "no deployment of this model group serves the Responses API (/v1/responses): only OpenAI and OpenAI-compatible deployments do; use /v1/chat/completions or /v1/messages"
+        }
+        Some(Endpoint::Api(llm_gateway_shared::usage::Api::Embeddings)) => {
+            "no deployment of this model group serves embeddings (/v1/embeddings): an Anthropic deployment has none"
+        }
+        _ => "no deployment of this model group serves this endpoint",
+    };
+    Reject::bad_request(UNSUPPORTED_ENDPOINT, message)
 }
 
 /// The price ceiling of a plan (`RouteInfo::price_ceiling`): the element-wise maximum price of
@@ -156,6 +177,7 @@ pub fn route_info(
         attempts,
         tried,
         price_ceiling: price_ceiling(config, plan),
+        client_api: None,
     }
 }
 
@@ -247,6 +269,7 @@ pub fn split_point(group: &str, subject: &str) -> u64 {
 mod tests {
     use super::*;
     use crate::config::tests::example;
+    use llm_gateway_shared::usage::Api;
 
     fn names(config: &RouterConfig, plan: &Plan) -> Vec<String> {
         plan.deployments
@@ -261,7 +284,7 @@ mod tests {
             allowed_groups: Some(groups),
             subject: Some("team-a"),
             estimated_tokens: 0,
-            anthropic_only: false,
+            endpoint: None,
         }
     }
 
@@ -269,7 +292,7 @@ mod tests {
     fn counting_tokens_plans_only_anthropic_deployments() {
         let config = example();
         let count = |model| Request {
-            anthropic_only: true,
+            endpoint: Some(Endpoint::CountTokens),
             ..request(model, "*")
         };
         // smart: claude (anthropic) and openai-mini; whichever the canary puts first
@@ -300,6 +323,46 @@ mod tests {
         assert_eq!(err.status, 403);
         let err = plan(&config, &count("smart"), |_| Admission::Skip(1000)).unwrap_err();
         assert_eq!(err.status, 503);
+        // embeddings and the Responses API skip the Anthropic deployment
+        for api in [Api::Embeddings, Api::Responses] {
+            let r = Request {
+                endpoint: Some(Endpoint::Api(api)),
+                subject: Some("u1"),
+                ..request("smart", "*")
+            };
+            let p = plan(&config, &r, |_| Admission::Admit).unwrap();
+            assert_eq!(names(&config, &p), ["openai-mini"], "{api:?}");
+        }
+    }
+
+    #[test]
+    fn a_group_that_cannot_serve_the_endpoint_is_refused_naming_why() {
+        let doc = r#"{"deployments":[
+            {"name":"claude","cluster":"a","model":"claude-sonnet-4","provider":"anthropic"}],
+            "groups":[{"name":"claude","deployments":[{"deployment":"claude"}]}]}"#;
+        let rules = crate::config::parse_document(doc.as_bytes()).unwrap();
+        let config = rules.global().unwrap();
+        for (api, why) in [
+            (Api::Embeddings, "embeddings"),
+            (Api::Responses, "Responses API"),
+        ] {
+            let r = Request {
+                endpoint: Some(Endpoint::Api(api)),
+                ..request("claude", "*")
+            };
+            let err = plan(config, &r, |_| Admission::Admit).unwrap_err();
+            assert_eq!((err.status, err.code.as_ref()), (400, UNSUPPORTED_ENDPOINT));
+            assert!(err.message.contains(why), "{}", err.message);
+        }
+        // chat and messages: every deployment, whatever its API (translated)
+        for api in [Api::ChatCompletions, Api::AnthropicMessages] {
+            let r = Request {
+                endpoint: Some(Endpoint::Api(api)),
+                ..request("claude", "*")
+            };
+            let p = plan(config, &r, |_| Admission::Admit).unwrap();
+            assert_eq!(names(config, &p), ["claude"], "{api:?}");
+        }
     }
 
     #[test]

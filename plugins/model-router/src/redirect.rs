@@ -17,11 +17,22 @@
 //! report the real one (`x-llm-upstream-status: %RESPONSE_CODE%`) and a Lua filter between it
 //! and the plugins put it back, so every plugin sees the status the deployment sent.
 
+use crate::translate::{Asked, Wire};
 use llm_gateway_shared::config::ConfigError;
 use serde::Deserialize;
 
 /// Filter state with the continuation of the next pass (`wasm.llm_route_next`).
 pub const PROPERTY: &str = "llm_route_next";
+
+/// Where the first pass keeps the client's `:path` when it sends the request elsewhere (a
+/// translated attempt, Azure, a `path_prefix`). Higress's redirect with
+/// `use_original_request_uri` builds the next pass's path from this header, else from the
+/// edited `:path`, and re-sends the client's original body (`use_original_request_body`):
+/// without it the client's body would come back at the first deployment's path, in another
+/// API than the path says. Higress's own ai-proxy keeps it the same way
+/// (`util.OverwriteRequestPath`). Upstream Envoy ignores it (its redirect re-sends the edited
+/// body to the edited path).
+pub const ORIGINAL_PATH_HEADER: &str = "x-envoy-original-path";
 
 /// How the router moves a request to the next deployment of its plan.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
@@ -47,6 +58,54 @@ pub struct Continuation {
     pub request_id: String,
     /// The plan's deployment names, attempt order.
     pub plan: Vec<String>,
+    /// The client's API and what it asked for, when the client speaks one the router
+    /// translates: a later pass's body may be in another API (the one an earlier pass
+    /// translated it into), and its answer must reach the client in the client's.
+    pub client: Option<Client>,
+}
+
+/// The API a client speaks and what it asked for (the continuation's fifth field:
+/// `chat`, `messages`, each optionally with `+stream` and `+usage`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Client {
+    /// The client's API.
+    pub wire: Wire,
+    /// What it asked for.
+    pub asked: Asked,
+}
+
+impl Client {
+    fn encode(self) -> String {
+        let mut text = String::from(match self.wire {
+            Wire::Chat => "chat",
+            Wire::Messages => "messages",
+        });
+        if self.asked.stream {
+            text.push_str("+stream");
+        }
+        if self.asked.include_usage {
+            text.push_str("+usage");
+        }
+        text
+    }
+
+    fn parse(text: &str) -> Option<Client> {
+        let mut parts = text.split('+');
+        let wire = match parts.next()? {
+            "chat" => Wire::Chat,
+            "messages" => Wire::Messages,
+            _ => return None,
+        };
+        let mut asked = Asked::default();
+        for flag in parts {
+            match flag {
+                "stream" => asked.stream = true,
+                "usage" => asked.include_usage = true,
+                _ => return None,
+            }
+        }
+        Some(Client { wire, asked })
+    }
 }
 
 impl Continuation {
@@ -61,29 +120,39 @@ impl Continuation {
             group: group.to_string(),
             request_id: request_id.to_string(),
             plan: plan.iter().map(|s| s.to_string()).collect(),
+            client: None,
         })
     }
 
-    /// `<attempt>|<group>|<request id>|<name>,<name>…` (names never hold `|` or `,`:
-    /// [`llm_gateway_shared::config::validate_name`]).
+    /// `<attempt>|<group>|<request id>|<name>,<name>…[|<client>]` (names never hold `|` or
+    /// `,`: [`llm_gateway_shared::config::validate_name`]).
     pub fn encode(&self) -> String {
-        format!(
+        let mut text = format!(
             "{}|{}|{}|{}",
             self.attempt,
             self.group,
             self.request_id,
             self.plan.join(",")
-        )
+        );
+        if let Some(client) = self.client {
+            text.push('|');
+            text.push_str(&client.encode());
+        }
+        text
     }
 
     /// The continuation a header carries; `None` for anything malformed.
     pub fn parse(text: &[u8]) -> Option<Self> {
         let text = std::str::from_utf8(text).ok()?;
-        let mut parts = text.splitn(4, '|');
+        let mut parts = text.splitn(5, '|');
         let attempt: u32 = parts.next()?.parse().ok()?;
         let group = parts.next()?;
         let request_id = parts.next()?;
         let plan: Vec<String> = parts.next()?.split(',').map(str::to_string).collect();
+        let client = match parts.next() {
+            None => None,
+            Some(text) => Some(Client::parse(text)?),
+        };
         let valid = |s: &str| !s.is_empty() && !s.contains('|');
         if attempt < 2
             || usize::try_from(attempt).ok()? > plan.len()
@@ -98,6 +167,7 @@ impl Continuation {
             group: group.to_string(),
             request_id: request_id.to_string(),
             plan,
+            client,
         })
     }
 
@@ -144,18 +214,43 @@ mod tests {
         assert_eq!(Continuation::parse(cont.encode().as_bytes()), Some(cont));
         for bad in [
             "",
-            "1|fast|rid|a,b",  // the first pass never continues
-            "3|fast|rid|a,b",  // past the plan
-            "2||rid|a,b",      // no group
-            "2|fast||a,b",     // no id
-            "2|fast|rid|a,,b", // an empty name
-            "x|fast|rid|a,b",  // not a number
-            "2|fast|rid|a|b",  // a separator in a name
-            "-",               // what a formatter prints for missing state
+            "1|fast|rid|a,b",            // the first pass never continues
+            "3|fast|rid|a,b",            // past the plan
+            "2||rid|a,b",                // no group
+            "2|fast||a,b",               // no id
+            "2|fast|rid|a,,b",           // an empty name
+            "x|fast|rid|a,b",            // not a number
+            "2|fast|rid|a|b",            // a separator in a name
+            "2|fast|rid|a,b|",           // an empty client
+            "2|fast|rid|a,b|grpc",       // an unknown client API
+            "2|fast|rid|a,b|chat+tools", // an unknown flag
+            "2|fast|rid|a,b|chat|x",     // a sixth field
+            "-",                         // what a formatter prints for missing state
         ] {
             assert_eq!(Continuation::parse(bad.as_bytes()), None, "{bad}");
         }
         assert_eq!(Continuation::parse(b"2|fast|rid|\xff"), None);
+    }
+
+    #[test]
+    fn the_client_api_travels_with_the_continuation() {
+        for (wire, stream, include_usage, text) in [
+            (Wire::Chat, false, false, "chat"),
+            (Wire::Chat, true, true, "chat+stream+usage"),
+            (Wire::Messages, true, false, "messages+stream"),
+        ] {
+            let mut cont = Continuation::after(1, "mixed", "rid", &["claude", "openai"]).unwrap();
+            cont.client = Some(Client {
+                wire,
+                asked: Asked {
+                    stream,
+                    include_usage,
+                },
+            });
+            let encoded = cont.encode();
+            assert_eq!(encoded, format!("2|mixed|rid|claude,openai|{text}"));
+            assert_eq!(Continuation::parse(encoded.as_bytes()), Some(cont));
+        }
     }
 
     #[test]

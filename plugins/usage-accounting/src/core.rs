@@ -1183,4 +1183,144 @@ mod tests {
         let records = published(&chunk(&mut stage, &mut worker, &mut fake, b"{}", true));
         assert_eq!(records[0].request_id, "host-id");
     }
+
+    /// The record names the client's API and the answering deployment's; the usage is read
+    /// in the API of the body this filter saw (the router translates the answer after it).
+    #[test]
+    fn a_translated_request_records_both_apis_and_counts_the_translation() {
+        const CHAT_BODY: &[u8] = br#"{"model":"fast","messages":[{"role":"user","content":"hi"}]}"#;
+        const MESSAGES_BODY: &[u8] =
+            br#"{"model":"fast","max_tokens":10,"messages":[{"role":"user","content":"hi"}]}"#;
+        const CHAT_ANSWER: &[u8] =
+            br#"{"model":"gpt-4o-mini","choices":[],"usage":{"prompt_tokens":10,"completion_tokens":2}}"#;
+        const MESSAGES_ANSWER: &[u8] =
+            br#"{"model":"claude-x","content":[],"usage":{"input_tokens":10,"output_tokens":2}}"#;
+        // the router's state: `provider`, and `client_api` only when it translated
+        let route = |provider: &str, client_api: Option<&str>| {
+            let client_api = client_api
+                .map(|api| format!(r#","client_api":"{api}""#))
+                .unwrap_or_default();
+            let json = format!(
+                r#"{{"request_id":"req-1","model_group":"fast","deployment":"d","model":"m","provider":"{provider}","route_version":"v","attempts":1{client_api}}}"#
+            );
+            RouteInfo::from_router_json(json.as_bytes(), 200).unwrap()
+        };
+        for (what, path, request, answer, route, api, provider_api, counter) in [
+            (
+                "a Chat Completions client served by an Anthropic deployment",
+                "/v1/messages",
+                MESSAGES_BODY,
+                MESSAGES_ANSWER,
+                route("anthropic", Some("chat.completions")),
+                "chat.completions",
+                "messages",
+                Some("llm_gateway.usage.translated.chat_completions.messages"),
+            ),
+            (
+                "a Messages client served by an OpenAI deployment",
+                "/v1/chat/completions",
+                CHAT_BODY,
+                CHAT_ANSWER,
+                route("openai", Some("messages")),
+                "messages",
+                "chat.completions",
+                Some("llm_gateway.usage.translated.messages.chat_completions"),
+            ),
+            (
+                "untranslated chat",
+                "/v1/chat/completions",
+                CHAT_BODY,
+                CHAT_ANSWER,
+                route("openai", None),
+                "chat.completions",
+                "chat.completions",
+                None,
+            ),
+            (
+                "untranslated Messages",
+                "/v1/messages",
+                MESSAGES_BODY,
+                MESSAGES_ANSWER,
+                route("anthropic", None),
+                "messages",
+                "messages",
+                None,
+            ),
+            (
+                // Envoy 1.40, a plan mixing providers: the first attempt's (Anthropic) API in
+                // the body, a later attempt's Azure deployment translated by its upstream filter
+                "a Messages client answered by a later attempt's Azure deployment",
+                "/v1/messages",
+                MESSAGES_BODY,
+                MESSAGES_ANSWER,
+                route("azure", None),
+                "messages",
+                "chat.completions",
+                Some("llm_gateway.usage.translated.messages.chat_completions"),
+            ),
+            (
+                "the same for an OpenAI deployment",
+                "/v1/messages",
+                MESSAGES_BODY,
+                MESSAGES_ANSWER,
+                route("openai", None),
+                "messages",
+                "chat.completions",
+                Some("llm_gateway.usage.translated.messages.chat_completions"),
+            ),
+            (
+                // translated for the first attempt, answered natively by a later one
+                "a Chat Completions client answered by a later attempt's OpenAI deployment",
+                "/v1/messages",
+                MESSAGES_BODY,
+                MESSAGES_ANSWER,
+                route("openai", Some("chat.completions")),
+                "chat.completions",
+                "chat.completions",
+                None,
+            ),
+            (
+                "no router",
+                "/v1/messages",
+                MESSAGES_BODY,
+                MESSAGES_ANSWER,
+                RouteInfo::default(),
+                "messages",
+                "messages",
+                None,
+            ),
+        ] {
+            let (mut stage, mut worker) = (Stage::default(), Worker::default());
+            let mut fake = Fake {
+                route,
+                ..Fake::default()
+            };
+            start(
+                &mut stage,
+                &mut worker,
+                &mut fake,
+                json!({}),
+                &head(path, &[]),
+            );
+            body(&mut stage, &mut worker, &mut fake, request);
+            response(&mut stage, &mut worker, &mut fake, 200, "application/json");
+            let records = published(&chunk(&mut stage, &mut worker, &mut fake, answer, true));
+            let [record] = records.as_slice() else {
+                panic!("{what}: {records:?}");
+            };
+            assert_eq!(record.api, api, "{what}");
+            assert_eq!(record.provider_api.as_deref(), Some(provider_api), "{what}");
+            assert_eq!(
+                (record.usage.prompt_tokens, record.usage.completion_tokens),
+                (10, 2),
+                "{what}: the usage of the body's API"
+            );
+            assert_eq!(record.usage_source, UsageSource::Upstream, "{what}");
+            assert_eq!(
+                crate::metrics::translated_name(record).as_deref(),
+                counter,
+                "{what}"
+            );
+        }
+    }
 }

@@ -97,8 +97,9 @@ impl Attribution {
 }
 
 /// What the router publishes about a request (logical id, deployment that answered, attempts,
-/// price), read from its filter state `wasm.llm_route`; empty without the router (the
-/// `x-llm-*` headers and the plugin's own price table are used then).
+/// price, provider, the client's API when it translated), read from its filter state
+/// `wasm.llm_route`; empty without the router (the `x-llm-*` headers and the plugin's own price
+/// table are used then).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RouteInfo {
     /// The router's logical request id, overriding the headers.
@@ -111,8 +112,12 @@ pub struct RouteInfo {
     pub attempts: Vec<Attempt>,
     /// The deployment's price, overriding the plugin's table.
     pub price: Option<Price>,
-    /// The deployment's provider (`openai`, `anthropic`, `openai-compatible`).
+    /// The answering deployment's provider (`openai`, `anthropic`, `openai-compatible`,
+    /// `azure`).
     pub provider: Option<String>,
+    /// The API the client called, when the router translated the request and this plugin
+    /// reads another one (the first attempt's deployment's); `None` when they are the same.
+    pub client_api: Option<Api>,
 }
 
 /// Filter state the model router publishes ([`llm_gateway_shared::route_info`]).
@@ -160,7 +165,41 @@ impl RouteInfo {
             attempts,
             price,
             provider: non_empty(state.provider),
+            // a name this plugin does not know is dropped: the record's `api` and the metric
+            // names take only the four APIs' names
+            client_api: state.client_api.as_deref().and_then(api_named),
         })
+    }
+}
+
+/// The API named `name` in records and metrics ([`Api::name`]).
+fn api_named(name: &str) -> Option<Api> {
+    [
+        Api::ChatCompletions,
+        Api::Responses,
+        Api::AnthropicMessages,
+        Api::Embeddings,
+    ]
+    .into_iter()
+    .find(|api| api.name() == name)
+}
+
+/// The API the answering deployment speaks, for a body in `body_api` (the API of the path
+/// this plugin saw) answered by a deployment of `provider` (the router's; `None` without the
+/// router).
+///
+/// An Anthropic deployment speaks Messages; any other provider the router knows speaks the
+/// OpenAI APIs, so a Messages body it answered was translated for it (on Envoy 1.40 a later
+/// attempt of a plan mixing providers: its upstream filter translates the body into Chat
+/// Completions and the answer back into Messages); every other body it answers natively.
+/// Without the router, or for a provider it does not know, the body's own API.
+pub fn provider_api(provider: Option<&str>, body_api: Api) -> Api {
+    match provider {
+        Some("anthropic") => Api::AnthropicMessages,
+        Some("openai" | "openai-compatible" | "azure") if body_api == Api::AnthropicMessages => {
+            Api::ChatCompletions
+        }
+        _ => body_api,
     }
 }
 
@@ -714,7 +753,14 @@ impl Exchange {
             model_group: route.model_group.clone().or_else(|| a.model_group.clone()),
             deployment,
             model: self.model().map(str::to_owned),
-            api: self.api.name().to_string(),
+            // usage is read in the body's API (the answer this plugin sees is in it); the
+            // labels name the client's and the deployment's
+            api: route.client_api.unwrap_or(self.api).name().to_string(),
+            provider_api: Some(
+                provider_api(route.provider.as_deref(), self.api)
+                    .name()
+                    .to_string(),
+            ),
             stream: matches!(self.response, Response::Stream(_)) || self.request.stream,
             status: self.status,
             complete,
@@ -1093,6 +1139,68 @@ event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"delta\":{\
         .unwrap();
         assert!(single.attempts.is_empty() && single.price.is_none());
         assert!(RouteInfo::from_router_json(b"nope", 200).is_none());
+    }
+
+    #[test]
+    fn the_deployment_speaks_messages_if_anthropic_else_the_openai_apis() {
+        use Api::{AnthropicMessages as Messages, ChatCompletions as Chat, Embeddings, Responses};
+        for (provider, body_api, expected) in [
+            // an Anthropic deployment: Messages, natively or translated from Chat Completions
+            (Some("anthropic"), Messages, Messages),
+            (Some("anthropic"), Chat, Messages),
+            // another provider: a Messages body was translated into Chat Completions for it
+            (Some("openai"), Messages, Chat),
+            (Some("openai-compatible"), Messages, Chat),
+            (Some("azure"), Messages, Chat),
+            // and any other body it answers as it is
+            (Some("openai"), Chat, Chat),
+            (Some("openai"), Responses, Responses),
+            (Some("openai-compatible"), Embeddings, Embeddings),
+            (Some("azure"), Chat, Chat),
+            // a provider the router does not know, or no router: the body's API
+            (Some("bedrock"), Messages, Messages),
+            (Some("bedrock"), Chat, Chat),
+            (None, Messages, Messages),
+            (None, Chat, Chat),
+            (None, Responses, Responses),
+            (None, Embeddings, Embeddings),
+        ] {
+            assert_eq!(
+                provider_api(provider, body_api),
+                expected,
+                "{provider:?} {body_api:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn router_state_gives_the_clients_api_when_it_translated() {
+        let with = |client_api: &str| {
+            let json = format!(
+                r#"{{"request_id":"r","model_group":"fast","deployment":"claude","model":"m","provider":"anthropic","route_version":"v","attempts":1{client_api}}}"#
+            );
+            RouteInfo::from_router_json(json.as_bytes(), 200).unwrap()
+        };
+        assert_eq!(
+            with(r#","client_api":"chat.completions""#).client_api,
+            Some(Api::ChatCompletions)
+        );
+        assert_eq!(
+            with(r#","client_api":"messages""#).client_api,
+            Some(Api::AnthropicMessages)
+        );
+        assert_eq!(with("").client_api, None);
+        assert_eq!(with(r#","client_api":null"#).client_api, None);
+        // a name that is no API's is not recorded
+        assert_eq!(with(r#","client_api":"chat""#).client_api, None);
+        for api in [
+            Api::ChatCompletions,
+            Api::Responses,
+            Api::AnthropicMessages,
+            Api::Embeddings,
+        ] {
+            assert_eq!(api_named(api.name()), Some(api));
+        }
     }
 
     #[test]

@@ -17,6 +17,7 @@
 //! | `llm_gateway.usage.estimated` | counter | route | records whose usage was counted by the gateway |
 //! | `gen_ai.client.operation.duration_ms` | histogram | route | request to end of response, ms (the older form of the one above) |
 //! | `gen_ai.server.time_to_first_token_ms` | histogram | route | request to first output, ms (the older form) |
+//! | `llm_gateway.usage.translated.<client_api>.<provider_api>` | counter | — | records whose client's API is not the deployment's ([`translated_name`]) |
 //!
 //! *Route* labels follow the base name as `.tenant.<t>.model_group.<g>.deployment.<d>` and,
 //! only when `consumer_label` is on, `.consumer.<c>`. *GenAI* labels are the route labels
@@ -41,6 +42,13 @@ use crate::record::{Record, UsageSource};
 
 /// Most distinct label sets one VM defines metrics for (each has [`SERIES`]`.len()` names).
 pub const MAX_LABEL_SETS: usize = 512;
+
+/// Most distinct [`translated_name`]s one VM defines: every pair of two different APIs of
+/// the four (a record names only those); past it a translation is not counted.
+pub const MAX_TRANSLATIONS: usize = 12;
+
+/// The base name of the counter of translated records ([`translated_name`]).
+pub const TRANSLATED: &str = "llm_gateway.usage.translated";
 
 /// The Envoy `stats_config.stats_tags` that turn the name parts into labels (tag name, regex),
 /// for the bootstrap. The first capture group is cut from the name, the second is the value.
@@ -223,8 +231,8 @@ fn push_operation_name(out: &mut String, api: &str) {
 }
 
 /// OpenTelemetry's `gen_ai.provider.name`: the router's provider of the deployment that
-/// answered (`openai`, `anthropic`, `openai-compatible`), else the owner of the API the
-/// client called (`messages`: `anthropic`; the others: `openai`).
+/// answered (`openai`, `anthropic`, `openai-compatible`, `azure`), else the owner of the API
+/// the client called (`messages`: `anthropic`; the others: `openai`).
 pub fn provider_name(provider: Option<&str>, api: &str) -> String {
     let mut out = String::new();
     push_provider_name(&mut out, provider, api);
@@ -287,6 +295,24 @@ impl Labels {
             Scope::GenAi => format!("{base}{}{}", self.route, self.gen_ai),
         }
     }
+}
+
+/// The counter a translated record adds one to,
+/// `llm_gateway.usage.translated.<client_api>.<provider_api>` (API names as label values:
+/// `chat.completions` is `chat_completions`); `None` — nothing to count — when the client
+/// called the API the deployment speaks, or the record does not say which that is.
+pub fn translated_name(record: &Record) -> Option<String> {
+    let provider_api = record.provider_api.as_deref()?;
+    if provider_api == record.api {
+        return None;
+    }
+    let mut name = String::with_capacity(TRANSLATED.len() + 36);
+    name.push_str(TRANSLATED);
+    name.push('.');
+    push_label_value(&mut name, Some(&record.api));
+    name.push('.');
+    push_label_value(&mut name, Some(provider_api));
+    Some(name)
 }
 
 /// The hasher of the map from label sets to their metrics: one multiply and rotate per eight
@@ -462,6 +488,7 @@ mod tests {
             deployment: Some("east-1".into()),
             model: None,
             api: "chat.completions".into(),
+            provider_api: Some("chat.completions".into()),
             stream: false,
             status: 200,
             complete: true,
@@ -499,9 +526,14 @@ mod tests {
     /// Envoy's tag extraction: each regex runs on the full name; its first group is cut out
     /// of the tag-extracted name, its second is the tag value.
     fn extract(name: &str) -> (String, Vec<(String, String)>) {
+        extract_with(&STATS_TAGS, name)
+    }
+
+    /// [`extract`] with the tag rules `rules` (tag name, regex).
+    fn extract_with(rules: &[(&str, &str)], name: &str) -> (String, Vec<(String, String)>) {
         let mut cut = vec![false; name.len()];
         let mut tags = Vec::new();
-        for (tag, regex) in STATS_TAGS {
+        for (tag, regex) in rules {
             let re = regex_lite::Regex::new(regex).unwrap();
             if let Some(caps) = re.captures(name) {
                 let whole = caps.get(1).unwrap();
@@ -704,6 +736,60 @@ mod tests {
         assert!(Labels::of(&r, None, false)
             .gen_ai
             .ends_with(".gen_ai_response_model.none"));
+    }
+
+    #[test]
+    fn only_a_translated_record_names_a_translation_counter() {
+        let with = |api: &str, provider_api: Option<&str>| Record {
+            api: api.into(),
+            provider_api: provider_api.map(str::to_string),
+            ..record()
+        };
+        for (api, provider_api, expected) in [
+            (
+                "chat.completions",
+                Some("messages"),
+                Some("llm_gateway.usage.translated.chat_completions.messages"),
+            ),
+            (
+                "messages",
+                Some("chat.completions"),
+                Some("llm_gateway.usage.translated.messages.chat_completions"),
+            ),
+            ("chat.completions", Some("chat.completions"), None),
+            ("messages", Some("messages"), None),
+            ("embeddings", Some("embeddings"), None),
+            // a record written before `provider_api` existed
+            ("chat.completions", None, None),
+        ] {
+            assert_eq!(
+                translated_name(&with(api, provider_api)).as_deref(),
+                expected,
+                "{api} {provider_api:?}"
+            );
+        }
+        // no tag rule of the gateway's bootstrap (every plugin's) takes the name apart:
+        // Prometheus gets it whole, `llm_gateway_usage_translated_chat_completions_messages`
+        let yaml = include_str!("../../../envoy-config/gateway.yaml");
+        let rules: Vec<(&str, &str)> = yaml
+            .split("- tag_name: ")
+            .skip(1)
+            .filter_map(|entry| {
+                let (tag, rest) = entry.split_once("\n")?;
+                let regex = rest.trim_start().strip_prefix("regex: '")?;
+                Some((tag, regex.split_once("'\n")?.0))
+            })
+            .collect();
+        assert!(rules.len() > STATS_TAGS.len(), "{rules:?}");
+        for (api, provider_api) in [
+            ("chat.completions", "messages"),
+            ("messages", "chat.completions"),
+        ] {
+            let name = translated_name(&with(api, Some(provider_api))).unwrap();
+            let (kept, tags) = extract_with(&rules, &format!("wasmcustom.{name}"));
+            assert_eq!(kept, format!("wasmcustom.{name}"));
+            assert!(tags.is_empty(), "{tags:?}");
+        }
     }
 
     #[test]

@@ -317,6 +317,7 @@ pub fn stand_in_config(root: &str, upstream: bool, filters: &[WasmFilter]) -> cr
                 attempts: 1,
                 tried: Vec::new(),
                 price_ceiling: Price::ceiling(prices.iter().map(Option::as_ref)),
+                client_api: None,
             };
             let names: Vec<String> = plan.deployments.iter().map(|d| text(&d["name"])).collect();
             let mut properties = vec![json!([route_info::ATTEMPT_PROPERTY, "0"])];
@@ -459,7 +460,7 @@ mod tests {
             json!([
                 ["x-llm-consumer", "demo"],
                 ["x-llm-tenant", "demo"],
-                ["x-llm-groups", "fast,smart,claude"],
+                ["x-llm-groups", "fast,smart,claude,code"],
                 ["x-llm-key-id", "4ab4d281142e669c"]
             ])
         );

@@ -13,27 +13,32 @@
 //! not see those.) With the redirect fallback each pass records its own attempt at `on_log`.
 
 use super::breakers::admit_without_probe;
+use super::translation::ResponseTranslation;
 use super::{
     header_string, property_string, select, Core, Flow, Input, Level, Map, OnFailure, ReadError,
     Store, View,
 };
-use crate::body::{is_count_tokens, is_routed_path, Body};
+use crate::body::{is_routed_path, Body};
 use crate::breaker::is_failure;
 use crate::budget_fallback::{alternative, plan_alternative, switched_plan};
 use crate::config::{Deployment, Provider, RouterConfig};
 use crate::models::{self, Listing};
 use crate::plan::{plan, route_info, Admission, Plan, Request as PlanRequest};
-use crate::redirect::{Continuation, Fallback};
+use crate::redirect::{Client, Continuation, Fallback};
 use crate::signals::is_cooldown_status;
 use crate::stream::{interrupted_event, StreamWatcher};
+use crate::translate::{self, Asked, RequestParams, Wire};
+use crate::wire::{endpoint_wire, wire_endpoint, wire_name, Service, CREDENTIAL_HEADERS};
 use llm_gateway_shared::headers;
 use llm_gateway_shared::reject::{ErrorType, Reject};
+use llm_gateway_shared::request::Endpoint;
 use llm_gateway_shared::request::RequestHead;
 use llm_gateway_shared::route_info::{
-    try_property, ATTEMPT_PROPERTY, BUDGET_FALLBACK_HEADER, BUDGET_FALLBACK_PROPERTY,
+    try_property, RouteInfo, ATTEMPT_PROPERTY, BUDGET_FALLBACK_HEADER, BUDGET_FALLBACK_PROPERTY,
     BUDGET_FALLBACK_TAKEN, MAX_RETRIES_HEADER, PLAN_PROPERTY, PROPERTY as ROUTE_PROPERTY,
 };
 use llm_gateway_shared::rules::RuleSet;
+use llm_gateway_shared::usage::Api;
 use std::rc::Rc;
 
 /// Response headers.
@@ -49,6 +54,13 @@ pub const FALLBACK_HEADER: &str = "x-llm-fallback";
 pub const ANTHROPIC_VERSION: &str = "anthropic-version";
 /// Sent when an Anthropic deployment gets a request without `anthropic-version`.
 pub const DEFAULT_ANTHROPIC_VERSION: &str = "2023-06-01";
+/// Anthropic's request headers, which another provider does not get.
+pub const ANTHROPIC_HEADERS: [&str; 2] = [ANTHROPIC_VERSION, "anthropic-beta"];
+/// Response header listing the request fields a translation dropped (no counterpart in the
+/// deployment's API), comma-separated.
+pub const DROPPED_HEADER: &str = "x-llm-translation-dropped";
+/// On the gateway's own answer to `/v1/messages/count_tokens`: `estimated`.
+pub const COUNT_HEADER: &str = "x-llm-token-count";
 
 /// A request of the downstream role.
 #[derive(Default)]
@@ -57,6 +69,8 @@ pub(super) struct Exchange {
     path: Option<String>,
     pub(super) routed: Option<Routed>,
     watcher: Option<StreamWatcher>,
+    /// The response on its way into the client's API.
+    response: Option<ResponseTranslation>,
 }
 
 pub(super) struct Routed {
@@ -78,6 +92,21 @@ pub(super) struct Routed {
     /// `"fallback": "redirect"`: the attempt this pass makes (1 on the first pass); the
     /// attempt number does not come from Envoy's retries then.
     pass: Option<Pass>,
+    /// The client speaks another API than the body the later filters see: the response is
+    /// translated back.
+    translation: Option<Translation>,
+}
+
+/// A request whose client speaks another API than the body this filter passes on.
+pub(super) struct Translation {
+    /// The client's API.
+    client: Wire,
+    /// The body's (the first attempt's deployment's, or this redirect pass's).
+    body: Wire,
+    /// What the client asked for.
+    asked: Asked,
+    /// Request fields without a counterpart that were dropped.
+    dropped: Vec<String>,
 }
 
 /// A pass of the redirect fallback.
@@ -137,7 +166,9 @@ impl Core {
                 size,
                 end_of_stream,
             } => self.request_body(context, size, end_of_stream, view, store),
-            Input::ResponseHeaders { .. } => self.response_headers(context, view, store),
+            Input::ResponseHeaders { end_of_stream } => {
+                self.response_headers(context, end_of_stream, view, store)
+            }
             Input::ResponseBody {
                 size,
                 end_of_stream,
@@ -201,6 +232,38 @@ impl Core {
         }
     }
 
+    /// Answers `POST /v1/messages/count_tokens` for a group with no Anthropic deployment to
+    /// ask: the gateway's own estimate of the prompt (`ceil(chars / 4)` per text plus the
+    /// chat format's per-message overhead, as token-ratelimit counts it), labelled
+    /// `x-llm-token-count: estimated`. Like the model list, no later filter sees it.
+    fn answer_count_tokens(&mut self, bytes: &[u8]) {
+        let tokens = serde_json::from_slice::<serde_json::Value>(bytes)
+            .map(|body| {
+                llm_gateway_shared::tokens::estimate_prompt_tokens(
+                    Api::AnthropicMessages,
+                    &body,
+                    llm_gateway_shared::tokens::Encoding::Chars,
+                )
+            })
+            .unwrap_or(0);
+        let mut body = String::from("{\"input_tokens\":");
+        llm_gateway_shared::json::push_u64(&mut body, tokens);
+        body.push('}');
+        self.count("count_tokens_estimated");
+        self.push(
+            super::Command::Reply {
+                status: 200,
+                details: "model_router.count_tokens_estimated".to_string(),
+                headers: vec![
+                    ("content-type".to_string(), "application/json".to_string()),
+                    (COUNT_HEADER.to_string(), "estimated".to_string()),
+                ],
+                body: body.into_bytes(),
+            },
+            OnFailure::Log(Level::Error, "cannot send the token count"),
+        );
+    }
+
     fn request_body(
         &mut self,
         context: u32,
@@ -219,7 +282,7 @@ impl Core {
             return Flow::Pause;
         }
         match self.route(context, size, view, store) {
-            Ok(()) => Flow::Continue,
+            Ok(flow) => flow,
             Err(reject) => self.refuse_routing(reject),
         }
     }
@@ -232,43 +295,51 @@ impl Core {
         self.refuse(reject)
     }
 
-    /// Replaces the provider credential headers with the deployment's.
+    /// Replaces the provider credential headers with the deployment's, and the
+    /// provider-specific headers: `anthropic-version` for an Anthropic deployment (when the
+    /// client sent none); for another provider, Anthropic's headers a client sent are removed.
+    /// A header the request does not have is not removed (the map is read once per callback).
     pub(super) fn set_credential(
         &mut self,
         deployment: &Deployment,
         view: &dyn View,
         on_failure: OnFailure,
     ) -> Result<(), ReadError> {
-        let Some(credential) = &deployment.credential else {
-            self.remove_header(Map::Request, "authorization", on_failure);
-            self.remove_header(Map::Request, "x-api-key", on_failure);
-            return Ok(());
-        };
+        let own = deployment
+            .credential
+            .as_ref()
+            .map(|_| deployment.credential_header());
         // The header set below replaces every value the client sent (the host's replace is a
-        // remove and an add): only the other one is removed, one host call less a request.
-        match deployment.provider {
-            Provider::Anthropic => {
-                self.remove_header(Map::Request, "authorization", on_failure);
-                // Anthropic refuses a request without its API version; most SDKs send one
-                if view.request_header(ANTHROPIC_VERSION)?.is_none() {
-                    self.set_header(
-                        Map::Request,
-                        ANTHROPIC_VERSION,
-                        DEFAULT_ANTHROPIC_VERSION,
-                        on_failure,
-                    );
-                }
-                self.set_header(Map::Request, "x-api-key", credential.as_str(), on_failure);
+        // remove and an add): only the others are removed, and only when present.
+        for header in CREDENTIAL_HEADERS {
+            if Some(header) != own && view.request_header(header)?.is_some() {
+                self.remove_header(Map::Request, header, on_failure);
             }
-            Provider::Openai | Provider::OpenaiCompatible => {
-                self.remove_header(Map::Request, "x-api-key", on_failure);
+        }
+        if deployment.provider == Provider::Anthropic {
+            // Anthropic refuses a request without its API version; most SDKs send one
+            if view.request_header(ANTHROPIC_VERSION)?.is_none() {
                 self.set_header(
                     Map::Request,
-                    "authorization",
-                    ["Bearer ", credential.as_str()].concat(),
+                    ANTHROPIC_VERSION,
+                    DEFAULT_ANTHROPIC_VERSION,
                     on_failure,
                 );
             }
+        } else {
+            for header in ANTHROPIC_HEADERS {
+                if view.request_header(header)?.is_some() {
+                    self.remove_header(Map::Request, header, on_failure);
+                }
+            }
+        }
+        if let (Some(header), Some(credential)) = (own, &deployment.credential) {
+            self.set_header(
+                Map::Request,
+                header,
+                deployment.credential_value(credential),
+                on_failure,
+            );
         }
         Ok(())
     }
@@ -280,12 +351,12 @@ impl Core {
         size: usize,
         view: &dyn View,
         store: &dyn Store,
-    ) -> Result<(), Reject> {
+    ) -> Result<Flow, Reject> {
         let Some(rules) = self.rules.clone() else {
             return Err(Reject::internal("model-router is not configured"));
         };
         let Some((config_index, config)) = select(&rules, view) else {
-            return Ok(());
+            return Ok(Flow::Continue);
         };
         let bytes = view
             .request_body(size)
@@ -299,14 +370,16 @@ impl Core {
                 .flatten()
                 .and_then(|v| Continuation::parse(&v))
             {
-                return self.reroute(
-                    context,
-                    (&rules, config_index, config),
-                    size,
-                    &body,
-                    continuation,
-                    view,
-                );
+                return self
+                    .reroute(
+                        context,
+                        (&rules, config_index, config),
+                        size,
+                        &body,
+                        continuation,
+                        view,
+                    )
+                    .map(|()| Flow::Continue);
             }
         }
         let path = self
@@ -318,22 +391,34 @@ impl Core {
         let subject = header_string(view, "x-user-id")
             .filter(|s| !s.is_empty())
             .or_else(|| header_string(view, headers::CONSUMER));
+        let endpoint = Endpoint::from_path(&path);
         let request = PlanRequest {
             model: &body.model,
             allowed_groups: allowed.as_deref(),
             subject: subject.as_deref(),
             estimated_tokens: body.estimated_tokens(),
-            anthropic_only: is_count_tokens(&path),
+            endpoint,
         };
         // one clock read for the breakers (ms) and the request id (ns)
         let now_nanos = view.now_nanos();
         let now = now_nanos / 1_000_000;
-        let plan = plan(config, &request, |index| {
+        let planned = plan(config, &request, |index| {
             match config.deployments.get(index) {
                 Some(deployment) => self.admit(config, deployment, now, store),
                 None => Admission::Skip(0),
             }
-        })?;
+        });
+        let plan = match planned {
+            Err(reject)
+                if endpoint == Some(Endpoint::CountTokens)
+                    && reject.code == crate::plan::UNSUPPORTED_ENDPOINT =>
+            {
+                // no Anthropic deployment to count: the gateway's own estimate
+                self.answer_count_tokens(&bytes);
+                return Ok(Flow::Pause);
+            }
+            planned => planned?,
+        };
         let first = plan
             .deployments
             .first()
@@ -342,7 +427,38 @@ impl Core {
 
         let must = OnFailure::Refuse;
         let internal = |_| Reject::internal("cannot route the request");
-        let rewritten = body.with_model(&first.model);
+        // The first attempt's deployment decides the API the body goes on in: the filters
+        // after this one read that, and each later attempt's upstream role translates from it.
+        let (rewritten, translation) = match endpoint.and_then(|e| first.serves(e)) {
+            Some(Service::Translated(from, to)) => {
+                let translated =
+                    translate::request(from, to, &bytes, &request_params(config, first))?;
+                self.count(["translated.", wire_name(from), ".", wire_name(to)].concat());
+                let translation = Translation {
+                    client: from,
+                    body: to,
+                    asked: translated.asked,
+                    dropped: translated.dropped,
+                };
+                (translated.body, Some(translation))
+            }
+            _ => (body.with_model(&first.model), None),
+        };
+        if let Some(endpoint) = endpoint {
+            if let Some(new_path) = first.path(endpoint, &path) {
+                if redirect {
+                    // where Higress's redirect finds the client's path again (it re-sends the
+                    // client's body): crate::redirect::ORIGINAL_PATH_HEADER
+                    self.set_header(
+                        Map::Request,
+                        crate::redirect::ORIGINAL_PATH_HEADER,
+                        path.as_str(),
+                        must,
+                    );
+                }
+                self.set_header(Map::Request, ":path", new_path, must);
+            }
+        }
         let length = rewritten.len();
         // Read before the body is written (one header map per callback, no read of its own):
         // the writes are carried out after this callback's reads.
@@ -370,8 +486,11 @@ impl Core {
             // it set here, a cluster without the upstream filter would forward the first
             // provider's key to the second provider; this way it gets none (a 401 that shows
             // the misconfiguration).
-            self.remove_header(Map::Request, "authorization", must);
-            self.remove_header(Map::Request, "x-api-key", must);
+            for header in CREDENTIAL_HEADERS {
+                if view.request_header(header).map_err(internal)?.is_some() {
+                    self.remove_header(Map::Request, header, must);
+                }
+            }
         }
         // never the client's: see crate::ids
         let request_id = self.ids.next_id(now_nanos);
@@ -391,7 +510,14 @@ impl Core {
             .map(|d| d.name.as_str())
             .collect();
         if redirect {
-            self.publish_continuation(1, &plan.group, &request_id, &names);
+            let client = match &translation {
+                Some(t) => Some(Client {
+                    wire: t.client,
+                    asked: t.asked,
+                }),
+                None => client_of(endpoint, &body),
+            };
+            self.publish_continuation(1, &plan.group, &request_id, &names, client);
         } else {
             // the slot of the first resolution; each attempt's upstream role writes its own
             // number
@@ -424,6 +550,7 @@ impl Core {
             1,
             vec![first.name.clone()],
         );
+        let info = with_client_api(info, translation.as_ref());
         self.set_property(ROUTE_PROPERTY, info.to_json(), must);
         let alternative_published =
             self.publish_alternative(config, &request, &plan.group, &request_id, now, store);
@@ -438,10 +565,11 @@ impl Core {
                 attempt: 1,
                 status: None,
             }),
-            ..routed_base(&rules, config_index, &path)
+            translation,
+            ..routed_base(&rules, config_index, endpoint)
         };
         self.downstream.entry(context).or_default().routed = Some(routed);
-        Ok(())
+        Ok(Flow::Continue)
     }
 
     /// A pass that re-enters the chain (redirect fallback): attempt `continuation.attempt` of
@@ -477,7 +605,47 @@ impl Core {
             .ok_or_else(lost)?;
         let attempt = continuation.attempt;
         let must = OnFailure::Refuse;
-        let rewritten = body.with_model(&chosen.model);
+        // This pass's body is in the API its path says: the client's (Higress's
+        // `use_original_request_body`, at the client's path that `use_original_request_uri`
+        // takes from the first pass's `x-envoy-original-path`; or no earlier pass
+        // translated), or the one the pass before translated it into (upstream Envoy re-sends
+        // the edited body to the edited path). The client's API and asks travel in the
+        // continuation.
+        let path = self
+            .downstream
+            .get(&context)
+            .and_then(|e| e.path.clone())
+            .unwrap_or_default();
+        let endpoint = Endpoint::from_path(&path);
+        let client = continuation.client.or_else(|| client_of(endpoint, body));
+        let (rewritten, translation) = match endpoint.and_then(|e| chosen.serves(e)) {
+            Some(Service::Translated(from, to)) => {
+                let translated =
+                    translate::request(from, to, body.bytes(), &request_params(config, chosen))?;
+                self.count(["translated.", wire_name(from), ".", wire_name(to)].concat());
+                let mut bytes = translated.body;
+                if let Some(client) = client.filter(|c| c.wire == Wire::Chat && to == Wire::Chat) {
+                    // back in the client's API: usage chunks only if it asked for them
+                    bytes = crate::body::with_include_usage(&bytes, client.asked.include_usage);
+                }
+                (bytes, Some(translated.dropped))
+            }
+            _ => (body.with_model(&chosen.model), None),
+        };
+        let translation = match (client, translation) {
+            (Some(client), dropped) if client.wire != chosen.wire() => Some(Translation {
+                client: client.wire,
+                body: chosen.wire(),
+                asked: client.asked,
+                dropped: dropped.unwrap_or_default(),
+            }),
+            _ => None,
+        };
+        if let Some(endpoint) = endpoint {
+            if let Some(new_path) = chosen.path(endpoint, &path) {
+                self.set_header(Map::Request, ":path", new_path, must);
+            }
+        }
         let length = rewritten.len();
         self.push(
             super::Command::SetRequestBody {
@@ -506,6 +674,7 @@ impl Core {
             &continuation.group,
             &continuation.request_id,
             &names,
+            client,
         );
         let tried = names
             .iter()
@@ -521,6 +690,7 @@ impl Core {
             attempt,
             tried,
         );
+        let info = with_client_api(info, translation.as_ref());
         self.set_property(ROUTE_PROPERTY, info.to_json(), must);
         self.push(super::Command::ClearRouteCache, must);
         self.count("fallbacks");
@@ -531,11 +701,6 @@ impl Core {
                 continuation.group, chosen.name
             ),
         );
-        let path = self
-            .downstream
-            .get(&context)
-            .and_then(|e| e.path.clone())
-            .unwrap_or_default();
         let routed = Routed {
             group: continuation.group,
             deployments,
@@ -544,7 +709,12 @@ impl Core {
                 attempt,
                 status: None,
             }),
-            ..routed_base(rules, config_index, &path)
+            translation,
+            ..routed_base(
+                rules,
+                config_index,
+                client.map(|c| wire_endpoint(c.wire)).or(endpoint),
+            )
         };
         self.downstream.entry(context).or_default().routed = Some(routed);
         Ok(())
@@ -559,8 +729,10 @@ impl Core {
         group: &str,
         request_id: &str,
         names: &[&str],
+        client: Option<Client>,
     ) {
-        if let Some(next) = Continuation::after(attempt, group, request_id, names) {
+        if let Some(mut next) = Continuation::after(attempt, group, request_id, names) {
+            next.client = client;
             self.set_property(
                 crate::redirect::PROPERTY,
                 next.encode().into_bytes(),
@@ -602,7 +774,13 @@ impl Core {
         true
     }
 
-    fn response_headers(&mut self, context: u32, view: &dyn View, store: &dyn Store) -> Flow {
+    fn response_headers(
+        &mut self,
+        context: u32,
+        end_of_stream: bool,
+        view: &dyn View,
+        store: &dyn Store,
+    ) -> Flow {
         let Some(mut routed) = self
             .downstream
             .get_mut(&context)
@@ -615,10 +793,37 @@ impl Core {
             Some(config) => self.answer(&mut routed, config, view, store),
             None => None,
         };
+        // The client speaks another API than the answer's: translated back, unless a filter
+        // of this gateway answered itself (its reply is the gateway's, not a provider's).
+        let mut translation = routed
+            .translation
+            .as_ref()
+            .filter(|_| flow.is_some() && answered_by_router(view))
+            .map(|t| {
+                if !t.dropped.is_empty() {
+                    self.set_header(
+                        Map::Response,
+                        DROPPED_HEADER,
+                        t.dropped.join(","),
+                        OnFailure::Log(Level::Warn, "cannot change a response header"),
+                    );
+                }
+                ResponseTranslation::new(t.body, t.client, t.asked)
+            });
         let Some(exchange) = self.downstream.get_mut(&context) else {
             return Flow::ContinueSkipResponseBody;
         };
         exchange.routed = Some(routed);
+        if let Some(mut tr) = translation.take() {
+            let flow = self.translate_response_headers(&mut tr, end_of_stream, view);
+            if flow == Flow::Continue && !tr.active() {
+                return Flow::ContinueSkipResponseBody;
+            }
+            if let Some(exchange) = self.downstream.get_mut(&context) {
+                exchange.response = Some(tr);
+            }
+            return flow;
+        }
         match flow {
             Some(status) if self.watch_stream(context, status, view) => Flow::Continue,
             _ => Flow::ContinueSkipResponseBody,
@@ -698,6 +903,7 @@ impl Core {
                     attempts,
                     tried,
                 );
+                let info = with_client_api(info, routed.translation.as_ref());
                 self.set_property(
                     ROUTE_PROPERTY,
                     info.to_json(),
@@ -807,6 +1013,13 @@ impl Core {
         let Some(exchange) = self.downstream.get_mut(&context) else {
             return Flow::ContinueSkipResponseBody;
         };
+        if let Some(mut tr) = exchange.response.take() {
+            let flow = self.translate_response_body(&mut tr, size, end_of_stream, view);
+            if let Some(exchange) = self.downstream.get_mut(&context) {
+                exchange.response = Some(tr);
+            }
+            return flow;
+        }
         let anthropic = exchange.routed.as_ref().is_some_and(|r| r.anthropic_api);
         let Some(watcher) = exchange.watcher.as_mut() else {
             return Flow::ContinueSkipResponseBody;
@@ -881,8 +1094,12 @@ impl Core {
 }
 
 /// What every routed request records besides its plan: the config it was routed by, and
-/// whether the client speaks Anthropic Messages.
-fn routed_base(rules: &Rc<RuleSet<RouterConfig>>, config_index: usize, path: &str) -> Routed {
+/// whether the client speaks Anthropic Messages (its `endpoint`).
+fn routed_base(
+    rules: &Rc<RuleSet<RouterConfig>>,
+    config_index: usize,
+    endpoint: Option<Endpoint>,
+) -> Routed {
     Routed {
         config_index,
         group: String::new(),
@@ -890,8 +1107,36 @@ fn routed_base(rules: &Rc<RuleSet<RouterConfig>>, config_index: usize, path: &st
         alternative_published: false,
         switched_to: None,
         request_id: String::new(),
-        anthropic_api: path.starts_with("/v1/messages"),
+        anthropic_api: endpoint == Some(Endpoint::Api(Api::AnthropicMessages)),
         rules: Rc::clone(rules),
         pass: None,
+        translation: None,
+    }
+}
+
+/// The client of a request whose body is in the API of `endpoint` (no earlier translation),
+/// when that API is one the router translates.
+fn client_of(endpoint: Option<Endpoint>, body: &Body) -> Option<Client> {
+    let wire = endpoint_wire(endpoint?)?;
+    Some(Client {
+        wire,
+        asked: body.asked(),
+    })
+}
+
+/// The route info of a request whose client speaks another API than its body: it names the
+/// client's (usage-accounting records both).
+fn with_client_api(mut info: RouteInfo, translation: Option<&Translation>) -> RouteInfo {
+    info.client_api = translation.map(|t| wire_name(t.client).to_string());
+    info
+}
+
+/// What the request translation takes from deployment `d`.
+fn request_params<'a>(config: &RouterConfig, d: &'a Deployment) -> RequestParams<'a> {
+    let _ = config; // the deployment's cap already has the configuration's default in it
+    RequestParams {
+        model: &d.model,
+        default_max_tokens: d.max_tokens,
+        max_completion_tokens: d.takes_max_completion_tokens(),
     }
 }

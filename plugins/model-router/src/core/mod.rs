@@ -37,10 +37,13 @@
 
 pub mod breakers;
 mod downstream;
+mod translation;
 mod upstream;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod translation_tests;
 
 use crate::config::{Role, RouterConfig};
 use crate::ids::IdSource;
@@ -245,6 +248,14 @@ pub enum Command {
     },
     /// Clear the route cache: the route's cluster matcher reads the new filter state.
     ClearRouteCache,
+    /// Replace the current response chunk (`size` bytes, or the whole body held so far) with
+    /// `body`.
+    ReplaceResponseBody {
+        /// The chunk's size.
+        size: usize,
+        /// What replaces it.
+        body: Vec<u8>,
+    },
     /// Append bytes to the current response chunk (`size` bytes long).
     AppendResponseBody {
         /// The chunk's size: the bytes go after it.

@@ -9,7 +9,7 @@ use llm_gateway_shared::request::RequestHead;
 use llm_gateway_shared::route_info::{Alternative, RouteInfo};
 use std::cell::Cell;
 
-const DOC: &str = r#"{
+pub(super) const DOC: &str = r#"{
     "version": "v1",
     "breaker": {"consecutive_failures": 2, "failure_rate_percent": 0, "cooldown_ms": 1000},
     "deployments": [
@@ -29,18 +29,18 @@ const DOC: &str = r#"{
     ]
 }"#;
 
-const CHAT: &str = r#"{"model":"fast","messages":[{"role":"user","content":"hi"}]}"#;
+pub(super) const CHAT: &str = r#"{"model":"fast","messages":[{"role":"user","content":"hi"}]}"#;
 
 // ---------------------------------------------------------------------------------------
 // Fakes
 
 #[derive(Default)]
-struct FakeView {
-    request: RefCell<Vec<(String, Vec<u8>)>>,
-    response: RefCell<Vec<(String, Vec<u8>)>>,
+pub(super) struct FakeView {
+    pub(super) request: RefCell<Vec<(String, Vec<u8>)>>,
+    pub(super) response: RefCell<Vec<(String, Vec<u8>)>>,
     properties: RefCell<HashMap<String, Vec<u8>>>,
-    request_body: RefCell<Vec<u8>>,
-    response_body: RefCell<Vec<u8>>,
+    pub(super) request_body: RefCell<Vec<u8>>,
+    pub(super) response_body: RefCell<Vec<u8>>,
     now_nanos: Cell<u64>,
     /// Response-body reads (one host call each).
     body_reads: Cell<usize>,
@@ -98,7 +98,7 @@ impl View for FakeView {
 }
 
 impl FakeView {
-    fn request(path: &str, headers: &[(&str, &str)], body: &str) -> Self {
+    pub(super) fn request(path: &str, headers: &[(&str, &str)], body: &str) -> Self {
         let view = FakeView::default();
         {
             let mut request = view.request.borrow_mut();
@@ -111,27 +111,27 @@ impl FakeView {
         *view.request_body.borrow_mut() = body.as_bytes().to_vec();
         view
     }
-    fn set_ms(&self, ms: u64) {
+    pub(super) fn set_ms(&self, ms: u64) {
         self.now_nanos.set(ms * 1_000_000);
     }
-    fn header(&self, name: &str) -> Option<String> {
+    pub(super) fn header(&self, name: &str) -> Option<String> {
         find(&self.request.borrow(), name).and_then(|v| String::from_utf8(v).ok())
     }
-    fn response_header_text(&self, name: &str) -> Option<String> {
+    pub(super) fn response_header_text(&self, name: &str) -> Option<String> {
         find(&self.response.borrow(), name).and_then(|v| String::from_utf8(v).ok())
     }
-    fn prop(&self, name: &str) -> Option<String> {
+    pub(super) fn prop(&self, name: &str) -> Option<String> {
         self.properties
             .borrow()
             .get(name)
             .and_then(|v| String::from_utf8(v.clone()).ok())
     }
-    fn set_prop(&self, name: &str, value: &[u8]) {
+    pub(super) fn set_prop(&self, name: &str, value: &[u8]) {
         self.properties
             .borrow_mut()
             .insert(name.to_string(), value.to_vec());
     }
-    fn respond(&self, status: &str, headers: &[(&str, &str)]) {
+    pub(super) fn respond(&self, status: &str, headers: &[(&str, &str)]) {
         let mut response = self.response.borrow_mut();
         response.clear();
         put(&mut response, ":status", status.as_bytes());
@@ -139,12 +139,12 @@ impl FakeView {
             put(&mut response, name, value.as_bytes());
         }
     }
-    fn route(&self) -> RouteInfo {
+    pub(super) fn route(&self) -> RouteInfo {
         RouteInfo::from_json(&self.properties.borrow()["llm_route"]).expect("llm_route")
     }
 
     /// What the host does with a command.
-    fn apply(&self, command: &Command) {
+    pub(super) fn apply(&self, command: &Command) {
         match command {
             Command::SetHeader { map, name, value } => match map {
                 Map::Request => put(&mut self.request.borrow_mut(), name, value),
@@ -162,6 +162,9 @@ impl FakeView {
                 request.retain(|(name, _)| name != "transfer-encoding");
             }
             Command::SetProperty { name, value } => self.set_prop(name, value),
+            Command::ReplaceResponseBody { body, .. } => {
+                *self.response_body.borrow_mut() = body.clone()
+            }
             _ => {}
         }
     }
@@ -170,7 +173,7 @@ impl FakeView {
 /// Shared data with CAS tokens; `mismatches` CAS writes fail before one succeeds;
 /// `unavailable` fails every call.
 #[derive(Default)]
-struct FakeStore {
+pub(super) struct FakeStore {
     data: RefCell<HashMap<String, (Vec<u8>, u32)>>,
     mismatches: Cell<usize>,
     unavailable: Cell<bool>,
@@ -221,14 +224,14 @@ impl FakeStore {
 }
 
 /// A core, its store, and a way to run one callback.
-struct Rig {
-    core: Core,
+pub(super) struct Rig {
+    pub(super) core: Core,
     store: FakeStore,
-    listener: ListenerRules,
+    pub(super) listener: ListenerRules,
 }
 
 impl Rig {
-    fn new(doc: &str) -> Self {
+    pub(super) fn new(doc: &str) -> Self {
         let listener: ListenerRules = Rc::new(RefCell::new(None));
         let mut rig = Rig {
             core: Core::new(7, Rc::clone(&listener)),
@@ -247,7 +250,7 @@ impl Rig {
 
     /// Runs `input`, carrying the effects out on `view` (`fail` picks the ones the host
     /// refuses); returns the flow and the commands in order.
-    fn run_failing(
+    pub(super) fn run_failing(
         &mut self,
         view: &FakeView,
         context: u32,
@@ -269,12 +272,17 @@ impl Rig {
         (flow, done)
     }
 
-    fn run(&mut self, view: &FakeView, context: u32, input: Input) -> (Flow, Vec<Command>) {
+    pub(super) fn run(
+        &mut self,
+        view: &FakeView,
+        context: u32,
+        input: Input,
+    ) -> (Flow, Vec<Command>) {
         self.run_failing(view, context, input, |_| false)
     }
 
     /// Headers then the whole body of a request.
-    fn send(&mut self, view: &FakeView, context: u32) -> (Flow, Vec<Command>) {
+    pub(super) fn send(&mut self, view: &FakeView, context: u32) -> (Flow, Vec<Command>) {
         let (flow, _) = self.run(
             view,
             context,
@@ -318,7 +326,7 @@ impl Rig {
     }
 }
 
-fn counted(commands: &[Command], name: &str) -> bool {
+pub(super) fn counted(commands: &[Command], name: &str) -> bool {
     commands
         .iter()
         .any(|c| matches!(c, Command::Count(n) if n == name))
@@ -330,26 +338,26 @@ fn gauged(commands: &[Command], name: &str, value: u64) -> bool {
         .any(|c| matches!(c, Command::Gauge(n, v) if n == name && *v == value))
 }
 
-fn refusal(commands: &[Command]) -> Option<&Reject> {
+pub(super) fn refusal(commands: &[Command]) -> Option<&Reject> {
     commands.iter().find_map(|c| match c {
         Command::Refuse(r) => Some(r),
         _ => None,
     })
 }
 
-fn logged(commands: &[Command], level: Level, text: &str) -> bool {
+pub(super) fn logged(commands: &[Command], level: Level, text: &str) -> bool {
     commands
         .iter()
         .any(|c| matches!(c, Command::Log(l, m) if *l == level && m.contains(text)))
 }
 
-fn body_model(view: &FakeView) -> String {
+pub(super) fn body_model(view: &FakeView) -> String {
     let body: serde_json::Value =
         serde_json::from_slice(&view.request_body.borrow()).expect("json body");
     body["model"].as_str().unwrap_or_default().to_string()
 }
 
-fn chat(group: &str) -> String {
+pub(super) fn chat(group: &str) -> String {
     CHAT.replace("fast", group)
 }
 
@@ -493,11 +501,38 @@ fn a_single_deployment_gets_its_credential_in_the_providers_form() {
 #[test]
 fn count_tokens_plans_only_anthropic_deployments() {
     let mut rig = Rig::new(DOC);
-    // group fast has no Anthropic deployment: nothing can serve it
+    // group fast has no Anthropic deployment to ask: the gateway answers with its estimate
+    // ("hi": ceil(2 / 4) + the message's overhead of 4), labelled as one
     let view = FakeView::request("/v1/messages/count_tokens", &[("x-llm-groups", "*")], CHAT);
     let (flow, commands) = rig.send(&view, 1);
     assert_eq!(flow, Flow::Pause);
-    assert!(refusal(&commands).is_some());
+    assert!(refusal(&commands).is_none());
+    let reply = commands.iter().find_map(|c| match c {
+        Command::Reply {
+            status,
+            headers,
+            body,
+            ..
+        } => Some((
+            *status,
+            headers.clone(),
+            String::from_utf8(body.clone()).unwrap(),
+        )),
+        _ => None,
+    });
+    let (status, headers, body) = reply.expect("a local answer");
+    assert_eq!((status, body.as_str()), (200, r#"{"input_tokens":5}"#));
+    assert!(headers.contains(&("x-llm-token-count".to_string(), "estimated".to_string())));
+    assert_eq!(view.header("x-llm-deployment"), None, "no provider asked");
+    assert!(counted(&commands, "count_tokens_estimated"));
+    // a group the key may not use is refused first, as any model call
+    let view = FakeView::request(
+        "/v1/messages/count_tokens",
+        &[("x-llm-groups", "solo")],
+        CHAT,
+    );
+    let (_, commands) = rig.send(&view, 3);
+    assert_eq!(refusal(&commands).map(|r| r.status), Some(403));
     let view = FakeView::request(
         "/v1/messages/count_tokens",
         &[("x-llm-groups", "*")],
@@ -1248,7 +1283,7 @@ fn a_failed_budget_fallback_publication_is_logged_and_the_request_goes_on() {
 // ---------------------------------------------------------------------------------------
 // Downstream: the redirect fallback (Envoy 1.36, Higress)
 
-fn redirect_doc() -> String {
+pub(super) fn redirect_doc() -> String {
     DOC.replace(
         "\"version\": \"v1\",",
         "\"version\": \"v1\", \"fallback\": \"redirect\",",
@@ -1263,7 +1298,8 @@ fn the_first_redirect_pass_publishes_its_continuation_and_frames_the_body() {
     rig.send(&view, 1);
     let next = view.prop("llm_route_next").expect("a continuation");
     let id = view.header("x-llm-request-id").unwrap();
-    assert_eq!(next, format!("2|fast|{id}|a,b"));
+    // the client's API (Chat, no stream) travels with it
+    assert_eq!(next, format!("2|fast|{id}|a,b|chat"));
     // no retries: the credential and the length are set here
     assert_eq!(view.header("authorization").as_deref(), Some("Bearer ka"));
     assert_eq!(
@@ -1369,10 +1405,10 @@ fn a_continuation_is_trusted_only_with_a_reentry_ticket_and_naming_known_deploym
 // ---------------------------------------------------------------------------------------
 // Upstream role
 
-const UPSTREAM: &str = r#"{"role": "upstream"}"#;
+pub(super) const UPSTREAM: &str = r#"{"role": "upstream"}"#;
 
 /// An upstream core whose VM's listener role has DOC.
-fn upstream() -> Rig {
+pub(super) fn upstream() -> Rig {
     let rig = Rig::new(UPSTREAM);
     *rig.listener.borrow_mut() = Some(Rc::new(parse_document(DOC.as_bytes()).unwrap()));
     rig
@@ -1778,7 +1814,7 @@ fn cooldown_until(store: &FakeStore, deployment: &str) -> u64 {
 }
 
 /// An upstream core whose listener has `doc`.
-fn upstream_with(doc: &str) -> Rig {
+pub(super) fn upstream_with(doc: &str) -> Rig {
     let rig = Rig::new(UPSTREAM);
     *rig.listener.borrow_mut() = Some(Rc::new(parse_document(doc.as_bytes()).unwrap()));
     rig

@@ -6,6 +6,7 @@
 //! (`retry-after` & co., [`crate::signals`]) cools the deployment down in shared data.
 
 use super::downstream::{attempt_number, attempt_number_in, FALLBACK_HEADER};
+use super::translation::ResponseTranslation;
 use super::{
     property_string, Command, Core, Flow, Input, Level, Map, OnFailure, ReadError, Store, View,
 };
@@ -13,7 +14,10 @@ use crate::body::{is_context_length_error, rewrite_model};
 use crate::config::{Deployment, RetryOn, RouterConfig};
 use crate::plan::answered_by;
 use crate::signals::{is_cooldown_status, reset_after_ms};
+use crate::translate::{self, Asked, RequestParams, Wire};
+use crate::wire::{wire_name, Service};
 use llm_gateway_shared::reject::Reject;
+use llm_gateway_shared::request::Endpoint;
 use llm_gateway_shared::request::RequestHead;
 use llm_gateway_shared::route_info::{
     RouteInfo, ATTEMPT_PROPERTY, PLAN_PROPERTY, PROPERTY as ROUTE_PROPERTY,
@@ -38,7 +42,17 @@ pub(super) struct Attempt {
     framed: Option<usize>,
     /// The response is a 400 held until its body says whether it is a context-length error.
     inspecting: bool,
+    /// The deployment speaks another API than the body: the body is translated from the first
+    /// into the second, and the response back.
+    translation: Option<(Wire, Wire, Asked)>,
+    /// The response on its way back into the body's API.
+    response: Option<ResponseTranslation>,
 }
+
+/// Filter state with the path of the body as the listener's filters passed it on, written by
+/// the first attempt that changes `:path` (an upstream filter's header changes persist into
+/// the next attempt, its body changes do not: a later attempt reads the body's API here).
+pub const BODY_PATH_PROPERTY: &str = "llm_route_body_path";
 
 impl Core {
     pub(super) fn handle_upstream(
@@ -167,6 +181,35 @@ impl Core {
                 "the gateway's model router cannot resolve deployment `{name}` for attempt {attempt}"
             )));
         };
+        // The body's API: from the path the listener's filters passed on. A later attempt
+        // finds that path in filter state if an earlier one changed `:path`.
+        let current_path = headers.as_ref().map(|h| h.path.clone()).unwrap_or_default();
+        let body_path = if attempt > 1 {
+            property_string(view, &[BODY_PATH_PROPERTY])
+        } else {
+            None
+        };
+        let endpoint = Endpoint::from_path(body_path.as_deref().unwrap_or(&current_path));
+        let translation = match endpoint.and_then(|e| deployment.serves(e)) {
+            Some(Service::Translated(from, to)) => Some((from, to, Asked::default())),
+            _ => None,
+        };
+        let new_path = endpoint.and_then(|e| deployment.path(e, &current_path));
+        if let Some(new_path) = new_path {
+            if body_path.is_none() {
+                self.set_property(
+                    BODY_PATH_PROPERTY,
+                    current_path.into_bytes(),
+                    OnFailure::Log(Level::Error, "cannot keep the body's path"),
+                );
+            }
+            self.set_header(
+                Map::Request,
+                ":path",
+                new_path,
+                OnFailure::Log(Level::Error, "cannot set the attempt's path"),
+            );
+        }
         let read = if deployment.forward_envoy_headers {
             None
         } else {
@@ -196,6 +239,8 @@ impl Core {
                 has_next,
                 inspecting: false,
                 framed,
+                translation,
+                response: None,
             },
         );
         if end_of_stream {
@@ -220,6 +265,9 @@ impl Core {
         }
         // The whole body is here and the headers are held: the provider gets the length of
         // what it receives (rewritten or not), never a chunked body.
+        if let Some((from, to, _)) = attempt.translation {
+            return self.translate_attempt(context, from, to, size, view);
+        }
         let rewritten = view
             .request_body(size)
             .ok()
@@ -239,6 +287,55 @@ impl Core {
                 OnFailure::Log(Level::Error, "cannot set the content-length"),
             );
         }
+        Flow::Continue
+    }
+
+    /// The body of an attempt whose deployment speaks another API (`to`) than the body
+    /// (`from`): translated for it. A body that cannot be is refused (400 naming the field),
+    /// as the listener role refuses one for its first deployment.
+    fn translate_attempt(
+        &mut self,
+        context: u32,
+        from: Wire,
+        to: Wire,
+        size: usize,
+        view: &dyn View,
+    ) -> Flow {
+        let Some(attempt) = self.upstream.get(&context) else {
+            return Flow::Continue;
+        };
+        let params = RequestParams {
+            model: &attempt.deployment.model,
+            default_max_tokens: attempt.deployment.max_tokens,
+            max_completion_tokens: attempt.deployment.takes_max_completion_tokens(),
+        };
+        let translated = match view.request_body(size) {
+            Ok(bytes) => translate::request(from, to, &bytes, &params),
+            Err(_) => Err(Reject::internal("cannot read the request body")),
+        };
+        let translated = match translated {
+            Ok(translated) => translated,
+            Err(reject) => {
+                self.upstream.remove(&context);
+                return self.refuse(reject);
+            }
+        };
+        if let Some(attempt) = self.upstream.get_mut(&context) {
+            attempt.translation = Some((from, to, translated.asked));
+        }
+        self.count(["translated.", wire_name(from), ".", wire_name(to)].concat());
+        let length = translated.body.len();
+        self.push(
+            Command::SetRequestBody {
+                size,
+                body: translated.body,
+            },
+            OnFailure::Refuse,
+        );
+        self.push(
+            Command::SetRequestLength(length),
+            OnFailure::Log(Level::Error, "cannot set the content-length"),
+        );
         Flow::Continue
     }
 
@@ -305,7 +402,10 @@ impl Core {
             return Flow::ContinueSkipResponseBody;
         };
         let Some(status) = status.filter(|s| *s >= 400) else {
-            return Flow::ContinueSkipResponseBody; // a success: nothing to mark or cool
+            // a success: nothing to mark or cool; translated back if the API differs
+            return self
+                .translate_answer(context, end_of_stream, view)
+                .unwrap_or(Flow::ContinueSkipResponseBody);
         };
         let has_next = attempt.has_next;
         let (retriable, max_cooldown_ms) =
@@ -324,14 +424,42 @@ impl Core {
             self.count(format!("status_fallbacks.{status}"));
             return Flow::ContinueSkipResponseBody;
         }
-        if status == 400 && has_next && !end_of_stream {
+        let inspect = status == 400 && has_next && !end_of_stream;
+        if inspect {
             // hold the headers until the body tells whether it is a context-length error
             if let Some(attempt) = self.upstream.get_mut(&context) {
                 attempt.inspecting = true;
             }
-            return Flow::Pause;
         }
-        Flow::ContinueSkipResponseBody
+        match self.translate_answer(context, end_of_stream, view) {
+            Some(flow) if inspect => {
+                let _ = flow; // the error body is held either way
+                Flow::Pause
+            }
+            Some(flow) => flow,
+            None if inspect => Flow::Pause,
+            None => Flow::ContinueSkipResponseBody,
+        }
+    }
+
+    /// Starts translating the response of an attempt whose deployment speaks another API than
+    /// the body, back into the body's; `None` when there is nothing to translate.
+    fn translate_answer(
+        &mut self,
+        context: u32,
+        end_of_stream: bool,
+        view: &dyn View,
+    ) -> Option<Flow> {
+        let (from, to, asked) = self.upstream.get(&context)?.translation?;
+        let mut tr = ResponseTranslation::new(to, from, asked);
+        let flow = self.translate_response_headers(&mut tr, end_of_stream, view);
+        if !tr.active() {
+            return None;
+        }
+        if let Some(attempt) = self.upstream.get_mut(&context) {
+            attempt.response = Some(tr);
+        }
+        Some(flow)
     }
 
     /// Reads the response's reset signals and cools deployment `name` down for that long.
@@ -362,26 +490,38 @@ impl Core {
         let Some(attempt) = self.upstream.get_mut(&context) else {
             return Flow::ContinueSkipResponseBody;
         };
-        if !attempt.inspecting {
+        if attempt.inspecting {
+            if !end_of_stream && size < MAX_ERROR_BODY {
+                return Flow::Pause;
+            }
+            attempt.inspecting = false;
+            let body = view
+                .response_body(size.min(MAX_ERROR_BODY))
+                .unwrap_or_default();
+            if is_context_length_error(&body) {
+                // the next deployment takes the request: this answer is never translated
+                attempt.response = None;
+                self.set_header(
+                    Map::Response,
+                    FALLBACK_HEADER,
+                    "context_length_exceeded",
+                    OnFailure::Log(Level::Error, "cannot mark a context-length error"),
+                );
+                self.count("context_length_fallbacks");
+            }
+        }
+        let Some(mut tr) = self
+            .upstream
+            .get_mut(&context)
+            .and_then(|a| a.response.take())
+        else {
             return Flow::ContinueSkipResponseBody;
+        };
+        let flow = self.translate_response_body(&mut tr, size, end_of_stream, view);
+        if let Some(attempt) = self.upstream.get_mut(&context) {
+            attempt.response = Some(tr);
         }
-        if !end_of_stream && size < MAX_ERROR_BODY {
-            return Flow::Pause;
-        }
-        attempt.inspecting = false;
-        let body = view
-            .response_body(size.min(MAX_ERROR_BODY))
-            .unwrap_or_default();
-        if is_context_length_error(&body) {
-            self.set_header(
-                Map::Response,
-                FALLBACK_HEADER,
-                "context_length_exceeded",
-                OnFailure::Log(Level::Error, "cannot mark a context-length error"),
-            );
-            self.count("context_length_fallbacks");
-        }
-        Flow::ContinueSkipResponseBody
+        flow
     }
 }
 

@@ -195,6 +195,10 @@ fn execute_fused(command: Command, x: &mut chain::Exchange) -> Result<(), HostEr
             }
             Ok(())
         }
+        Command::ReplaceResponseBody { body, .. } => {
+            x.replace_data(body);
+            Ok(())
+        }
         Command::AppendResponseBody { bytes, .. } => {
             let mut data = std::mem::take(&mut x.data);
             data.extend_from_slice(&bytes);

@@ -192,6 +192,9 @@ fn execute(command: Command) -> Result<(), HostError> {
         Command::AppendResponseBody { at, bytes } => {
             host::set_buffer(Buffer::ResponseBody, at, 0, &bytes)
         }
+        Command::ReplaceResponseBody { size, body } => {
+            host::set_buffer(Buffer::ResponseBody, 0, size, &body)
+        }
         Command::Reply {
             status,
             details,

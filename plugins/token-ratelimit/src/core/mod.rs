@@ -608,6 +608,9 @@ impl Core {
                 Flow {
                     reentered: true,
                     framed: head.framed,
+                    // this pass's API: the router may send each pass of a mixed group to a
+                    // deployment of another API than the first pass's
+                    path: head.path,
                     ..carried
                 }
             }

@@ -1493,6 +1493,97 @@ fn a_superseded_pass_carries_its_admission_to_the_pass_that_re_enters() {
     assert_eq!(refusal(&out).map(|r| r.status), Some(429));
 }
 
+/// The model router may send each pass of a redirect to a deployment of another API (a mixed
+/// group: the first pass translated to Anthropic Messages, the next one back to Chat): the
+/// re-entering pass reads its body in the API of its own path, not the first pass's, so it
+/// finds the cap the router wrote there and injects none of its own.
+#[test]
+fn a_re_entering_pass_reads_its_body_in_the_api_of_its_own_path() {
+    let env = Fake::default();
+    let mut core = new_core(LOCAL_RPM, false);
+    let messages: &[u8] =
+        br#"{"model":"claude-x","max_tokens":4096,"messages":[{"role":"user","content":"hi"}]}"#;
+    let chat: &[u8] = br#"{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}],"max_completion_tokens":4096}"#;
+    let pass = |core: &mut Core, now, ctx, head: Head, body: &[u8]| {
+        let mut out = drive_with(
+            core,
+            &env,
+            now,
+            Input::RequestHeaders {
+                ctx,
+                config: Some(0),
+                head,
+                end_of_stream: false,
+            },
+            body,
+            Ok(()),
+        );
+        let mut replaced = false;
+        core.handle(
+            now,
+            Input::RequestBody {
+                ctx,
+                size: body.len(),
+                end_of_stream: true,
+            },
+            &env,
+        );
+        while let Some(command) = core.poll() {
+            match command {
+                Command::ReadBody { ctx, size } => core.handle(
+                    now,
+                    Input::Body {
+                        ctx,
+                        size,
+                        body: Ok(body.to_vec()),
+                    },
+                    &env,
+                ),
+                Command::ReplaceBody { ctx, .. } => {
+                    replaced = true;
+                    core.handle(
+                        now,
+                        Input::BodyReplaced {
+                            ctx,
+                            result: Ok(()),
+                        },
+                        &env,
+                    );
+                }
+                other => out.push(other),
+            }
+        }
+        (out, replaced)
+    };
+    let mut first = head("k");
+    first.logical_id = Some("logical-1".into());
+    first.path = "/v1/messages".into();
+    let (out, replaced) = pass(&mut core, T0, 1, first.clone(), messages);
+    assert!(
+        proceeded(&out, 1) && !replaced,
+        "the Messages body has its cap"
+    );
+    drive(
+        &mut core,
+        &env,
+        T0 + 1,
+        Input::Log {
+            ctx: 1,
+            superseded: true,
+        },
+    );
+    let mut again = first;
+    again.reentry = true;
+    again.path = CHAT.into();
+    let (out, replaced) = pass(&mut core, T0 + 2, 2, again, chat);
+    assert_eq!(counted(&out, "reentry_adopted"), 1);
+    assert!(proceeded(&out, 2));
+    assert!(
+        !replaced,
+        "the Chat body's max_completion_tokens is its cap: no max_tokens of the first pass's API added"
+    );
+}
+
 #[test]
 fn a_re_entering_pass_without_a_stashed_admission_is_admitted_afresh() {
     let env = Fake::default();

@@ -18,6 +18,7 @@ impl Fused {
         Some(Fused(Rc::new(State {
             rules,
             series: RefCell::new(HashMap::default()),
+            translations: RefCell::default(),
             ledger_errors,
             // the fused filter's requests send their appends themselves
             ledger_queue: None,

@@ -6,7 +6,9 @@
 use crate::config::{parse_shared, UsageConfig};
 use crate::core::{Command, Flow, Input, Level, Lookup, Stage, Worker};
 use crate::exchange::{RouteInfo, ROUTER_PROPERTY};
-use crate::metrics::{values, Kind, LabelHash, Labels, MAX_LABEL_SETS, SERIES};
+use crate::metrics::{
+    translated_name, values, Kind, LabelHash, Labels, MAX_LABEL_SETS, MAX_TRANSLATIONS, SERIES,
+};
 use crate::record::Record;
 use llm_gateway_shared::chain::{self, Direction, Step};
 use llm_gateway_shared::host::{self, Buffer, HeaderMap, HostError, LogLevel, Metric, Sink};
@@ -42,6 +44,8 @@ struct State {
     rules: RuleSet<Rc<UsageConfig>>,
     /// The metrics of each label set seen so far in this VM ([`SERIES`] order).
     series: RefCell<HashMap<Labels, [Option<Metric>; SERIES.len()], LabelHash>>,
+    /// The `llm_gateway.usage.translated.*` counters defined so far in this VM, by name.
+    translations: RefCell<Vec<(String, Option<Metric>)>>,
     /// `llm_gateway.usage.ledger_errors`: ledger appends that failed.
     ledger_errors: Option<Metric>,
     /// The shared queue through which requests hand their webdis appends to the root context
@@ -76,6 +80,22 @@ impl State {
                 Kind::Counter => metric.increment(i64::try_from(value).unwrap_or(i64::MAX)),
                 Kind::Histogram => metric.record(value),
             };
+        }
+        // only a translated record gets here: an untranslated one costs no host call more
+        if let Some(name) = translated_name(record) {
+            let mut translations = self.translations.borrow_mut();
+            let metric = match translations.iter().position(|(n, _)| *n == name) {
+                Some(at) => translations.get(at).and_then(|(_, metric)| *metric),
+                None if translations.len() < MAX_TRANSLATIONS => {
+                    let metric = Metric::counter(&name).ok();
+                    translations.push((name, metric));
+                    metric
+                }
+                None => None,
+            };
+            if let Some(metric) = metric {
+                let _ = metric.increment(1);
+            }
         }
     }
 }
@@ -113,6 +133,7 @@ impl RootContext for Root {
         self.state = Some(Rc::new(State {
             rules,
             series: RefCell::new(HashMap::default()),
+            translations: RefCell::default(),
             ledger_errors,
             ledger_queue,
             worker: RefCell::default(),

@@ -1,0 +1,216 @@
+//! A response on its way from one wire API to another: the downstream role's (from the API
+//! the later filters saw — the first attempt's deployment's — to the client's), and the
+//! upstream role's for an attempt whose deployment speaks another API than the body it got
+//! (from that deployment's API back to the body's, so the listener's filters see one API in
+//! both directions).
+//!
+//! A JSON body (a success or an error) is held whole, headers included, and replaced once:
+//! its `content-length` is then the translated body's, and a body that cannot be translated
+//! becomes a 502 in the client's API. An event stream is translated chunk by chunk
+//! ([`StreamTranslator`]): its `content-length` is removed at the headers.
+
+use super::{Command, Core, Flow, Level, Map, OnFailure, View};
+use crate::translate::{self, Asked, ResponseParams, StreamTranslator, Wire};
+use llm_gateway_shared::reject::Reject;
+
+/// Largest JSON response held for translation; a larger one becomes a 502 (a chat answer is
+/// far smaller; Envoy's buffer limit usually refuses it first).
+pub const MAX_JSON_RESPONSE: usize = 32 * 1024 * 1024;
+
+/// One response's translation.
+pub(super) struct ResponseTranslation {
+    from: Wire,
+    to: Wire,
+    asked: Asked,
+    state: State,
+}
+
+enum State {
+    /// Before the response headers.
+    Waiting,
+    /// A JSON (or other non-stream) body, held whole: its status.
+    Holding(u16),
+    /// An event stream.
+    Streaming(Box<StreamTranslator>),
+    /// Nothing to translate (a gateway filter's own reply, a body-less response, done).
+    Done,
+}
+
+impl ResponseTranslation {
+    /// A response of API `from` for a client (or body) of API `to`.
+    pub(super) fn new(from: Wire, to: Wire, asked: Asked) -> Self {
+        ResponseTranslation {
+            from,
+            to,
+            asked,
+            state: State::Waiting,
+        }
+    }
+
+    /// True while body events remain to be translated.
+    pub(super) fn active(&self) -> bool {
+        matches!(self.state, State::Holding(_) | State::Streaming(_))
+    }
+}
+
+/// The response's status as the host reports it.
+pub(super) fn response_status(view: &dyn View) -> Option<u16> {
+    view.response_header(":status")
+        .and_then(|s| std::str::from_utf8(&s).ok()?.trim().parse::<u16>().ok())
+}
+
+fn is_event_stream(view: &dyn View) -> bool {
+    view.response_header("content-type").is_some_and(|v| {
+        v.get(..17)
+            .is_some_and(|p| p.eq_ignore_ascii_case(b"text/event-stream"))
+    })
+}
+
+impl Core {
+    /// The response headers of a translated response: a stream is translated as it comes, a
+    /// body is held whole (`Flow::Pause`). `Continue` when nothing is to be translated.
+    pub(super) fn translate_response_headers(
+        &mut self,
+        tr: &mut ResponseTranslation,
+        end_of_stream: bool,
+        view: &dyn View,
+    ) -> Flow {
+        let status = response_status(view).unwrap_or(0);
+        if end_of_stream || status == 0 {
+            tr.state = State::Done;
+            return Flow::Continue;
+        }
+        if status == 200 && is_event_stream(view) {
+            let params = ResponseParams {
+                created: view.now_nanos() / 1_000_000_000,
+            };
+            tr.state = State::Streaming(Box::new(StreamTranslator::new(
+                tr.from, tr.to, tr.asked, params,
+            )));
+            self.remove_header(
+                Map::Response,
+                "content-length",
+                OnFailure::Log(Level::Warn, "cannot remove the content-length"),
+            );
+            return Flow::Continue;
+        }
+        tr.state = State::Holding(status);
+        Flow::Pause
+    }
+
+    /// A response body chunk of a translated response (`size` bytes: the chunk, or the whole
+    /// body held so far).
+    pub(super) fn translate_response_body(
+        &mut self,
+        tr: &mut ResponseTranslation,
+        size: usize,
+        end_of_stream: bool,
+        view: &dyn View,
+    ) -> Flow {
+        match &mut tr.state {
+            State::Waiting | State::Done => Flow::Continue,
+            State::Streaming(stream) => {
+                let mut out = Vec::with_capacity(size + size / 2 + 64);
+                if size > 0 {
+                    view.with_response_body(size, &mut |chunk| stream.push(chunk, &mut out));
+                }
+                if end_of_stream {
+                    let complete = stream.finished();
+                    stream.finish(&mut out);
+                    if !complete {
+                        self.count("stream_interrupted");
+                        self.log(
+                            Level::Warn,
+                            "stream ended without its terminator: error event sent".to_string(),
+                        );
+                    }
+                }
+                let skipped = stream.skipped();
+                if end_of_stream {
+                    tr.state = State::Done;
+                    if skipped > 0 {
+                        self.count("translation.skipped_events");
+                    }
+                }
+                self.push(
+                    Command::ReplaceResponseBody { size, body: out },
+                    OnFailure::Log(Level::Error, "cannot replace the translated stream chunk"),
+                );
+                Flow::Continue
+            }
+            State::Holding(status) => {
+                let status = *status;
+                if !end_of_stream && size <= MAX_JSON_RESPONSE {
+                    return Flow::Pause;
+                }
+                tr.state = State::Done;
+                let translated = if size > MAX_JSON_RESPONSE {
+                    Err(translate::Malformed(format!(
+                        "the response is larger than {MAX_JSON_RESPONSE} bytes"
+                    )))
+                } else {
+                    let body = view.response_body(size).unwrap_or_default();
+                    if status < 400 {
+                        let params = ResponseParams {
+                            created: view.now_nanos() / 1_000_000_000,
+                        };
+                        translate::response(tr.from, tr.to, &body, &params)
+                    } else {
+                        Ok(translate::error(tr.from, tr.to, status, &body))
+                    }
+                };
+                let body = match translated {
+                    Ok(body) => body,
+                    Err(malformed) => {
+                        self.count("translation.malformed_responses");
+                        self.log(
+                            Level::Warn,
+                            format!(
+                                "a provider response could not be translated: {}",
+                                malformed.0
+                            ),
+                        );
+                        let reject = malformed.reject();
+                        self.set_header(
+                            Map::Response,
+                            ":status",
+                            reject.status.to_string(),
+                            OnFailure::Log(Level::Error, "cannot set the status"),
+                        );
+                        error_body(tr.to, &reject)
+                    }
+                };
+                let note = OnFailure::Log(Level::Error, "cannot frame the translated response");
+                self.set_header(
+                    Map::Response,
+                    "content-length",
+                    body.len().to_string(),
+                    note,
+                );
+                self.remove_header(Map::Response, "transfer-encoding", note);
+                self.set_header(Map::Response, "content-type", "application/json", note);
+                self.push(
+                    Command::ReplaceResponseBody { size, body },
+                    OnFailure::Log(Level::Error, "cannot replace the translated response"),
+                );
+                Flow::Continue
+            }
+        }
+    }
+}
+
+/// A gateway refusal in the shape of API `wire`'s errors.
+pub(super) fn error_body(wire: Wire, reject: &Reject) -> Vec<u8> {
+    match wire {
+        Wire::Chat => reject.body(),
+        Wire::Messages => {
+            let mut out = Vec::with_capacity(96 + reject.message.len());
+            out.extend_from_slice(b"{\"type\":\"error\",\"error\":{\"type\":");
+            llm_gateway_shared::json::push_quoted(&mut out, reject.error_type.as_str());
+            out.extend_from_slice(b",\"message\":");
+            llm_gateway_shared::json::push_quoted(&mut out, &reject.message);
+            out.extend_from_slice(b"}}");
+            out
+        }
+    }
+}
