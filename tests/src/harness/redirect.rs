@@ -16,10 +16,15 @@
 //!   new one starts, with `response.code_details` = `internal_redirect` (as on Envoy 1.36.4);
 //!   its response body never reaches the client.
 //!
-//! Not modelled: `use_original_request_uri` (host and path from `x-envoy-original-*`, which
-//! these plugins do not write), a redirect of a local reply (`only_redirect_upstream_code:
-//! false` would also redirect those), route matching (the test sets the next pass's
-//! properties, e.g. the fallback route's `route_name`).
+//! Higress's `use_original_request_uri` ([`InternalRedirect::with_original_request_uri`]):
+//! the new stream's path and host are `x-envoy-original-path` / `x-envoy-original-host` of
+//! that map when set, else the map's own `:path` / `:authority` — as the filters left them
+//! (`redirect_policy.cc`, `encodeHeaders`, under `#if defined(HIGRESS)`; Higress's own ai-proxy
+//! writes `x-envoy-original-path` before it changes `:path`, `util.OverwriteRequestPath`).
+//!
+//! Not modelled: a redirect of a local reply (`only_redirect_upstream_code: false` would also
+//! redirect those), route matching (the test sets the next pass's properties, e.g. the
+//! fallback route's `route_name`).
 
 use super::stream::{Headers, Property};
 
@@ -49,6 +54,9 @@ pub struct InternalRedirect {
     /// the matcher's `FilterStateInput` predicate ANDed with the status (the model router's
     /// `wasm.llm_route_next`, set only while a later deployment exists).
     pub when_filter_state: Option<String>,
+    /// Higress's `use_original_request_uri`: `:path` and `:authority` from
+    /// `x-envoy-original-path` / `x-envoy-original-host` when the first pass's map has them.
+    pub use_original_request_uri: bool,
 }
 
 impl InternalRedirect {
@@ -60,6 +68,7 @@ impl InternalRedirect {
             properties: Vec::new(),
             max_internal_redirects: 10,
             when_filter_state: None,
+            use_original_request_uri: false,
         }
     }
 
@@ -82,6 +91,15 @@ impl InternalRedirect {
     pub fn higress_fallback(route: &str) -> InternalRedirect {
         let statuses: Vec<u16> = (400..600).collect();
         InternalRedirect::on_statuses(&statuses).header("x-higress-fallback-from", route)
+    }
+
+    /// With Higress's `use_original_request_uri: true` (`higress/route-envoyfilter.yaml`,
+    /// Higress's console): the new stream's `:path` is the first pass's
+    /// `x-envoy-original-path` and its `:authority` its `x-envoy-original-host`, each only
+    /// when set and non-empty; otherwise they stay as the filters left them.
+    pub fn with_original_request_uri(mut self) -> Self {
+        self.use_original_request_uri = true;
+        self
     }
 
     /// Adds a header with a fixed value.
@@ -136,6 +154,23 @@ impl InternalRedirect {
             .filter(|(n, _)| n != "content-length")
             .cloned()
             .collect();
+        if self.use_original_request_uri {
+            for (original, pseudo) in [
+                ("x-envoy-original-path", ":path"),
+                ("x-envoy-original-host", ":authority"),
+            ] {
+                let value = super::stream::header_value(headers, original)
+                    .filter(|v| !v.is_empty())
+                    .map(|v| v.as_bytes().to_vec());
+                if let Some(value) = value {
+                    for (name, current) in out.iter_mut() {
+                        if name == pseudo {
+                            *current = value.clone();
+                        }
+                    }
+                }
+            }
+        }
         for (name, value) in &self.headers {
             let value = match value {
                 RedirectValue::Text(text) => text.clone().into_bytes(),
@@ -181,5 +216,36 @@ mod tests {
             ]
         );
         assert!(policy.matches(503) && policy.matches(429) && !policy.matches(200));
+    }
+
+    #[test]
+    fn the_original_uri_is_the_envoy_original_path_when_a_filter_wrote_one() {
+        let edited: Headers = vec![
+            (":path".into(), b"/v1/messages".to_vec()),
+            (":authority".into(), b"gateway.test".to_vec()),
+        ];
+        let policy = InternalRedirect::on_statuses(&[429]).with_original_request_uri();
+        // nothing wrote x-envoy-original-path: the path as the filters left it
+        assert_eq!(policy.next_headers(&edited, |_| None), edited);
+        let mut noted = edited.clone();
+        noted.push((
+            "x-envoy-original-path".into(),
+            b"/v1/chat/completions".to_vec(),
+        ));
+        let next = policy.next_headers(&noted, |_| None);
+        assert_eq!(
+            super::super::stream::header_value(&next, ":path"),
+            Some("/v1/chat/completions")
+        );
+        assert_eq!(
+            super::super::stream::header_value(&next, ":authority"),
+            Some("gateway.test")
+        );
+        // without the option the edited path stays
+        let plain = InternalRedirect::on_statuses(&[429]);
+        assert_eq!(
+            super::super::stream::header_value(&plain.next_headers(&noted, |_| None), ":path"),
+            Some("/v1/messages")
+        );
     }
 }
