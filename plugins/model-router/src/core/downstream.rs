@@ -107,6 +107,8 @@ pub(super) struct Translation {
     asked: Asked,
     /// Request fields without a counterpart that were dropped.
     dropped: Vec<String>,
+    /// When the request was routed (Unix seconds): `created` of a translated Chat answer.
+    created: u64,
 }
 
 /// A pass of the redirect fallback.
@@ -439,6 +441,7 @@ impl Core {
                     body: to,
                     asked: translated.asked,
                     dropped: translated.dropped,
+                    created: now_nanos / 1_000_000_000,
                 };
                 (translated.body, Some(translation))
             }
@@ -638,6 +641,7 @@ impl Core {
                 body: chosen.wire(),
                 asked: client.asked,
                 dropped: dropped.unwrap_or_default(),
+                created: view.now_nanos() / 1_000_000_000,
             }),
             _ => None,
         };
@@ -793,12 +797,17 @@ impl Core {
             Some(config) => self.answer(&mut routed, config, view, store),
             None => None,
         };
+        let status = flow.flatten();
         // The client speaks another API than the answer's: translated back, unless a filter
         // of this gateway answered itself (its reply is the gateway's, not a provider's).
         let mut translation = routed
             .translation
             .as_ref()
-            .filter(|_| flow.is_some() && answered_by_router(view))
+            .filter(|_| {
+                // only an error can be a gateway filter's own reply (none answers a routed
+                // request with a success): a success needs no property read to tell
+                flow.is_some() && (status.is_some_and(|s| s < 400) || answered_by_router(view))
+            })
             .map(|t| {
                 if !t.dropped.is_empty() {
                     self.set_header(
@@ -808,14 +817,14 @@ impl Core {
                         OnFailure::Log(Level::Warn, "cannot change a response header"),
                     );
                 }
-                ResponseTranslation::new(t.body, t.client, t.asked)
+                ResponseTranslation::new(t.body, t.client, t.asked, t.created)
             });
         let Some(exchange) = self.downstream.get_mut(&context) else {
             return Flow::ContinueSkipResponseBody;
         };
         exchange.routed = Some(routed);
         if let Some(mut tr) = translation.take() {
-            let flow = self.translate_response_headers(&mut tr, end_of_stream, view);
+            let flow = self.translate_response_headers(&mut tr, status, end_of_stream, view);
             if flow == Flow::Continue && !tr.active() {
                 return Flow::ContinueSkipResponseBody;
             }

@@ -22,14 +22,17 @@ pub(super) struct ResponseTranslation {
     from: Wire,
     to: Wire,
     asked: Asked,
+    /// Unix seconds: `created` of a Chat answer (the request's time: no clock read here).
+    created: u64,
     state: State,
 }
 
 enum State {
     /// Before the response headers.
     Waiting,
-    /// A JSON (or other non-stream) body, held whole: its status.
-    Holding(u16),
+    /// A JSON (or other non-stream) body, held whole: its status, and whether its
+    /// `content-type` says JSON already.
+    Holding(u16, bool),
     /// An event stream.
     Streaming(Box<StreamTranslator>),
     /// Nothing to translate (a gateway filter's own reply, a body-less response, done).
@@ -37,52 +40,52 @@ enum State {
 }
 
 impl ResponseTranslation {
-    /// A response of API `from` for a client (or body) of API `to`.
-    pub(super) fn new(from: Wire, to: Wire, asked: Asked) -> Self {
+    /// A response of API `from` for a client (or body) of API `to`, to a request made at
+    /// `created` (Unix seconds).
+    pub(super) fn new(from: Wire, to: Wire, asked: Asked, created: u64) -> Self {
         ResponseTranslation {
             from,
             to,
             asked,
+            created,
             state: State::Waiting,
         }
     }
 
     /// True while body events remain to be translated.
     pub(super) fn active(&self) -> bool {
-        matches!(self.state, State::Holding(_) | State::Streaming(_))
+        matches!(self.state, State::Holding(..) | State::Streaming(_))
     }
 }
 
-/// The response's status as the host reports it.
-pub(super) fn response_status(view: &dyn View) -> Option<u16> {
-    view.response_header(":status")
-        .and_then(|s| std::str::from_utf8(&s).ok()?.trim().parse::<u16>().ok())
-}
-
-fn is_event_stream(view: &dyn View) -> bool {
-    view.response_header("content-type").is_some_and(|v| {
-        v.get(..17)
-            .is_some_and(|p| p.eq_ignore_ascii_case(b"text/event-stream"))
+/// Whether a `content-type` value starts with `prefix` (ASCII case ignored).
+fn starts_with(content_type: Option<&[u8]>, prefix: &[u8]) -> bool {
+    content_type.is_some_and(|v| {
+        v.get(..prefix.len())
+            .is_some_and(|p| p.eq_ignore_ascii_case(prefix))
     })
 }
 
 impl Core {
     /// The response headers of a translated response: a stream is translated as it comes, a
     /// body is held whole (`Flow::Pause`). `Continue` when nothing is to be translated.
+    /// `status`: the response's, read by the caller.
     pub(super) fn translate_response_headers(
         &mut self,
         tr: &mut ResponseTranslation,
+        status: Option<u16>,
         end_of_stream: bool,
         view: &dyn View,
     ) -> Flow {
-        let status = response_status(view).unwrap_or(0);
+        let status = status.unwrap_or(0);
         if end_of_stream || status == 0 {
             tr.state = State::Done;
             return Flow::Continue;
         }
-        if status == 200 && is_event_stream(view) {
+        let content_type = view.response_header("content-type");
+        if status == 200 && starts_with(content_type.as_deref(), b"text/event-stream") {
             let params = ResponseParams {
-                created: view.now_nanos() / 1_000_000_000,
+                created: tr.created,
             };
             tr.state = State::Streaming(Box::new(StreamTranslator::new(
                 tr.from, tr.to, tr.asked, params,
@@ -94,7 +97,8 @@ impl Core {
             );
             return Flow::Continue;
         }
-        tr.state = State::Holding(status);
+        let json = starts_with(content_type.as_deref(), b"application/json");
+        tr.state = State::Holding(status, json);
         Flow::Pause
     }
 
@@ -138,8 +142,8 @@ impl Core {
                 );
                 Flow::Continue
             }
-            State::Holding(status) => {
-                let status = *status;
+            State::Holding(status, json) => {
+                let (status, json) = (*status, *json);
                 if !end_of_stream && size <= MAX_JSON_RESPONSE {
                     return Flow::Pause;
                 }
@@ -152,7 +156,7 @@ impl Core {
                     let body = view.response_body(size).unwrap_or_default();
                     if status < 400 {
                         let params = ResponseParams {
-                            created: view.now_nanos() / 1_000_000_000,
+                            created: tr.created,
                         };
                         translate::response(tr.from, tr.to, &body, &params)
                     } else {
@@ -188,7 +192,9 @@ impl Core {
                     note,
                 );
                 self.remove_header(Map::Response, "transfer-encoding", note);
-                self.set_header(Map::Response, "content-type", "application/json", note);
+                if !json {
+                    self.set_header(Map::Response, "content-type", "application/json", note);
+                }
                 self.push(
                     Command::ReplaceResponseBody { size, body },
                     OnFailure::Log(Level::Error, "cannot replace the translated response"),

@@ -404,7 +404,7 @@ impl Core {
         let Some(status) = status.filter(|s| *s >= 400) else {
             // a success: nothing to mark or cool; translated back if the API differs
             return self
-                .translate_answer(context, end_of_stream, view)
+                .translate_answer(context, status, end_of_stream, view)
                 .unwrap_or(Flow::ContinueSkipResponseBody);
         };
         let has_next = attempt.has_next;
@@ -431,7 +431,7 @@ impl Core {
                 attempt.inspecting = true;
             }
         }
-        match self.translate_answer(context, end_of_stream, view) {
+        match self.translate_answer(context, Some(status), end_of_stream, view) {
             Some(flow) if inspect => {
                 let _ = flow; // the error body is held either way
                 Flow::Pause
@@ -447,12 +447,14 @@ impl Core {
     fn translate_answer(
         &mut self,
         context: u32,
+        status: Option<u16>,
         end_of_stream: bool,
         view: &dyn View,
     ) -> Option<Flow> {
         let (from, to, asked) = self.upstream.get(&context)?.translation?;
-        let mut tr = ResponseTranslation::new(to, from, asked);
-        let flow = self.translate_response_headers(&mut tr, end_of_stream, view);
+        let created = view.now_nanos() / 1_000_000_000;
+        let mut tr = ResponseTranslation::new(to, from, asked, created);
+        let flow = self.translate_response_headers(&mut tr, status, end_of_stream, view);
         if !tr.active() {
             return None;
         }
