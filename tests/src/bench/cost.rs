@@ -7,7 +7,10 @@
 //! callback (the most callbacks a stream can cost), or, with `BENCH_STREAM_FRAME=BYTES`, in
 //! frames of at least that many bytes cut at event ends (as Envoy hands a fast stream to the
 //! filters: in reads of up to 16 KiB), so the fuel per event is the plugins' per-event code
-//! rather than their per-callback code.
+//! rather than their per-callback code. A translated workload ([`Workload::translated`])
+//! leaves the chain already in Anthropic's shape (the router's listener role translates for
+//! the first deployment), so the mock answers it at `/v1/messages`, and its upstream filter
+//! runs on the `anthropic` cluster.
 
 use super::config::WasmFilter;
 use super::wrk::Workload;
@@ -181,7 +184,7 @@ pub fn measure(
     let mut out = Vec::new();
     let mut n = 0u64;
     for workload in workloads {
-        let body = workload.body("fast");
+        let body = workload.body(workload.model("fast"));
         let mut costs = Vec::new();
         for run in 0..=runs {
             n += 1;
@@ -222,14 +225,20 @@ pub fn measure(
             else {
                 continue;
             };
-            // the attempt as the provider cluster's upstream filter sees it
+            // the attempt as the provider cluster's upstream filter sees it, on the cluster the
+            // route's matcher picks from the first slot (`anthropic` for a translated request)
+            let cluster = ex
+                .filter_state
+                .get("wasm.llm_try_0")
+                .map(|v| String::from_utf8_lossy(v).into_owned())
+                .unwrap_or_else(|| "openai".into());
             let mut attempt = Request {
                 headers,
                 chunks: Vec::new(),
                 properties: Vec::new(),
             }
             .header("x-envoy-attempt-count", "1")
-            .property("xds.cluster_name", "openai")
+            .property("xds.cluster_name", cluster.as_str())
             .body(&sent);
             attempt.headers.retain(|(n, _)| n != "content-length");
             attempt = attempt.header("content-length", &sent.len().to_string());

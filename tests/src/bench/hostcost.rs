@@ -76,7 +76,7 @@ impl Load {
             WORKLOADS
                 .iter()
                 .copied()
-                .find(|w| w.streams() == streams)
+                .find(|w| w.streams() == streams && !w.translated)
                 .unwrap_or(WORKLOADS[0])
         };
         match self {

@@ -2,8 +2,9 @@
 //! by side in one run. [`config`] derives the Envoy configs from gateway.yaml, [`wrk`] drives
 //! the load, [`procs`] reads CPU and memory from `/proc`, [`litellm`] runs the LiteLLM proxy,
 //! [`cost`] runs the chain in the wasmtime harness, [`perf`] splits a proxy's CPU by DSO,
-//! [`report`] writes the markdown. [`hostcost`] is `scripts/bench hostcost`: Envoy's cost per
-//! proxy-wasm callback and host call.
+//! [`report`] writes the markdown, [`translation`] holds the translation phase's figures and
+//! section (issue 42). [`hostcost`] is `scripts/bench hostcost`: Envoy's cost per proxy-wasm
+//! callback and host call.
 
 pub mod ablation;
 pub mod config;
@@ -13,6 +14,7 @@ pub mod litellm;
 pub mod perf;
 pub mod procs;
 pub mod report;
+pub mod translation;
 pub mod wrk;
 
 /// A row of the report.

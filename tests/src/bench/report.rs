@@ -130,6 +130,8 @@ pub struct Results {
     pub harness_tables: Option<Result<String, String>>,
     /// The ablation phase, when it ran.
     pub ablation: Option<AblationRun>,
+    /// The translation phase (issue 42), or why it did not run; `None`: no section.
+    pub translation: Option<Result<crate::bench::translation::TranslationRun, String>>,
     /// Wall-clock time of the whole run, seconds.
     pub elapsed_s: f64,
 }
@@ -172,8 +174,11 @@ impl Results {
         self.rows.iter().any(|(r, s)| *r == row && s.is_ok())
     }
 
+    /// The first untranslated workload that streams (`events`) or not.
     fn workload_index(&self, events: bool) -> Option<usize> {
-        self.workloads.iter().position(|w| w.streams() == events)
+        self.workloads
+            .iter()
+            .position(|w| w.streams() == events && !w.translated)
     }
 
     /// Largest RSS a row reached after load (bytes).
@@ -665,6 +670,15 @@ impl Results {
         self.render_cells(&mut o);
         self.render_ratios(&mut o);
         self.render_stream(&mut o);
+        if let Some(run) = &self.translation {
+            crate::bench::translation::render(
+                &mut o,
+                run.as_ref().map_err(String::as_str),
+                &self.workloads,
+                &self.chain_cost,
+                &self.fused_cost,
+            );
+        }
         self.render_ablation(&mut o);
         if let Some(profiles) = &self.profiles {
             let workload = self.workloads.first();
@@ -687,6 +701,13 @@ impl Results {
             "# llm-gateway bench --harness: the chain in the wasmtime harness (no Envoy)\n\n",
         );
         let _ = writeln!(o, "- elapsed: {:.0} s\n", self.elapsed_s);
+        crate::bench::translation::render(
+            &mut o,
+            Err("`--harness` runs no Envoy"),
+            &self.workloads,
+            &self.chain_cost,
+            &self.fused_cost,
+        );
         self.render_harness(&mut o);
         o
     }
@@ -830,7 +851,13 @@ fn render_target_table(o: &mut String, title: &str, targets: &[Target]) {
 
 impl Results {
     fn render_cells(&self, o: &mut String) {
-        for (w, workload) in self.workloads.iter().enumerate() {
+        // the translated workloads run in the translation phase only (its section)
+        for (w, workload) in self
+            .workloads
+            .iter()
+            .enumerate()
+            .filter(|(_, w)| !w.translated)
+        {
             let _ = writeln!(
                 o,
                 "## {}\n\n| row | c | req/s | p50 | p99 | p50 added over A | proxy CPU/request | RSS after | errors |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|",
@@ -902,7 +929,12 @@ impl Results {
         head.push_str(" C−A p50 | D−A p50 | C/D req/s | (C−A)/(D−A) |");
         rule.push_str("---:|---:|---:|---:|");
         let _ = writeln!(o, "{head}\n{rule}");
-        for (w, workload) in self.workloads.iter().enumerate() {
+        for (w, workload) in self
+            .workloads
+            .iter()
+            .enumerate()
+            .filter(|(_, w)| !w.translated)
+        {
             for &c in &self.connections {
                 let get = |r: Row| self.cell(r, w, c);
                 let ratio =

@@ -23,7 +23,16 @@ pub struct Workload {
     /// A JSON answer's user message starts with [`ECHO_PII`] (an e-mail address and a phone
     /// number), so pii-redaction masks it on the way in: the chat the issue's targets name.
     pub pii: bool,
+    /// The request names [`TRANSLATION_GROUP`] instead of the row's model: an OpenAI client
+    /// served by gateway.yaml's Anthropic deployment, so model-router translates the request
+    /// into Anthropic Messages and the answer (JSON or SSE) back (issue 42). Otherwise the
+    /// same request as its [`Workload::counterpart`].
+    pub translated: bool,
 }
+
+/// The model group a translated workload asks for: gateway.yaml's `claude`, one deployment of
+/// provider `anthropic` (the mock answers its `/v1/messages`).
+pub const TRANSLATION_GROUP: &str = "claude";
 
 /// The personal data of an echoed stream's message: an e-mail address and a phone number
 /// exactly as long as the placeholders pii-redaction gives them (`[EMAIL_1]`, `[PHONE_1]`),
@@ -41,14 +50,16 @@ pub fn echo_text(chars: usize) -> String {
     text
 }
 
-/// The bench's workloads.
-pub const WORKLOADS: [Workload; 3] = [
+/// The bench's workloads: the untranslated ones first (the main tables, perf, the ablation
+/// and the leak check take those), then the translated ones (the translation phase, issue 42).
+pub const WORKLOADS: [Workload; 5] = [
     Workload {
         name: "chat 2 KB",
         prompt_bytes: 2 * 1024,
         events: 0,
         echo: false,
         pii: true,
+        translated: false,
     },
     Workload {
         name: "chat 32 KB",
@@ -56,6 +67,7 @@ pub const WORKLOADS: [Workload; 3] = [
         events: 0,
         echo: false,
         pii: false,
+        translated: false,
     },
     Workload {
         name: "stream 200 events",
@@ -63,6 +75,23 @@ pub const WORKLOADS: [Workload; 3] = [
         events: 200,
         echo: true,
         pii: true,
+        translated: false,
+    },
+    Workload {
+        name: "chat 2 KB translated",
+        prompt_bytes: 2 * 1024,
+        events: 0,
+        echo: false,
+        pii: true,
+        translated: true,
+    },
+    Workload {
+        name: "stream 200 events translated",
+        prompt_bytes: 2 * 1024,
+        events: 200,
+        echo: true,
+        pii: true,
+        translated: true,
     },
 ];
 
@@ -70,6 +99,31 @@ impl Workload {
     /// True for a streaming request.
     pub fn streams(&self) -> bool {
         self.events > 0
+    }
+
+    /// The model the request names on a row whose requests name `row_model`: that, or
+    /// [`TRANSLATION_GROUP`] for a translated workload.
+    pub fn model<'a>(&self, row_model: &'a str) -> &'a str {
+        if self.translated {
+            TRANSLATION_GROUP
+        } else {
+            row_model
+        }
+    }
+
+    /// Of `workloads`, the index of the untranslated workload sending the same request as this
+    /// translated one (`None` for an untranslated workload, or when there is none).
+    pub fn counterpart(&self, workloads: &[Workload]) -> Option<usize> {
+        if !self.translated {
+            return None;
+        }
+        workloads.iter().position(|w| {
+            !w.translated
+                && w.prompt_bytes == self.prompt_bytes
+                && w.events == self.events
+                && w.echo == self.echo
+                && w.pii == self.pii
+        })
     }
 
     /// The request body with model `model` (see [`Workload::body_for`]).
@@ -349,5 +403,37 @@ Transfer/sec:      5.00MB
             }
         }
         assert!(WORKLOADS.iter().any(|w| w.echo), "the stream carries PII");
+    }
+
+    #[test]
+    fn a_translated_workload_is_its_counterpart_asking_for_claude() {
+        let translated: Vec<&Workload> = WORKLOADS.iter().filter(|w| w.translated).collect();
+        let names: Vec<&str> = translated.iter().map(|w| w.name).collect();
+        assert_eq!(
+            names,
+            ["chat 2 KB translated", "stream 200 events translated"]
+        );
+        let first = WORKLOADS.iter().position(|w| w.translated).unwrap();
+        assert!(
+            WORKLOADS[first..].iter().all(|w| w.translated),
+            "the untranslated workloads come first"
+        );
+        for w in translated {
+            let u = WORKLOADS[w.counterpart(&WORKLOADS).unwrap()];
+            assert!(!u.translated);
+            assert_eq!(w.name, format!("{} translated", u.name));
+            assert_eq!(w.model("fast"), TRANSLATION_GROUP);
+            assert_eq!(u.model("fast"), "fast");
+            let mut body: serde_json::Value =
+                serde_json::from_str(&w.body(w.model("fast"))).unwrap();
+            assert_eq!(body["model"], "claude");
+            body["model"] = "fast".into();
+            assert_eq!(body.to_string(), u.body("fast"));
+            assert_eq!(w.headers("k", true), u.headers("k", true));
+            assert!(w
+                .lua(w.model("fast"), "k", true)
+                .contains(r#""model":"claude""#));
+        }
+        assert_eq!(WORKLOADS[0].counterpart(&WORKLOADS), None);
     }
 }

@@ -5,15 +5,18 @@
 //! exists; F the fused one-filter build when `envoy-config/gateway-fused.yaml` exists; D the
 //! LiteLLM proxy. Workloads: chat with a 2 KB and a 32 KB prompt, a 200-event stream echoing a
 //! prompt with PII, at 1, 16 and 64 connections, in interleaved fixed-length windows
-//! (medians). Then perf's split, the ablation rows (`--ablation`, [`ablation`]), a leak check
-//! through C (and E), the chain in the wasmtime harness on the same workloads, and the
-//! `harness-cost` tables. Writes `target/bench/report.md` and prints it.
+//! (medians). Then the translation phase (`--translation`, [`translation`]: the 2 KB chat and
+//! the stream naming group `claude`, which model-router translates to Anthropic Messages and
+//! back, next to the untranslated ones on rows C, E, F at c=16), perf's split, the ablation
+//! rows (`--ablation`, [`ablation`]), a leak check through C (and E), the chain in the
+//! wasmtime harness on the same workloads (the translated ones too), and the `harness-cost`
+//! tables. Writes `target/bench/report.md` and prints it.
 //!
 //! Usage: `bench [--quick] [--window SECS] [--rounds N] [--connections 1,16,64]
 //! [--leak-requests N] [--no-litellm] [--out FILE] [--compare DIR] [--perf | --no-perf]
-//! [--ablation | --no-ablation] [--harness]` (`--harness`: only the chain in the wasmtime
-//! harness, no Envoy: the per-plugin fuel and host calls of the report, deterministic, in
-//! seconds)
+//! [--ablation | --no-ablation] [--translation | --no-translation] [--harness]` (`--harness`:
+//! only the chain in the wasmtime harness, no Envoy: the per-plugin fuel and host calls of the
+//! report, deterministic, in seconds)
 //! (`--compare DIR` adds a row C' running the chain with the `.wasm` files of DIR, to measure
 //! a change against the current build in one run).
 //!
@@ -26,6 +29,7 @@ use llm_gateway_tests::bench::config::{self, Build};
 use llm_gateway_tests::bench::litellm::{self, LiteLlm};
 use llm_gateway_tests::bench::procs::{self, MockProcess};
 use llm_gateway_tests::bench::report::{self, AblationRun, Module, Results, Vm, WorkerMemory};
+use llm_gateway_tests::bench::translation::{self, Paired, TranslationRun};
 use llm_gateway_tests::bench::wrk::{self, Workload, WORKLOADS};
 use llm_gateway_tests::bench::{cost, hostcost, perf, Cell, LeakCheck, Row, Window};
 use llm_gateway_tests::demo::DEMO_KEY;
@@ -47,6 +51,7 @@ struct Args {
     perf: bool,
     harness: bool,
     ablation: bool,
+    translation: bool,
 }
 
 impl Args {
@@ -69,6 +74,7 @@ impl Args {
             perf: !quick,
             harness: false,
             ablation: !quick,
+            translation: !quick,
         };
         let mut it = raw.into_iter();
         while let Some(arg) = it.next() {
@@ -99,6 +105,8 @@ impl Args {
                 "--harness" => args.harness = true,
                 "--ablation" => args.ablation = true,
                 "--no-ablation" => args.ablation = false,
+                "--translation" => args.translation = true,
+                "--no-translation" => args.translation = false,
                 "--out" => args.out = value()?.into(),
                 "--compare" => args.compare = Some(value()?),
                 other => return Err(format!("unknown argument {other:?}")),
@@ -135,14 +143,15 @@ struct Target {
 }
 
 impl Target {
-    /// The key, whether the mock's knobs go through, and the body's model for workload `w`.
+    /// The key, whether the mock's knobs go through, and the body's model for workload `w`
+    /// (a translated workload's names the translation group on every row).
     fn request(&self, w: &Workload) -> (&'static str, bool, String) {
         match self.row {
             Row::LiteLlm if w.streams() => {
                 (litellm::MASTER_KEY, false, litellm::STREAM_MODEL.into())
             }
             Row::LiteLlm => (litellm::MASTER_KEY, false, "fast".into()),
-            _ => (DEMO_KEY, true, self.change.model.clone()),
+            _ => (DEMO_KEY, true, w.model(&self.change.model).to_string()),
         }
     }
 
@@ -199,6 +208,10 @@ fn run(started: Instant) -> Result<(), String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mock = MockProcess::start(&exe.with_file_name("mock-upstream"))?;
     let workloads: Vec<Workload> = WORKLOADS.to_vec();
+    // the main tables' workloads: the translated ones run in the translation phase only
+    let main: Vec<usize> = (0..workloads.len())
+        .filter(|&w| !workloads[w].translated)
+        .collect();
     let mut results = Results {
         quick: args.quick,
         workloads: workloads.clone(),
@@ -308,7 +321,7 @@ fn run(started: Instant) -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     let mut dropped = Vec::new();
     for t in &targets {
-        for w in &workloads {
+        for w in main.iter().filter_map(|&w| workloads.get(w)) {
             if let Err(e) = probe(&rt, t, w) {
                 if matches!(t.row, Row::Mock | Row::Bare | Row::Chain) {
                     return Err(format!("row {}: {e}", t.row.letter()));
@@ -329,7 +342,7 @@ fn run(started: Instant) -> Result<(), String> {
 
     // warm-up: connections, V8 tiers, the tokenizers, caches
     for t in &targets {
-        for script in &t.scripts {
+        for script in main.iter().filter_map(|&w| t.scripts.get(w)) {
             wrk::run(&t.url, script, 1, 16)?;
             settle(t)?;
         }
@@ -343,7 +356,7 @@ fn run(started: Instant) -> Result<(), String> {
             args.rounds,
             started.elapsed().as_secs_f64()
         );
-        for (w, _) in workloads.iter().enumerate() {
+        for &w in &main {
             for &c in &args.connections {
                 for t in &targets {
                     let secs = match window_for(t.row, w, c, args.window, &windows) {
@@ -372,12 +385,33 @@ fn run(started: Instant) -> Result<(), String> {
         .map(|(row, w, c, list)| Cell::of(*row, *w, *c, list))
         .collect();
 
+    // the translated workloads next to their untranslated counterparts, rows C, E, F at c=16
+    results.translation = Some(if args.translation {
+        let deployments = config::wasm_filters(&chain_config).and_then(|filters| {
+            let router = filters
+                .iter()
+                .find(|f| f.root_id == "model-router" && !f.upstream)
+                .ok_or("gateway.yaml has no model-router filter")?;
+            translation::anthropic_deployments(&router.config, wrk::TRANSLATION_GROUP)
+        });
+        Ok(translation_run(
+            &args,
+            &rt,
+            &targets,
+            &workloads,
+            &deployments,
+            started,
+        ))
+    } else {
+        Err("not run (`--quick` or `--no-translation`; `--translation` runs it)".into())
+    });
+
     // where each Envoy row's CPU goes, under the first workload and the stream at 16 connections
     if args.perf {
         eprintln!("perf");
         let secs = args.window.max(5);
         results.profiles = Some(profiles(&targets, secs, 0, ""));
-        if let Some(stream) = workloads.iter().position(Workload::streams) {
+        if let Some(stream) = workloads.iter().position(|w| w.streams() && !w.translated) {
             results.stream_profiles = Some(profiles(&targets, secs, stream, "-stream"));
         }
     }
@@ -405,7 +439,7 @@ fn run(started: Instant) -> Result<(), String> {
         eprintln!("leak check, row {}", t.row.letter());
         results.leaks.push(leak_check(
             t,
-            &workloads,
+            &main,
             &results.cells,
             args.leak_requests,
             every,
@@ -604,7 +638,7 @@ fn worker_memory(
         for workers in [1, 2] {
             let file = format!("{name}-{workers}w.yaml");
             let envoy = start_envoy_with(dir, &file, config, &[], workers)?;
-            for (i, w) in workloads.iter().enumerate() {
+            for (i, w) in workloads.iter().enumerate().filter(|(_, w)| !w.translated) {
                 let script = dir.path().join(format!("mem-{i}.lua"));
                 std::fs::write(&script, w.lua("fast", DEMO_KEY, true))
                     .map_err(|e| e.to_string())?;
@@ -640,8 +674,11 @@ fn ablation_run(
 ) -> AblationRun {
     const C: u32 = 16;
     let phase = Instant::now();
-    let chat = workloads.iter().position(|w| !w.streams()).unwrap_or(0);
-    let stream = workloads.iter().position(Workload::streams);
+    let chat = workloads
+        .iter()
+        .position(|w| !w.streams() && !w.translated)
+        .unwrap_or(0);
+    let stream = workloads.iter().position(|w| w.streams() && !w.translated);
     let measured: Vec<usize> = std::iter::once(chat).chain(stream).collect();
     let mut run = AblationRun {
         connections: C,
@@ -740,8 +777,12 @@ fn ablation_run(
     run
 }
 
-/// One request of `w` through `t`: 200, and for a stream all its events.
-fn probe(rt: &tokio::runtime::Runtime, t: &Target, w: &Workload) -> Result<(), String> {
+/// One request of `w` through `t`: 200, and for a stream all its events; the answer.
+fn probe(
+    rt: &tokio::runtime::Runtime,
+    t: &Target,
+    w: &Workload,
+) -> Result<llm_gateway_tests::http::Response, String> {
     let (key, knob, model) = t.request(w);
     let mut request = llm_gateway_tests::http::post(format!("{}/v1/chat/completions", t.url))
         .body(w.body_for(&model, t.change.include_usage));
@@ -785,7 +826,148 @@ fn probe(rt: &tokio::runtime::Runtime, t: &Target, w: &Workload) -> Result<(), S
             ));
         }
     }
+    Ok(answer)
+}
+
+/// [`probe`] of a translated workload: also served by one of `deployments` (the translation
+/// group's Anthropic ones) and answered in Chat's shape.
+fn probe_translated(
+    rt: &tokio::runtime::Runtime,
+    t: &Target,
+    w: &Workload,
+    deployments: &[String],
+) -> Result<(), String> {
+    let answer = probe(rt, t, w)?;
+    let deployment = answer.header("x-llm-deployment").unwrap_or_default();
+    if !deployments.iter().any(|d| d == deployment) {
+        return Err(format!(
+            "{}: served by deployment {deployment:?}, not {} (not translated)",
+            w.name,
+            deployments.join(" or ")
+        ));
+    }
+    if !w.streams() && !answer.json()?["choices"][0]["message"]["content"].is_string() {
+        return Err(format!(
+            "{}: not a Chat Completions answer: {}",
+            w.name,
+            first_lines(&answer.text(), 3)
+        ));
+    }
     Ok(())
+}
+
+/// The translation phase (issue 42): rows C, E and F on each (untranslated, translated)
+/// workload pair at 16 connections, each row's translated window right next to its
+/// untranslated one (the order swapped every other round), at least
+/// [`translation::MIN_ROUNDS`] rounds. A row whose translated requests fail their probe is
+/// reported, not measured.
+fn translation_run(
+    args: &Args,
+    rt: &tokio::runtime::Runtime,
+    targets: &[Target],
+    workloads: &[Workload],
+    deployments: &Result<Vec<String>, String>,
+    started: Instant,
+) -> TranslationRun {
+    const C: u32 = 16;
+    let phase = Instant::now();
+    let rounds = if args.quick {
+        args.rounds
+    } else {
+        args.rounds.max(translation::MIN_ROUNDS)
+    };
+    let mut run = TranslationRun {
+        pairs: translation::pairs(workloads),
+        connections: C,
+        rounds,
+        window: args.window,
+        ..TranslationRun::default()
+    };
+    let mut measured: Vec<&Target> = Vec::new();
+    for t in targets
+        .iter()
+        .filter(|t| translation::ROWS.contains(&t.row))
+    {
+        let checked = deployments.as_ref().map_err(Clone::clone).and_then(|d| {
+            run.pairs
+                .iter()
+                .try_for_each(|&(_, tw)| match workloads.get(tw) {
+                    Some(w) => probe_translated(rt, t, w, d),
+                    None => Err("no such workload".into()),
+                })
+        });
+        match checked {
+            Ok(()) => {
+                measured.push(t);
+                run.rows.push((t.row, Ok(())));
+            }
+            Err(why) => {
+                eprintln!("translation: row {}: {why}", t.row.letter());
+                run.rows
+                    .push((t.row, Err(format!("its probe request failed: {why}"))));
+            }
+        }
+    }
+    for t in &measured {
+        for &(_, tw) in &run.pairs {
+            if let Some(script) = t.scripts.get(tw) {
+                if let Err(e) = wrk::run(&t.url, script, 1, C) {
+                    eprintln!("translation: warm-up of {}: {e}", t.row.letter());
+                }
+            }
+        }
+    }
+    let pairs = run.pairs.clone();
+    let mut windows: Vec<(Row, usize, Vec<Window>)> = Vec::new();
+    for round in 0..rounds {
+        eprintln!(
+            "translation round {}/{rounds} ({:.0} s so far)",
+            round + 1,
+            started.elapsed().as_secs_f64()
+        );
+        for &(u, tw) in &pairs {
+            for t in &measured {
+                let order = if round % 2 == 0 { [u, tw] } else { [tw, u] };
+                let mut cpu = [None, None];
+                for w in order {
+                    match measure(t, w, args.window, C) {
+                        Ok(window) => {
+                            cpu[usize::from(w == tw)] = window.cpu_us;
+                            match windows
+                                .iter_mut()
+                                .find(|(r, ww, _)| *r == t.row && *ww == w)
+                            {
+                                Some((_, _, list)) => list.push(window),
+                                None => windows.push((t.row, w, vec![window])),
+                            }
+                        }
+                        Err(e) => eprintln!("translation: {} on workload {w}: {e}", t.row.letter()),
+                    }
+                }
+                let [Some(untranslated), Some(translated)] = cpu else {
+                    continue;
+                };
+                match run
+                    .paired
+                    .iter_mut()
+                    .find(|p| p.row == t.row && p.pair == (u, tw))
+                {
+                    Some(p) => p.added_us.push(translated - untranslated),
+                    None => run.paired.push(Paired {
+                        row: t.row,
+                        pair: (u, tw),
+                        added_us: vec![translated - untranslated],
+                    }),
+                }
+            }
+        }
+    }
+    run.cells = windows
+        .iter()
+        .map(|(row, w, list)| Cell::of(*row, *w, C, list))
+        .collect();
+    run.elapsed_s = phase.elapsed().as_secs_f64();
+    run
 }
 
 /// The window length for a cell: `window`, except for LiteLLM under concurrency, whose
@@ -859,20 +1041,21 @@ fn settle(t: &Target) -> Result<(), String> {
     Ok(())
 }
 
-/// `requests` through `t` at 16 connections in batches of about `every` (the workloads in
-/// turn; wrk cannot stop at a count, so a batch is a window as long as the workload's rate
-/// needs: the row's c=16 cell first, then the rate its last batch ran at), RSS before and
-/// after each batch.
+/// `requests` through `t` at 16 connections in batches of about `every` (the workloads of
+/// indexes `workloads` in turn; wrk cannot stop at a count, so a batch is a window as long as
+/// the workload's rate needs: the row's c=16 cell first, then the rate its last batch ran at),
+/// RSS before and after each batch.
 fn leak_check(
     t: &Target,
-    workloads: &[Workload],
+    workloads: &[usize],
     cells: &[Cell],
     requests: u64,
     every: u64,
 ) -> Result<LeakCheck, String> {
     let pid = t.pid.ok_or("the leak check needs a process")?;
-    let mut rates: Vec<f64> = (0..workloads.len())
-        .map(|w| {
+    let mut rates: Vec<f64> = workloads
+        .iter()
+        .map(|&w| {
             cells
                 .iter()
                 .find(|c| c.row == t.row && c.workload == w && c.connections == 16)
@@ -889,9 +1072,12 @@ fn leak_check(
     };
     let mut batch = 0;
     while check.requests < requests as f64 {
-        let w = batch % workloads.len();
-        let script = t.scripts.get(w).ok_or("no script")?;
-        let rate = rates.get(w).copied().unwrap_or(0.0);
+        let i = batch % workloads.len().max(1);
+        let script = workloads
+            .get(i)
+            .and_then(|&w| t.scripts.get(w))
+            .ok_or("no script")?;
+        let rate = rates.get(i).copied().unwrap_or(0.0);
         let left = (requests as f64 - check.requests).min(every as f64);
         let secs = if rate > 0.0 {
             (left / rate).round().clamp(1.0, 120.0) as u32
@@ -905,7 +1091,7 @@ fn leak_check(
                 t.row.letter()
             ));
         }
-        if let Some(r) = rates.get_mut(w) {
+        if let Some(r) = rates.get_mut(i) {
             *r = sample.rps;
         }
         check.requests += sample.requests;
@@ -1047,6 +1233,11 @@ fn header(args: &Args, load_start: String) -> Vec<String> {
         format!("requests: the demo key (consumer demo, group `fast` → the mock's `/v1/chat/completions`), chat 2 KB: one user message, an e-mail address and a phone number (which pii-redaction masks) in front of prose; chat 32 KB: prose without personal data; the stream: prose in a system message and a 600-character user message with an e-mail address and a phone number (as long as their placeholders) that the mock echoes back 3 characters per event (`x-mock-echo`: 200 events through every row, checked before the load, with the client's text restored where pii-redaction masked it); D: LiteLLM {} (PyPI `litellm[proxy]`, `.venv-litellm`), one worker, no database, a master key, `tests/bench/litellm.yaml` (model group `fast` → openai/gpt-4o-mini at the mock's `/v1`; its stream group sets `x-mock-chunks` itself, LiteLLM does not forward client headers)", litellm::VERSION),
         format!("LiteLLM under concurrency: a request takes about c × its c=1 latency, longer than a {}-second window for the stream; its windows stretch to twice that (up to 20 s), and a cell that would need more is not run (the table says so)", args.window),
         "per event: the stream's whole-request proxy CPU over B's, divided by its 200 events (the issue-19 figure); `(row−B) p50 / event` is latency, for comparison with issue 9's".into(),
+        if args.translation {
+            "translated workloads (issue 42): the 2 KB chat and the stream naming group `claude` (the Anthropic deployment: model-router translates Chat ⇄ Messages), in the translation phase only: rows C, E, F at c=16 next to the untranslated ones (its section); not in the per-workload tables, the perf split, the ablation or the leak check".to_string()
+        } else {
+            "translated workloads (issue 42): not run (`--quick` or `--no-translation`)".to_string()
+        },
         format!("leak check: {} requests through C (and E) at 16 connections, RSS sampled every {}; B gets the same as the control", args.leak_requests, (args.leak_requests / 10).max(1)),
     ]
 }
