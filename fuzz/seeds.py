@@ -572,6 +572,13 @@ def translate_seeds():
         seed("translate", name, [mode(3, frm, to), 3] + split_plan([40, 0, 200, 3]), body)
     seed("translate", "stream-anthropic-bytewise", [mode(3, messages, chat), 3] + split_plan(every_byte=True),
          STREAMS["anthropic"])
+    # regression: a text delta holding a lone surrogate escape (grammatical JSON, not text) went
+    # through the fast path as it was: the client got a chunk its JSON parser refuses
+    lone = "\\ud83d"
+    seed("translate", "regression-lone-surrogate-anthropic", [mode(3, messages, chat), 3] + split_plan([40, 0, 200, 3]),
+         STREAMS["anthropic"].replace(", see you.", ", see" + lone + " you.", 1))
+    seed("translate", "regression-lone-surrogate-chat", [mode(3, chat, messages), 3] + split_plan([40, 0, 200, 3]),
+         STREAMS["chat"].replace("! Mail ", "! Mail " + lone, 1))
 
 
 def dict_entry(token):

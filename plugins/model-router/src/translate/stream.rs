@@ -368,8 +368,20 @@ impl Template {
     }
 }
 
+/// The code unit of a `\uXXXX` escape whose `XXXX` starts `hex`.
+fn escaped_unit(hex: &[u8]) -> Option<u16> {
+    let hex = hex.get(..4)?;
+    let text = std::str::from_utf8(hex).ok()?;
+    if !hex.iter().all(u8::is_ascii_hexdigit) {
+        return None;
+    }
+    u16::from_str_radix(text, 16).ok()
+}
+
 /// True if `bytes` is exactly one JSON string literal (quotes included) of valid UTF-8 text:
-/// no unescaped quote, backslash or control character inside, every escape one JSON has.
+/// no unescaped quote, backslash or control character inside, every escape one JSON has, and
+/// every `\u` escape of a surrogate one half of a high-low pair (a lone surrogate is not text:
+/// a client's JSON parser refuses it).
 fn is_string_literal(bytes: &[u8]) -> bool {
     let [b'"', inner @ .., b'"'] = bytes else {
         return false;
@@ -385,11 +397,28 @@ fn is_string_literal(bytes: &[u8]) -> bool {
             Some(b'\\') => match inner.get(at + 1) {
                 Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => at += 2,
                 Some(b'u') => {
-                    let hex = inner.get(at + 2..at + 6).unwrap_or_default();
-                    if hex.len() != 4 || !hex.iter().all(u8::is_ascii_hexdigit) {
+                    let Some(unit) = escaped_unit(inner.get(at + 2..).unwrap_or_default()) else {
                         return false;
-                    }
+                    };
                     at += 6;
+                    match unit {
+                        0xD800..=0xDBFF => {
+                            // a high surrogate: a low one must follow, escaped
+                            let low =
+                                inner
+                                    .get(at..at + 2)
+                                    .filter(|u| *u == b"\\u")
+                                    .and_then(|_| {
+                                        escaped_unit(inner.get(at + 2..).unwrap_or_default())
+                                    });
+                            if !matches!(low, Some(0xDC00..=0xDFFF)) {
+                                return false;
+                            }
+                            at += 6;
+                        }
+                        0xDC00..=0xDFFF => return false,
+                        _ => {}
+                    }
                 }
                 _ => return false,
             },
@@ -477,14 +506,21 @@ impl ToChat {
         match slice(bytes, &spans.kind) {
             Some(b"\"content_block_delta\"") => {
                 match (slice(bytes, &spans.delta_type), &spans.text) {
-                    (Some(b"\"text_delta\""), Some((_, span))) => {
+                    // copied as they are only when they are text a client's parser reads
+                    // (walk_raw keeps the grammar, which lets a lone surrogate escape by);
+                    // anything else takes the serde path, which drops the event
+                    (Some(b"\"text_delta\""), Some((_, span)))
+                        if bytes.get(span.clone()).is_some_and(is_string_literal) =>
+                    {
                         if let Some(text) = bytes.get(span.clone()) {
                             self.content(text, out);
                             self.template.set(bytes, span.clone());
                         }
                         return Outcome::Done;
                     }
-                    (Some(b"\"input_json_delta\""), _) => {
+                    (Some(b"\"input_json_delta\""), _)
+                        if slice(bytes, &spans.partial_json).is_none_or(is_string_literal) =>
+                    {
                         let index = slice(bytes, &spans.index).and_then(parse_u64);
                         if let (Some(index), Some(fragment)) =
                             (index, slice(bytes, &spans.partial_json))
@@ -801,7 +837,9 @@ impl ToMessages {
         }
         match spans.text {
             Some((Scalar::String, span)) => {
-                let text = bytes.get(span.clone())?;
+                // copied as it is only when it is text a client's parser reads (a lone
+                // surrogate escape is not): else the serde path, which drops the event
+                let text = bytes.get(span.clone()).filter(|t| is_string_literal(t))?;
                 self.text_delta(text, out);
                 self.template.set(bytes, span);
                 Some(Outcome::Done)

@@ -785,6 +785,32 @@ fn the_same_api_passes_through() {
     assert!(translator.failed());
 }
 
+proptest::proptest! {
+    /// What the fast path copies as a string, a client's JSON parser reads as one.
+    #[test]
+    fn what_passes_for_a_string_literal_is_one_to_serde(
+        parts in proptest::collection::vec(
+            proptest::prop_oneof![
+                proptest::strategy::Just("\\ud83d".to_string()),
+                proptest::strategy::Just("\\ude00".to_string()),
+                proptest::strategy::Just("\\u00e9".to_string()),
+                proptest::strategy::Just("\\n".to_string()),
+                "[a-z ]{0,3}",
+            ],
+            0..8,
+        )
+    ) {
+        let literal = format!("\"{}\"", parts.concat());
+        if is_string_literal(literal.as_bytes()) {
+            proptest::prop_assert!(
+                serde_json::from_str::<String>(&literal).is_ok(),
+                "{}",
+                literal
+            );
+        }
+    }
+}
+
 #[test]
 fn string_literals_are_recognized_exactly() {
     for (bytes, expected) in [
@@ -807,6 +833,14 @@ fn string_literals_are_recognized_exactly() {
         (b"\"raw\nnewline\"", false),
         (b"\"raw \x01 control\"", false),
         (b"\"bad utf8 \xff\"", false),
+        // a surrogate escape is text only as half of a high-low pair (serde and every client's
+        // JSON parser refuse a lone one)
+        (b"\"lone high \\ud83d\"", false),
+        (b"\"lone high then text \\ud83dnput\"", false),
+        (b"\"high then high \\ud83d\\ud83d\"", false),
+        (b"\"lone low \\ude00\"", false),
+        (b"\"low then high \\ude00\\ud83d\"", false),
+        (b"\"pair \\ud83d\\ude00 then text\"", true),
     ] {
         assert_eq!(
             is_string_literal(bytes),
@@ -860,4 +894,45 @@ fn an_event_that_only_looks_like_the_last_delta_is_read_in_full() {
         out.contains(r#""content_block":{"type":"tool_use","id":"t","name":"f","input":{}}"#),
         "{out}"
     );
+}
+
+/// A text delta holding a lone surrogate escape is grammatical JSON but not text: copied as it
+/// was, the client got a chunk its JSON parser refuses (found by the `translate` fuzz target,
+/// `seed-regression-lone-surrogate-*`). It is dropped and counted, both ways, and every event
+/// the client gets parses.
+#[test]
+fn a_delta_with_a_lone_surrogate_is_dropped_not_copied() {
+    let anthropic = concat!(
+        "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"type\":\"message\",\"role\":\"assistant\",\"model\":\"c\",\"content\":[],\"usage\":{\"input_tokens\":3,\"output_tokens\":1}}}\n\n",
+        "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n",
+        "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Hello\"}}\n\n",
+        "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\", see\\ud83dyou\"}}\n\n",
+        "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":2}}\n\n",
+        "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
+    );
+    let chat = concat!(
+        "data: {\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"g\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"finish_reason\":null}]}\n\n",
+        "data: {\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"g\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hello\"},\"finish_reason\":null}]}\n\n",
+        "data: {\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"g\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\", see\\ude00you\"},\"finish_reason\":null}]}\n\n",
+        "data: {\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"g\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n",
+        "data: [DONE]\n\n",
+    );
+    for (from, to, input) in [
+        (Wire::Messages, Wire::Chat, anthropic),
+        (Wire::Chat, Wire::Messages, chat),
+    ] {
+        let (client, translator) = run(from, to, WITH_USAGE, input.as_bytes(), &[]);
+        for line in client.lines().filter_map(|l| l.strip_prefix("data: ")) {
+            if line != "[DONE]" {
+                assert!(
+                    serde_json::from_str::<Value>(line).is_ok(),
+                    "{from:?} → {to:?}: the client cannot read {line}"
+                );
+            }
+        }
+        assert!(client.contains("Hello"), "{client}");
+        assert!(!client.contains("see"), "{client}");
+        assert_eq!(translator.skipped(), 1, "{from:?} → {to:?}");
+        assert!(translator.finished(), "{client}");
+    }
 }
