@@ -29,6 +29,7 @@ use llm_gateway_shared::route_info::Price;
 use llm_gateway_shared::usage_record::Record;
 use llm_gateway_tests::harness::http_call::loopback;
 use llm_gateway_tests::harness::stream::{header_value, Headers};
+use llm_gateway_tests::harness::traffic::Rng;
 use llm_gateway_tests::harness::{
     FilterSpec, Fleet, Host, InternalRedirect, Response, Stream, Upstream,
 };
@@ -1178,31 +1179,6 @@ fn messages_client_json_falls_back_from_gpt_to_claude() {
 
 // ---------------------------------------------------------------------------------------
 // A fleet against budgets that run out
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        // SplitMix64
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.next() % (hi - lo + 1)
-    }
-
-    fn index(&mut self, len: usize) -> usize {
-        (self.next() % len as u64) as usize
-    }
-
-    fn chance(&mut self, percent: u64) -> bool {
-        self.next() % 100 < percent
-    }
-}
 
 const INSTANCES: usize = 2;
 const WORKERS: usize = 2;
