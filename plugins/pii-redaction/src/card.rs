@@ -8,9 +8,8 @@
 //! other long Luhn-valid numbers out. UATP (airline, `1…`, 15 digits) is left out: it would
 //! take many 15-digit numbers that are not cards.
 
-use crate::detect::{
-    at, before, context_before, digits_from, is_digit, is_word, Step, Words, REFERENCE_WORDS,
-};
+use crate::context::{context_before, CARD_WORDS, REFERENCE_WORDS};
+use crate::scan::{at, before, digits_from, is_digit, is_word, Step};
 
 /// Lengths as a bit set: bit `n` for `n` digits.
 const fn lengths(from: u32, to: u32) -> u32 {
@@ -63,22 +62,6 @@ const MAESTRO_SHORT: [Row; 3] = [
     (56, 69, 2, L12_19),
     (604, 604, 4, L12_19), // Maestro `0604…` (older IIN tables)
 ];
-
-/// Words for a card, lower case (ASCII compared ignoring case).
-pub(crate) const CARD_WORDS: Words = Words::new(&[
-    b"card",
-    b"maestro",
-    b"karte",
-    b"carte",
-    b"tarjeta",
-    b"carta",
-    b"kaart",
-    b"credit",
-    b"debit",
-    "卡".as_bytes(),
-    "カード".as_bytes(),
-    "카드".as_bytes(),
-]);
 
 fn fits(rows: &[Row], digits: &[u8]) -> bool {
     let n = digits.len() as u32;

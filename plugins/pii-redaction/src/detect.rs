@@ -13,7 +13,11 @@ use std::ops::Range;
 use std::str::FromStr;
 
 pub use crate::card::luhn;
-use crate::scan::{find_byte, find_bytes, find_pair, next_not_lower_or_space, Present};
+use crate::context::{context_before, Words};
+use crate::scan::{
+    at, before, digits_from, find_byte, find_bytes, find_pair, is_digit, is_word,
+    next_not_lower_or_space, Present, Step,
+};
 
 /// A built-in detector.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -457,118 +461,6 @@ pub fn deny_words_pattern(words: &[String]) -> String {
     format!("(?i)(?:{})", alternatives.join("|"))
 }
 
-// ---------------------------------------------------------------------------------------
-// Byte helpers (never index out of range: a missing byte reads as 0)
-
-pub(crate) fn at(b: &[u8], i: usize) -> u8 {
-    b.get(i).copied().unwrap_or(0)
-}
-
-pub(crate) fn before(b: &[u8], i: usize) -> u8 {
-    i.checked_sub(1).map_or(0, |j| at(b, j))
-}
-
-pub(crate) fn is_digit(c: u8) -> bool {
-    c.is_ascii_digit()
-}
-
-pub(crate) fn is_word(c: u8) -> bool {
-    c.is_ascii_alphanumeric() || c == b'_'
-}
-
-fn is_key_char(c: u8) -> bool {
-    c.is_ascii_alphanumeric() || c == b'_' || c == b'-'
-}
-
-/// A list of context words (lower case; ASCII letters compared ignoring case) with the set
-/// of bytes they begin with (both cases of an ASCII letter), built at compile time: a window
-/// position whose byte is not in the set starts none of them, and of the words only those
-/// with that first byte are compared.
-pub(crate) struct Words {
-    list: &'static [&'static [u8]],
-    firsts: [u64; 4],
-}
-
-impl Words {
-    // Evaluated at compile time (every list is a `const`): an index out of range would fail
-    // the build, never panic.
-    #[allow(clippy::indexing_slicing)]
-    pub(crate) const fn new(list: &'static [&'static [u8]]) -> Words {
-        let mut firsts = [0u64; 4];
-        let mut n = 0;
-        while n < list.len() {
-            let word = list[n];
-            if !word.is_empty() {
-                let c = word[0];
-                let lower = c.to_ascii_lowercase();
-                let upper = c.to_ascii_uppercase();
-                firsts[(lower >> 6) as usize] |= 1 << (lower & 63);
-                firsts[(upper >> 6) as usize] |= 1 << (upper & 63);
-            }
-            n += 1;
-        }
-        Words { list, firsts }
-    }
-
-    fn may_start(&self, c: u8) -> bool {
-        self.firsts
-            .get(usize::from(c >> 6))
-            .is_some_and(|bits| bits & (1 << (c & 63)) != 0)
-    }
-
-    /// Whether one of the words starts a word at `k` and ends by `limit`.
-    fn starts_at(&self, b: &[u8], k: usize, limit: usize) -> bool {
-        let c = at(b, k);
-        if !self.may_start(c) || before(b, k).is_ascii_alphabetic() {
-            return false;
-        }
-        let lower = c.to_ascii_lowercase();
-        self.list.iter().any(|w| {
-            w.first() == Some(&lower)
-                && k + w.len() <= limit
-                && b.get(k..k + w.len())
-                    .is_some_and(|win| win.eq_ignore_ascii_case(w))
-        })
-    }
-}
-
-/// Whether one of `words` starts a word in the `window` bytes before `i`: ASCII letters
-/// compared ignoring case, and no ASCII letter right before it (so `tel` is found in "Tel."
-/// and "telephone", not in "hotel"). Reads at most `window` bytes per word.
-pub(crate) fn context_before(b: &[u8], i: usize, words: &Words, window: usize) -> bool {
-    // most positions are inside a word or start no listed word: two bit tests rule them out
-    // before any word is compared
-    (i.saturating_sub(window)..i).any(|k| words.starts_at(b, k, i))
-}
-
-/// Whether one of `words` starts a word in the `window` bytes after `end` (the same
-/// comparison as [`context_before`]): "5272868387 is the phone number",
-/// "…は昨日伺ったマイナンバーです". Reads at most `window` bytes per word.
-pub(crate) fn context_after(b: &[u8], end: usize, words: &Words, window: usize) -> bool {
-    (end..end.saturating_add(window).min(b.len())).any(|k| words.starts_at(b, k, usize::MAX))
-}
-
-/// Words before a number that say it is a reference, not personal data (lower case).
-pub(crate) const REFERENCE_WORDS: Words = Words::new(&[
-    b"order",
-    b"invoice",
-    b"tracking",
-    b"ref",
-    b"sku",
-    b"serial",
-    b"ticket",
-    b"case",
-    b"account",
-    b"acct",
-    b"customer",
-    b"transaction",
-    b"id",
-    b"#",
-    "订单".as_bytes(),
-    "单号".as_bytes(),
-    "注文".as_bytes(),
-]);
-
 /// Runs `try_at` at every position whose byte can begin a match (`first`); on a match,
 /// reports it and continues after its end. Every `try_at` reads a bounded number of bytes, or
 /// (for runs) returns how far it read so the scan skips them.
@@ -600,24 +492,6 @@ pub(crate) type Matcher = fn(&[u8], usize) -> Step;
 
 /// Whether a byte can begin a match.
 pub(crate) type FirstByte = fn(u8) -> bool;
-
-pub(crate) enum Step {
-    /// A match from the position to this end.
-    Match(usize),
-    /// No match starts before this position.
-    Skip(usize),
-    /// No match here.
-    No,
-}
-
-/// Reads up to `max` digits from `i`; returns the end.
-pub(crate) fn digits_from(b: &[u8], i: usize, max: usize) -> usize {
-    let mut e = i;
-    while e - i < max && is_digit(at(b, e)) {
-        e += 1;
-    }
-    e
-}
 
 // ---------------------------------------------------------------------------------------
 // E-mail
@@ -922,6 +796,10 @@ fn ipv6(b: &[u8], i: usize) -> Step {
 
 // ---------------------------------------------------------------------------------------
 // Secrets
+
+fn is_key_char(c: u8) -> bool {
+    c.is_ascii_alphanumeric() || c == b'_' || c == b'-'
+}
 
 fn key_run(b: &[u8], from: usize) -> usize {
     let mut e = from;

@@ -13,7 +13,7 @@
 //! time in 97, and the shape itself (two capitals, two digits, eleven or more capitals and
 //! digits as one token) is rare outside bank details.
 
-use crate::detect::{at, before, Step};
+use crate::scan::{at, before, Step};
 
 /// (country, IBAN length), SWIFT IBAN registry.
 const LENGTHS: [(&[u8; 2], u8); 89] = [

@@ -31,6 +31,7 @@ pub mod address;
 pub mod bench_data;
 pub mod card;
 pub mod config;
+mod context;
 pub mod core;
 pub mod detect;
 pub mod iban;

@@ -20,21 +20,10 @@
 //!   date `YYYYMMDD`. The grouped form is not taken after a word for a reference ("Tracking
 //!   2449 7616 7909", "order #", "注文") unless a word for a My Number is there too.
 
-use crate::card::CARD_WORDS;
-use crate::detect::{
-    at, before, context_after, context_before, digits_from, is_digit, is_word, Step, Words,
-    REFERENCE_WORDS,
+use crate::context::{
+    context_after, context_before, Words, CARD_WORDS, PHONE_WORDS, REFERENCE_WORDS, TAX_ID_WORDS,
 };
-use crate::phone::PHONE_WORDS;
-
-/// Words for a German tax id (lower case; ASCII ignoring case).
-pub(crate) const TAX_ID_WORDS: Words = Words::new(&[
-    b"steuer",
-    b"idnr",
-    b"id-nr",
-    b"identifikationsnummer",
-    b"tax",
-]);
+use crate::scan::{at, before, digits_from, is_digit, is_word, Step};
 
 fn starts_clean(b: &[u8], i: usize) -> bool {
     let prev = before(b, i);

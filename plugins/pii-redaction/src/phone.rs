@@ -37,10 +37,9 @@
 //! hex, versions `1.2.3.4`, prices `1 234,50`), dates (`01.12.2024`), times (`10:30`).
 //! Each try reads at most a few dozen bytes, so the scan stays linear.
 
-use crate::detect::{
-    at, before, context_after, context_before, is_digit, is_word, Step, Words, REFERENCE_WORDS,
-};
-use crate::national_id::{valid_tax_id_de, TAX_ID_WORDS};
+use crate::context::{context_after, context_before, PHONE_WORDS, REFERENCE_WORDS, TAX_ID_WORDS};
+use crate::national_id::valid_tax_id_de;
+use crate::scan::{at, before, is_digit, is_word, Step};
 
 /// Most digits in a candidate: `00` + a 3-digit country code + 12 national digits.
 const MAX_DIGITS: usize = 17;
@@ -230,41 +229,6 @@ fn named_tax_id(s: &Shape, b: &[u8], i: usize, end: usize) -> bool {
         .is_ok_and(|id: [u8; 11]| valid_tax_id_de(&id))
         && (context_before(b, i, &TAX_ID_WORDS, 32) || context_after(b, end, &TAX_ID_WORDS, 24))
 }
-
-/// Words for a phone, lower case (ASCII compared ignoring case).
-pub(crate) const PHONE_WORDS: Words = Words::new(&[
-    b"phone",
-    b"tel", // tel, telephone, Telefon, teléfono, telefono
-    b"call",
-    b"mobile",
-    b"cell",
-    b"fax",
-    b"whatsapp",
-    b"contact",
-    b"reach",
-    b"dial",
-    b"sms",
-    b"number",
-    b"nummer",
-    "numéro".as_bytes(),
-    "número".as_bytes(),
-    b"numero",
-    b"handy",
-    b"ruf", // Rufnummer
-    b"anruf",
-    b"portable",
-    b"appel", // appeler, appelez
-    b"llam",  // llamar, llame
-    b"chiam", // chiamare, chiami
-    "téléphone".as_bytes(),
-    "电话".as_bytes(),
-    "手机".as_bytes(),
-    "電話".as_bytes(),
-    "携帯".as_bytes(),
-    "番号".as_bytes(),
-    "号码".as_bytes(),
-    "연락처".as_bytes(),
-]);
 
 /// A bare run of digits with a word for a phone in the 32 bytes before or the 24 after ("5272868387 is
 /// the phone number"): a North American number with valid area and exchange codes, or a trunk

@@ -1,7 +1,9 @@
 //! Byte scans the detectors share, written for wasm32 without SIMD, where every byte a loop
 //! touches costs several instructions: a word-at-a-time search for one byte (eight bytes per
 //! step) and plain index loops over runs of a byte class (no iterator adapters, which the
-//! size-optimised build leaves as calls).
+//! size-optimised build leaves as calls). Also the byte reads every detector is written with:
+//! [`at`] and [`before`] (a byte past either end reads as 0, so no scanner indexes out of
+//! range), the byte classes, and [`Step`], what a try at a position found.
 
 const ONES: u64 = 0x0101_0101_0101_0101;
 const HIGHS: u64 = 0x8080_8080_8080_8080;
@@ -295,6 +297,44 @@ pub(crate) fn run_end(b: &[u8], mut i: usize, class: impl Fn(u8) -> bool) -> usi
         i += 1;
     }
     i
+}
+
+/// The byte at `i`, 0 past the end (a missing byte reads as 0: the scanners never index out
+/// of range).
+pub(crate) fn at(b: &[u8], i: usize) -> u8 {
+    b.get(i).copied().unwrap_or(0)
+}
+
+/// The byte before `i`, 0 at the start.
+pub(crate) fn before(b: &[u8], i: usize) -> u8 {
+    i.checked_sub(1).map_or(0, |j| at(b, j))
+}
+
+pub(crate) fn is_digit(c: u8) -> bool {
+    c.is_ascii_digit()
+}
+
+pub(crate) fn is_word(c: u8) -> bool {
+    c.is_ascii_alphanumeric() || c == b'_'
+}
+
+/// Reads up to `max` digits from `i`; returns the end.
+pub(crate) fn digits_from(b: &[u8], i: usize, max: usize) -> usize {
+    let mut e = i;
+    while e - i < max && is_digit(at(b, e)) {
+        e += 1;
+    }
+    e
+}
+
+/// What a detector's try at a position found.
+pub(crate) enum Step {
+    /// A match from the position to this end.
+    Match(usize),
+    /// No match starts before this position.
+    Skip(usize),
+    /// No match here.
+    No,
 }
 
 #[cfg(test)]
