@@ -82,6 +82,15 @@ impl Endpoint {
     }
 }
 
+impl Api {
+    /// The API a request path addresses (query string ignored); `None` for anything else,
+    /// token counting included: the API part of [`Endpoint::from_path`]. Written here, beside
+    /// the classification, so that `usage` (which defines `Api`) needs nothing of `request`.
+    pub fn from_path(path: &str) -> Option<Api> {
+        Endpoint::from_path(path).and_then(Endpoint::api)
+    }
+}
+
 /// The request headers of one request, read once.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RequestHead {
@@ -225,6 +234,21 @@ mod tests {
 
     fn endpoint(path: &str) -> Option<Endpoint> {
         Endpoint::from_path(path)
+    }
+
+    #[test]
+    fn api_from_path() {
+        assert_eq!(
+            Api::from_path("/v1/chat/completions?x=1"),
+            Some(Api::ChatCompletions)
+        );
+        assert_eq!(Api::from_path("/openai/v1/responses"), Some(Api::Responses));
+        assert_eq!(Api::from_path("/v1/messages"), Some(Api::AnthropicMessages));
+        assert_eq!(Api::from_path("/v1/embeddings/"), Some(Api::Embeddings));
+        assert_eq!(Api::from_path("/v1/models"), None);
+        // token counting generates nothing: no API whose usage is read, charged or recorded
+        // (usage-accounting leaves it alone, token-ratelimit counts it as a request only)
+        assert_eq!(Api::from_path("/v1/messages/count_tokens?beta=true"), None);
     }
 
     #[test]

@@ -29,7 +29,8 @@ use serde::Deserialize;
 use serde_json::Value;
 use std::borrow::Cow;
 
-/// The API of a request, from its path.
+/// The API of a request, from its path: [`Api::from_path`], in [`crate::request`] with the one
+/// classification of paths.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Api {
     /// `POST /v1/chat/completions`
@@ -43,13 +44,6 @@ pub enum Api {
 }
 
 impl Api {
-    /// The API a request path addresses (query string ignored); `None` for anything else,
-    /// token counting included. The one classification of paths is
-    /// [`crate::request::Endpoint::from_path`]; this is its API part.
-    pub fn from_path(path: &str) -> Option<Api> {
-        crate::request::Endpoint::from_path(path).and_then(crate::request::Endpoint::api)
-    }
-
     /// Name in records and metrics.
     pub fn name(self) -> &'static str {
         match self {
@@ -498,21 +492,6 @@ mod tests {
             cache_write_tokens: write,
             reasoning_tokens: reasoning,
         }
-    }
-
-    #[test]
-    fn api_from_path() {
-        assert_eq!(
-            Api::from_path("/v1/chat/completions?x=1"),
-            Some(Api::ChatCompletions)
-        );
-        assert_eq!(Api::from_path("/openai/v1/responses"), Some(Api::Responses));
-        assert_eq!(Api::from_path("/v1/messages"), Some(Api::AnthropicMessages));
-        assert_eq!(Api::from_path("/v1/embeddings/"), Some(Api::Embeddings));
-        assert_eq!(Api::from_path("/v1/models"), None);
-        // token counting generates nothing: no API whose usage is read, charged or recorded
-        // (usage-accounting leaves it alone, token-ratelimit counts it as a request only)
-        assert_eq!(Api::from_path("/v1/messages/count_tokens?beta=true"), None);
     }
 
     #[test]

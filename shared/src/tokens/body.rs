@@ -9,6 +9,7 @@
 //! `f64`, anything unexpected), so a caller that falls back to `serde_json` on `None` keeps
 //! `serde_json`'s answer on every body.
 
+use super::encoding::MESSAGE_OVERHEAD;
 use crate::json;
 use crate::usage::Api;
 use std::borrow::Cow;
@@ -311,7 +312,7 @@ struct Text {
 }
 
 /// What one top-level member contributes: texts to count in order, messages (each adds
-/// [`super::MESSAGE_OVERHEAD`]) and tokens given as such (pre-tokenized embedding inputs).
+/// [`MESSAGE_OVERHEAD`]) and tokens given as such (pre-tokenized embedding inputs).
 #[derive(Default)]
 struct Part {
     texts: Vec<Text>,
@@ -327,7 +328,7 @@ impl Part {
         }
         Some(
             total
-                .saturating_add(self.messages.saturating_mul(super::MESSAGE_OVERHEAD))
+                .saturating_add(self.messages.saturating_mul(MESSAGE_OVERHEAD))
                 .saturating_add(self.tokens),
         )
     }

@@ -22,8 +22,8 @@
 //! of stack-array merges are kept in a per-thread (per-VM) [`Memo`], so a word seen before is
 //! not merged again.
 
+use super::encoding::Encoding;
 use super::split::{piece_ranges, Pattern};
-use super::Encoding;
 use std::cell::RefCell;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
