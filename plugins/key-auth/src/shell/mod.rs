@@ -1,7 +1,9 @@
 //! The proxy-wasm adapter: copies host data in, calls [`crate::auth::authenticate`], applies
 //! the plan (to the host, or to the fused filter's exchange). Every host call goes through `llm_gateway_shared::host`; nothing here decides.
 
-use crate::auth::{authenticate_with, DenyReason, Found, KeyLookup, NoStore, Outcome, Pass, Plan};
+use crate::auth::{
+    authenticate_with, Answered, DenyReason, Found, KeyLookup, NoStore, Outcome, Pass, Plan,
+};
 use crate::config::{parse_document, KeyAuthConfig};
 use crate::reentry::{self, Secret};
 use llm_gateway_shared::chain::{self, Direction, Step};
@@ -41,12 +43,6 @@ impl Metrics {
             allowed: counter("llm_gateway.key_auth.allowed"),
             denied: DenyReason::ALL
                 .map(|r| counter(&format!("llm_gateway.key_auth.denied.{}", r.code()))),
-        }
-    }
-
-    fn bump(metric: Option<Metric>) {
-        if let Some(metric) = metric {
-            let _ = metric.increment(1);
         }
     }
 
@@ -113,7 +109,7 @@ impl RootContext for Root {
             secret: random_secret(),
             store,
         });
-        if !store::connect(&state) {
+        if !connect_store(&state) {
             return false;
         }
         self.state = Some(state);
@@ -197,6 +193,63 @@ impl HttpContext for Request {
         match self.state.as_ref().and_then(|s| s.store.as_ref()) {
             Some(store) if store.is_parked(self.id) => Action::Pause,
             _ => Action::Continue,
+        }
+    }
+}
+
+/// Connects Redis when the config has a key store, its answers deciding the requests that wait
+/// for them: `false` (logged) refuses the configuration.
+fn connect_store(state: &Rc<State>) -> bool {
+    let Some(store) = &state.store else {
+        return true;
+    };
+    let for_replies = Rc::clone(state);
+    store.connect(move |token, reply| {
+        if let Some(store) = &for_replies.store {
+            answered(&for_replies, store, token, reply);
+        }
+    })
+}
+
+/// Redis answered call `token` (`reply`: the raw RESP, or why the call failed): the store caches
+/// the answer, then every request waiting for it is decided and resumed (or refused).
+#[cfg_attr(not(feature = "higress"), allow(dead_code))] // no replies without Redis calls
+fn answered(state: &State, store: &store::Store, token: u32, reply: Result<Vec<u8>, String>) {
+    let Some((digest, found, contexts)) = store.answered(token, reply) else {
+        return;
+    };
+    for ctx in contexts {
+        let Some(headers) = store.unpark(ctx) else {
+            continue; // the request went away
+        };
+        if host::set_effective_context(ctx).is_err() {
+            continue;
+        }
+        let mut answered = Answered {
+            digest,
+            found: found.clone(),
+        };
+        let mut plan = decide_with(state, &headers, &mut answered);
+        if let Outcome::Fetch { .. } = plan.outcome {
+            // another digest (a re-entry ticket's): not answered here, refuse cleanly
+            let mut failed = Answered {
+                digest,
+                found: Found::Unavailable,
+            };
+            plan = decide_with(state, &headers, &mut failed);
+        }
+        let done = match apply(plan, &mut Sink::Host) {
+            Ok(()) => host::resume_request(),
+            Err(reject) => {
+                refuse(&reject);
+                Ok(())
+            }
+        };
+        if let Err(err) = done {
+            host::log(
+                LogLevel::Warn,
+                &format!("key-auth: cannot resume a request: {err}"),
+            );
         }
     }
 }

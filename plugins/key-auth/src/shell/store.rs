@@ -1,15 +1,15 @@
 //! Redis-held keys on the host: the shared-data cache read at each request, one `HGETALL`
 //! per digest missing from it (requests of one worker waiting for the same digest share the
-//! call), and the waiting requests decided and resumed when the reply comes.
+//! call), and the requests that wait for a reply parked until it comes.
 //!
 //! What is decided is pure ([`crate::cache`], [`crate::auth`]); this file moves bytes between
-//! them and the host.
+//! them and the host. The shell decides and resumes the waiting requests when their answer
+//! comes: this file hands it the answer and their parked headers, and needs nothing of it.
 
-use super::{apply, decide_with, refuse, Metrics, State};
-use crate::auth::{Answered, Found, KeyLookup, Outcome};
+use crate::auth::{Found, KeyLookup};
 use crate::cache::{self, Cached, Slot, Ttl};
 use crate::config::KeyStoreConfig;
-use llm_gateway_shared::host::{self, LogLevel, Metric, Sink};
+use llm_gateway_shared::host::{self, LogLevel, Metric};
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
@@ -96,14 +96,14 @@ impl Store {
             llm_gateway_shared::resp::encode_command(&[b"HGETALL".as_slice(), key.as_bytes()]);
         match redis_call(&self.config.service, &query) {
             Ok(token) => {
-                Metrics::bump(self.lookups);
+                bump(self.lookups);
                 self.calls.borrow_mut().insert(token, digest);
                 waiting.insert(digest, vec![ctx]);
                 self.parked.borrow_mut().insert(ctx, headers);
                 Ok(())
             }
             Err(err) => {
-                Metrics::bump(self.errors);
+                bump(self.errors);
                 let id = crate::auth::digest_prefix(&digest);
                 log(
                     LogLevel::Warn,
@@ -115,12 +115,15 @@ impl Store {
     }
 
     /// Redis answered call `token` (`reply`: the raw RESP, or why the call failed): caches the
-    /// answer, then decides and resumes (or refuses) every request waiting for it.
+    /// answer and gives it back with the requests that wait for it (their headers stay parked
+    /// until [`Store::unpark`]); `None` for a call this store did not send.
     #[cfg_attr(not(feature = "higress"), allow(dead_code))] // no replies without Redis calls
-    fn answered(&self, state: &State, token: u32, reply: Result<Vec<u8>, String>) {
-        let Some(digest) = self.calls.borrow_mut().remove(&token) else {
-            return;
-        };
+    pub(super) fn answered(
+        &self,
+        token: u32,
+        reply: Result<Vec<u8>, String>,
+    ) -> Option<([u8; 32], Found, Vec<u32>)> {
+        let digest = self.calls.borrow_mut().remove(&token)?;
         let contexts = self
             .waiting
             .borrow_mut()
@@ -134,39 +137,15 @@ impl Store {
         match &found {
             Found::Entry(entry) => self.remember(&digest, Cached::Entry(entry.clone())),
             Found::Unknown => self.remember(&digest, Cached::Unknown),
-            Found::Unavailable | Found::Fetch => Metrics::bump(self.errors),
+            Found::Unavailable | Found::Fetch => bump(self.errors),
         }
-        for ctx in contexts {
-            let Some(headers) = self.parked.borrow_mut().remove(&ctx) else {
-                continue; // the request went away
-            };
-            if host::set_effective_context(ctx).is_err() {
-                continue;
-            }
-            let mut answered = Answered {
-                digest,
-                found: found.clone(),
-            };
-            let mut plan = decide_with(state, &headers, &mut answered);
-            if let Outcome::Fetch { .. } = plan.outcome {
-                // another digest (a re-entry ticket's): not answered here, refuse cleanly
-                let mut failed = Answered {
-                    digest,
-                    found: Found::Unavailable,
-                };
-                plan = decide_with(state, &headers, &mut failed);
-            }
-            let done = match apply(plan, &mut Sink::Host) {
-                Ok(()) => host::resume_request(),
-                Err(reject) => {
-                    refuse(&reject);
-                    Ok(())
-                }
-            };
-            if let Err(err) = done {
-                log(LogLevel::Warn, &format!("cannot resume a request: {err}"));
-            }
-        }
+        Some((digest, found, contexts))
+    }
+
+    /// The headers of request `ctx`, which waited for Redis; `None` if it went away.
+    #[cfg_attr(not(feature = "higress"), allow(dead_code))]
+    pub(super) fn unpark(&self, ctx: u32) -> Option<Headers> {
+        self.parked.borrow_mut().remove(&ctx)
     }
 
     /// Writes what Redis said about `digest` into its bucket.
@@ -211,15 +190,21 @@ impl KeyLookup for CacheLookup<'_> {
         };
         match cache::find(&bucket, digest, now_ms(), self.store.ttl()) {
             Some(Cached::Entry(entry)) => {
-                Metrics::bump(self.store.hits);
+                bump(self.store.hits);
                 Found::Entry(entry)
             }
             Some(Cached::Unknown) => {
-                Metrics::bump(self.store.hits);
+                bump(self.store.hits);
                 Found::Unknown
             }
             None => Found::Fetch,
         }
+    }
+}
+
+fn bump(metric: Option<Metric>) {
+    if let Some(metric) = metric {
+        let _ = metric.increment(1);
     }
 }
 
@@ -241,42 +226,42 @@ fn redis_call(_service: &str, _query: &[u8]) -> host::HostResult<u32> {
     Err(host::HostError::Unimplemented)
 }
 
-/// Connects Redis when the config has a key store: `false` (logged) refuses the configuration.
-pub(super) fn connect(state: &Rc<State>) -> bool {
-    let Some(store) = &state.store else {
-        return true;
-    };
-    connect_higress(state, &store.config)
-}
-
-#[cfg(feature = "higress")]
-fn connect_higress(state: &Rc<State>, config: &KeyStoreConfig) -> bool {
-    use host::redis::{connect, on_redis_call_response};
-    let connected = connect(
-        &config.service,
-        config.username.as_deref(),
-        config.password.as_deref(),
-        config.timeout_ms,
-    );
-    if let Err(why) = connected {
-        log(LogLevel::Error, &why);
-        return false;
-    }
-    let for_replies = Rc::clone(state);
-    on_redis_call_response(move |response| {
-        let reply = response.reply();
-        if let Some(store) = &for_replies.store {
-            store.answered(&for_replies, response.token, reply);
+impl Store {
+    /// Connects Redis; every answer goes to `on_reply(token, reply)`. `false` (logged) refuses
+    /// the configuration.
+    #[cfg(feature = "higress")]
+    pub(super) fn connect(
+        &self,
+        mut on_reply: impl FnMut(u32, Result<Vec<u8>, String>) + 'static,
+    ) -> bool {
+        use host::redis::{connect, on_redis_call_response};
+        let config = &self.config;
+        let connected = connect(
+            &config.service,
+            config.username.as_deref(),
+            config.password.as_deref(),
+            config.timeout_ms,
+        );
+        if let Err(why) = connected {
+            log(LogLevel::Error, &why);
+            return false;
         }
-    });
-    true
-}
+        on_redis_call_response(move |response| {
+            let reply = response.reply();
+            on_reply(response.token, reply);
+        });
+        true
+    }
 
-#[cfg(not(feature = "higress"))]
-fn connect_higress(_state: &Rc<State>, _config: &KeyStoreConfig) -> bool {
-    log(
-        LogLevel::Error,
-        "this build has no Redis calls: use the Higress build",
-    );
-    false
+    #[cfg(not(feature = "higress"))]
+    pub(super) fn connect(
+        &self,
+        _on_reply: impl FnMut(u32, Result<Vec<u8>, String>) + 'static,
+    ) -> bool {
+        log(
+            LogLevel::Error,
+            "this build has no Redis calls: use the Higress build",
+        );
+        false
+    }
 }
