@@ -51,16 +51,17 @@ pub(super) fn register_queue(rules: &RuleSet<Rc<UsageConfig>>) -> Option<u32> {
 }
 
 /// Sends or queues the append of `record_json` under `ledger`, the ledger of `config` (a
-/// scope of `state.rules`).
+/// scope of `rules`); `queue` is the root context's (see [`register_queue`]).
 pub(super) fn submit(
     ledger: &LedgerConfig,
     config: &UsageConfig,
     record_json: &str,
-    state: &super::State,
+    rules: &RuleSet<Rc<UsageConfig>>,
+    queue: Option<u32>,
+    errors: Option<Metric>,
 ) {
-    if let (LedgerTransport::Http { .. }, Some(queue)) = (&ledger.transport, state.ledger_queue) {
-        let scope = state
-            .rules
+    if let (LedgerTransport::Http { .. }, Some(queue)) = (&ledger.transport, queue) {
+        let scope = rules
             .configs()
             .position(|c| std::ptr::eq(c.as_ref(), config));
         if let Some(scope) = scope.and_then(|s| u32::try_from(s).ok()) {
@@ -72,7 +73,7 @@ pub(super) fn submit(
             }
         }
     }
-    append(ledger, record_json, state.ledger_errors);
+    append(ledger, record_json, errors);
 }
 
 /// Sends every queued append (in the root context, so the answers come back to it).

@@ -272,7 +272,14 @@ fn execute(state: &State, command: &Command, target: &mut Sink<'_>) -> Result<()
             }
             state.record_metrics(record, provider.as_deref(), config);
             if let Some(ledger) = &config.ledger {
-                ledger::submit(ledger, config, json, state);
+                ledger::submit(
+                    ledger,
+                    config,
+                    json,
+                    &state.rules,
+                    state.ledger_queue,
+                    state.ledger_errors,
+                );
             }
             published
         }
