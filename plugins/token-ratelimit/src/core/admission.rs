@@ -1,6 +1,7 @@
 //! Admission: Redis health, sending calls, buckets and leases, budget reservations and the
 //! budget fallback.
 
+use super::store::{reserve_locally, settle_bucket, take, want};
 use super::*;
 
 impl Core {

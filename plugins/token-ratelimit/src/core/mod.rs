@@ -60,9 +60,7 @@ mod settlement;
 mod store;
 mod sync;
 
-use settlement::entry_command;
 pub use store::update;
-use store::{lease_failed, reserve_locally, settle_bucket, settle_locally, take, want};
 
 /// Shared data: the sync worker's lease (owner nonce, until).
 pub const SYNC_KEY: &str = "trl:sync";

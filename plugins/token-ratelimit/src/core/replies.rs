@@ -1,5 +1,6 @@
 //! Redis replies: decoding, `NOSCRIPT` resends, failures, and resuming the waiting request.
 
+use super::store::lease_failed;
 use super::*;
 
 impl Core {

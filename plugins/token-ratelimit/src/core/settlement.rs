@@ -1,6 +1,7 @@
 //! Settlement: exactly once per logical request, at `on_log` (or `on_done`); the outbox
 //! and the journal.
 
+use super::store::{settle_bucket, settle_locally};
 use super::*;
 
 impl Core {

@@ -1,6 +1,8 @@
 //! The sync worker: elected with a lease in shared data; on its tick it flushes the outbox,
 //! tops up leased buckets and replays the journal.
 
+use super::settlement::entry_command;
+use super::store::lease_failed;
 use super::*;
 
 impl Core {

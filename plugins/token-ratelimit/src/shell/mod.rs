@@ -293,7 +293,7 @@ struct Root {
 impl Context for Root {
     fn on_http_call_response(&mut self, token: u32, _: usize, body_size: usize, _: usize) {
         if let Some(state) = &self.state {
-            transport::on_http_reply(state, None, token, body_size);
+            state.run_in(None, None, transport::http_reply(token, body_size));
         }
     }
 }
@@ -321,7 +321,11 @@ impl RootContext for Root {
             effective: Cell::new(None),
         });
         if let Some(redis) = redis {
-            if !transport::connect(&state, &redis) {
+            let for_replies = Rc::clone(&state);
+            let on_reply = move |input| {
+                for_replies.run(None, input);
+            };
+            if !transport::connect(&redis, on_reply) {
                 return false;
             }
             if let Err(err) = host::set_tick_period_ms(period) {
@@ -365,7 +369,7 @@ struct Limiter {
 impl Context for Limiter {
     fn on_http_call_response(&mut self, token: u32, _: usize, body_size: usize, _: usize) {
         if let Some(state) = &self.state {
-            transport::on_http_reply(state, Some(self.id), token, body_size);
+            state.run_in(Some(self.id), None, transport::http_reply(token, body_size));
         }
     }
 

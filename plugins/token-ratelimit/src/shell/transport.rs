@@ -1,7 +1,7 @@
 //! The Redis transports on the host: Higress's Redis calls (the `higress` build) or HTTP to a
-//! webdis cluster (every build). Replies go to the core as [`Input::Reply`].
+//! webdis cluster (every build). Replies come back as the core's [`Input::Reply`], which the
+//! shell feeds it.
 
-use super::State;
 use crate::config::{RedisConfig, RedisTransport};
 use crate::core::{Input, Unanswered};
 use llm_gateway_shared::host::webdis::HttpRedis;
@@ -9,7 +9,6 @@ use llm_gateway_shared::host::{self, HostError};
 use llm_gateway_shared::resp;
 use llm_gateway_shared::webdis::WebdisError;
 use std::borrow::Cow;
-use std::rc::Rc;
 
 /// Sends one command: to webdis when `http` names its cluster, else by Higress's Redis call
 /// to `service`.
@@ -34,13 +33,13 @@ fn redis_call(_service: &str, _query: &[u8]) -> Result<u32, HostError> {
     Err(HostError::Unimplemented)
 }
 
-/// A webdis answer (HTTP transport), in whichever context the SDK delivers it.
-pub(super) fn on_http_reply(state: &State, effective: Option<u32>, token: u32, body_size: usize) {
+/// A webdis answer to call `token` (HTTP transport), as the core's input.
+pub(super) fn http_reply(token: u32, body_size: usize) -> Input {
     let reply = host::webdis::reply(body_size).map_err(|err| Unanswered {
         forbidden: err == WebdisError::Forbidden,
         why: err.to_string(),
     });
-    state.run_in(effective, None, Input::Reply { token, reply });
+    Input::Reply { token, reply }
 }
 
 /// The webdis cluster of an HTTP transport.
@@ -57,21 +56,21 @@ pub(super) fn http_redis(redis: Option<&RedisConfig>) -> Option<HttpRedis> {
 }
 
 /// Connects the Redis transport: nothing to do over HTTP (each call is a request to the
-/// webdis cluster); Higress's Redis calls need a connection and a reply callback.
-pub(super) fn connect(state: &Rc<State>, redis: &RedisConfig) -> bool {
-    let _ = (state, redis); // used by the Higress build only
+/// webdis cluster); Higress's Redis calls need a connection, and their replies go to
+/// `on_reply` as [`Input::Reply`].
+pub(super) fn connect(redis: &RedisConfig, on_reply: impl FnMut(Input) + 'static) -> bool {
+    let _ = &on_reply; // used by the Higress build only
     match redis.transport {
         RedisTransport::Http { .. } => true,
         #[cfg(feature = "higress")]
-        RedisTransport::Higress => connect_higress(state, redis),
+        RedisTransport::Higress => connect_higress(redis, on_reply),
         #[cfg(not(feature = "higress"))]
         RedisTransport::Higress => false, // refused by the config parser already
     }
 }
 
 #[cfg(feature = "higress")]
-fn connect_higress(state: &Rc<State>, redis: &RedisConfig) -> bool {
-    use super::log;
+fn connect_higress(redis: &RedisConfig, mut on_reply: impl FnMut(Input) + 'static) -> bool {
     use llm_gateway_shared::host::redis::{connect, on_redis_call_response};
     use llm_gateway_shared::host::LogLevel;
     let connected = connect(
@@ -81,10 +80,9 @@ fn connect_higress(state: &Rc<State>, redis: &RedisConfig) -> bool {
         redis.timeout_ms,
     );
     if let Err(why) = connected {
-        log(LogLevel::Error, &why);
+        host::log(LogLevel::Error, &format!("token-ratelimit: {why}"));
         return false;
     }
-    let for_replies = Rc::clone(state);
     on_redis_call_response(move |response| {
         let reply = response.reply();
         let reply = reply.map_err(|why| Unanswered {
@@ -92,7 +90,7 @@ fn connect_higress(state: &Rc<State>, redis: &RedisConfig) -> bool {
             forbidden: false,
         });
         let token = response.token;
-        for_replies.run(None, Input::Reply { token, reply });
+        on_reply(Input::Reply { token, reply });
     });
     true
 }
