@@ -10,7 +10,8 @@
 //! two keys: admitting a deployment reads shared data once (every request admits each
 //! deployment of its plan, and each read costs the host an allocation in the VM).
 
-use super::{Core, Level};
+use super::protocol::Level;
+use super::Core;
 use crate::breaker::{State, Transition, Verdict};
 use crate::config::{Deployment, RouterConfig};
 use crate::plan::Admission;

@@ -13,11 +13,11 @@
 //! not see those.) With the redirect fallback each pass records its own attempt at `on_log`.
 
 use super::breakers::admit_without_probe;
-use super::translation::ResponseTranslation;
-use super::{
-    header_string, property_string, select, Core, Flow, Input, Level, Map, OnFailure, ReadError,
-    Store, View,
+use super::protocol::{
+    header_string, property_string, select, Flow, Input, Level, Map, OnFailure, ReadError, View,
 };
+use super::translation::ResponseTranslation;
+use super::{Core, Store};
 use crate::body::{is_routed_path, Body};
 use crate::breaker::is_failure;
 use crate::budget_fallback::{alternative, plan_alternative, switched_plan};

@@ -9,7 +9,8 @@
 //! becomes a 502 in the client's API. An event stream is translated chunk by chunk
 //! ([`StreamTranslator`]): its `content-length` is removed at the headers.
 
-use super::{Command, Core, Flow, Level, Map, OnFailure, View};
+use super::protocol::{Command, Flow, Level, Map, OnFailure, View};
+use super::Core;
 use crate::translate::{self, Asked, ResponseParams, StreamTranslator, Wire};
 use llm_gateway_shared::reject::Reject;
 

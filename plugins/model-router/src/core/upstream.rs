@@ -6,10 +6,11 @@
 //! (`retry-after` & co., [`crate::signals`]) cools the deployment down in shared data.
 
 use super::downstream::{attempt_number, attempt_number_in, FALLBACK_HEADER};
-use super::translation::ResponseTranslation;
-use super::{
-    property_string, Command, Core, Flow, Input, Level, Map, OnFailure, ReadError, Store, View,
+use super::protocol::{
+    property_string, Command, Flow, Input, Level, Map, OnFailure, ReadError, View,
 };
+use super::translation::ResponseTranslation;
+use super::{Core, Store};
 use crate::body::{is_context_length_error, rewrite_model};
 use crate::config::{Deployment, RetryOn, RouterConfig};
 use crate::plan::answered_by;
