@@ -19,11 +19,36 @@
 //!   A local reply asked for while the response is already being encoded goes downstream
 //!   directly.
 
-use super::fleet::FleetInner;
 use super::services::lock;
 use super::state::VmLocation;
 use super::stream::{Direction, Headers, LocalReply, StreamData};
 use std::sync::{Arc, Mutex};
+
+/// What a stream asks of the fleet that runs it ([`super::fleet`]): its filters' VMs. The
+/// stream needs nothing else of the fleet, and the fleet drives the stream.
+pub(crate) trait Vms {
+    /// Calls export `name` of the VM at `loc`; its return value (its effects wait in the
+    /// fleet's deferred queue).
+    fn call(
+        &self,
+        loc: VmLocation,
+        name: &'static str,
+        args: &[u32],
+        stream: Option<u64>,
+    ) -> crate::Result<Option<u32>>;
+
+    /// Creates the HTTP context of filter `filter` of stream `stream` in the VM at `loc`.
+    fn create_context(
+        &self,
+        loc: VmLocation,
+        data: Arc<Mutex<StreamData>>,
+        filter: usize,
+        stream: u64,
+    ) -> crate::Result<u32>;
+
+    /// Queues the local reply of stream `stream`: sent once the current callback returns.
+    fn defer_local_reply(&self, stream: u64);
+}
 
 /// Where the headers of one direction are at one filter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -214,7 +239,7 @@ impl StreamCore {
     }
 
     /// Creates the filter's HTTP context in its VM if it has none yet.
-    fn ensure_context(&mut self, fleet: &FleetInner, filter: usize) -> crate::Result<u32> {
+    fn ensure_context(&mut self, fleet: &dyn Vms, filter: usize) -> crate::Result<u32> {
         if let Some(ctx) = self.contexts[filter] {
             return Ok(ctx);
         }
@@ -226,7 +251,7 @@ impl StreamCore {
     /// Headers arrive at position `pos` of `dir`'s order.
     pub(crate) fn headers_from(
         &mut self,
-        fleet: &FleetInner,
+        fleet: &dyn Vms,
         dir: Direction,
         pos: usize,
         eos: bool,
@@ -273,7 +298,7 @@ impl StreamCore {
     /// A body chunk arrives at position `pos` of `dir`'s order.
     pub(crate) fn data_from(
         &mut self,
-        fleet: &FleetInner,
+        fleet: &dyn Vms,
         dir: Direction,
         pos: usize,
         chunk: Vec<u8>,
@@ -349,12 +374,7 @@ impl StreamCore {
         Ok(())
     }
 
-    fn check_limit(
-        &mut self,
-        fleet: &FleetInner,
-        dir: Direction,
-        filter: usize,
-    ) -> crate::Result<()> {
+    fn check_limit(&mut self, fleet: &dyn Vms, dir: Direction, filter: usize) -> crate::Result<()> {
         let size = self.body(dir, filter).map_or(0, |b| b.len());
         if size <= self.buffer_limit {
             return Ok(());
@@ -393,7 +413,7 @@ impl StreamCore {
     /// `proxy_continue_stream` by `filter`.
     pub(crate) fn resume(
         &mut self,
-        fleet: &FleetInner,
+        fleet: &dyn Vms,
         dir: Direction,
         filter: usize,
     ) -> crate::Result<()> {
@@ -436,7 +456,7 @@ impl StreamCore {
     }
 
     /// Carries out the pending local reply.
-    pub(crate) fn local_reply(&mut self, fleet: &FleetInner) -> crate::Result<()> {
+    pub(crate) fn local_reply(&mut self, fleet: &dyn Vms) -> crate::Result<()> {
         let Some(reply) = lock(&self.data).pending_local_reply.take() else {
             return Ok(());
         };
@@ -485,7 +505,7 @@ impl StreamCore {
     /// The upstream's response headers arrive.
     pub(crate) fn response_headers(
         &mut self,
-        fleet: &FleetInner,
+        fleet: &dyn Vms,
         headers: Headers,
         eos: bool,
     ) -> crate::Result<()> {
@@ -512,7 +532,7 @@ impl StreamCore {
     /// A response body chunk arrives from the upstream.
     pub(crate) fn response_body(
         &mut self,
-        fleet: &FleetInner,
+        fleet: &dyn Vms,
         chunk: Vec<u8>,
         eos: bool,
     ) -> crate::Result<()> {
@@ -528,7 +548,7 @@ impl StreamCore {
     /// A request body chunk arrives from the client.
     pub(crate) fn request_body(
         &mut self,
-        fleet: &FleetInner,
+        fleet: &dyn Vms,
         chunk: Vec<u8>,
         eos: bool,
     ) -> crate::Result<()> {

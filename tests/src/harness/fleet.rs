@@ -4,8 +4,9 @@
 //! freely; asynchronous work (HTTP calls, Redis calls, queue notifications) waits until the
 //! test calls [`Fleet::pump`], which carries it out in the order it was asked for.
 
-use super::chain::{Downstream, StreamCore, Upstream};
+use super::chain::{Downstream, StreamCore, Upstream, Vms};
 use super::cost::CallCost;
+use super::filter::FilterSpec;
 use super::host::{Abi, Host};
 use super::redirect::InternalRedirect;
 use super::redis::{RedisBridge, FAILURE_STATUS};
@@ -14,7 +15,7 @@ use super::state::{Effect, HttpCallOutcome, HttpCallRequest, LogLine, VmLocation
 use super::stream::{
     headers_from, Direction, FilterAccess, Headers, LocalReply, Property, StreamData,
 };
-use super::vm::{FilterSpec, Vm, VmEnv};
+use super::vm::{Vm, VmEnv};
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::SocketAddr;
@@ -214,44 +215,6 @@ impl FleetInner {
             .ok_or_else(|| format!("no VM at {loc:?}"))
     }
 
-    /// Calls a VM export; its effects wait in the deferred queue.
-    pub(crate) fn call(
-        &self,
-        loc: VmLocation,
-        name: &'static str,
-        args: &[u32],
-        stream: Option<u64>,
-    ) -> crate::Result<Option<u32>> {
-        let called = self.vm(loc)?.borrow_mut().call(name, args, stream)?;
-        let mut deferred = self.deferred.borrow_mut();
-        deferred.extend(called.effects.into_iter().map(|e| Deferred::Effect(loc, e)));
-        Ok(called.value)
-    }
-
-    pub(crate) fn create_context(
-        &self,
-        loc: VmLocation,
-        data: Arc<Mutex<StreamData>>,
-        filter: usize,
-        stream: u64,
-    ) -> crate::Result<u32> {
-        let (ctx, effects) = self
-            .vm(loc)?
-            .borrow_mut()
-            .create_http_context(data, filter, stream)?;
-        self.contexts.borrow_mut().insert((loc, ctx), stream);
-        self.deferred
-            .borrow_mut()
-            .extend(effects.into_iter().map(|e| Deferred::Effect(loc, e)));
-        Ok(ctx)
-    }
-
-    pub(crate) fn defer_local_reply(&self, stream: u64) {
-        self.deferred
-            .borrow_mut()
-            .push_back(Deferred::LocalReply(stream));
-    }
-
     fn stream_of(&self, loc: VmLocation, ctx: u32) -> Option<(Rc<RefCell<StreamCore>>, usize)> {
         let id = *self.contexts.borrow().get(&(loc, ctx))?;
         let core = self.streams.borrow().get(&id)?.clone();
@@ -394,6 +357,45 @@ impl FleetInner {
             }
             Effect::Continue { .. } | Effect::Close { .. } | Effect::LocalReply { .. } => Ok(()),
         }
+    }
+}
+
+impl Vms for FleetInner {
+    fn call(
+        &self,
+        loc: VmLocation,
+        name: &'static str,
+        args: &[u32],
+        stream: Option<u64>,
+    ) -> crate::Result<Option<u32>> {
+        let called = self.vm(loc)?.borrow_mut().call(name, args, stream)?;
+        let mut deferred = self.deferred.borrow_mut();
+        deferred.extend(called.effects.into_iter().map(|e| Deferred::Effect(loc, e)));
+        Ok(called.value)
+    }
+
+    fn create_context(
+        &self,
+        loc: VmLocation,
+        data: Arc<Mutex<StreamData>>,
+        filter: usize,
+        stream: u64,
+    ) -> crate::Result<u32> {
+        let (ctx, effects) = self
+            .vm(loc)?
+            .borrow_mut()
+            .create_http_context(data, filter, stream)?;
+        self.contexts.borrow_mut().insert((loc, ctx), stream);
+        self.deferred
+            .borrow_mut()
+            .extend(effects.into_iter().map(|e| Deferred::Effect(loc, e)));
+        Ok(ctx)
+    }
+
+    fn defer_local_reply(&self, stream: u64) {
+        self.deferred
+            .borrow_mut()
+            .push_back(Deferred::LocalReply(stream));
     }
 }
 

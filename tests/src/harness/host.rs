@@ -23,7 +23,7 @@
 //!   also the module of the Envoy-semantics suite; the plain plugin builds are checked not to
 //!   import them (`harness_key_auth`, `packaging_abi`).
 
-use super::vm::FilterSpec;
+use super::filter::FilterSpec;
 
 /// The gateway whose wasm host the harness models.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -4,9 +4,9 @@
 //! instance and many instances, and meters every callback. `tests/README.md` says what it
 //! guarantees and what it does not.
 //!
-//! Layers, one file each: [`engine`] (engine and compiled-module cache), [`host`] (Envoy or
-//! Higress: the ABI a module may declare and what a headers `Pause` means), [`abi`] (host
-//! functions), [`state`] (a VM's store data), [`vm`] (one VM), [`stream`] (a stream's data),
+//! Layers, one file each: [`engine`] (engine and compiled-module cache), [`filter`] (a filter
+//! of a chain as a test describes it), [`host`] (Envoy or Higress: the ABI a module may
+//! declare and what a headers `Pause` means), [`abi`] (host functions), [`state`] (a VM's store data), [`vm`] (one VM), [`stream`] (a stream's data),
 //! [`chain`] (Envoy's filter iteration), [`services`] (shared data, queues, metrics, clock),
 //! [`redis`] (Redis bridge and fault proxy), [`redirect`] (Higress's fallback redirect), [`http_call`] (answers to `dispatch_http_call`),
 //! [`fleet`] (instances, workers, streams, pumping), [`cost`] (accounting); [`traffic`] drives
@@ -16,6 +16,7 @@ pub mod abi;
 pub mod chain;
 pub mod cost;
 pub mod engine;
+pub mod filter;
 pub mod fleet;
 pub mod host;
 pub mod http_call;
@@ -29,6 +30,7 @@ pub mod vm;
 
 pub use chain::{Downstream, Upstream};
 pub use cost::{CallCost, Totals};
+pub use filter::FilterSpec;
 pub use fleet::{Exchange, Fleet, FleetBuilder, Request, Response, Stream};
 pub use host::{Abi, Host};
 pub use redirect::{InternalRedirect, RedirectValue};
@@ -36,7 +38,6 @@ pub use redis::{Fault, FaultProxy};
 pub use services::Clock;
 pub use state::{HttpCallOutcome, HttpCallRequest};
 pub use stream::{Direction, LocalReply, Property};
-pub use vm::FilterSpec;
 
 /// Where the harness clock starts in the suites whose keys live in a real `redis-server`:
 /// 00:53:20 UTC of the day after the real one (Unix nanoseconds).
