@@ -363,24 +363,18 @@ mod flavor;
 mod handlers;
 mod json;
 mod knobs;
+mod record;
 mod server;
 mod validate;
 
 pub use flavor::Flavor;
+pub use record::{RecordedRequest, MAX_BODY_BYTES, MAX_RECORDED_REQUESTS};
 
-use std::collections::VecDeque;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
-use bytes::Bytes;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
-
-/// How many requests [`MockUpstream::requests`] keeps (the oldest are dropped first).
-pub const MAX_RECORDED_REQUESTS: usize = 10_000;
-
-/// Largest request body accepted (64 MiB); larger ones get `413`.
-pub const MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
 
 /// A running mock server on the current tokio runtime.
 ///
@@ -479,34 +473,6 @@ impl std::fmt::Debug for MockUpstream {
     }
 }
 
-/// One request as the mock received it.
-#[derive(Debug, Clone)]
-pub struct RecordedRequest {
-    /// `GET`, `POST`, …
-    pub method: String,
-    /// Path and query, as received (`/v1/chat/completions?x=1`).
-    pub path: String,
-    /// Header names are lowercase; values are decoded as lossy UTF-8. In received order.
-    pub headers: Vec<(String, String)>,
-    /// The full request body.
-    pub body: Bytes,
-}
-
-impl RecordedRequest {
-    /// The value of the first header named `name` (case-insensitive).
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
-    }
-
-    /// The body parsed as JSON, if it is JSON.
-    pub fn json(&self) -> Option<serde_json::Value> {
-        serde_json::from_slice(&self.body).ok()
-    }
-}
-
 /// Serves forever on an already-bound listener, on the current tokio runtime (used by the
 /// binary). Requests are not recorded; with `log`, one line per request goes to stderr
 /// (`METHOD PATH -> STATUS`) along with accept errors.
@@ -525,31 +491,4 @@ pub async fn serve_flavor(listener: TcpListener, log: bool, flavor: Flavor) -> s
     let state = Arc::new(server::State::new(false, log, flavor));
     server::accept_loop(listener, state).await;
     Ok(())
-}
-
-pub(crate) struct Recorder {
-    requests: Mutex<VecDeque<RecordedRequest>>,
-}
-
-impl Recorder {
-    fn new() -> Recorder {
-        Recorder {
-            requests: Mutex::new(VecDeque::new()),
-        }
-    }
-
-    fn lock(&self) -> MutexGuard<'_, VecDeque<RecordedRequest>> {
-        // A panic while holding this lock cannot leave the deque inconsistent: ignore poison.
-        self.requests
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    fn push(&self, request: RecordedRequest) {
-        let mut requests = self.lock();
-        if requests.len() >= MAX_RECORDED_REQUESTS {
-            requests.pop_front();
-        }
-        requests.push_back(request);
-    }
 }

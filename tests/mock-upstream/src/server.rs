@@ -26,7 +26,8 @@ use crate::error::{ApiError, Dialect};
 use crate::flavor::{Flavor, Route};
 use crate::handlers::{self, Ctx, Reply};
 use crate::knobs::{Garbage, Knobs};
-use crate::{validate, RecordedRequest, Recorder, MAX_BODY_BYTES};
+use crate::record::{RecordedRequest, Recorder, MAX_BODY_BYTES};
+use crate::validate;
 
 pub(crate) struct State {
     recorder: Recorder,

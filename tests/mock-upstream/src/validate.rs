@@ -2,9 +2,10 @@
 //! a body here before answering it (the `Any` flavor does not).
 
 mod anthropic;
+mod fields;
 mod openai;
 
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use crate::error::ApiError;
 use crate::flavor::{Flavor, Route};
@@ -23,12 +24,6 @@ pub(crate) fn check(flavor: Flavor, route: &Route, req: &Value) -> Result<(), Ap
         Route::CountTokens => anthropic::check(req, anthropic::Endpoint::CountTokens),
         Route::Responses | Route::Health => Ok(()),
     }
-}
-
-/// The field `key` of `obj`, `None` when absent or `null` (both providers take an optional
-/// field's `null` as its absence).
-fn field<'v>(obj: &'v Map<String, Value>, key: &str) -> Option<&'v Value> {
-    obj.get(key).filter(|v| !v.is_null())
 }
 
 #[cfg(test)]

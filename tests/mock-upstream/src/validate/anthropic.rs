@@ -4,7 +4,7 @@
 
 use serde_json::{Map, Value};
 
-use super::field;
+use super::fields::{field, is_tool_name};
 use crate::error::ApiError;
 
 /// Which endpoint the body is for.
@@ -470,14 +470,6 @@ fn is_server_tool(kind: &str) -> bool {
     kind.rsplit_once('_').is_some_and(|(name, date)| {
         !name.is_empty() && date.len() == 8 && date.bytes().all(|b| b.is_ascii_digit())
     })
-}
-
-/// `^[a-zA-Z0-9_-]{1,max}$`
-pub(crate) fn is_tool_name(name: &str, max: usize) -> bool {
-    (1..=max).contains(&name.len())
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
 /// `tool_choice`: `{type: auto | any | none | tool (+ name)}`.

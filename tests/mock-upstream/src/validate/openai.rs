@@ -5,8 +5,7 @@
 
 use serde_json::{Map, Value};
 
-use super::anthropic::is_tool_name;
-use super::field;
+use super::fields::{field, is_tool_name};
 use crate::error::ApiError;
 
 /// Every top-level field Chat Completions takes.
