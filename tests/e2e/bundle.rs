@@ -3,7 +3,7 @@
 //! `dist/llm-gateway.wasm` in one `vm_id`.
 //!
 //! - the committed file is exactly what `tests/src/bundle.rs` derives from `gateway.yaml`;
-//! - the user's journey of `e2e_chain` (a stream with an e-mail address, masked for the
+//! - the user's journey of `e2e chain::` (a stream with an e-mail address, masked for the
 //!   provider and restored for the client, the usage record in the access log, the refusals)
 //!   holds through the bundle;
 //! - Envoy runs one wasm VM per worker for it, where `gateway.yaml` runs five;
@@ -41,7 +41,7 @@ fn gateway_bundle_yaml_is_gateway_yaml_with_the_bundle() {
             .unwrap_or(committed.lines().count().min(derived.lines().count()));
         panic!(
             "envoy-config/{CONFIG} is not gateway.yaml with the bundle (first difference at line {}); \
-             rewrite it with LLM_GATEWAY_BLESS=1 cargo test -p llm-gateway-tests --test e2e_bundle",
+             rewrite it with LLM_GATEWAY_BLESS=1 cargo test -p llm-gateway-tests --test e2e -- bundle::",
             line + 1
         );
     }
@@ -151,7 +151,7 @@ async fn the_chain_in_one_module_behaves_like_five_with_one_vm_per_worker() {
     let (bundle, separate) = tokio::join!(Demo::start_with(0, CONFIG), Demo::start(0));
     let (bundle, separate) = (bundle.unwrap(), separate.unwrap());
 
-    // The journey of e2e_chain through the bundle: the address masked for the provider and
+    // The journey of e2e chain:: through the bundle: the address masked for the provider and
     // restored in the stream, the provider's credential and model, the usage record.
     let with_usage = streamed_chat(&bundle, "alice", &[]).await;
     assert_eq!(with_usage["content_type"], "text/event-stream");

@@ -15,7 +15,7 @@ use llm_gateway_tests::demo::{
     Demo, ANTHROPIC_CREDENTIAL, AZURE_CREDENTIAL, DEMO_KEY, FAST_ONLY_KEY, OPENAI_CREDENTIAL,
 };
 use llm_gateway_tests::http::{self, sse_events, Response};
-use llm_gateway_tests::workspace;
+use llm_gateway_tests::workspace::EnvoyVersion;
 use mock_upstream::RecordedRequest;
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -1054,7 +1054,7 @@ async fn a_budget_too_small_for_smart_switches_to_fast() {
         &smart,
     )
     .await;
-    if workspace::envoy_136() {
+    if demo.envoy.version() == EnvoyVersion::V136 {
         // gateway-1.36.yaml's `smart` has no budget_fallback (not available with the redirect
         // fallback yet): the budget refuses, and no provider is asked
         http::assert_openai_error(&response, 402, "budget_exceeded");

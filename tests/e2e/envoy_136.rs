@@ -6,14 +6,16 @@
 //! same request id, on a provider's 429 or 503 and when it cannot be reached. A client cannot
 //! forge the re-entry: its copy of the marker is removed and its key asked for.
 //!
-//! The rest of the chain on 1.36.4 runs in `scripts/test` as the suites `e2e_chain`,
-//! `e2e_openai_client` and `e2e_demo` with `LLM_GATEWAY_ENVOY=1.36`.
+//! Every test here names its Envoy (`Demo::start_on`, `Envoy::validate_on`): the other suites
+//! of the same process keep theirs. The rest of the chain on 1.36.4 runs in `scripts/test` as
+//! `e2e` modules `chain`, `openai_client`, `demo`, `translation`, `ratelimit_tiers`, `usage`
+//! and `fleet`'s shared budget with `LLM_GATEWAY_ENVOY=1.36`.
 
 use llm_gateway_tests::bench::config::{template, wasm_filters};
 use llm_gateway_tests::demo::{self, Demo, AZURE_CREDENTIAL, DEMO_KEY, OPENAI_CREDENTIAL};
 use llm_gateway_tests::envoy::Envoy;
 use llm_gateway_tests::http::{self, Response};
-use llm_gateway_tests::workspace;
+use llm_gateway_tests::workspace::{self, EnvoyVersion};
 use mock_upstream::RecordedRequest;
 use serde_json::{json, Value};
 
@@ -61,11 +63,10 @@ fn assert_sent_to(seen: &RecordedRequest, model: &str, credential: &str) {
 
 #[test]
 fn the_136_config_is_accepted_and_gateway_yaml_is_not() {
-    workspace::use_envoy_136();
     let vars = demo::vars(0, 9, 9, 9);
-    Envoy::validate(demo::CONFIG_136, &vars).unwrap();
+    Envoy::validate_on(EnvoyVersion::V136, demo::CONFIG_136, &vars).unwrap();
     // why the variant exists: 1.36 has no `refresh_cluster_on_retry`
-    let refused = Envoy::validate(demo::CONFIG, &vars).unwrap_err();
+    let refused = Envoy::validate_on(EnvoyVersion::V136, demo::CONFIG, &vars).unwrap_err();
     assert!(refused.contains("refresh_cluster_on_retry"), "{refused}");
 }
 
@@ -124,8 +125,7 @@ fn both_configs_set_the_plugins_alike_but_for_the_fallback() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_provider_429_or_503_falls_back_to_the_next_deployment() {
-    workspace::use_envoy_136();
-    let demo = Demo::start(0).await.unwrap();
+    let demo = Demo::start_on(EnvoyVersion::V136, 0).await.unwrap();
     let key = bearer(DEMO_KEY);
     for (status, stream) in [("429", false), ("503", true)] {
         demo.openai.set_default_knobs(&[("x-mock-status", status)]);
@@ -169,11 +169,13 @@ async fn a_provider_429_or_503_falls_back_to_the_next_deployment() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_provider_falls_back_to_the_next_deployment() {
-    workspace::use_envoy_136();
     // the `openai` cluster points at a port nothing listens on
-    let demo = Demo::start_variant(&[("port_value: ${OPENAI_PORT}", "port_value: 1")])
-        .await
-        .unwrap();
+    let demo = Demo::start_variant_on(
+        EnvoyVersion::V136,
+        &[("port_value: ${OPENAI_PORT}", "port_value: 1")],
+    )
+    .await
+    .unwrap();
     let response = chat(&demo, &[("authorization", &bearer(DEMO_KEY))], false).await;
     assert_eq!(response.status, 200, "{}", response.text());
     assert_eq!(response.header("x-llm-deployment"), Some("azure-mini"));
@@ -189,8 +191,7 @@ async fn an_unreachable_provider_falls_back_to_the_next_deployment() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_copy_of_the_reentry_marker_is_refused_or_removed() {
-    workspace::use_envoy_136();
-    let demo = Demo::start(0).await.unwrap();
+    let demo = Demo::start_on(EnvoyVersion::V136, 0).await.unwrap();
     let ticket = format!(
         "v1|{}|9999999999|POST|gw|{}",
         "ab".repeat(32),
@@ -312,8 +313,7 @@ fn gateway_136_is_derived_from_gateway_yaml() {
 /// reaches the router: see the model-router README, "Provider signals").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_answering_pass_retry_after_cools_its_deployment_down() {
-    workspace::use_envoy_136();
-    let demo = Demo::start(0).await.unwrap();
+    let demo = Demo::start_on(EnvoyVersion::V136, 0).await.unwrap();
     let key = bearer(DEMO_KEY);
     demo.openai.set_default_knobs(&[("x-mock-status", "429")]);
     demo.azure

@@ -66,6 +66,7 @@ impl Fleet {
             let options = Options {
                 concurrency: 2,
                 trace_wasm: false,
+                ..Options::default()
             };
             (0..2)
                 .map(|_| Envoy::start_with("e2e-fleet.yaml", &vars, &options).unwrap())

@@ -5,8 +5,8 @@
 //! - the committed file is exactly what `tests/src/fused.rs` derives from `gateway.yaml`, and
 //!   each section of the fused filter's configuration is its filter's configuration there;
 //! - Envoy validates it and runs one wasm VM per worker;
-//! - the user's whole journey of `e2e_chain` runs against it in CI
-//!   (`LLM_GATEWAY_FORM=fused cargo test --test e2e_chain`, scripts/test).
+//! - the user's whole journey of `e2e chain::` runs against it in CI
+//!   (`LLM_GATEWAY_FORM=fused cargo test --test e2e -- chain::`, scripts/test).
 
 use llm_gateway_tests::fused::{config_from_gateway, fused_configuration, CONFIG, SECTIONS};
 use llm_gateway_tests::workspace;
@@ -32,7 +32,7 @@ fn gateway_fused_yaml_is_gateway_yaml_fused() {
             .unwrap_or(committed.lines().count().min(derived.lines().count()));
         panic!(
             "envoy-config/{CONFIG} is not gateway.yaml fused (first difference at line {}); \
-             rewrite it with LLM_GATEWAY_BLESS=1 cargo test -p llm-gateway-tests --test e2e_fused",
+             rewrite it with LLM_GATEWAY_BLESS=1 cargo test -p llm-gateway-tests --test e2e -- fused::",
             line + 1
         );
     }

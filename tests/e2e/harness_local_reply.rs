@@ -55,6 +55,7 @@ async fn start(module: &str) -> (MockUpstream, Envoy) {
     let options = Options {
         concurrency: 1,
         trace_wasm: true,
+        ..Options::default()
     };
     let envoy = tokio::task::spawn_blocking(move || {
         Envoy::start_with("e2e-harness-local-reply.yaml", &vars, &options)

@@ -257,6 +257,7 @@ async fn start_gateway() -> Gateway {
     let options = Options {
         concurrency: 2,
         trace_wasm: false,
+        ..Options::default()
     };
     let config = path.to_string_lossy().to_string();
     let envoy = tokio::task::spawn_blocking(move || Envoy::start_with(&config, &vars, &options))

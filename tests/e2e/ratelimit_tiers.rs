@@ -61,6 +61,7 @@ async fn start() -> Gateway {
     let options = Options {
         concurrency: 2,
         trace_wasm: false,
+        ..Options::default()
     };
     let envoy = tokio::task::spawn_blocking(move || {
         Envoy::start_with("e2e-ratelimit.yaml", &vars, &options)

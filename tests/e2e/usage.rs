@@ -8,6 +8,7 @@ use llm_gateway_shared::usage::Api;
 use llm_gateway_tests::envoy::Envoy;
 use llm_gateway_tests::http::{self, Response};
 use llm_gateway_tests::workloads;
+use llm_gateway_tests::workspace::EnvoyVersion;
 use mock_upstream::MockUpstream;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
@@ -720,7 +721,7 @@ async fn a_client_that_goes_away_mid_stream_gets_an_estimated_record() {
 /// `/stats/prometheus` of Envoy 1.40: 3 counts as 3.04918…, 23 as 23.4894…; Envoy 1.36.4 counts
 /// the bin's midpoint instead). Counts are
 /// exact; the exact totals are the `llm_gateway_usage_tokens` counters.
-fn binned(v: u64) -> f64 {
+fn binned(envoy: EnvoyVersion, v: u64) -> f64 {
     if v == 0 {
         return 0.0;
     }
@@ -730,7 +731,7 @@ fn binned(v: u64) -> f64 {
     }
     let low = (v as f64 / width).floor() * width;
     let high = low + width;
-    if llm_gateway_tests::workspace::envoy_136() {
+    if envoy == EnvoyVersion::V136 {
         // Envoy 1.36.4 counts the bin's midpoint (300 as 305, 3 as 3.05)
         return (low + high) / 2.0;
     }
@@ -754,6 +755,7 @@ fn histogram_totals(prometheus: &str, name: &str, labels: &[String]) -> (f64, u6
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn genai_metrics_follow_opentelemetry_and_match_the_records() {
     let gw = Gateway::start().await;
+    let envoy = gw.envoy.version();
     let knobs = [("x-mock-prompt-tokens", "300"), ("x-mock-chunks", "12")];
     let streamed = [
         ("x-mock-prompt-tokens", "200"),
@@ -832,7 +834,7 @@ async fn genai_metrics_follow_opentelemetry_and_match_the_records() {
             with(&chat_labels, "gen_ai_token_type=\"input\""),
             chats
                 .iter()
-                .map(|r| binned(tokens(r, "prompt_tokens")))
+                .map(|r| binned(envoy, tokens(r, "prompt_tokens")))
                 .sum(),
             2,
         ),
@@ -841,14 +843,14 @@ async fn genai_metrics_follow_opentelemetry_and_match_the_records() {
             with(&chat_labels, "gen_ai_token_type=\"output\""),
             chats
                 .iter()
-                .map(|r| binned(tokens(r, "completion_tokens")))
+                .map(|r| binned(envoy, tokens(r, "completion_tokens")))
                 .sum(),
             2,
         ),
         (
             "gen_ai_client_token_usage",
             with(&embed_labels, "gen_ai_token_type=\"input\""),
-            binned(tokens(embed, "prompt_tokens")),
+            binned(envoy, tokens(embed, "prompt_tokens")),
             1,
         ),
         (
@@ -856,20 +858,20 @@ async fn genai_metrics_follow_opentelemetry_and_match_the_records() {
             chat_labels.clone(),
             chats
                 .iter()
-                .map(|r| binned(number(r, "duration_ms").unwrap()))
+                .map(|r| binned(envoy, number(r, "duration_ms").unwrap()))
                 .sum(),
             2,
         ),
         (
             "gen_ai_server_time_to_first_token_milliseconds",
             chat_labels.clone(),
-            ttfts.iter().map(|v| binned(*v)).sum(),
+            ttfts.iter().map(|v| binned(envoy, *v)).sum(),
             ttfts.len() as u64,
         ),
         (
             "gen_ai_server_time_per_output_token_microseconds",
             chat_labels.clone(),
-            tpots.iter().map(|v| binned(*v)).sum(),
+            tpots.iter().map(|v| binned(envoy, *v)).sum(),
             tpots.len() as u64,
         ),
     ];

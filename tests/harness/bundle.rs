@@ -1,7 +1,7 @@
 //! The bundle (`dist/llm-gateway.wasm`, `plugins/bundle`) in the harness: loaded once per root
 //! id of `envoy-config/gateway.yaml`, with gateway.yaml's filter configs, it does what the five
 //! standalone modules do — byte for byte at the upstream and the client, in filter state, in
-//! shared data and in metrics — on the journey of `e2e_chain` (a stream with an e-mail
+//! shared data and in metrics — on the journey of `e2e chain::` (a stream with an e-mail
 //! address, one without usage, a non-streaming chat, the refusals). A root id it does not
 //! know fails the configuration, naming the id and the known ones.
 //!

@@ -1,7 +1,7 @@
 //! The fused filter (root id `llm-gateway` of `dist/llm-gateway.wasm`, `plugins/bundle`) in the
 //! harness: the five listener filters of `envoy-config/gateway.yaml` as one filter whose
 //! configuration holds theirs under the plugins' section names, and the router's upstream
-//! filter after it. On the journey of `e2e_chain` it does what the five standalone modules do —
+//! filter after it. On the journey of `e2e chain::` it does what the five standalone modules do —
 //! byte for byte at the upstream and the client, in filter state, in shared data and in
 //! metrics — while Envoy calls one filter per callback instead of five.
 

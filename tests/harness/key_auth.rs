@@ -398,7 +398,7 @@ fn two_key_auth_filters_a_refusal_short_circuits_the_second() {
 fn the_host_skips_the_callbacks_key_auth_wasm_does_not_export() {
     // the same exchanges with key-auth.wasm (scripts/unused-callbacks): the same answers, and
     // neither VM is entered for a body or response callback, proxy_on_log or proxy_on_done
-    // (Envoy 1.40 alike: e2e_harness_local_reply)
+    // (Envoy 1.40 alike: e2e harness_local_reply::)
     let gw = two_key_auth_filters("key-auth");
     let ex = send(&gw, "/v1/chat/completions", &[("x-api-key", UNKNOWN)]);
     assert_error(&ex, 401, "invalid_api_key");

@@ -764,7 +764,7 @@ fn client_addresses_get_their_own_bucket_in_bounded_slots() {
 /// A client at its own rate limit gets token-ratelimit's 429, a local reply that passes the
 /// router's response path: it reached no deployment, so it must not count against one's
 /// breaker (counted, one end user over its limit opened the breakers of the group for every
-/// client: `e2e_upstream_faults` shows it in Envoy 1.40 with gateway.yaml).
+/// client: `e2e upstream_faults::` shows it in Envoy 1.40 with gateway.yaml).
 #[test]
 fn local_refusals_do_not_open_the_routers_breakers() {
     let router_config = json!({

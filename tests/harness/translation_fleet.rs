@@ -20,7 +20,7 @@
 //! plugin sees the failure; `use_original_request_uri` and `use_original_request_body`: the
 //! client's original body, at the path Higress's redirect builds from the first pass's map).
 //!
-//! Every scenario runs over both Redis transports, as `harness_ratelimit_fleet` does: Higress's
+//! Every scenario runs over both Redis transports, as `harness ratelimit_fleet::` does: Higress's
 //! Redis calls (the Higress builds in the harness's Higress mode) and HTTP to a real webdis
 //! (the plain builds on the harness's Envoy host); the fleet runs must give the same figures
 //! both ways. Every figure is printed (`--nocapture` to see them).

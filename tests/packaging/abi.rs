@@ -6,9 +6,7 @@
 //! only; the Redis imports are in the three `higress`-feature builds and in no plain one. And
 //! the harness's two hosts hold modules and filters to the same rules as the real ones.
 
-mod common;
-
-use common::CHAIN;
+use crate::common::CHAIN;
 use llm_gateway_tests::harness::{Abi, FilterSpec, Fleet, Host};
 use llm_gateway_tests::workspace;
 use serde_json::json;

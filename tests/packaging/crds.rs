@@ -3,9 +3,7 @@
 //! every `matchRules[].config` in the form Higress delivers them (and refuses a broken field);
 //! the McpBridge declares every cluster the plugins name.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
 
@@ -291,7 +289,7 @@ fn match_rules_convert_as_higress_does() {
 
 /// Every image is a plugin's Higress build (scripts/package-oci packages only
 /// `dist/higress/<plugin>.wasm`, under the plugin's name); those that use Redis are configured
-/// with it (their Higress builds are the `higress` feature builds, `packaging_abi`).
+/// with it (their Higress builds are the `higress` feature builds, `packaging abi::`).
 #[test]
 fn every_plugin_pulls_its_higress_build_and_redis_users_configure_it() {
     let mut redis_users = 0;
@@ -522,7 +520,7 @@ fn the_commented_redis_keys_form_of_key_auth_is_accepted() {
         })
         .collect();
     assert_ne!(uncommented, format!("{text}\n"), "no commented redis form");
-    let docs = common::yaml_documents(&uncommented).unwrap();
+    let docs = crate::common::yaml_documents(&uncommented).unwrap();
     let spec = docs
         .iter()
         .find(|d| d["kind"] == "WasmPlugin")

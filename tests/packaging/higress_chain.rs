@@ -13,9 +13,7 @@
 //! what makes the chain work: the plain `_0_2_1` router in the same mode never gets its body.
 //! Still the harness, not a running Higress (none on the test machine).
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use llm_gateway_tests::demo::DEMO_KEY;
 use llm_gateway_tests::harness::traffic::Books;
 use llm_gateway_tests::harness::{

@@ -4,9 +4,7 @@
 //! one, `abiVersions` `proxy_abi_version_0_2_100` — the same in the tar, the same digests on
 //! every run, the image each WasmPlugin's `url` names; and a plain (`_0_2_1`) build refused.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use llm_gateway_tests::workspace::{self, sha256_hex, TempDir};
 use serde_json::Value;
 use std::collections::BTreeMap;

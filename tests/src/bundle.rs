@@ -1,7 +1,7 @@
 //! The bundle build (`plugins/bundle`, `dist/llm-gateway.wasm`): the five filters in one module,
 //! each selected by its `root_id`, all in one `vm_id`. [`config_from_gateway`] derives
 //! `envoy-config/gateway-bundle.yaml` from `envoy-config/gateway.yaml`, so the two never drift
-//! apart (`e2e_bundle` checks the committed file against it).
+//! apart (`e2e bundle::` checks the committed file against it).
 
 /// The bundle's module in `dist/` (without `.wasm`).
 pub const MODULE: &str = "llm-gateway";
@@ -22,8 +22,8 @@ pub const MODULES: [(&str, usize); 5] = [
 
 const HEADER: &str = "\
 # GENERATED from gateway.yaml by tests/src/bundle.rs (config_from_gateway); do not edit here.
-# e2e_bundle fails when the two disagree; to rewrite this file after changing gateway.yaml:
-#   LLM_GATEWAY_BLESS=1 cargo test -p llm-gateway-tests --test e2e_bundle
+# e2e bundle:: fails when the two disagree; to rewrite this file after changing gateway.yaml:
+#   LLM_GATEWAY_BLESS=1 cargo test -p llm-gateway-tests --test e2e -- bundle::
 #
 # The same gateway with every filter in one module, dist/llm-gateway.wasm (plugins/bundle), and
 # one vm_id, llm-gateway: Envoy runs one wasm VM per worker thread instead of five, with one copy

@@ -8,6 +8,7 @@
 //! the usage ledger in the access log, so the demo needs no Redis (the Higress builds use it).
 
 use crate::envoy::{Envoy, Options};
+use crate::workspace::{EnvoyVersion, TempDir};
 use crate::Result;
 use mock_upstream::{Flavor, MockUpstream};
 use std::net::SocketAddr;
@@ -23,17 +24,22 @@ pub const CONFIG: &str = "gateway.yaml";
 /// internal redirect.
 pub const CONFIG_136: &str = "gateway-1.36.yaml";
 
-/// The bootstrap the fixtures' Envoy takes: [`CONFIG_136`] under `LLM_GATEWAY_ENVOY=1.36`;
-/// the fused build's (`gateway-fused.yaml`, [`crate::fused::CONFIG`]) under
-/// `LLM_GATEWAY_FORM=fused`; else [`CONFIG`].
-pub fn config() -> &'static str {
-    if crate::workspace::envoy_136() {
+/// The bootstrap the demo's Envoy takes in Envoy `version`: [`CONFIG_136`] in 1.36.4; the fused
+/// build's (`gateway-fused.yaml`, [`crate::fused::CONFIG`]) under `LLM_GATEWAY_FORM=fused`
+/// (set from outside, as `scripts/test` does; never by a test); else [`CONFIG`].
+pub fn config_for(version: EnvoyVersion) -> &'static str {
+    if version == EnvoyVersion::V136 {
         CONFIG_136
     } else if std::env::var("LLM_GATEWAY_FORM").is_ok_and(|form| form == "fused") {
         crate::fused::CONFIG
     } else {
         CONFIG
     }
+}
+
+/// [`config_for`] the Envoy of [`EnvoyVersion::from_env`].
+pub fn config() -> &'static str {
+    config_for(EnvoyVersion::from_env())
 }
 
 /// The fake provider credentials of `gateway.yaml`'s router config: what each mock provider
@@ -99,14 +105,24 @@ async fn mock(flavor: Flavor) -> Result<MockUpstream> {
 }
 
 impl Demo {
-    /// Starts everything; the gateway listens on `127.0.0.1:port` (0: any free port).
+    /// Starts everything in the Envoy of [`EnvoyVersion::from_env`]; the gateway listens on
+    /// `127.0.0.1:port` (0: any free port).
     pub async fn start(port: u16) -> Result<Demo> {
-        Demo::start_with(port, config()).await
+        Demo::start_on(EnvoyVersion::from_env(), port).await
+    }
+
+    /// [`Demo::start`] in Envoy `version`, with its bootstrap ([`config_for`]).
+    pub async fn start_on(version: EnvoyVersion, port: u16) -> Result<Demo> {
+        Demo::launch(version, port, config_for(version)).await
     }
 
     /// [`Demo::start`] with another bootstrap: a name in `envoy-config/` or an absolute path
     /// (a test's variant of `gateway.yaml`).
     pub async fn start_with(port: u16, config: &str) -> Result<Demo> {
+        Demo::launch(EnvoyVersion::from_env(), port, config).await
+    }
+
+    async fn launch(version: EnvoyVersion, port: u16, config: &str) -> Result<Demo> {
         let (openai, azure, anthropic) = (
             mock(Flavor::Openai).await?,
             mock(Flavor::Azure).await?,
@@ -121,6 +137,7 @@ impl Demo {
         let options = Options {
             concurrency: 2,
             trace_wasm: false,
+            version,
         };
         let config = config.to_string();
         let envoy =
@@ -138,8 +155,14 @@ impl Demo {
     /// The demo with `gateway.yaml` as shipped but for `changes`, each `(from, to)` a text
     /// replacement whose `from` must occur exactly once: a setting shortened or shrunk so a
     /// test sees its effect quickly. Panics (a test fixture) when a `from` does not occur once.
+    /// In the Envoy of [`EnvoyVersion::from_env`].
     pub async fn start_variant(changes: &[(&str, &str)]) -> Result<Demo> {
-        let name = config();
+        Demo::start_variant_on(EnvoyVersion::from_env(), changes).await
+    }
+
+    /// [`Demo::start_variant`] in Envoy `version`, of its bootstrap ([`config_for`]).
+    pub async fn start_variant_on(version: EnvoyVersion, changes: &[(&str, &str)]) -> Result<Demo> {
+        let name = config_for(version);
         let shipped = std::fs::read_to_string(crate::workspace::envoy_config(name))
             .map_err(|e| format!("{name}: {e}"))?;
         let mut text = shipped.clone();
@@ -147,15 +170,11 @@ impl Demo {
             assert_eq!(shipped.matches(from).count(), 1, "{from} in {name}");
             text = text.replace(from, to);
         }
-        let path = std::env::temp_dir().join(format!(
-            "llm-gateway-variant-{}-{}.yaml",
-            std::process::id(),
-            crate::workspace::sha256_hex(text.as_bytes())
-        ));
+        // a folder of this test's own: tests of one process may start the same variant at once
+        let dir = TempDir::new("variant")?;
+        let path = dir.path().join(name);
         std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
-        let demo = Demo::start_with(0, &path.to_string_lossy()).await;
-        let _ = std::fs::remove_file(&path);
-        demo
+        Demo::launch(version, 0, &path.to_string_lossy()).await
     }
 
     /// The usage record usage-accounting wrote into the access-log line of the request whose
@@ -209,7 +228,7 @@ impl Demo {
         lines
     }
 
-    /// The commands `scripts/run` prints, in order; `e2e_demo` runs every one of them.
+    /// The commands `scripts/run` prints, in order; `e2e demo::` runs every one of them.
     pub fn walkthrough(&self) -> Vec<Step> {
         let url = self.url();
         let chat = format!("curl -s {url}/v1/chat/completions");
@@ -283,12 +302,12 @@ impl Demo {
              \x20 keys       {DEMO_KEY} (groups fast, smart, claude, code)\n\
              \x20            {FAST_ONLY_KEY} (group fast)\n",
             self.url(),
-            if crate::workspace::envoy_136() { "1.36" } else { "1.40" },
+            self.envoy.version().name(),
             self.openai.addr(),
             self.azure.addr(),
             self.anthropic.addr(),
             self.envoy.admin(),
-            config(),
+            config_for(self.envoy.version()),
             self.envoy.dir().join("envoy.yaml").display(),
             self.envoy.dir().display(),
         );
@@ -376,6 +395,7 @@ impl FleetDemo {
         let options = Options {
             concurrency: 2,
             trace_wasm: false,
+            ..Options::default()
         };
         let second = crate::redis::free_port()?;
         let mut gateways = Vec::new();

@@ -1,11 +1,12 @@
-//! The real Envoy 1.40, started from a config template on kernel-chosen loopback ports.
+//! The real Envoy (1.40, or 1.36.4: [`Options::version`]), started from a config template on
+//! kernel-chosen loopback ports.
 //!
 //! A template from `envoy-config/` uses `${NAME}` placeholders; `Envoy::start` adds
 //! `${WASM_DIR}` (the built plugins) and `${LOG_DIR}` (this instance's log folder) to the
 //! caller's values. Listeners and the admin API bind port 0; the fixture learns the real
 //! ports from the admin API once Envoy reports `LIVE`.
 
-use crate::workspace::{self, render, TempDir};
+use crate::workspace::{self, render, EnvoyVersion, TempDir};
 use crate::Result;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -24,6 +25,8 @@ pub struct Options {
     /// `--component-log-level wasm:trace`: every host call in the log (tests read it; it
     /// costs far more than the plugins themselves, so benchmarks turn it off).
     pub trace_wasm: bool,
+    /// Which Envoy: [`EnvoyVersion::from_env`] unless the test names one.
+    pub version: EnvoyVersion,
 }
 
 impl Default for Options {
@@ -31,6 +34,7 @@ impl Default for Options {
         Options {
             concurrency: 2,
             trace_wasm: true,
+            version: EnvoyVersion::from_env(),
         }
     }
 }
@@ -39,6 +43,7 @@ impl Default for Options {
 #[derive(Debug)]
 pub struct Envoy {
     child: Child,
+    version: EnvoyVersion,
     dir: TempDir,
     admin: SocketAddr,
     listeners: Vec<(String, SocketAddr)>,
@@ -72,7 +77,7 @@ impl Envoy {
         let stderr =
             std::fs::File::create(dir.path().join("stderr.log")).map_err(|e| e.to_string())?;
 
-        let child = Command::new(workspace::envoy_bin()?)
+        let child = Command::new(workspace::envoy_bin(options.version)?)
             .arg("-c")
             .arg(&config_path)
             .args(["--concurrency", &options.concurrency.to_string()])
@@ -97,6 +102,7 @@ impl Envoy {
 
         let mut envoy = Envoy {
             child,
+            version: options.version,
             dir,
             admin: SocketAddr::from(([127, 0, 0, 1], 0)),
             listeners: Vec::new(),
@@ -117,13 +123,23 @@ impl Envoy {
         render(&text, &all)
     }
 
-    /// Checks a template with `envoy --mode validate` (the plugins are loaded and configured).
+    /// Checks a template with `envoy --mode validate` (the plugins are loaded and configured)
+    /// in the Envoy of [`EnvoyVersion::from_env`].
     pub fn validate(template: &str, vars: &[(&str, String)]) -> Result<()> {
+        Envoy::validate_on(EnvoyVersion::from_env(), template, vars)
+    }
+
+    /// [`Envoy::validate`] in the Envoy of `version`.
+    pub fn validate_on(
+        version: EnvoyVersion,
+        template: &str,
+        vars: &[(&str, String)],
+    ) -> Result<()> {
         let dir = TempDir::new("envoy-validate")?;
         let config = Envoy::render(template, vars, &dir)?;
         let config_path = dir.path().join("envoy.yaml");
         std::fs::write(&config_path, config).map_err(|e| e.to_string())?;
-        let out = Command::new(workspace::envoy_bin()?)
+        let out = Command::new(workspace::envoy_bin(version)?)
             .args([
                 "--mode",
                 "validate",
@@ -315,6 +331,11 @@ impl Envoy {
             }
         }
         all
+    }
+
+    /// Which Envoy this is.
+    pub fn version(&self) -> EnvoyVersion {
+        self.version
     }
 
     /// The process id.

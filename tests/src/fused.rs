@@ -1,7 +1,7 @@
 //! The fused build: the five filters' stages in one filter context (root id `llm-gateway` of
 //! `dist/llm-gateway.wasm`, `plugins/bundle/src/fused.rs`). [`config_from_gateway`] derives
 //! `envoy-config/gateway-fused.yaml` from `envoy-config/gateway.yaml`, so the two never drift
-//! apart (`e2e_fused` checks the committed file against it): the five listener filters become
+//! apart (`e2e fused::` checks the committed file against it): the five listener filters become
 //! one whose configuration holds each filter's configuration, unchanged, under the plugin's
 //! section name, and the router's upstream filter loads the same module in the same `vm_id`.
 
@@ -24,8 +24,8 @@ pub const SECTIONS: [(&str, &str); 5] = [
 
 const HEADER: &str = "\
 # GENERATED from gateway.yaml by tests/src/fused.rs (config_from_gateway); do not edit here.
-# e2e_fused fails when the two disagree; to rewrite this file after changing gateway.yaml:
-#   LLM_GATEWAY_BLESS=1 cargo test -p llm-gateway-tests --test e2e_fused
+# e2e fused:: fails when the two disagree; to rewrite this file after changing gateway.yaml:
+#   LLM_GATEWAY_BLESS=1 cargo test -p llm-gateway-tests --test e2e -- fused::
 #
 # The same gateway with the five filters fused into one (dist/llm-gateway.wasm, root_id
 # llm-gateway): one filter context runs the plugins' stages in chain order, with one read of the

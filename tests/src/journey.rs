@@ -1,6 +1,6 @@
 //! The gateway's journey in the wasmtime harness, shared by the suites that prove another
-//! build does what the five standalone modules do (`harness_bundle`, `harness_fused`): the
-//! wasm filters of `envoy-config/gateway.yaml`, a mock provider, the journey of `e2e_chain`
+//! build does what the five standalone modules do (`harness bundle::`, `harness fused::`): the
+//! wasm filters of `envoy-config/gateway.yaml`, a mock provider, the journey of `e2e chain::`
 //! (a stream with an e-mail address, one without usage, a non-streaming chat, the refusals),
 //! and everything the chain did to each exchange, as JSON.
 

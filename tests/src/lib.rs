@@ -12,7 +12,7 @@
 //! - [`harness`] is a proxy-wasm host on wasmtime that runs the compiled plugins with Envoy's
 //!   semantics and Higress's Redis calls (see `tests/README.md`);
 //! - [`workloads`] are the plugins' configurations and requests the cost figures
-//!   (`harness-cost`, the `harness_cost` suite) are measured on;
+//!   (`harness-cost`, the `harness cost::` suite) are measured on;
 //! - [`bench`] is `scripts/bench`'s machinery (configs derived from gateway.yaml, wrk, LiteLLM,
 //!   the report);
 //! - [`bundle`] derives the bundle build's Envoy config (`gateway-bundle.yaml`) from

@@ -1,5 +1,5 @@
 //! The workloads the cost figures are measured on, shared by the `harness-cost` binary and
-//! the `harness_cost` suite: each plugin's e2e configuration, chat bodies of a given size, and
+//! the `harness cost::` suite: each plugin's e2e configuration, chat bodies of a given size, and
 //! a long SSE stream. Requests are cut into [`CHUNK`]-byte body chunks.
 
 use crate::harness::{FilterSpec, Request, Response};

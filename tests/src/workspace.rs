@@ -46,29 +46,61 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
         .collect()
 }
 
-/// True when the fixtures run Envoy 1.36.4 (`LLM_GATEWAY_ENVOY=1.36`: Higress 2.2.4's base,
-/// installed by `scripts/setup` into `.venv-envoy-1.36`) instead of 1.40.
-pub fn envoy_136() -> bool {
-    std::env::var("LLM_GATEWAY_ENVOY").is_ok_and(|v| v == "1.36")
+/// The Envoy a fixture runs: 1.40 (`.venv`) or 1.36.4 (`.venv-envoy-1.36`: Higress 2.2.4's base),
+/// both installed by `scripts/setup`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EnvoyVersion {
+    /// Envoy 1.40.
+    V140,
+    /// Envoy 1.36.4.
+    V136,
 }
 
-/// Makes this test process run Envoy 1.36.4 (a suite that exists for that version).
-pub fn use_envoy_136() {
-    std::env::set_var("LLM_GATEWAY_ENVOY", "1.36");
+impl EnvoyVersion {
+    /// The version of a fixture that names none: 1.36.4 under `LLM_GATEWAY_ENVOY=1.36`, else
+    /// 1.40. Set from outside to rerun suites on 1.36.4 (`scripts/test`); read, never written, so
+    /// the tests of one process that name a version (`e2e envoy_136::`) never switch the others.
+    pub fn from_env() -> EnvoyVersion {
+        if std::env::var("LLM_GATEWAY_ENVOY").is_ok_and(|v| v == "1.36") {
+            EnvoyVersion::V136
+        } else {
+            EnvoyVersion::V140
+        }
+    }
+
+    /// As `LLM_GATEWAY_ENVOY` and `scripts/bench --envoy` name it.
+    pub fn parse(text: &str) -> crate::Result<EnvoyVersion> {
+        match text.trim() {
+            "1.40" => Ok(EnvoyVersion::V140),
+            "1.36" => Ok(EnvoyVersion::V136),
+            other => Err(format!("Envoy {other:?} is neither 1.40 nor 1.36")),
+        }
+    }
+
+    /// Its short name.
+    pub fn name(self) -> &'static str {
+        match self {
+            EnvoyVersion::V140 => "1.40",
+            EnvoyVersion::V136 => "1.36",
+        }
+    }
+
+    /// The virtualenv `scripts/setup` installs it into.
+    fn venv(self) -> &'static str {
+        match self {
+            EnvoyVersion::V140 => ".venv",
+            EnvoyVersion::V136 => ".venv-envoy-1.36",
+        }
+    }
 }
 
-/// The Envoy binary: `ENVOY_BIN`, else the one `scripts/setup` installed into `.venv` (1.40)
-/// or, with [`envoy_136`], into `.venv-envoy-1.36`.
-pub fn envoy_bin() -> crate::Result<PathBuf> {
+/// The Envoy binary of `version`: `ENVOY_BIN`, else the one `scripts/setup` installed into its
+/// virtualenv.
+pub fn envoy_bin(version: EnvoyVersion) -> crate::Result<PathBuf> {
     if let Some(path) = std::env::var_os("ENVOY_BIN") {
         return Ok(PathBuf::from(path));
     }
-    let venv = if envoy_136() {
-        ".venv-envoy-1.36"
-    } else {
-        ".venv"
-    };
-    let lib = root().join(venv).join("lib");
+    let lib = root().join(version.venv()).join("lib");
     let entries = std::fs::read_dir(&lib)
         .map_err(|e| format!("{}: {e} (run scripts/setup)", lib.display()))?;
     for entry in entries.flatten() {

@@ -1,8 +1,6 @@
 //! Reading `higress/*.yaml` for the packaging suites: YAML (multi-document) to JSON values,
 //! the WasmPlugin → plugin-config conversion Higress does, and each plugin's own parser.
 
-#![allow(dead_code)] // each suite uses part of it
-
 use serde_json::{Map, Value};
 use std::path::{Path, PathBuf};
 use yaml_rust2::{Yaml, YamlLoader};

@@ -23,7 +23,7 @@ use super::procs::{self, MockProcess};
 use super::wrk::{self, Workload, WORKLOADS};
 use super::{config, Window};
 use crate::envoy::{Envoy, Options};
-use crate::workspace::{self, TempDir};
+use crate::workspace::{self, EnvoyVersion, TempDir};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -634,42 +634,6 @@ pub fn distinct_vms(rows: &[Probe]) -> usize {
         .sum()
 }
 
-/// An Envoy version to measure.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Version {
-    /// `.venv` (1.40).
-    V140,
-    /// `.venv-envoy-1.36` (1.36.4, Higress 2.2.4's base).
-    V136,
-}
-
-impl Version {
-    /// As `--envoy` names it.
-    pub fn parse(text: &str) -> crate::Result<Version> {
-        match text.trim() {
-            "1.40" => Ok(Version::V140),
-            "1.36" => Ok(Version::V136),
-            other => Err(format!("--envoy: {other:?} is neither 1.40 nor 1.36")),
-        }
-    }
-
-    /// Its short name.
-    pub fn name(self) -> &'static str {
-        match self {
-            Version::V140 => "1.40",
-            Version::V136 => "1.36",
-        }
-    }
-
-    /// Points the fixtures' [`workspace::envoy_bin`] at this version.
-    fn select(self) {
-        match self {
-            Version::V140 => std::env::remove_var("LLM_GATEWAY_ENVOY"),
-            Version::V136 => workspace::use_envoy_136(),
-        }
-    }
-}
-
 /// The mode's options.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Args {
@@ -678,7 +642,7 @@ pub struct Args {
     /// Rounds (windows per row and version).
     pub rounds: u32,
     /// Versions.
-    pub versions: Vec<Version>,
+    pub versions: Vec<EnvoyVersion>,
     /// The report.
     pub out: PathBuf,
 }
@@ -689,7 +653,7 @@ impl Args {
         let mut args = Args {
             window: 1,
             rounds: 3,
-            versions: vec![Version::V140, Version::V136],
+            versions: vec![EnvoyVersion::V140, EnvoyVersion::V136],
             out: workspace::root().join("target/bench/report-hostcost.md"),
         };
         let mut it = raw.iter();
@@ -705,7 +669,7 @@ impl Args {
                 "--envoy" => {
                     args.versions = value()?
                         .split(',')
-                        .map(Version::parse)
+                        .map(|v| EnvoyVersion::parse(v).map_err(|e| format!("--envoy: {e}")))
                         .collect::<crate::Result<_>>()?
                 }
                 "--out" => args.out = value()?.into(),
@@ -756,7 +720,7 @@ pub fn median(values: &[f64]) -> Option<f64> {
 #[derive(Debug, Clone, PartialEq)]
 pub struct VersionRun {
     /// The version.
-    pub version: Version,
+    pub version: EnvoyVersion,
     /// `envoy --version`'s build id.
     pub build: String,
     /// Per row (in [`probes`] order), its windows; `Err` when the row could not run.
@@ -1092,7 +1056,7 @@ pub fn run(args: &Args, mock_bin: &Path) -> crate::Result<String> {
 
     // one Envoy per version, every row a listener of it
     struct Running {
-        version: Version,
+        version: EnvoyVersion,
         build: String,
         vms: Option<u64>,
         envoy: Envoy,
@@ -1101,12 +1065,12 @@ pub fn run(args: &Args, mock_bin: &Path) -> crate::Result<String> {
     }
     let mut running = Vec::new();
     for &version in &args.versions {
-        version.select();
-        let build = envoy_build();
+        let build = envoy_build(version);
         eprintln!("hostcost: starting Envoy {} ({build})", version.name());
         let options = Options {
             concurrency: 1,
             trace_wasm: false,
+            version,
         };
         let envoy = Envoy::start_with_log_level(template, &[], &options, "info")
             .map_err(|e| format!("Envoy {}: {e}", version.name()))?;
@@ -1144,7 +1108,6 @@ pub fn run(args: &Args, mock_bin: &Path) -> crate::Result<String> {
             series: vec![Series::default(); rows.len()],
         });
     }
-    Version::V140.select();
 
     let scripts: Vec<PathBuf> = [Load::Chat, Load::Stream, Load::Paced]
         .iter()
@@ -1303,8 +1266,8 @@ fn cpu_model() -> String {
 }
 
 /// `envoy --version`'s build id (`<commit>/<version>/…`).
-fn envoy_build() -> String {
-    workspace::envoy_bin()
+fn envoy_build(version: EnvoyVersion) -> String {
+    workspace::envoy_bin(version)
         .ok()
         .and_then(|bin| Command::new(bin).arg("--version").output().ok())
         .map(|o| {
@@ -1512,7 +1475,7 @@ mod tests {
     fn run_with(cpu: &[(&str, f64)]) -> VersionRun {
         let rows = rows();
         VersionRun {
-            version: Version::V140,
+            version: EnvoyVersion::V140,
             build: "1.40.0".into(),
             series: rows
                 .iter()
@@ -1641,7 +1604,7 @@ mod tests {
     #[test]
     fn arguments_default_to_both_versions() {
         let args = Args::parse(&[]).unwrap();
-        assert_eq!(args.versions, [Version::V140, Version::V136]);
+        assert_eq!(args.versions, [EnvoyVersion::V140, EnvoyVersion::V136]);
         assert_eq!((args.window, args.rounds), (1, 3));
         let args = Args::parse(&[
             "--rounds".into(),
@@ -1652,7 +1615,7 @@ mod tests {
         .unwrap();
         assert_eq!(
             (args.rounds, args.versions.as_slice()),
-            (9, &[Version::V136][..])
+            (9, &[EnvoyVersion::V136][..])
         );
         assert!(Args::parse(&["--envoy".into(), "1.2".into()]).is_err());
         assert!(Args::parse(&["--rounds".into(), "0".into()]).is_err());

@@ -34,7 +34,7 @@ use llm_gateway_tests::bench::wrk::{self, Workload, WORKLOADS};
 use llm_gateway_tests::bench::{cost, hostcost, perf, Cell, LeakCheck, Row, Window};
 use llm_gateway_tests::demo::DEMO_KEY;
 use llm_gateway_tests::envoy::{Envoy, Options};
-use llm_gateway_tests::workspace::{self, TempDir};
+use llm_gateway_tests::workspace::{self, EnvoyVersion, TempDir};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -615,6 +615,7 @@ fn start_envoy_at(
     let options = Options {
         concurrency: workers,
         trace_wasm: false,
+        ..Options::default()
     };
     let template = path.to_str().ok_or("temp path is not UTF-8")?;
     let envoy = Envoy::start_with_log_level(template, vars, &options, log_level)?;
@@ -1210,7 +1211,7 @@ fn header(args: &Args, load_start: String) -> Vec<String> {
         })
         .unwrap_or_else(|| "unknown CPU".into());
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
-    let envoy = workspace::envoy_bin()
+    let envoy = workspace::envoy_bin(EnvoyVersion::from_env())
         .ok()
         .and_then(|bin| Command::new(bin).arg("--version").output().ok())
         .map(|o| {

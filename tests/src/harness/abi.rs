@@ -389,7 +389,7 @@ fn define(l: &mut Linker<HostState>) -> wasmtime::Result<()> {
                         "plugin_name" => Some(s.plugin.as_bytes().to_vec()),
                         "plugin_vm_id" => Some(s.vm_id.as_bytes().to_vec()),
                         // Envoy answers it in the root context's proxy_on_context_create
-                        // already (e2e_bundle)
+                        // already (e2e bundle::)
                         "plugin_root_id" => Some(s.root_id.as_bytes().to_vec()),
                         _ => None,
                     },

@@ -948,7 +948,7 @@ impl Stream {
     /// Ends the stream as Envoy 1.40 does: `proxy_on_log` on every filter in chain order —
     /// creating the context of a filter that never saw the request (a local reply stopped
     /// the chain before it) just for that — then `proxy_on_done` and `proxy_on_delete`
-    /// filter by filter. (Seen in Envoy's `wasm:trace` log, `e2e_harness_local_reply`.)
+    /// filter by filter. (Seen in Envoy's `wasm:trace` log, `e2e harness_local_reply::`.)
     pub fn finish(&self) -> crate::Result<()> {
         let (instance, worker, id) = {
             let mut core = self.core.borrow_mut();

@@ -21,7 +21,7 @@
 //!   real Envoy refuses a module importing them ("missing import"); the harness does not,
 //!   because its own probe fixture (`tests/fixture-plugins/redis-probe`) imports them and is
 //!   also the module of the Envoy-semantics suite; the plain plugin builds are checked not to
-//!   import them (`harness_key_auth`, `packaging_abi`).
+//!   import them (`harness key_auth::`, `packaging abi::`).
 
 use super::filter::FilterSpec;
 

@@ -155,7 +155,7 @@ fn a_local_reply_passes_only_filters_that_saw_the_request() {
     // a refuses (no Redis service configured: 503 before any call); b and c never run,
     // their contexts are never created, so the reply passes a only (Envoy 1.36+ skips wasm
     // filters whose context does not exist). The reverse order over several filters is in
-    // harness_key_auth::two_key_auth_filters_a_refusal_short_circuits_the_second.
+    // harness key_auth::two_key_auth_filters_a_refusal_short_circuits_the_second.
     let fleet = Fleet::builder()
         .filter(probe("a"))
         .filter(probe("b"))

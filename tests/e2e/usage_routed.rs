@@ -77,6 +77,7 @@ impl Gateway {
         let options = Options {
             concurrency: 2,
             trace_wasm: false,
+            ..Options::default()
         };
         let envoy = tokio::task::spawn_blocking(move || {
             Envoy::start_with("e2e-usage-chain.yaml", &vars, &options)
