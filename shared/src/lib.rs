@@ -24,6 +24,7 @@
 )]
 
 pub mod chain;
+pub mod clock;
 pub mod config;
 pub mod fxhash;
 pub mod hash;

@@ -1,10 +1,12 @@
-//! OpenAI-shaped error responses, built in one place for every plugin.
+//! The gateway's refusals, mapped to HTTP responses in one place for every plugin.
 //!
-//! Clients of the gateway are OpenAI (and Anthropic) SDKs; they read
-//! `{"error":{"message","type","code"}}` and the status. A plugin that refuses a request
-//! builds a [`Reject`] from plain values and the shell sends it as a local reply; the body,
-//! the `content-type` and any extra headers (`WWW-Authenticate`, `Retry-After`) come from here
-//! so that every plugin answers the same way.
+//! Clients of the gateway are OpenAI (and Anthropic) SDKs; they read the status and the error
+//! body of their API: OpenAI's `{"error":{"message","type","code"}}` (every refusal of every
+//! plugin) or, for a Messages client whose request the router translated, Anthropic's
+//! `{"type":"error","error":{"type","message"}}` ([`ErrorShape`]). A plugin that refuses a
+//! request builds a [`Reject`] from plain values and the shell sends it as a local reply
+//! (`host::refuse`); the status, the body, the `content-type` and any extra headers
+//! (`WWW-Authenticate`, `Retry-After`) come from here so that every plugin answers the same way.
 
 use serde::Serialize;
 use std::borrow::Cow;
@@ -56,6 +58,15 @@ pub struct Reject {
     pub message: Cow<'static, str>,
     /// Extra response headers (lowercase names).
     pub headers: Vec<(&'static str, String)>,
+}
+
+/// Which API's error body a refusal is written in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorShape {
+    /// `{"error":{"message","type","code"}}`: OpenAI's, the gateway's own.
+    OpenAi,
+    /// `{"type":"error","error":{"type","message"}}`: Anthropic Messages'.
+    Anthropic,
 }
 
 #[derive(Serialize)]
@@ -166,6 +177,22 @@ impl Reject {
         })
     }
 
+    /// The error body in `shape`: [`Reject::body`] for OpenAI's; Anthropic's has no `code`.
+    pub fn body_in(&self, shape: ErrorShape) -> Vec<u8> {
+        match shape {
+            ErrorShape::OpenAi => self.body(),
+            ErrorShape::Anthropic => {
+                let mut out = Vec::with_capacity(64 + self.message.len());
+                out.extend_from_slice(b"{\"type\":\"error\",\"error\":{\"type\":");
+                crate::json::push_quoted(&mut out, self.error_type.as_str());
+                out.extend_from_slice(b",\"message\":");
+                crate::json::push_quoted(&mut out, &self.message);
+                out.extend_from_slice(b"}}");
+                out
+            }
+        }
+    }
+
     /// Every response header of the local reply, `content-type` first.
     pub fn response_headers(&self) -> Vec<(&str, &str)> {
         let mut headers = Vec::with_capacity(1 + self.headers.len());
@@ -229,6 +256,17 @@ mod tests {
         let r = Reject::too_many_requests("rate_limit_exceeded", "slow down", 17);
         assert_eq!(r.headers, vec![("retry-after", "17".to_string())]);
         assert_eq!(r.status, 429);
+    }
+
+    #[test]
+    fn the_anthropic_shape_has_the_type_and_message() {
+        let r = Reject::too_many_requests("rate_limit_exceeded", "slow \"down\"", 3);
+        assert_eq!(r.body_in(ErrorShape::OpenAi), r.body());
+        let v = parse(&r.body_in(ErrorShape::Anthropic));
+        assert_eq!(
+            v,
+            serde_json::json!({"type": "error", "error": {"type": "rate_limit_error", "message": "slow \"down\""}})
+        );
     }
 
     #[test]

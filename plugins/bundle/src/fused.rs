@@ -166,7 +166,7 @@ impl Fused {
             Outcome::Continue => match self.write(direction) {
                 Ok(()) => Action::Continue,
                 Err(reject) => {
-                    refuse(&reject);
+                    host::refuse(PLUGIN, &reject);
                     Action::Pause
                 }
             },
@@ -233,7 +233,7 @@ impl Fused {
     fn headers(&mut self, direction: Direction, end_of_stream: bool) -> Action {
         self.x.next_callback();
         if !self.configured {
-            refuse(&Reject::internal("llm-gateway is not configured"));
+            host::refuse(PLUGIN, &Reject::internal("llm-gateway is not configured"));
             return Action::Pause;
         }
         let (map, _) = maps(direction);
@@ -244,7 +244,7 @@ impl Fused {
                     LogLevel::Error,
                     &format!("llm-gateway: cannot read the headers: {err}"),
                 );
-                refuse(&Reject::internal("cannot read the request"));
+                host::refuse(PLUGIN, &Reject::internal("cannot read the request"));
                 return Action::Pause;
             }
         };
@@ -276,7 +276,7 @@ impl Fused {
                         &format!("llm-gateway: cannot read the body: {err}"),
                     );
                     if direction == Direction::Request {
-                        refuse(&Reject::internal("cannot read the request"));
+                        host::refuse(PLUGIN, &Reject::internal("cannot read the request"));
                         return Action::Pause;
                     }
                     return Action::Continue; // a response passes as it is
@@ -342,15 +342,5 @@ fn frame(request: &mut chain::Headers, length: usize) {
     if request.get("content-length").is_some() {
         request.set("content-length", length.to_string().as_bytes());
         request.remove("transfer-encoding");
-    }
-}
-
-/// Sends the local reply.
-fn refuse(reject: &Reject) {
-    if let Err(err) = host::send_reject(PLUGIN, reject) {
-        host::log(
-            LogLevel::Error,
-            &format!("llm-gateway: cannot send the local reply: {err}"),
-        );
     }
 }

@@ -61,12 +61,7 @@ impl Context for Refuse {}
 impl HttpContext for Refuse {
     fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
         let reject = Reject::internal("this filter's root_id names no plugin of the bundle");
-        if let Err(err) = host::send_reject("llm_gateway_bundle", &reject) {
-            host::log(
-                LogLevel::Error,
-                &format!("llm-gateway bundle: cannot send the local reply: {err}"),
-            );
-        }
+        host::refuse("llm_gateway_bundle", &reject);
         Action::Pause
     }
 }

@@ -81,7 +81,18 @@ pub fn log_enabled(level: LogLevel) -> bool {
     }
 }
 
-/// Current wall-clock time in nanoseconds since the Unix epoch.
+/// This VM's last good clock reading ([`time_nanos`]).
+static LAST_GOOD: crate::clock::LastGood = crate::clock::LastGood::new();
+
+/// Wall-clock time in nanoseconds since the Unix epoch, under the gateway's rule for a failed
+/// read ([`crate::clock`]): the last good reading of this VM. What every plugin reads, but for a
+/// decision the time grants, which reads [`now_nanos`] and fails closed.
+pub fn time_nanos() -> u64 {
+    LAST_GOOD.hold(now_nanos())
+}
+
+/// The host's clock as it answered (nanoseconds since the Unix epoch): key-auth's expiry,
+/// which fails closed without it; everything else reads [`time_nanos`].
 pub fn now_nanos() -> HostResult<u64> {
     let mut nanos = 0u64;
     // SAFETY: `nanos` is a live u64 the host writes to.
@@ -89,10 +100,10 @@ pub fn now_nanos() -> HostResult<u64> {
     Ok(nanos)
 }
 
-/// [`now_nanos`] for a stage of the fused filter: read once per callback for every stage
+/// [`time_nanos`] for a stage of the fused filter: read once per callback for every stage
 /// ([`crate::chain::Exchange::clock`]).
-pub fn clock(x: &crate::chain::Exchange) -> HostResult<u64> {
-    x.clock(now_nanos)
+pub fn clock(x: &crate::chain::Exchange) -> u64 {
+    x.clock(time_nanos)
 }
 
 /// Sets this root context's tick period (0 stops ticks).
@@ -242,10 +253,10 @@ pub enum Sink<'a> {
 }
 
 impl Sink<'_> {
-    /// The host's clock (Unix nanoseconds); in the fused filter, once per callback ([`clock`]).
-    pub fn now_nanos(&self) -> HostResult<u64> {
+    /// The time ([`time_nanos`]); in the fused filter, read once per callback ([`clock`]).
+    pub fn now_nanos(&self) -> u64 {
         match self {
-            Sink::Host => now_nanos(),
+            Sink::Host => time_nanos(),
             Sink::Fused(x) => clock(x),
         }
     }
@@ -706,6 +717,18 @@ pub fn send_reject(plugin: &str, reject: &Reject) -> HostResult<()> {
         &reject.response_headers(),
         &reject.body(),
     )
+}
+
+/// Refuses the request: sends `reject` as `plugin`'s local reply ([`send_reject`]). A host that
+/// cannot send it (the stream is gone, headers already went downstream) is logged, for there is
+/// nobody left to answer.
+pub fn refuse(plugin: &str, reject: &Reject) {
+    if let Err(err) = send_reject(plugin, reject) {
+        log(
+            LogLevel::Error,
+            &format!("{plugin}: cannot send the local reply: {err}"),
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------------------

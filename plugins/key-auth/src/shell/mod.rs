@@ -375,12 +375,7 @@ fn apply(plan: Plan, target: &mut Sink<'_>) -> Result<(), Reject> {
 
 /// Sends the local reply and stops the filter chain.
 fn refuse(reject: &Reject) -> Action {
-    if let Err(err) = host::send_reject(PLUGIN, reject) {
-        host::log(
-            LogLevel::Error,
-            &format!("key-auth: cannot send the local reply: {err}"),
-        );
-    }
+    host::refuse(PLUGIN, reject);
     Action::Pause
 }
 

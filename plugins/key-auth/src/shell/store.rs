@@ -213,7 +213,7 @@ fn log(level: LogLevel, message: &str) {
 }
 
 fn now_ms() -> u64 {
-    host::now_nanos().unwrap_or_default() / 1_000_000
+    host::time_nanos() / 1_000_000
 }
 
 #[cfg(feature = "higress")]

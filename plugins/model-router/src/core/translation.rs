@@ -12,7 +12,6 @@
 use super::protocol::{Command, Flow, Level, Map, OnFailure, View};
 use super::Core;
 use crate::translate::{self, Asked, ResponseParams, StreamTranslator, Wire};
-use llm_gateway_shared::reject::Reject;
 
 /// Largest JSON response held for translation; a larger one becomes a 502 (a chat answer is
 /// far smaller; Envoy's buffer limit usually refuses it first).
@@ -182,7 +181,7 @@ impl Core {
                             reject.status.to_string(),
                             OnFailure::Log(Level::Error, "cannot set the status"),
                         );
-                        error_body(tr.to, &reject)
+                        reject.body_in(tr.to.error_shape())
                     }
                 };
                 let note = OnFailure::Log(Level::Error, "cannot frame the translated response");
@@ -202,22 +201,6 @@ impl Core {
                 );
                 Flow::Continue
             }
-        }
-    }
-}
-
-/// A gateway refusal in the shape of API `wire`'s errors.
-pub(super) fn error_body(wire: Wire, reject: &Reject) -> Vec<u8> {
-    match wire {
-        Wire::Chat => reject.body(),
-        Wire::Messages => {
-            let mut out = Vec::with_capacity(96 + reject.message.len());
-            out.extend_from_slice(b"{\"type\":\"error\",\"error\":{\"type\":");
-            llm_gateway_shared::json::push_quoted(&mut out, reject.error_type.as_str());
-            out.extend_from_slice(b",\"message\":");
-            llm_gateway_shared::json::push_quoted(&mut out, &reject.message);
-            out.extend_from_slice(b"}}");
-            out
         }
     }
 }

@@ -13,13 +13,11 @@ impl Fused {
     /// Parses the section; `None` (logged) if it is invalid or not the listener role.
     pub fn configure(document: &[u8]) -> Option<Fused> {
         let rules = host::parse_config("model-router", document, parse_document)?;
-        let seed = RandomState::new().hash_one(host::now_nanos().unwrap_or_default());
+        let seed = RandomState::new().hash_one(host::time_nanos());
         let core = Rc::new(RefCell::new(Core::new(seed, LISTENER.with(Rc::clone))));
-        core.try_borrow_mut().ok()?.configure(
-            host::now_nanos().unwrap_or_default(),
-            rules,
-            &HostStore,
-        );
+        core.try_borrow_mut()
+            .ok()?
+            .configure(host::time_nanos(), rules, &HostStore);
         drain(&core, 0, Flow::Continue);
         let downstream = core
             .try_borrow()
@@ -108,7 +106,7 @@ impl View for FusedView<'_> {
     }
 
     fn now_nanos(&self) -> u64 {
-        host::clock(self.0).unwrap_or_default()
+        host::clock(self.0)
     }
 }
 

@@ -38,7 +38,7 @@ thread_local! {
 /// A root context of this plugin (what the standalone module creates for every `root_id`).
 pub fn root_context(_context_id: u32) -> Box<dyn RootContext> {
     // std seeds RandomState from the host's randomness (WASI `random_get`)
-    let seed = RandomState::new().hash_one(host::now_nanos().unwrap_or_default());
+    let seed = RandomState::new().hash_one(host::time_nanos());
     let listener = LISTENER.with(Rc::clone);
     Box::new(Root {
         core: Rc::new(RefCell::new(Core::new(seed, listener))),
@@ -60,7 +60,7 @@ impl RootContext for Root {
         let Some(rules) = host::load_config("model-router", parse_document) else {
             return false;
         };
-        let now = host::now_nanos().unwrap_or_default();
+        let now = host::time_nanos();
         match self.core.try_borrow_mut() {
             Ok(mut core) => core.configure(now, rules, &HostStore),
             Err(_) => return false,
@@ -307,7 +307,7 @@ impl View for HostView {
     }
 
     fn now_nanos(&self) -> u64 {
-        host::now_nanos().unwrap_or_default()
+        host::time_nanos()
     }
 }
 

@@ -35,7 +35,7 @@ pub use request::request;
 pub use response::response;
 pub use stream::{StreamTranslator, MAX_EVENT_BYTES};
 
-use llm_gateway_shared::reject::Reject;
+use llm_gateway_shared::reject::{ErrorShape, Reject};
 use serde_json::Value;
 
 /// The two wire APIs the router translates between.
@@ -49,6 +49,14 @@ pub enum Wire {
 }
 
 impl Wire {
+    /// The shape of this API's error bodies, for the gateway's own refusals.
+    pub fn error_shape(self) -> ErrorShape {
+        match self {
+            Wire::Chat => ErrorShape::OpenAi,
+            Wire::Messages => ErrorShape::Anthropic,
+        }
+    }
+
     /// "an OpenAI deployment" / "an Anthropic deployment", for messages.
     fn deployment(self) -> &'static str {
         match self {

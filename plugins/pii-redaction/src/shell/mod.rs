@@ -296,8 +296,8 @@ impl HttpContext for Request {
 }
 
 /// The clock in milliseconds (0 if the host could not say).
-fn millis(nanos: HostResult<u64>) -> u64 {
-    nanos.map_or(0, |n| n / 1_000_000)
+fn millis(nanos: u64) -> u64 {
+    nanos / 1_000_000
 }
 
 mod fused;

@@ -21,8 +21,7 @@ impl Fused {
         }
         let nonce = {
             use std::hash::BuildHasher;
-            std::collections::hash_map::RandomState::new()
-                .hash_one(host::now_nanos().unwrap_or_default())
+            std::collections::hash_map::RandomState::new().hash_one(host::time_nanos())
         };
         Some(Fused(Rc::new(State {
             core: RefCell::new(Core::new(rules, nonce, false)),
@@ -68,7 +67,7 @@ impl FusedStage {
         let mut feed = |input: Input, x: &chain::Exchange| {
             let uses_clock = self.state.core.borrow().uses_clock(&input);
             let now = match uses_clock {
-                true => *now.get_or_insert_with(|| host::clock(x).unwrap_or_default() / 1_000_000),
+                true => *now.get_or_insert_with(|| host::clock(x) / 1_000_000),
                 false => 0,
             };
             let env = FusedEnv {
@@ -106,7 +105,7 @@ impl FusedStage {
         match command {
             Command::Proceed { ctx } if own(ctx) => *step = Step::Continue,
             Command::Refuse { ctx, reject } if own(ctx) => {
-                refuse(&reject);
+                host::refuse(PLUGIN, &reject);
                 *step = Step::Stop;
             }
             Command::ReadBody { ctx, size } => {

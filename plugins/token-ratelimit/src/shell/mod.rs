@@ -47,7 +47,7 @@ fn log(level: LogLevel, message: &str) {
 }
 
 fn now_ms() -> u64 {
-    host::now_nanos().unwrap_or_default() / 1_000_000
+    host::time_nanos() / 1_000_000
 }
 
 /// The core of one VM and what executing its commands needs.
@@ -265,15 +265,6 @@ fn with_model(body: &[u8], model: &str) -> Option<Vec<u8>> {
     Some(edits.finish())
 }
 
-fn refuse(reject: &Reject) {
-    if let Err(err) = host::send_reject(PLUGIN, reject) {
-        log(
-            LogLevel::Error,
-            &format!("cannot send the local reply: {err}"),
-        );
-    }
-}
-
 fn header_text(name: &str) -> Option<String> {
     host::header(HeaderMap::RequestHeaders, name)
         .ok()
@@ -310,8 +301,7 @@ impl RootContext for Root {
             .map_or(100, |c| c.lease.sync_ms);
         let nonce = {
             use std::hash::BuildHasher;
-            std::collections::hash_map::RandomState::new()
-                .hash_one(host::now_nanos().unwrap_or_default())
+            std::collections::hash_map::RandomState::new().hash_one(host::time_nanos())
         };
         let http = transport::http_redis(redis.as_ref());
         let state = Rc::new(State {
@@ -400,7 +390,10 @@ impl Limiter {
 impl HttpContext for Limiter {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
         let Some(state) = &self.state else {
-            refuse(&Reject::internal("token-ratelimit is not configured"));
+            host::refuse(
+                PLUGIN,
+                &Reject::internal("token-ratelimit is not configured"),
+            );
             return Action::Pause;
         };
         let (config, counts_ip) = {

@@ -167,7 +167,7 @@ struct Request {
 }
 
 fn now_ms() -> u64 {
-    host::now_nanos().map_or(0, |n| n / 1_000_000)
+    host::time_nanos() / 1_000_000
 }
 
 /// The host values the core reads only when it needs them; in the fused filter, the clock is
@@ -186,7 +186,7 @@ impl<'a> Host<'a> {
 impl Lookup for Host<'_> {
     fn now_ms(&mut self) -> u64 {
         match self.0 {
-            Some(x) => host::clock(x).map_or(0, |n| n / 1_000_000),
+            Some(x) => host::clock(x) / 1_000_000,
             None => now_ms(),
         }
     }
