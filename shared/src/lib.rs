@@ -30,6 +30,7 @@ pub mod fxhash;
 pub mod hash;
 pub mod headers;
 pub mod json;
+pub mod level;
 pub mod pending;
 pub mod reentry;
 pub mod reject;

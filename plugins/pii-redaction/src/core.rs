@@ -163,16 +163,7 @@ pub fn counters<'a>(configs: impl IntoIterator<Item = &'a PiiConfig>) -> Vec<(Co
     all
 }
 
-/// A log line's level.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Level {
-    /// Info.
-    Info,
-    /// Warn.
-    Warn,
-    /// Error.
-    Error,
-}
+pub use llm_gateway_shared::level::Level;
 
 /// Why a request is refused; [`Refusal::reject`] is the one mapping to the OpenAI error.
 #[derive(Debug, Clone, PartialEq, Eq)]

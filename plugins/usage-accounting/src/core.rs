@@ -99,14 +99,7 @@ pub enum Input<'a> {
     },
 }
 
-/// A log line's level.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Level {
-    /// Info.
-    Info,
-    /// Warn.
-    Warn,
-}
+pub use llm_gateway_shared::level::Level;
 
 /// What the host is asked to do.
 #[derive(Debug, Clone)]

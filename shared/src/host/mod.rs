@@ -47,22 +47,8 @@ unsafe fn take_buffer(data: *mut u8, size: usize) -> Vec<u8> {
 // ---------------------------------------------------------------------------------------
 // Logging and time
 
-/// Log levels of the host.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum LogLevel {
-    /// 0
-    Trace = 0,
-    /// 1
-    Debug = 1,
-    /// 2
-    Info = 2,
-    /// 3
-    Warn = 3,
-    /// 4
-    Error = 4,
-    /// 5
-    Critical = 5,
-}
+/// Log levels: [`crate::level::Level`], the one every core speaks.
+pub use crate::level::Level as LogLevel;
 
 /// Writes a log line. A failure to log is ignored: logging never fails a request.
 /// Never pass a key, a prompt or a PII value.

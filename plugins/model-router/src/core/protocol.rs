@@ -23,16 +23,7 @@ pub enum Map {
     Response,
 }
 
-/// A log line's level.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Level {
-    /// Normal operation worth a line (a breaker probing or closing, a fallback pass).
-    Info,
-    /// Something degraded.
-    Warn,
-    /// A host call that should not fail failed.
-    Error,
-}
+pub use llm_gateway_shared::level::Level;
 
 /// A host read failed (as opposed to "the value is absent").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

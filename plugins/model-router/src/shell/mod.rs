@@ -8,8 +8,8 @@
 use crate::config::parse_document;
 use crate::config::Role;
 use crate::core::{
-    Command, Core, Effect, Flow, Input, Level, ListenerRules, Map, ReadError, Store, StoreError,
-    View, PLUGIN,
+    Command, Core, Effect, Flow, Input, ListenerRules, Map, ReadError, Store, StoreError, View,
+    PLUGIN,
 };
 use llm_gateway_shared::chain::{self, Direction, Step};
 use llm_gateway_shared::host::{self, Buffer, HeaderMap, HostError, LogLevel, Metric};
@@ -215,11 +215,6 @@ fn execute(command: Command) -> Result<(), HostError> {
             Metric::gauge(&format!("llm_gateway.model_router.{name}"))?.record(value)
         }
         Command::Log(level, message) => {
-            let level = match level {
-                Level::Info => LogLevel::Info,
-                Level::Warn => LogLevel::Warn,
-                Level::Error => LogLevel::Error,
-            };
             log(level, &message);
             Ok(())
         }

@@ -9,7 +9,7 @@
 //! value.
 
 use crate::config::{parse_document, PiiConfig};
-use crate::core::{counters, Command, Counter, Exchange, Flow, Input, Level, Worker};
+use crate::core::{counters, Command, Counter, Exchange, Flow, Input, Worker};
 use llm_gateway_shared::chain::{self, Direction, Step};
 use llm_gateway_shared::host::{self, Buffer, HeaderMap, HostResult, LogLevel, Metric, Sink};
 use llm_gateway_shared::reentry::is_superseded;
@@ -168,12 +168,7 @@ fn execute(state: Option<&State>, command: &Command, target: &mut Sink<'_>) -> H
             Ok(())
         }
         Command::Log(level, line) => {
-            let level = match level {
-                Level::Info => LogLevel::Info,
-                Level::Warn => LogLevel::Warn,
-                Level::Error => LogLevel::Error,
-            };
-            host::log(level, line);
+            host::log(*level, line);
             Ok(())
         }
     }

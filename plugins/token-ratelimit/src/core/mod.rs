@@ -185,12 +185,7 @@ impl Input {
 }
 
 /// Log levels of the core's lines.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LogLevel {
-    Info,
-    Warn,
-    Error,
-}
+pub use llm_gateway_shared::level::Level as LogLevel;
 
 /// One effect for the driver to carry out, in order.
 #[derive(Debug, Clone, PartialEq)]

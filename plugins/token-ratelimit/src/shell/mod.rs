@@ -7,7 +7,7 @@
 
 use crate::budget::{self, Identity};
 use crate::config::{parse_document, Config};
-use crate::core::{Command, Core, Env, Head, Input, LogLevel as CoreLevel};
+use crate::core::{Command, Core, Env, Head, Input};
 use llm_gateway_shared::chain::{self, Direction, Step};
 use llm_gateway_shared::headers;
 use llm_gateway_shared::host::webdis::HttpRedis;
@@ -186,14 +186,7 @@ impl State {
                     let _ = metric.record(value);
                 }
             }
-            Command::Log { level, message } => log(
-                match level {
-                    CoreLevel::Info => LogLevel::Info,
-                    CoreLevel::Warn => Warn,
-                    CoreLevel::Error => Error,
-                },
-                &message,
-            ),
+            Command::Log { level, message } => log(level, &message),
         }
         None
     }

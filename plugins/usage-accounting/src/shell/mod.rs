@@ -4,7 +4,7 @@
 //! `llm_gateway_shared::host`; nothing here decides.
 
 use crate::config::{parse_shared, UsageConfig};
-use crate::core::{Command, Flow, Input, Level, Lookup, Stage, Worker};
+use crate::core::{Command, Flow, Input, Lookup, Stage, Worker};
 use crate::exchange::{RouteInfo, ROUTER_PROPERTY};
 use crate::metrics::{
     translated_name, values, Kind, LabelHash, Labels, MAX_LABEL_SETS, MAX_TRANSLATIONS, SERIES,
@@ -284,11 +284,7 @@ fn execute(state: &State, command: &Command, target: &mut Sink<'_>) -> Result<()
             published
         }
         Command::Log(level, line) => {
-            let level = match level {
-                Level::Info => LogLevel::Info,
-                Level::Warn => LogLevel::Warn,
-            };
-            host::log(level, line);
+            host::log(*level, line);
             Ok(())
         }
     }
