@@ -15,7 +15,7 @@
 use libfuzzer_sys::fuzz_target;
 use llm_gateway_fuzz::Input;
 use llm_gateway_shared::json::{self, Edits, Kind, Limits, Scalar};
-use llm_gateway_shared::usage::Api;
+use llm_gateway_shared::request::Api;
 use serde_json::{Map, Value};
 
 const KEYS: [&str; 8] = [

@@ -13,9 +13,10 @@
 use libfuzzer_sys::fuzz_target;
 use llm_gateway_fuzz::Input;
 use llm_gateway_shared::json::{self, Limits, Scalar, Seg};
+use llm_gateway_shared::request::Api;
 use pii_redaction::config::{parse_document, BodyScope, PiiConfig};
 use pii_redaction::mask::PlaceholderMap;
-use pii_redaction::request::{is_message_text, redact_body, Api, Redaction};
+use pii_redaction::request::{is_message_text, redact_body, Redaction};
 use pii_redaction::response::{redact_output_body, restore_body};
 use std::rc::Rc;
 

@@ -13,7 +13,8 @@
 use libfuzzer_sys::fuzz_target;
 use llm_gateway_fuzz::Input;
 use llm_gateway_shared::tokens::Encoding;
-use llm_gateway_shared::usage::{self, Api, Usage};
+use llm_gateway_shared::request::Api;
+use llm_gateway_shared::usage::{self, Usage};
 use usage_accounting::pricing::Price;
 use usage_accounting::stream::{Forward, ResponseStream};
 

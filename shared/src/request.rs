@@ -1,11 +1,10 @@
-//! One view of a request for every filter: which endpoint its path addresses, and its headers
-//! read once into plain values.
+//! One view of a request for every filter: which API and endpoint its path addresses, and its
+//! headers read once into plain values.
 //!
-//! Every plugin used to answer "which API is this?" on its own, and the answers disagreed: the
-//! accounting and redaction matched any path *ending* in `/chat/completions`, the router only
-//! the exact `/v1/…` paths, so `/openai/v1/chat/completions` (a Higress route with a provider
-//! prefix) was counted and redacted but never routed. [`Endpoint::from_path`] is now the one
-//! answer, and every plugin takes it.
+//! [`Api`] names the APIs whose usage the gateway reads, charges and records, and
+//! [`Endpoint::from_path`] is the one classification of paths every plugin takes: the
+//! accounting, the redaction, the rate limits and the router all see the same API for the same
+//! path (a Higress route with a provider prefix, `/openai/v1/chat/completions`, included).
 //!
 //! The accepted forms: the path without its query and fragment (and without trailing `/`) ends
 //! in `/v1/<endpoint>`, where `<endpoint>` is one of `chat/completions`, `responses`,
@@ -18,7 +17,6 @@
 //! instead of one call per header), with the values every filter asks for already parsed.
 
 use crate::headers;
-use crate::usage::Api;
 use crate::wire::EncodedHeaders;
 use std::rc::Rc;
 
@@ -82,10 +80,46 @@ impl Endpoint {
     }
 }
 
+/// An API whose usage the gateway reads, charges and records; a request's comes from its path
+/// ([`Api::from_path`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Api {
+    /// `POST /v1/chat/completions`
+    ChatCompletions,
+    /// `POST /v1/responses`
+    Responses,
+    /// `POST /v1/messages` (Anthropic)
+    AnthropicMessages,
+    /// `POST /v1/embeddings`
+    Embeddings,
+}
+
 impl Api {
+    /// Every API, in declaration order.
+    pub const ALL: [Api; 4] = [
+        Api::ChatCompletions,
+        Api::Responses,
+        Api::AnthropicMessages,
+        Api::Embeddings,
+    ];
+
+    /// Name in records and metrics (and in the router's `client_api`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Api::ChatCompletions => "chat.completions",
+            Api::Responses => "responses",
+            Api::AnthropicMessages => "messages",
+            Api::Embeddings => "embeddings",
+        }
+    }
+
+    /// The API whose [`Api::name`] is `name`; `None` for any other text.
+    pub fn from_name(name: &str) -> Option<Api> {
+        Api::ALL.into_iter().find(|api| api.name() == name)
+    }
+
     /// The API a request path addresses (query string ignored); `None` for anything else,
-    /// token counting included: the API part of [`Endpoint::from_path`]. Written here, beside
-    /// the classification, so that `usage` (which defines `Api`) needs nothing of `request`.
+    /// token counting included: the API part of [`Endpoint::from_path`].
     pub fn from_path(path: &str) -> Option<Api> {
         Endpoint::from_path(path).and_then(Endpoint::api)
     }
@@ -249,6 +283,16 @@ mod tests {
         // token counting generates nothing: no API whose usage is read, charged or recorded
         // (usage-accounting leaves it alone, token-ratelimit counts it as a request only)
         assert_eq!(Api::from_path("/v1/messages/count_tokens?beta=true"), None);
+    }
+
+    #[test]
+    fn api_names_read_back() {
+        for api in Api::ALL {
+            assert_eq!(Api::from_name(api.name()), Some(api));
+        }
+        for other in ["", "chat", "Messages", "chat.completions ", "count_tokens"] {
+            assert_eq!(Api::from_name(other), None, "{other:?}");
+        }
     }
 
     #[test]

@@ -179,7 +179,7 @@ pub struct RouteInfo {
     /// if a deployment of the plan has no price or the currencies differ.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub price_ceiling: Option<Price>,
-    /// The client's API (`chat.completions`, `messages`: `shared::usage::Api::name`) when the
+    /// The client's API (`chat.completions`, `messages`: `shared::request::Api::name`) when the
     /// router translates the request and the filters after it read another one (the first
     /// attempt's deployment's); absent when they read the client's own.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -25,7 +25,7 @@
 //! A prompt is estimated as `Σ over messages (tokens(text) + 4)`: the per-message overhead
 //! of the chat format (role, separators). Embeddings count their inputs without overhead.
 
-use crate::usage::Api;
+use crate::request::Api;
 use serde_json::Value;
 
 mod body;

@@ -25,35 +25,10 @@
 //! reports what a filter needs to decide about the event (a usage-only chunk it may hide; the
 //! streamed text it may count when the upstream sends no usage).
 
+use crate::request::Api;
 use serde::Deserialize;
 use serde_json::Value;
 use std::borrow::Cow;
-
-/// The API of a request, from its path: [`Api::from_path`], in [`crate::request`] with the one
-/// classification of paths.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Api {
-    /// `POST /v1/chat/completions`
-    ChatCompletions,
-    /// `POST /v1/responses`
-    Responses,
-    /// `POST /v1/messages` (Anthropic)
-    AnthropicMessages,
-    /// `POST /v1/embeddings`
-    Embeddings,
-}
-
-impl Api {
-    /// Name in records and metrics.
-    pub fn name(self) -> &'static str {
-        match self {
-            Api::ChatCompletions => "chat.completions",
-            Api::Responses => "responses",
-            Api::AnthropicMessages => "messages",
-            Api::Embeddings => "embeddings",
-        }
-    }
-}
 
 /// Token counts of one request, normalized across APIs (see the module doc).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]

@@ -18,8 +18,8 @@
 //! purpose — its 402 says what is left, which must be the budget minus exactly the tokens of
 //! that user's records. Every worker still answers, and no plugin trapped.
 
+use llm_gateway_shared::request::Api;
 use llm_gateway_shared::tokens::{count_tokens, estimate_prompt_tokens, Encoding};
-use llm_gateway_shared::usage::Api;
 use llm_gateway_tests::demo::{Demo, DEMO_KEY};
 use llm_gateway_tests::http::{self, sse_events};
 use serde_json::{json, Value};

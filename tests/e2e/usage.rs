@@ -3,8 +3,8 @@
 //! record from filter state (`%FILTER_STATE(wasm.llm_usage:PLAIN)%`); metrics are read from
 //! `/stats/prometheus` with the labels the `stats_tags` of `envoy-config/e2e-usage.yaml` make.
 
+use llm_gateway_shared::request::Api;
 use llm_gateway_shared::tokens::{count_tokens, estimate_prompt_tokens, Encoding};
-use llm_gateway_shared::usage::Api;
 use llm_gateway_tests::envoy::Envoy;
 use llm_gateway_tests::http::{self, Response};
 use llm_gateway_tests::workloads;

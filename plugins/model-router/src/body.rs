@@ -20,7 +20,7 @@ pub fn is_routed_path(path: &str) -> bool {
 /// True if `path` (with or without a query) is Anthropic's token counting
 /// (`/v1/messages/count_tokens`): routed to the group's Anthropic deployment only
 /// (`plan::Request::endpoint`); it generates nothing, so later filters count it as a
-/// request and charge it no tokens (it is no API of `shared::usage::Api`).
+/// request and charge it no tokens (it is no API of `shared::request::Api`).
 pub fn is_count_tokens(path: &str) -> bool {
     Endpoint::from_path(path) == Some(Endpoint::CountTokens)
 }

@@ -5,7 +5,7 @@
 
 use crate::config::{Deployment, Group, RouterConfig};
 use llm_gateway_shared::reject::Reject;
-use llm_gateway_shared::request::Endpoint;
+use llm_gateway_shared::request::{Api, Endpoint};
 use llm_gateway_shared::route_info::{Price, RouteInfo};
 
 /// What the router knows about the request when it plans.
@@ -133,10 +133,10 @@ fn unsupported(endpoint: Option<Endpoint>) -> Reject {
         Some(Endpoint::CountTokens) => {
             "this model group has no Anthropic deployment: /v1/messages/count_tokens needs one"
         }
-        Some(Endpoint::Api(llm_gateway_shared::usage::Api::Responses)) => {
+        Some(Endpoint::Api(Api::Responses)) => {
             "no deployment of this model group serves the Responses API (/v1/responses): only OpenAI and OpenAI-compatible deployments do; use /v1/chat/completions or /v1/messages"
         }
-        Some(Endpoint::Api(llm_gateway_shared::usage::Api::Embeddings)) => {
+        Some(Endpoint::Api(Api::Embeddings)) => {
             "no deployment of this model group serves embeddings (/v1/embeddings): an Anthropic deployment has none"
         }
         _ => "no deployment of this model group serves this endpoint",
@@ -269,7 +269,6 @@ pub fn split_point(group: &str, subject: &str) -> u64 {
 mod tests {
     use super::*;
     use crate::config::tests::example;
-    use llm_gateway_shared::usage::Api;
 
     fn names(config: &RouterConfig, plan: &Plan) -> Vec<String> {
         plan.deployments

@@ -16,8 +16,7 @@
 
 use crate::config::{Deployment, Provider};
 use crate::translate::Wire;
-use llm_gateway_shared::request::Endpoint;
-use llm_gateway_shared::usage::Api;
+use llm_gateway_shared::request::{Api, Endpoint};
 
 /// The credential headers a provider may take; an attempt sets its deployment's and removes
 /// the others.
@@ -49,7 +48,7 @@ pub fn wire_endpoint(wire: Wire) -> Endpoint {
     }
 }
 
-/// The API name of a wire API in records and metrics (`shared::usage::Api::name`).
+/// The API name of a wire API in records and metrics (`shared::request::Api::name`).
 pub fn wire_name(wire: Wire) -> &'static str {
     match wire {
         Wire::Chat => Api::ChatCompletions.name(),

@@ -11,10 +11,11 @@
 //!
 //! Reports the median of timed runs (std::time::Instant; no wall-clock assertions) in MB/s.
 
+use llm_gateway_shared::request::Api;
 use pii_redaction::bench_data::prose;
 use pii_redaction::config::parse_document;
 use pii_redaction::mask::PlaceholderMap;
-use pii_redaction::request::{redact_body, Api, Redaction};
+use pii_redaction::request::{redact_body, Redaction};
 use pii_redaction::response::SseRestorer;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -69,7 +70,12 @@ fn main() {
             let mut matches = 0;
             let seconds = median(budget, || {
                 let mut map = PlaceholderMap::default();
-                let out = redact_body(&config, Api::Chat, black_box(&body), &mut map);
+                let out = redact_body(
+                    &config,
+                    Some(Api::ChatCompletions),
+                    black_box(&body),
+                    &mut map,
+                );
                 matches = map.total();
                 if with_pii {
                     assert!(matches!(out, Redaction::Rewritten(_)));
@@ -116,7 +122,7 @@ fn main() {
         let mut matches = 0;
         let seconds = median(budget, || {
             let mut map = PlaceholderMap::default();
-            let out = redact_body(cfg, Api::Chat, black_box(&body), &mut map);
+            let out = redact_body(cfg, Some(Api::ChatCompletions), black_box(&body), &mut map);
             matches = map.total();
             black_box(out);
         });
@@ -131,7 +137,12 @@ fn main() {
     // the stream: the restored text is a masked prompt echoed back in 3-character deltas
     let mut map = PlaceholderMap::default();
     let prompt = prose(8 * 1024, true);
-    let masked = match redact_body(&config, Api::Chat, &chat_body(&prompt), &mut map) {
+    let masked = match redact_body(
+        &config,
+        Some(Api::ChatCompletions),
+        &chat_body(&prompt),
+        &mut map,
+    ) {
         Redaction::Rewritten(body) => {
             let v: serde_json::Value = serde_json::from_slice(&body).expect("json");
             v["messages"][1]["content"]

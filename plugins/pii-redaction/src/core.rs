@@ -13,11 +13,11 @@
 
 use crate::config::{BodyScope, Oversize, PiiConfig};
 use crate::mask::{Action, PlaceholderMap};
-use crate::request::{redact_pass, Api, Carried, Redaction};
+use crate::request::{redact_pass, Carried, Redaction};
 use crate::response::{redact_output_body, restore_body, SseRestorer};
 use llm_gateway_shared::reentry::{Pass, Stash};
 use llm_gateway_shared::reject::{ErrorType, Reject};
-use llm_gateway_shared::request::RequestHead;
+use llm_gateway_shared::request::{Api, RequestHead};
 use std::collections::{HashMap, VecDeque};
 use std::rc::Rc;
 
@@ -264,7 +264,8 @@ enum Response {
 /// One request's stage state.
 pub struct Exchange {
     config: Option<Rc<PiiConfig>>,
-    api: Api,
+    /// The request's API (where a preamble goes); `None` for any other path.
+    api: Option<Api>,
     /// The request headers carry a `content-length`.
     framed: bool,
     /// The request body is to be read and redacted.
@@ -286,7 +287,7 @@ impl Default for Exchange {
     fn default() -> Self {
         Exchange {
             config: None,
-            api: Api::Other,
+            api: None,
             framed: false,
             scan: false,
             map: PlaceholderMap::default(),
@@ -420,7 +421,7 @@ impl Exchange {
         if end_of_stream {
             return Flow::Continue; // no body
         }
-        self.api = Api::from_head(head);
+        self.api = head.api();
         self.framed = head.content_length.is_some();
         if config.scope == BodyScope::Messages {
             // multipart uploads and other non-JSON bodies carry no chat messages
@@ -725,13 +726,6 @@ impl Exchange {
             }
             Command::Count(..) | Command::Log(..) => Flow::Continue,
         }
-    }
-}
-
-impl Api {
-    /// The API of a request (where a preamble goes), from its one classification.
-    pub fn from_head(head: &RequestHead) -> Api {
-        Api::from_shared(head.api())
     }
 }
 

@@ -28,6 +28,7 @@ use crate::config::{BodyScope, PiiConfig};
 use crate::mask::{Blocked, PlaceholderMap};
 use llm_gateway_shared::fxhash;
 use llm_gateway_shared::json::{self, Scalar, Seg};
+use llm_gateway_shared::request::Api;
 use std::collections::hash_map::DefaultHasher;
 use std::hash::Hasher;
 use std::ops::Range;
@@ -84,39 +85,6 @@ const SKIP: &[&str] = &[
     "data",
 ];
 
-/// Which API a request path speaks (decides where a preamble goes).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Api {
-    /// `…/chat/completions`
-    Chat,
-    /// `…/responses`
-    Responses,
-    /// `…/messages` (Anthropic)
-    Anthropic,
-    /// Anything else.
-    Other,
-}
-
-impl Api {
-    /// The API of a `:path` (query ignored), as every plugin reads it
-    /// ([`llm_gateway_shared::usage::Api::from_path`]): the preamble goes where that API
-    /// keeps its instructions.
-    pub fn from_path(path: &str) -> Api {
-        Api::from_shared(llm_gateway_shared::usage::Api::from_path(path))
-    }
-
-    /// This plugin's view of the shared classification.
-    pub fn from_shared(api: Option<llm_gateway_shared::usage::Api>) -> Api {
-        use llm_gateway_shared::usage::Api as Shared;
-        match api {
-            Some(Shared::ChatCompletions) => Api::Chat,
-            Some(Shared::Responses) => Api::Responses,
-            Some(Shared::AnthropicMessages) => Api::Anthropic,
-            Some(Shared::Embeddings) | None => Api::Other,
-        }
-    }
-}
-
 /// What became of a request body.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Redaction {
@@ -165,10 +133,12 @@ pub fn is_message_text(path: &[Seg]) -> bool {
     text && !own_is_meta
 }
 
-/// Redacts a request body under `config`, recording placeholders in `map`.
+/// Redacts a request body under `config`, recording placeholders in `map`. `api`: the
+/// request's ([`Api::from_path`]; `None` for any other path), which decides where a preamble
+/// goes.
 pub fn redact_body(
     config: &PiiConfig,
-    api: Api,
+    api: Option<Api>,
     body: &[u8],
     map: &mut PlaceholderMap,
 ) -> Redaction {
@@ -197,7 +167,7 @@ pub struct Carried {
 /// ([`PlaceholderMap::carried_over`]) leaves its own placeholders alone instead.
 pub fn redact_pass(
     config: &PiiConfig,
-    api: Api,
+    api: Option<Api>,
     body: &[u8],
     map: &mut PlaceholderMap,
     carried: Option<u64>,
@@ -346,7 +316,7 @@ type Rewrite = Result<Option<Vec<u8>>, Redaction>;
 /// fingerprint is taken (both `None`).
 fn redact_messages(
     config: &PiiConfig,
-    api: Api,
+    api: Option<Api>,
     body: &[u8],
     map: &mut PlaceholderMap,
     prints: bool,
@@ -444,7 +414,7 @@ impl Prints {
 
 fn redact_messages_into(
     config: &PiiConfig,
-    api: Api,
+    api: Option<Api>,
     body: &[u8],
     map: &mut PlaceholderMap,
     mut prints: Option<&mut Prints>,
@@ -455,7 +425,7 @@ fn redact_messages_into(
     // fail closed: text that cannot be decoded cannot be scanned, so it is not forwarded
     let mut undecodable: Option<usize> = None;
     // a chat preamble goes in as the first message (see [`Anchors::preamble_edit`])
-    let in_front = api == Api::Chat && config.preamble.is_some();
+    let in_front = api == Some(Api::ChatCompletions) && config.preamble.is_some();
     json::walk(body, &json::Limits::default(), &mut |path, kind, span| {
         anchors.note(path, kind, &span, body);
         if kind != Scalar::String || !is_message_text(path) {
@@ -579,7 +549,7 @@ impl Anchors {
 
     fn preamble_edit(
         &self,
-        api: Api,
+        api: Option<Api>,
         body: &[u8],
         preamble: &str,
     ) -> Option<(Range<usize>, Vec<u8>)> {
@@ -601,7 +571,7 @@ impl Anchors {
             ))
         };
         match api {
-            Api::Chat => {
+            Some(Api::ChatCompletions) => {
                 let at = self.messages? + 1;
                 let mut v = b"{\"role\":\"system\",\"content\":".to_vec();
                 json::push_quoted(&mut v, preamble);
@@ -617,7 +587,7 @@ impl Anchors {
                 }
                 Some((at..at, v))
             }
-            Api::Anthropic => match &self.system {
+            Some(Api::AnthropicMessages) => match &self.system {
                 None => Some(member("system")),
                 Some(Slot::String(span)) => prefix(span),
                 Some(Slot::Array(open)) => {
@@ -637,12 +607,12 @@ impl Anchors {
                 }
                 Some(Slot::Other) => None,
             },
-            Api::Responses => match &self.instructions {
+            Some(Api::Responses) => match &self.instructions {
                 None => Some(member("instructions")),
                 Some(Slot::String(span)) => prefix(span),
                 Some(_) => None,
             },
-            Api::Other => None,
+            Some(Api::Embeddings) | None => None,
         }
     }
 }
@@ -661,7 +631,7 @@ mod tests {
             .unwrap()
     }
 
-    fn run(doc: &str, api: Api, body: &Value) -> (Redaction, PlaceholderMap) {
+    fn run(doc: &str, api: Option<Api>, body: &Value) -> (Redaction, PlaceholderMap) {
         let mut map = PlaceholderMap::default();
         let bytes = serde_json::to_vec(body).unwrap();
         (redact_body(&config(doc), api, &bytes, &mut map), map)
@@ -690,7 +660,7 @@ mod tests {
             ],
             "user": "a@x.com"
         });
-        let (r, map) = run("{}", Api::Chat, &body);
+        let (r, map) = run("{}", Some(Api::ChatCompletions), &body);
         let out = rewritten(r);
         let m = &out["messages"];
         assert_eq!(m[0]["content"], "support for [EMAIL_1]");
@@ -712,7 +682,7 @@ mod tests {
             "input": [{"role": "user", "content": [{"type": "input_text", "text": "a@x.com"},
                 {"type": "input_image", "image_url": "data:image/png;base64,a@x.com"}]},
                 {"type": "function_call_output", "call_id": "c", "output": "10.0.0.1"}]});
-        let out = rewritten(run("{}", Api::Responses, &body).0);
+        let out = rewritten(run("{}", Some(Api::Responses), &body).0);
         assert_eq!(out["instructions"], "from [EMAIL_1]"); // same value, same placeholder
         assert_eq!(out["input"][0]["content"][0]["text"], "[EMAIL_1]");
         assert_eq!(
@@ -723,7 +693,7 @@ mod tests {
 
         let body = json!({"model": "m", "input": "ip 10.0.0.1"});
         assert_eq!(
-            rewritten(run("{}", Api::Responses, &body).0)["input"],
+            rewritten(run("{}", Some(Api::Responses), &body).0)["input"],
             "ip [IP_1]"
         );
 
@@ -733,7 +703,7 @@ mod tests {
                 {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "a@x.com"}},
                 {"type": "tool_use", "id": "t", "name": "lookup", "input": {"email": "b@y.org"}},
                 {"type": "tool_result", "tool_use_id": "t", "content": "b@y.org ok"}]}]});
-        let out = rewritten(run("{}", Api::Anthropic, &body).0);
+        let out = rewritten(run("{}", Some(Api::AnthropicMessages), &body).0);
         // serde_json writes keys sorted: messages come before system
         assert_eq!(out["system"][0]["text"], "[EMAIL_2]");
         let c = &out["messages"][0]["content"];
@@ -745,7 +715,7 @@ mod tests {
     /// Every text field a provider reads, per API: `(JSON pointer, masked?)`. Each text holds
     /// an e-mail; a field that must stay as sent (a tool name, an id, a type, a signed or
     /// opaque blob) holds one too and must come back byte for byte.
-    fn assert_fields(api: Api, body: &Value, fields: &[(&str, bool)]) {
+    fn assert_fields(api: Option<Api>, body: &Value, fields: &[(&str, bool)]) {
         let out = rewritten(run("{}", api, body).0);
         let mut wrong = Vec::new();
         for (pointer, masked) in fields {
@@ -781,7 +751,7 @@ mod tests {
                 {"type": "text", "text": "sent to b@y.org"}]},
             {"role": "function", "name": "lookup", "content": "c@z.net"}]});
         assert_fields(
-            Api::Chat,
+            Some(Api::ChatCompletions),
             &body,
             &[
                 ("/messages/0/content", true),
@@ -801,11 +771,7 @@ mod tests {
         );
         // the legacy completions `prompt`, a string or a list of them
         let body = json!({"model": "m", "prompt": ["a@x.com", "b@y.org"]});
-        assert_fields(
-            Api::Other,
-            &body,
-            &[("/prompt/0", true), ("/prompt/1", true)],
-        );
+        assert_fields(None, &body, &[("/prompt/0", true), ("/prompt/1", true)]);
     }
 
     #[test]
@@ -829,7 +795,7 @@ mod tests {
                 {"type": "reasoning", "id": "rs_1", "encrypted_content": "gAAAAa@x.com",
                     "summary": [{"type": "summary_text", "text": "user is a@x.com"}]}]});
         assert_fields(
-            Api::Responses,
+            Some(Api::Responses),
             &body,
             &[
                 ("/instructions", true),
@@ -877,7 +843,7 @@ mod tests {
                         {"type": "search_result", "source": "https://a@x.com",
                             "title": "d@w.io", "content": [{"type": "text", "text": "d@w.io"}]}]}]}]});
         assert_fields(
-            Api::Anthropic,
+            Some(Api::AnthropicMessages),
             &body,
             &[
                 ("/system/0/text", true),
@@ -906,7 +872,7 @@ mod tests {
         let body =
             json!({"system": "for a@x.com", "messages": [{"role": "user", "content": "b@y.org"}]});
         assert_fields(
-            Api::Anthropic,
+            Some(Api::AnthropicMessages),
             &body,
             &[("/system", true), ("/messages/0/content", true)],
         );
@@ -915,27 +881,35 @@ mod tests {
     #[test]
     fn unchanged_blocked_invalid_and_raw() {
         let body = json!({"model": "m", "messages": [{"role": "user", "content": "hello"}]});
-        assert_eq!(run("{}", Api::Chat, &body).0, Redaction::Unchanged);
+        assert_eq!(
+            run("{}", Some(Api::ChatCompletions), &body).0,
+            Redaction::Unchanged
+        );
         let body = json!({"messages": [{"role": "user", "content": "Project Falcon"}]});
         let doc = r#"{"rules":[{"name":"CODE","words":["project falcon"],"action":"block"}]}"#;
         assert_eq!(
-            run(doc, Api::Chat, &body).0,
+            run(doc, Some(Api::ChatCompletions), &body).0,
             Redaction::Blocked(Blocked {
                 rule: "CODE".into()
             })
         );
         let mut map = PlaceholderMap::default();
         assert!(matches!(
-            redact_body(&config("{}"), Api::Chat, b"{\"messages\":", &mut map),
+            redact_body(
+                &config("{}"),
+                Some(Api::ChatCompletions),
+                b"{\"messages\":",
+                &mut map
+            ),
             Redaction::Invalid(_)
         ));
         let raw = config(r#"{"scope":"raw_body"}"#);
         assert_eq!(
-            redact_body(&raw, Api::Other, b"to=a@x.com&x=1", &mut map),
+            redact_body(&raw, None, b"to=a@x.com&x=1", &mut map),
             Redaction::Rewritten(b"to=[EMAIL_1]&x=1".to_vec())
         );
         assert_eq!(
-            redact_body(&raw, Api::Other, b"\xff a@x.com", &mut map),
+            redact_body(&raw, None, b"\xff a@x.com", &mut map),
             Redaction::Unchanged
         );
     }
@@ -944,7 +918,7 @@ mod tests {
     fn preamble_per_api() {
         let doc = r#"{"preamble":"Keep [X_1] tokens."}"#;
         let chat = json!({"messages": [{"role": "user", "content": "a@x.com"}]});
-        let out = rewritten(run(doc, Api::Chat, &chat).0);
+        let out = rewritten(run(doc, Some(Api::ChatCompletions), &chat).0);
         assert_eq!(
             out["messages"][0],
             json!({"role": "system", "content": "Keep [X_1] tokens."})
@@ -953,26 +927,29 @@ mod tests {
 
         let anth =
             json!({"system": "Be brief.", "messages": [{"role": "user", "content": "a@x.com"}]});
-        let out = rewritten(run(doc, Api::Anthropic, &anth).0);
+        let out = rewritten(run(doc, Some(Api::AnthropicMessages), &anth).0);
         assert_eq!(out["system"], "Keep [X_1] tokens.\n\nBe brief.");
         let anth = json!({"messages": [{"role": "user", "content": "a@x.com"}]});
         assert_eq!(
-            rewritten(run(doc, Api::Anthropic, &anth).0)["system"],
+            rewritten(run(doc, Some(Api::AnthropicMessages), &anth).0)["system"],
             "Keep [X_1] tokens."
         );
         let anth = json!({"system": [{"type": "text", "text": "x"}], "messages": [{"role": "user", "content": "a@x.com"}]});
-        let out = rewritten(run(doc, Api::Anthropic, &anth).0);
+        let out = rewritten(run(doc, Some(Api::AnthropicMessages), &anth).0);
         assert_eq!(out["system"][0]["text"], "Keep [X_1] tokens.");
         assert_eq!(out["system"][1]["text"], "x");
 
         let resp = json!({"input": "a@x.com"});
         assert_eq!(
-            rewritten(run(doc, Api::Responses, &resp).0)["instructions"],
+            rewritten(run(doc, Some(Api::Responses), &resp).0)["instructions"],
             "Keep [X_1] tokens."
         );
         // nothing masked: no preamble
         let plain = json!({"messages": [{"role": "user", "content": "hi"}]});
-        assert_eq!(run(doc, Api::Chat, &plain).0, Redaction::Unchanged);
+        assert_eq!(
+            run(doc, Some(Api::ChatCompletions), &plain).0,
+            Redaction::Unchanged
+        );
     }
 
     /// With `"reentry": false` no fingerprint is taken (nothing asks for one) and the body is
@@ -983,14 +960,14 @@ mod tests {
         let without = config(r#"{"preamble": "P", "reentry": false}"#);
         for (api, body) in [
             (
-                Api::Chat,
+                Some(Api::ChatCompletions),
                 json!({"messages": [{"role": "user", "content": "a@x.com"}]}),
             ),
             (
-                Api::Chat,
+                Some(Api::ChatCompletions),
                 json!({"messages": [{"role": "user", "content": "hi"}]}),
             ),
-            (Api::Responses, json!({"input": "mail a@x.com"})),
+            (Some(Api::Responses), json!({"input": "mail a@x.com"})),
         ] {
             let bytes = serde_json::to_vec(&body).unwrap();
             let (mut a, mut b) = (PlaceholderMap::default(), PlaceholderMap::default());
@@ -1006,12 +983,19 @@ mod tests {
             serde_json::to_vec(&json!({"messages": [{"role": "user", "content": "a@x.com"}]}))
                 .unwrap();
         let mut first = PlaceholderMap::default();
-        let (r, forwarded) = redact_pass(&with, Api::Chat, &bytes, &mut first, None);
+        let (r, forwarded) =
+            redact_pass(&with, Some(Api::ChatCompletions), &bytes, &mut first, None);
         let Redaction::Rewritten(out) = r else {
             panic!("{r:?}")
         };
         let mut again = first.clone();
-        let (r, _) = redact_pass(&without, Api::Chat, &out, &mut again, forwarded);
+        let (r, _) = redact_pass(
+            &without,
+            Some(Api::ChatCompletions),
+            &out,
+            &mut again,
+            forwarded,
+        );
         assert_eq!(r, Redaction::Unchanged);
     }
 
@@ -1019,7 +1003,7 @@ mod tests {
     /// with `resent` (what the host re-sends, given the first pass's output).
     fn two_passes(
         doc: &str,
-        api: Api,
+        api: Option<Api>,
         original: &Value,
         resent: impl Fn(&[u8]) -> Vec<u8>,
     ) -> (Vec<u8>, Redaction, PlaceholderMap, PlaceholderMap) {
@@ -1046,7 +1030,7 @@ mod tests {
         let original = json!({"messages": [
             {"role": "user", "content": "[EMAIL_2]"},
             {"role": "user", "content": "[EMAIL_1]"}]});
-        let (out, r, _, _) = two_passes("{}", Api::Chat, &original, |_| {
+        let (out, r, _, _) = two_passes("{}", Some(Api::ChatCompletions), &original, |_| {
             serde_json::to_vec(&original).unwrap()
         });
         assert_ne!(out, serde_json::to_vec(&original).unwrap());
@@ -1068,19 +1052,19 @@ mod tests {
         };
         let bodies = [
             (
-                Api::Chat,
+                Some(Api::ChatCompletions),
                 json!({"model": "fast", "messages": [
                 {"role": "user", "name": "c@z.net", "content": "mail a@x.com, call 13800138000"},
                 {"role": "user", "content": "what is [EMAIL_1]?"}]}),
             ),
             (
-                Api::Anthropic,
+                Some(Api::AnthropicMessages),
                 json!({"system": "Be brief with a@x.com.", "messages": [
                 {"role": "user", "content": "b@y.org"}]}),
             ),
-            (Api::Responses, json!({"input": "a@x.com"})),
+            (Some(Api::Responses), json!({"input": "a@x.com"})),
             (
-                Api::Anthropic,
+                Some(Api::AnthropicMessages),
                 json!({"messages": [{"role": "assistant", "content": [{"type": "tool_use",
                 "id": "t", "name": "send", "input": {"name": "a@x.com"}}]}]}),
             ),
@@ -1121,7 +1105,7 @@ mod tests {
     #[test]
     fn a_reentering_pass_with_another_body_continues_the_numbering() {
         let original = json!({"messages": [{"role": "user", "content": "a@x.com"}]});
-        let (_, r, _, again) = two_passes("{}", Api::Chat, &original, |_| {
+        let (_, r, _, again) = two_passes("{}", Some(Api::ChatCompletions), &original, |_| {
             serde_json::to_vec(
                 &json!({"messages": [{"role": "user", "content": "a@x.com c@z.net"}]}),
             )
@@ -1142,21 +1126,24 @@ mod tests {
     fn preamble_never_breaks_a_body_of_unexpected_shape() {
         let doc = r#"{"preamble":"Keep [X_1] tokens."}"#;
         for (api, body) in [
-            (Api::Chat, json!({"messages": {"content": "a@x.com"}})),
             (
-                Api::Anthropic,
+                Some(Api::ChatCompletions),
+                json!({"messages": {"content": "a@x.com"}}),
+            ),
+            (
+                Some(Api::AnthropicMessages),
                 json!({"system": {"text": "a"}, "messages": [{"content": "a@x.com"}]}),
             ),
             (
-                Api::Anthropic,
+                Some(Api::AnthropicMessages),
                 json!({"system": 7, "messages": [{"content": "a@x.com"}]}),
             ),
             (
-                Api::Responses,
+                Some(Api::Responses),
                 json!({"instructions": null, "input": "a@x.com"}),
             ),
             (
-                Api::Responses,
+                Some(Api::Responses),
                 json!({"instructions": ["x"], "input": "a@x.com"}),
             ),
         ] {
@@ -1178,7 +1165,7 @@ mod tests {
         let raw = br#"{"model":"fast","messages":{"content":"ann@example.com"}}"#;
         let mut map = PlaceholderMap::default();
         assert_eq!(
-            redact_body(&config(doc), Api::Chat, raw, &mut map),
+            redact_body(&config(doc), Some(Api::ChatCompletions), raw, &mut map),
             Redaction::Rewritten(
                 br#"{"model":"fast","messages":{"content":"[EMAIL_1]"}}"#.to_vec()
             )
@@ -1207,11 +1194,11 @@ mod tests {
             let original = json!({"messages": [
                 {"role": "user", "content": parts[..cut].concat()},
                 {"role": "user", "content": parts[cut..].concat()}]});
-            let (out, r, first, again) = two_passes(doc, Api::Chat, &original, |out| out.to_vec());
+            let (out, r, first, again) = two_passes(doc, Some(Api::ChatCompletions), &original, |out| out.to_vec());
             proptest::prop_assert_eq!(r, Redaction::Unchanged);
             let text = String::from_utf8(out).unwrap();
             proptest::prop_assert_eq!(again.restore(&text), first.restore(&text));
-            let (out, r, _, _) = two_passes(doc, Api::Chat, &original, |_| {
+            let (out, r, _, _) = two_passes(doc, Some(Api::ChatCompletions), &original, |_| {
                 serde_json::to_vec(&original).unwrap()
             });
             let expected = if out == serde_json::to_vec(&original).unwrap() {
@@ -1254,7 +1241,7 @@ mod tests {
                 &json!({"model": "a@x.com", "messages": messages, "user": "b@y.org"}),
             ).unwrap();
             let mut map = PlaceholderMap::default();
-            let (r, forwarded) = redact_pass(&config(doc), Api::Chat, &body, &mut map, None);
+            let (r, forwarded) = redact_pass(&config(doc), Some(Api::ChatCompletions), &body, &mut map, None);
             let out = match r {
                 Redaction::Rewritten(b) => b,
                 Redaction::Unchanged => body.clone(),
@@ -1271,7 +1258,7 @@ mod tests {
             let config = config("{}");
             for bytes in [body.as_slice(), json_like.as_bytes()] {
                 let mut map = PlaceholderMap::default();
-                if let Redaction::Rewritten(new) = redact_body(&config, Api::Chat, bytes, &mut map) {
+                if let Redaction::Rewritten(new) = redact_body(&config, Some(Api::ChatCompletions), bytes, &mut map) {
                     proptest::prop_assert!(serde_json::from_slice::<Value>(&new).is_ok());
                 }
             }
@@ -1280,7 +1267,7 @@ mod tests {
         #[test]
         fn message_text_round_trips(text in "[a-z@.0-9 \\[\\]_A-Z\"\\\\\n漢]{0,80}") {
             let body = json!({"messages": [{"role": "user", "content": text.clone()}]});
-            let (r, map) = run("{}", Api::Chat, &body);
+            let (r, map) = run("{}", Some(Api::ChatCompletions), &body);
             let content = match r {
                 Redaction::Rewritten(b) => serde_json::from_slice::<Value>(&b).unwrap()["messages"][0]["content"]
                     .as_str()
@@ -1296,7 +1283,7 @@ mod tests {
     fn lone_surrogates_do_not_hide_text_from_the_scan() {
         let body = br#"{"messages":[{"role":"user","content":"\ud800 mail a@x.com"}]}"#;
         let mut map = PlaceholderMap::default();
-        match redact_body(&config("{}"), Api::Chat, body, &mut map) {
+        match redact_body(&config("{}"), Some(Api::ChatCompletions), body, &mut map) {
             Redaction::Rewritten(new) => {
                 let v: Value = serde_json::from_slice(&new).unwrap();
                 assert_eq!(v["messages"][0]["content"], "\u{FFFD} mail [EMAIL_1]");
@@ -1306,10 +1293,12 @@ mod tests {
     }
 
     #[test]
-    fn api_from_path() {
-        assert_eq!(Api::from_path("/v1/chat/completions?x=1"), Api::Chat);
-        assert_eq!(Api::from_path("/v1/responses"), Api::Responses);
-        assert_eq!(Api::from_path("/v1/messages"), Api::Anthropic);
-        assert_eq!(Api::from_path("/v1/embeddings"), Api::Other);
+    fn no_preamble_where_the_api_keeps_no_instructions() {
+        let doc = r#"{"preamble":"Keep [X_1] tokens."}"#;
+        let embeddings = json!({"input": ["mail a@x.com"]});
+        for api in [Some(Api::Embeddings), None] {
+            let out = rewritten(run(doc, api, &embeddings).0);
+            assert_eq!(out, json!({"input": ["mail [EMAIL_1]"]}), "{api:?}");
+        }
     }
 }

@@ -17,10 +17,10 @@
 use crate::counts::TextCounts;
 use llm_gateway_shared::json::{self, Kind, Limits};
 use llm_gateway_shared::reject::Reject;
+use llm_gateway_shared::request::Api;
 use llm_gateway_shared::tokens::{
     count_tokens, estimate_prompt_tokens_sampled, estimate_text_tokens_sampled_with, Encoding,
 };
-use llm_gateway_shared::usage::Api;
 use std::cell::RefCell;
 
 /// Tokens added to every reservation's prompt estimate (chat priming and separators the

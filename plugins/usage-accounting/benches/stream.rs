@@ -4,8 +4,8 @@
 //! heap bytes of building each BPE). Reports medians of repeated runs; asserts nothing about
 //! time.
 
+use llm_gateway_shared::request::Api;
 use llm_gateway_shared::tokens::{count_tokens, Encoding};
-use llm_gateway_shared::usage::Api;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;

@@ -689,7 +689,8 @@ fn hex4(digits: &str) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use llm_gateway_shared::usage::{Api, StreamUsage};
+    use llm_gateway_shared::request::Api;
+    use llm_gateway_shared::usage::StreamUsage;
     use proptest::prelude::*;
 
     #[test]

@@ -8,9 +8,10 @@ use crate::record::{clean_attribution, Attempt, Record, UsageFields, UsageSource
 use crate::request::{self, RequestInfo};
 use crate::stream::{Forward, ResponseStream};
 use llm_gateway_shared::headers;
+use llm_gateway_shared::request::Api;
 use llm_gateway_shared::route_info;
 use llm_gateway_shared::tokens::{count_tokens, estimate_prompt_tokens, Encoding};
-use llm_gateway_shared::usage::{self, Api, Usage};
+use llm_gateway_shared::usage::{self, Usage};
 use std::cell::OnceCell;
 
 /// Who and what a request is for, from the request headers.
@@ -167,21 +168,9 @@ impl RouteInfo {
             provider: non_empty(state.provider),
             // a name this plugin does not know is dropped: the record's `api` and the metric
             // names take only the four APIs' names
-            client_api: state.client_api.as_deref().and_then(api_named),
+            client_api: state.client_api.as_deref().and_then(Api::from_name),
         })
     }
-}
-
-/// The API named `name` in records and metrics ([`Api::name`]).
-fn api_named(name: &str) -> Option<Api> {
-    [
-        Api::ChatCompletions,
-        Api::Responses,
-        Api::AnthropicMessages,
-        Api::Embeddings,
-    ]
-    .into_iter()
-    .find(|api| api.name() == name)
 }
 
 /// The API the answering deployment speaks, for a body in `body_api` (the API of the path
@@ -1193,14 +1182,6 @@ event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"delta\":{\
         assert_eq!(with(r#","client_api":null"#).client_api, None);
         // a name that is no API's is not recorded
         assert_eq!(with(r#","client_api":"chat""#).client_api, None);
-        for api in [
-            Api::ChatCompletions,
-            Api::Responses,
-            Api::AnthropicMessages,
-            Api::Embeddings,
-        ] {
-            assert_eq!(api_named(api.name()), Some(api));
-        }
     }
 
     #[test]

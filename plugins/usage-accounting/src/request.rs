@@ -8,7 +8,7 @@
 //! `include_usage: true` spliced in — every other byte as the client sent it.
 
 use llm_gateway_shared::json::{self, Edits, Kind, Limits};
-use llm_gateway_shared::usage::Api;
+use llm_gateway_shared::request::Api;
 
 /// What the request says about itself.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

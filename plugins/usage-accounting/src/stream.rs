@@ -9,9 +9,10 @@
 //! that also carries `choices` is never removed.
 
 use crate::chunk::{self, Template};
+use llm_gateway_shared::request::Api;
 use llm_gateway_shared::sse::{EventRef, Framer, RawItem};
 use llm_gateway_shared::tokens::{count_tokens, Encoding};
-use llm_gateway_shared::usage::{Api, StreamUsage, Usage};
+use llm_gateway_shared::usage::{StreamUsage, Usage};
 
 /// At most this much streamed text is kept for counting; past it only its length is
 /// tracked, and the count is extrapolated from the kept sample.

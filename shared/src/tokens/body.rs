@@ -11,7 +11,7 @@
 
 use super::encoding::MESSAGE_OVERHEAD;
 use crate::json;
-use crate::usage::Api;
+use crate::request::Api;
 use std::borrow::Cow;
 use std::ops::Range;
 
@@ -436,7 +436,7 @@ pub(super) fn estimate_text(api: Api, body: &str, count: &dyn Fn(&str) -> u64) -
 mod tests {
     use super::super::{estimate_body_tokens_sampled, estimate_prompt_tokens_sampled, Encoding};
     use crate::json::{scan_object, Limits};
-    use crate::usage::Api;
+    use crate::request::Api;
     use proptest::prelude::*;
 
     const APIS: [Api; 4] = [

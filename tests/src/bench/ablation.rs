@@ -611,7 +611,8 @@ mod tests {
 
     #[test]
     fn the_pii_chat_is_masked_by_the_chains_pii_redaction() {
-        use pii_redaction::request::{redact_body, Api, Redaction};
+        use llm_gateway_shared::request::Api;
+        use pii_redaction::request::{redact_body, Redaction};
         let rules = chain_pii_rules();
         let chats: Vec<_> = crate::bench::wrk::WORKLOADS
             .iter()
@@ -624,7 +625,7 @@ mod tests {
             let mut map = Default::default();
             let redaction = redact_body(
                 rules.global().unwrap(),
-                Api::Chat,
+                Some(Api::ChatCompletions),
                 body.as_bytes(),
                 &mut map,
             );
@@ -643,7 +644,8 @@ mod tests {
 
     #[test]
     fn the_streamed_prompt_keeps_its_length_through_pii_redaction() {
-        use pii_redaction::request::{redact_body, Api, Redaction};
+        use llm_gateway_shared::request::Api;
+        use pii_redaction::request::{redact_body, Redaction};
         let rules = chain_pii_rules();
         let stream = crate::bench::wrk::WORKLOADS
             .iter()
@@ -652,7 +654,7 @@ mod tests {
         let mut map = Default::default();
         let Redaction::Rewritten(body) = redact_body(
             rules.global().unwrap(),
-            Api::Chat,
+            Some(Api::ChatCompletions),
             stream.body("fast").as_bytes(),
             &mut map,
         ) else {

@@ -7,11 +7,12 @@
 //!   --passes  timed passes over the corpus for the throughput (30)
 //!   --examples  missed values and wrong masks listed per type and name (5)
 
+use llm_gateway_shared::request::Api;
 use pii_bench::config::load;
 use pii_bench::report::{render, Context};
 use pii_bench::score::{Outcome, Record, Tally};
 use pii_redaction::mask::PlaceholderMap;
-use pii_redaction::request::{redact_body, Api, Redaction};
+use pii_redaction::request::{redact_body, Redaction};
 use std::hint::black_box;
 use std::process::ExitCode;
 use std::time::Instant;
@@ -90,7 +91,7 @@ fn run() -> Result<(), String> {
     };
     for (record, body) in records.iter().zip(&bodies) {
         let mut map = PlaceholderMap::default();
-        let redaction = redact_body(&loaded.config, Api::Chat, body, &mut map);
+        let redaction = redact_body(&loaded.config, Some(Api::ChatCompletions), body, &mut map);
         tally.add(record, &outcome(record, redaction)?, &map);
     }
 
@@ -102,7 +103,7 @@ fn run() -> Result<(), String> {
             let mut map = PlaceholderMap::default();
             black_box(redact_body(
                 &loaded.config,
-                Api::Chat,
+                Some(Api::ChatCompletions),
                 black_box(body),
                 &mut map,
             ));

@@ -258,8 +258,9 @@ impl Tally {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use llm_gateway_shared::request::Api;
     use pii_redaction::config::parse_document;
-    use pii_redaction::request::{redact_body, Api, Redaction};
+    use pii_redaction::request::{redact_body, Redaction};
 
     fn record(corpus: &str, text: &str, values: &[(&str, &str)]) -> Record {
         Record {
@@ -289,7 +290,12 @@ mod tests {
         for record in records {
             let body = serde_json::json!({"messages": [{"role": "user", "content": record.text}]});
             let mut map = PlaceholderMap::default();
-            let out = redact_body(&config, Api::Chat, body.to_string().as_bytes(), &mut map);
+            let out = redact_body(
+                &config,
+                Some(Api::ChatCompletions),
+                body.to_string().as_bytes(),
+                &mut map,
+            );
             let outcome = match out {
                 Redaction::Rewritten(b) => {
                     let v: serde_json::Value = serde_json::from_slice(&b).unwrap();

@@ -31,14 +31,12 @@ use crate::translate::{self, Asked, RequestParams, Wire};
 use crate::wire::{endpoint_wire, wire_endpoint, wire_name, Service, CREDENTIAL_HEADERS};
 use llm_gateway_shared::headers;
 use llm_gateway_shared::reject::{ErrorType, Reject};
-use llm_gateway_shared::request::Endpoint;
-use llm_gateway_shared::request::RequestHead;
+use llm_gateway_shared::request::{Api, Endpoint, RequestHead};
 use llm_gateway_shared::route_info::{
     try_property, RouteInfo, ATTEMPT_PROPERTY, BUDGET_FALLBACK_HEADER, BUDGET_FALLBACK_PROPERTY,
     BUDGET_FALLBACK_TAKEN, MAX_RETRIES_HEADER, PLAN_PROPERTY, PROPERTY as ROUTE_PROPERTY,
 };
 use llm_gateway_shared::rules::RuleSet;
-use llm_gateway_shared::usage::Api;
 use std::rc::Rc;
 
 /// Response headers.
