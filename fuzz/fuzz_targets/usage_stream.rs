@@ -12,10 +12,10 @@
 
 use libfuzzer_sys::fuzz_target;
 use llm_gateway_fuzz::Input;
-use llm_gateway_shared::tokens::Encoding;
+use llm_gateway_shared::price::{NanoPerMillion, Price};
 use llm_gateway_shared::request::Api;
+use llm_gateway_shared::tokens::Encoding;
 use llm_gateway_shared::usage::{self, Usage};
-use usage_accounting::pricing::Price;
 use usage_accounting::stream::{Forward, ResponseStream};
 
 #[derive(Debug, PartialEq)]
@@ -57,15 +57,14 @@ fn run(api: Api, hide: bool, max: usize, chunks: &[&[u8]]) -> Outcome {
     }
 }
 
-fn price(nano_per_million: u64) -> Price {
+fn price(nano_per_million: NanoPerMillion) -> Price {
     Price {
-        input: nano_per_million,
-        cached_input: nano_per_million / 10,
-        cache_write: nano_per_million,
-        output: nano_per_million,
-        reasoning: nano_per_million,
-        version: "fuzz".into(),
         currency: "USD".into(),
+        input: nano_per_million,
+        output: nano_per_million,
+        cached_input: Some(nano_per_million / 10),
+        cache_write: None,
+        reasoning: None,
     }
 }
 
@@ -73,9 +72,12 @@ fn price(nano_per_million: u64) -> Price {
 /// wraps (the wasm build has no overflow checks: a wrapped sum would be a tiny charge).
 fn check_cost(usage: &Usage) {
     let _ = (usage.total_tokens(), usage.uncached_prompt_tokens());
-    // $2.50 per million tokens, and the dearest price the config accepts
-    let realistic = price(2_500_000_000).cost(usage).nano;
-    let dearest = price(u64::MAX).cost(usage).nano;
+    // $2.50 per million tokens, the dearest price usage-accounting's config accepts, and the
+    // dearest the router's can publish
+    let realistic = price(2_500_000_000).cost(usage);
+    let dearest = price(u128::from(u64::MAX)).cost(usage);
+    let routers = price(u128::from(u64::MAX) * 1_000).cost(usage);
+    assert_eq!(routers, dearest, "{usage:?}");
     assert!(
         dearest >= realistic,
         "{dearest} < {realistic} for {usage:?}"

@@ -3,7 +3,7 @@
 //! What is here: the plugin configuration format of both hosts (plain Envoy JSON and Higress's
 //! global config + `_rules_`) with one rule matcher ([`rules`]), validation errors that name the
 //! field ([`config`]), OpenAI-shaped error responses ([`reject`]), the internal header names of
-//! the filter contract ([`headers`]), reading and editing the top level of JSON bodies without a
+//! the filter contract ([`headers`]), prices and costs in integer units ([`price`]), reading and editing the top level of JSON bodies without a
 //! full parse ([`json`]), the hand-over between the passes of a request re-entering the
 //! chain after an internal redirect ([`reentry`]), server-sent events framed across chunk
 //! splits ([`sse`]), Redis commands carried over HTTP to webdis ([`webdis`]), and —
@@ -32,6 +32,7 @@ pub mod headers;
 pub mod json;
 pub mod level;
 pub mod pending;
+pub mod price;
 pub mod reentry;
 pub mod reject;
 pub mod request;

@@ -20,8 +20,9 @@
 //!   "price_version":"2026-01","route_version":"v7","attempts":1,
 //!   "price_ceiling":{"currency":"USD","input":150000,"output":600000}}`.
 //!
-//! Prices are integers: micro-units of `currency` per one million tokens (so `150000` is
-//! $0.15 per 1M tokens). Absent members are omitted.
+//! Prices are written in the router's form, integer micro-units of `currency` per one million
+//! tokens (so `150000` is $0.15 per 1M tokens: [`MicroPrice`]), and read as [`Price`]s
+//! (nano-units), the same numbers written back. Absent members are omitted.
 //!
 //! ## Budget fallback (router → token-ratelimit → router)
 //!
@@ -33,9 +34,9 @@
 //! clears the route cache. On the response the router follows the switched plan and adds
 //! [`BUDGET_FALLBACK_HEADER`].
 
-use crate::config::ConfigError;
 use crate::headers;
 use crate::json::{Cursor, ObjectWriter};
+use crate::price::{self, MicroPrice, Price};
 use serde::{Deserialize, Serialize};
 
 /// The property name (filter state `wasm.llm_route`).
@@ -74,79 +75,6 @@ pub fn try_property(k: usize) -> String {
     name
 }
 
-/// A deployment's price: micro-units of `currency` per one million tokens.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Price {
-    /// ISO 4217 code; default `USD`.
-    #[serde(default = "usd")]
-    pub currency: String,
-    /// Prompt (input) tokens.
-    pub input: u64,
-    /// Completion (output) tokens, reasoning included.
-    pub output: u64,
-    /// Prompt tokens served from the provider's cache; absent: priced as `input`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cached_input: Option<u64>,
-}
-
-fn usd() -> String {
-    "USD".to_string()
-}
-
-impl Price {
-    /// Checks the currency code.
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        if self.currency.len() != 3 || !self.currency.bytes().all(|b| b.is_ascii_uppercase()) {
-            return Err(ConfigError::new(
-                "currency",
-                "must be a three-letter ISO 4217 code",
-            ));
-        }
-        Ok(())
-    }
-
-    /// What a cached prompt token costs: `cached_input`, else `input`.
-    pub fn effective_cached_input(&self) -> u64 {
-        self.cached_input.unwrap_or(self.input)
-    }
-
-    /// The element-wise maximum of `prices` (input, output, cached input): a price no
-    /// deployment among them exceeds in any member. `None` if there is no price, any is `None`
-    /// (an unpriced deployment has no ceiling), or the currencies differ.
-    ///
-    /// `cached_input` is the maximum of each price's effective cached price; it stays `None`
-    /// (priced as `input`) only when every price leaves it so.
-    pub fn ceiling<'a>(prices: impl IntoIterator<Item = Option<&'a Price>>) -> Option<Price> {
-        let mut ceiling: Option<Price> = None;
-        for price in prices {
-            let price = price?;
-            ceiling = Some(match ceiling {
-                None => price.clone(),
-                Some(c) => {
-                    if c.currency != price.currency {
-                        return None;
-                    }
-                    let cached_input = match (c.cached_input, price.cached_input) {
-                        (None, None) => None,
-                        _ => Some(
-                            c.effective_cached_input()
-                                .max(price.effective_cached_input()),
-                        ),
-                    };
-                    Price {
-                        currency: c.currency,
-                        input: c.input.max(price.input),
-                        output: c.output.max(price.output),
-                        cached_input,
-                    }
-                }
-            });
-        }
-        ceiling
-    }
-}
-
 /// The published record.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RouteInfo {
@@ -161,7 +89,11 @@ pub struct RouteInfo {
     /// `openai`, `anthropic` or `openai-compatible`.
     pub provider: String,
     /// The deployment's price, if configured.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        with = "price::micro_option",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub price: Option<Price>,
     /// The price's version, if configured.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -177,27 +109,17 @@ pub struct RouteInfo {
     /// [`Price::ceiling`] of every deployment in the plan (all the attempts the request may
     /// take): what a money budget must reserve so that no fallback can overspend it. Absent
     /// if a deployment of the plan has no price or the currencies differ.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        with = "price::micro_option",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub price_ceiling: Option<Price>,
     /// The client's API (`chat.completions`, `messages`: `shared::request::Api::name`) when the
     /// router translates the request and the filters after it read another one (the first
     /// attempt's deployment's); absent when they read the client's own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_api: Option<String>,
-}
-
-impl Price {
-    /// Writes the price as its serde derive does: `cached_input` only when present.
-    fn write_json(&self, out: &mut String) {
-        let mut object = ObjectWriter::open(out);
-        object.string("currency", &self.currency);
-        object.u64("input", self.input);
-        object.u64("output", self.output);
-        if let Some(cached_input) = self.cached_input {
-            object.u64("cached_input", cached_input);
-        }
-        object.close();
-    }
 }
 
 impl RouteInfo {
@@ -220,7 +142,7 @@ impl RouteInfo {
         object.string("model", &self.model);
         object.string("provider", &self.provider);
         if let Some(price) = &self.price {
-            price.write_json(object.member("price"));
+            MicroPrice::from(price).write_json(object.member("price"));
         }
         if let Some(version) = &self.price_version {
             object.string("price_version", version);
@@ -231,7 +153,7 @@ impl RouteInfo {
             object.strings("tried", &self.tried);
         }
         if let Some(ceiling) = &self.price_ceiling {
-            ceiling.write_json(object.member("price_ceiling"));
+            MicroPrice::from(ceiling).write_json(object.member("price_ceiling"));
         }
         if let Some(api) = &self.client_api {
             object.string("client_api", api);
@@ -403,13 +325,13 @@ impl RoutePrices {
 }
 
 impl<'a> Cursor<'a> {
-    /// `null` or a [`Price`] object: `input` and `output` once each, `currency` (default
+    /// `null` or a [`MicroPrice`] object: `input` and `output` once each, `currency` (default
     /// `USD`) and `cached_input` at most once, nothing else (it denies unknown members).
     fn price_or_null(&mut self) -> Option<Option<Price>> {
         if self.word(b"null") {
             return Some(None);
         }
-        let mut price = Price {
+        let mut price = MicroPrice {
             currency: String::new(),
             input: 0,
             output: 0,
@@ -438,8 +360,10 @@ impl<'a> Cursor<'a> {
         if seen & 0b110 != 0b110 {
             return None;
         }
-        price.currency = currency.map_or_else(usd, str::to_string);
-        Some(Some(price))
+        price.currency = currency
+            .unwrap_or(crate::price::DEFAULT_CURRENCY)
+            .to_string();
+        Some(Some(Price::from(price)))
     }
 
     /// An array of strings (each without escapes), each handed to `each` as it is read.
@@ -487,7 +411,7 @@ struct RouteInfoView<'a> {
     model: Text<'a>,
     #[serde(borrow)]
     provider: Text<'a>,
-    #[serde(default)]
+    #[serde(default, with = "price::micro_option")]
     price: Option<Price>,
     #[serde(default, borrow)]
     price_version: Option<Text<'a>>,
@@ -496,7 +420,7 @@ struct RouteInfoView<'a> {
     attempts: u32,
     #[serde(default, borrow)]
     tried: Vec<Text<'a>>,
-    #[serde(default)]
+    #[serde(default, with = "price::micro_option")]
     price_ceiling: Option<Price>,
 }
 
@@ -721,64 +645,14 @@ mod tests {
         assert_eq!(RouteInfo::from_json(&json), Some(full));
     }
 
+    /// A price in the router's form (micro-units per million tokens).
     fn price(currency: &str, input: u64, output: u64, cached_input: Option<u64>) -> Price {
-        Price {
+        Price::from(MicroPrice {
             currency: currency.into(),
             input,
             output,
             cached_input,
-        }
-    }
-
-    #[test]
-    fn the_ceiling_is_the_element_wise_maximum() {
-        let a = price("USD", 150, 600, Some(75));
-        let b = price("USD", 100, 900, None);
-        let c = price("USD", 120, 500, Some(10));
-        // b's cached tokens cost its input price (100): the ceiling's cached price is 100
-        assert_eq!(
-            Price::ceiling([Some(&a), Some(&b), Some(&c)]),
-            Some(price("USD", 150, 900, Some(100)))
-        );
-        assert_eq!(Price::ceiling([Some(&b)]), Some(b.clone()));
-        assert_eq!(
-            Price::ceiling([Some(&b), Some(&price("USD", 1, 1, None))]),
-            Some(price("USD", 100, 900, None)),
-            "no cached price anywhere stays absent"
-        );
-        // the order does not matter
-        assert_eq!(
-            Price::ceiling([Some(&c), Some(&b), Some(&a)]),
-            Price::ceiling([Some(&a), Some(&b), Some(&c)])
-        );
-        // never below any member
-        let ceiling = Price::ceiling([Some(&a), Some(&b), Some(&c)]).unwrap();
-        for p in [&a, &b, &c] {
-            assert!(ceiling.input >= p.input && ceiling.output >= p.output);
-            assert!(ceiling.effective_cached_input() >= p.effective_cached_input());
-        }
-    }
-
-    #[test]
-    fn no_ceiling_without_a_price_for_every_deployment_in_one_currency() {
-        let a = price("USD", 150, 600, None);
-        assert_eq!(Price::ceiling([]), None);
-        assert_eq!(Price::ceiling([Some(&a), None]), None);
-        assert_eq!(Price::ceiling([None, Some(&a)]), None);
-        assert_eq!(
-            Price::ceiling([Some(&a), Some(&price("EUR", 1, 1, None))]),
-            None
-        );
-    }
-
-    #[test]
-    fn price_defaults_to_usd_and_checks_the_code() {
-        let price: Price = serde_json::from_str(r#"{"input":1,"output":2}"#).unwrap();
-        assert_eq!(price.currency, "USD");
-        assert!(price.validate().is_ok());
-        let bad: Price =
-            serde_json::from_str(r#"{"currency":"usd","input":1,"output":2}"#).unwrap();
-        assert_eq!(bad.validate().unwrap_err().field(), "currency");
+        })
     }
 
     fn alternative() -> Alternative {
@@ -921,11 +795,13 @@ mod tests {
                     number(),
                     prop::option::of(number()),
                 )
-                    .prop_map(|(currency, input, output, cached_input)| Price {
-                        currency,
-                        input,
-                        output,
-                        cached_input,
+                    .prop_map(|(currency, input, output, cached_input)| {
+                        Price::from(MicroPrice {
+                            currency,
+                            input,
+                            output,
+                            cached_input,
+                        })
                     }),
             )
         }
@@ -1035,12 +911,7 @@ mod tests {
         /// Every snippet at every value edge of two records, one at a time.
         #[test]
         fn on_every_snippet_at_every_value_edge() {
-            let priced = Price {
-                currency: "EUR".into(),
-                input: 3,
-                output: 15,
-                cached_input: Some(1),
-            };
+            let priced = super::price("EUR", 3, 15, Some(1));
             let plain = RouteInfo {
                 request_id: "r".into(),
                 model_group: "fast".into(),

@@ -17,7 +17,8 @@
 //! `scripts/test` runs it at small scale; `scripts/bench ratelimit` (`TRL_SCALE=full`) runs
 //! the same code at full scale. Every figure is printed (`--nocapture` to see them).
 
-use llm_gateway_shared::route_info::{Price, RouteInfo, PROPERTY as ROUTE_PROPERTY};
+use llm_gateway_shared::price::{MicroPrice, Price};
+use llm_gateway_shared::route_info::{RouteInfo, PROPERTY as ROUTE_PROPERTY};
 use llm_gateway_shared::usage_record::Record;
 use llm_gateway_tests::harness::http_call::loopback;
 use llm_gateway_tests::harness::{Fault, FaultProxy, FilterSpec, Fleet, Host, Stream};
@@ -423,8 +424,9 @@ enum Variant {
     Outage,
 }
 
-fn cheap() -> Price {
-    Price {
+/// Prices in the router's form (micro-units per 1M tokens).
+fn cheap() -> MicroPrice {
+    MicroPrice {
         currency: "USD".into(),
         input: 1_000_000,
         output: 4_000_000,
@@ -432,8 +434,8 @@ fn cheap() -> Price {
     }
 }
 
-fn dear() -> Price {
-    Price {
+fn dear() -> MicroPrice {
+    MicroPrice {
         currency: "USD".into(),
         input: 3_000_000,
         output: 15_000_000,
@@ -443,7 +445,7 @@ fn dear() -> Price {
 
 /// What the router publishes: the first choice before the response, the deployment that
 /// answered (after `attempts`) with it. `price_ceiling` covers both deployments of the plan.
-fn route(id: &str, deployment: &str, price: Price, attempts: u32) -> String {
+fn route(id: &str, deployment: &str, price: MicroPrice, attempts: u32) -> String {
     let tried = if attempts > 1 {
         vec!["cheap".to_string(), "dear".to_string()]
     } else {
@@ -455,12 +457,12 @@ fn route(id: &str, deployment: &str, price: Price, attempts: u32) -> String {
         deployment: deployment.into(),
         model: "claude-test".into(),
         provider: "anthropic".into(),
-        price: Some(price),
+        price: Some(Price::from(price)),
         price_version: Some("v1".into()),
         route_version: "r1".into(),
         attempts,
         tried,
-        price_ceiling: Some(dear()),
+        price_ceiling: Some(Price::from(dear())),
         client_api: None,
     };
     String::from_utf8(info.to_json()).unwrap()
@@ -512,7 +514,8 @@ fn budget_scenario(transport: Transport, variant: Variant, seed: u64) -> BudgetR
     let reserve_of = |r: &Req| -> u64 {
         if money {
             let (prompt, cap) = r.reserved_prompt_and_cap();
-            nano(prompt, dear().input) + nano(cap, dear().output)
+            let dear = Price::from(dear());
+            nano(prompt, dear.input) + nano(cap, dear.output)
         } else {
             r.reserved_tokens()
         }
@@ -803,7 +806,7 @@ fn budget_scenario(transport: Transport, variant: Variant, seed: u64) -> BudgetR
     run
 }
 
-fn price_of(price: &Price, prompt: u64, completion: u64) -> u64 {
+fn price_of(price: &MicroPrice, prompt: u64, completion: u64) -> u64 {
     // usage-accounting rounds the total once: micro-units per 1M tokens → nano-units
     let micro = u128::from(prompt) * u128::from(price.input)
         + u128::from(completion) * u128::from(price.output);

@@ -5,6 +5,7 @@
 //! response path must follow the switched plan: headers, route info, `tried`, breakers.
 //! A second test runs the router's upstream role on an attempt of the switched plan.
 
+use llm_gateway_shared::price::MicroPrice;
 use llm_gateway_shared::route_info::{Alternative, RouteInfo, SwitchWrites};
 use llm_gateway_tests::harness::{FilterSpec, Fleet, Request, Stream};
 use serde_json::{json, Value};
@@ -126,7 +127,8 @@ fn the_response_path_follows_a_budget_switch() {
         (first.model_group.as_str(), first.deployment.as_str()),
         ("smart", "big")
     );
-    let ceiling = first.price_ceiling.clone().unwrap();
+    // prices in the router's form (micro-units per 1M tokens), as its configuration has them
+    let ceiling = MicroPrice::from(first.price_ceiling.as_ref().unwrap());
     assert_eq!((ceiling.input, ceiling.output), (5_000_000, 20_000_000));
     let alt = alternative(&stream).unwrap();
     assert_eq!(alt.group(), "cheap");
@@ -137,7 +139,7 @@ fn the_response_path_follows_a_budget_switch() {
         "one logical request"
     );
     assert_eq!(alt.route.model, "gpt-mini");
-    let alt_ceiling = alt.route.price_ceiling.clone().unwrap();
+    let alt_ceiling = MicroPrice::from(alt.route.price_ceiling.as_ref().unwrap());
     assert_eq!((alt_ceiling.input, alt_ceiling.output), (150_000, 800_000));
 
     // 2. the budget refuses smart and switches to cheap; the first attempt (mini) fails

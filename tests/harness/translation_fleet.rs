@@ -25,7 +25,7 @@
 //! (the plain builds on the harness's Envoy host); the fleet runs must give the same figures
 //! both ways. Every figure is printed (`--nocapture` to see them).
 
-use llm_gateway_shared::route_info::Price;
+use llm_gateway_shared::price::{MicroPrice, Price};
 use llm_gateway_shared::usage_record::Record;
 use llm_gateway_tests::harness::http_call::loopback;
 use llm_gateway_tests::harness::stream::{header_value, Headers};
@@ -84,12 +84,13 @@ impl Dep {
         }
     }
 
-    fn price(self) -> Price {
+    /// Its price in the router's form (micro-units per 1M tokens).
+    fn price(self) -> MicroPrice {
         let (input, output) = match self {
             Dep::Claude => (3_000_000, 15_000_000),
             Dep::Gpt => (150_000, 600_000),
         };
-        Price {
+        MicroPrice {
             currency: "USD".into(),
             input,
             output,
@@ -135,9 +136,9 @@ impl Dep {
 }
 
 /// The element-wise maximum of the two prices: what a money budget reserves at.
-fn ceiling() -> Price {
+fn ceiling() -> MicroPrice {
     let (c, g) = (Dep::Claude.price(), Dep::Gpt.price());
-    Price {
+    MicroPrice {
         currency: "USD".into(),
         input: c.input.max(g.input),
         output: c.output.max(g.output),
@@ -146,7 +147,7 @@ fn ceiling() -> Price {
 }
 
 /// What usage-accounting charges: micro-units per 1M tokens → nano-units, rounded up once.
-fn price_of(price: &Price, prompt: u64, completion: u64) -> u64 {
+fn price_of(price: &MicroPrice, prompt: u64, completion: u64) -> u64 {
     let micro = u128::from(prompt) * u128::from(price.input)
         + u128::from(completion) * u128::from(price.output);
     u64::try_from(micro.div_ceil(1000)).unwrap()
@@ -546,7 +547,7 @@ impl Req {
             8192,
         )
         .unwrap();
-        let price = ceiling();
+        let price = Price::from(ceiling());
         (
             nano(cost.prompt, price.input) + nano(cost.output_cap, price.output),
             cost.tokens(),
@@ -1487,7 +1488,7 @@ fn fleet_run(transport: Transport, flavour: Flavour, binding: Binding, seed: u64
                             8192,
                         )
                         .unwrap();
-                        let price = ceiling();
+                        let price = Price::from(ceiling());
                         let amount = (
                             nano(cost.prompt, price.input) + nano(cost.output_cap, price.output),
                             cost.tokens(),

@@ -93,6 +93,7 @@ pub fn switched_plan(config: &RouterConfig, taken: &str, names: &str) -> Option<
 mod tests {
     use super::*;
     use crate::config::parse_document;
+    use llm_gateway_shared::price::{MicroPrice, Price};
 
     const DOC: &str = r#"{
         "version": "v1",
@@ -158,9 +159,11 @@ mod tests {
         assert_eq!(alt.route.provider, "openai");
         assert_eq!(alt.route.attempts, 1);
         assert_eq!(alt.route.route_version, "v1");
-        assert_eq!(alt.route.price.as_ref().unwrap().input, 150_000);
+        // prices in the configuration's micro-units
+        let micro = |price: Option<&Price>| MicroPrice::from(price.unwrap());
+        assert_eq!(micro(alt.route.price.as_ref()).input, 150_000);
         // the ceiling covers both deployments of the alternative, cached input included
-        let ceiling = alt.route.price_ceiling.as_ref().unwrap();
+        let ceiling = micro(alt.route.price_ceiling.as_ref());
         assert_eq!(
             (ceiling.input, ceiling.output, ceiling.cached_input),
             (150_000, 600_000, Some(150_000))
@@ -195,7 +198,8 @@ mod tests {
         assert_eq!(names(&config, &plan), ["nano"]);
         let alt = alternative(&config, &plan, "r").unwrap();
         assert_eq!(alt.route.deployment, "nano");
-        assert_eq!(alt.route.price_ceiling.as_ref().unwrap().input, 100_000);
+        let ceiling = MicroPrice::from(alt.route.price_ceiling.as_ref().unwrap());
+        assert_eq!(ceiling.input, 100_000);
         // the breaker: mini skipped
         let mini = config.deployment("mini").unwrap().0;
         let plan = plan_alternative(&config, &request("*", 0), "smart", |i| {

@@ -6,7 +6,8 @@
 
 use crate::redirect::Fallback;
 use llm_gateway_shared::config::{self, validate_name, ConfigError};
-use llm_gateway_shared::route_info::{Price, TRY_SLOTS};
+use llm_gateway_shared::price::{MicroPrice, Price};
+use llm_gateway_shared::route_info::TRY_SLOTS;
 use llm_gateway_shared::rules::{RuleSet, Scope};
 use serde::Deserialize;
 use serde_json::{Map, Value};
@@ -69,7 +70,7 @@ struct RawDeployment {
     #[serde(default)]
     context_window: Option<u64>,
     #[serde(default)]
-    price: Option<Price>,
+    price: Option<MicroPrice>,
     #[serde(default)]
     price_version: Option<String>,
     #[serde(default)]
@@ -357,7 +358,8 @@ impl RouterConfig {
             if let Some(v) = &d.price_version {
                 validate_name(&at("price_version"), v)?;
             }
-            if let Some(price) = &d.price {
+            let price = d.price.map(Price::from);
+            if let Some(price) = &price {
                 price.validate().map_err(|e| e.within(&at("price")))?;
             }
             if d.max_tokens == Some(0) {
@@ -419,7 +421,7 @@ impl RouterConfig {
                 provider: d.provider,
                 credential: d.credential,
                 context_window: d.context_window,
-                price: d.price,
+                price,
                 price_version: d.price_version,
                 forward_envoy_headers: d.forward_envoy_headers,
                 max_tokens: d.max_tokens.unwrap_or(raw.default_max_tokens),

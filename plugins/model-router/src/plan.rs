@@ -4,9 +4,10 @@
 //! Pure: the breaker's verdicts and the prompt-size estimate come in as arguments.
 
 use crate::config::{Deployment, Group, RouterConfig};
+use llm_gateway_shared::price::Price;
 use llm_gateway_shared::reject::Reject;
 use llm_gateway_shared::request::{Api, Endpoint};
-use llm_gateway_shared::route_info::{Price, RouteInfo};
+use llm_gateway_shared::route_info::RouteInfo;
 
 /// What the router knows about the request when it plans.
 #[derive(Debug, Clone, Default)]
@@ -269,6 +270,7 @@ pub fn split_point(group: &str, subject: &str) -> u64 {
 mod tests {
     use super::*;
     use crate::config::tests::example;
+    use llm_gateway_shared::price::MicroPrice;
 
     fn names(config: &RouterConfig, plan: &Plan) -> Vec<String> {
         plan.deployments
@@ -464,7 +466,8 @@ mod tests {
         let set = crate::config::parse_document(doc.as_bytes()).unwrap();
         let config = set.global().unwrap();
         let p = plan(config, &request("g", "*"), |_| Admission::Admit).unwrap();
-        let ceiling = price_ceiling(config, &p.deployments).unwrap();
+        // in the configuration's micro-units
+        let ceiling = MicroPrice::from(&price_ceiling(config, &p.deployments).unwrap());
         assert_eq!(
             (
                 ceiling.currency.as_str(),
@@ -483,7 +486,7 @@ mod tests {
             }
         })
         .unwrap();
-        let ceiling = price_ceiling(config, &p.deployments).unwrap();
+        let ceiling = MicroPrice::from(&price_ceiling(config, &p.deployments).unwrap());
         assert_eq!((ceiling.input, ceiling.output), (100, 400));
         // an unpriced deployment, another currency, no deployment: no ceiling
         assert_eq!(price_ceiling(config, &[0, 2]), None);

@@ -8,7 +8,7 @@
 //! a user id) can neither break the key grammar nor grow keys without bound.
 
 use crate::config::{Budget, BudgetUnit, Dimension, Limit, Period};
-use llm_gateway_shared::route_info::Price;
+use llm_gateway_shared::price::{NanoPerMillion, Price};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -421,10 +421,12 @@ pub fn marker_key(identity: &Identity, request_id: &str) -> String {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Unpriced;
 
-/// Nano-units of `tokens` at `micro_per_million` (micro-units per 1M tokens), rounded up.
-pub fn nano(tokens: u64, micro_per_million: u64) -> u64 {
-    let n = u128::from(tokens) * u128::from(micro_per_million);
-    u64::try_from(n.div_ceil(1000)).unwrap_or(u64::MAX)
+/// Nano-units of `tokens` at `per_million`, rounded up (a budget is never charged less than
+/// the tokens cost); at most `u64::MAX`.
+pub fn nano(tokens: u64, per_million: NanoPerMillion) -> u64 {
+    // a product past u128::MAX is past u64::MAX once divided: saturating changes nothing
+    let n = u128::from(tokens).saturating_mul(per_million);
+    u64::try_from(n.div_ceil(1_000_000)).unwrap_or(u64::MAX)
 }
 
 /// What `budget` reserves for a request of `prompt` + `output_cap` tokens, priced (money
@@ -565,6 +567,7 @@ impl Journal {
 mod tests {
     use super::*;
     use crate::config::{OnRedisFailure, Unit};
+    use llm_gateway_shared::price::MicroPrice;
 
     fn budget(unit: BudgetUnit) -> Budget {
         Budget {
@@ -894,15 +897,20 @@ mod tests {
         let money = budget(BudgetUnit::Money {
             currency: "USD".into(),
         });
-        let price = Price {
+        let price = Price::from(MicroPrice {
             currency: "USD".into(),
             input: 150_000,
             output: 600_000,
             cached_input: None,
-        };
+        });
         // 1000 prompt tokens at $0.15/M = 150_000 nano; 100 output at $0.60/M = 60_000 nano
         assert_eq!(reserve_amount(&money, 1000, 100, Some(&price)), Ok(210_000));
         assert_eq!(nano(1, 1), 1, "rounded up");
+        assert_eq!(nano(1, 1_000_000), 1);
+        assert_eq!(nano(3, 1_000_001), 4);
+        // the router's dearest price (u64::MAX micro-units) saturates
+        assert_eq!(nano(u64::MAX, u128::from(u64::MAX) * 1_000), u64::MAX);
+        assert_eq!(nano(2, u128::from(u64::MAX) * 1_000), u64::MAX / 500 + 1);
         assert_eq!(reserve_amount(&money, 1, 1, None), Err(Unpriced));
         assert_eq!(
             reserve_amount(&money, 0, 0, None),

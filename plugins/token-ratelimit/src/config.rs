@@ -34,7 +34,7 @@
 //! or over HTTP through a webdis cluster (`transport: "http"`, every build).
 
 use llm_gateway_shared::config::{self, validate_name, ConfigError};
-use llm_gateway_shared::route_info::Price;
+use llm_gateway_shared::price::{MicroPrice, Price};
 use llm_gateway_shared::rules::RuleSet;
 use llm_gateway_shared::webdis::{Endpoint, TransportName};
 use serde::Deserialize;
@@ -365,7 +365,7 @@ struct RawConfig {
     #[serde(default = "default_margin")]
     prompt_margin_percent: u8,
     #[serde(default)]
-    prices: crate::fxhash::FxHashMap<String, Price>,
+    prices: crate::fxhash::FxHashMap<String, MicroPrice>,
     #[serde(default = "default_sample")]
     tokenizer_sample_bytes: usize,
     #[serde(default = "default_usage_filter_state")]
@@ -740,11 +740,14 @@ fn parse_scope(fields: &Map<String, Value>) -> Result<Config, ConfigError> {
             "must be between 0 and 100",
         ));
     }
-    for (name, price) in &raw.prices {
-        validate_name(&format!("prices.{name}"), name)?;
+    let mut prices = crate::fxhash::FxHashMap::default();
+    for (name, price) in raw.prices {
+        validate_name(&format!("prices.{name}"), &name)?;
+        let price = Price::from(price);
         price
             .validate()
             .map_err(|e| e.within(&format!("prices.{name}")))?;
+        prices.insert(name, price);
     }
     if raw.max_body_bytes == 0 {
         return Err(ConfigError::new("max_body_bytes", "must be positive"));
@@ -760,7 +763,7 @@ fn parse_scope(fields: &Map<String, Value>) -> Result<Config, ConfigError> {
         journal_capacity: raw.journal_capacity,
         max_body_bytes: raw.max_body_bytes,
         prompt_margin_percent: raw.prompt_margin_percent,
-        prices: raw.prices,
+        prices,
         tokenizer_sample_bytes: match raw.tokenizer_sample_bytes {
             0 => usize::MAX,
             n => n,
@@ -1270,20 +1273,27 @@ mod tests {
     fn prices_back_up_the_router() {
         let c = parse(r#"{"prices":{"fast":{"input":1,"output":2},"m":{"input":3,"output":4}}}"#)
             .unwrap();
-        let router = Price {
+        let router = Price::from(MicroPrice {
             currency: "USD".into(),
             input: 9,
             output: 9,
             cached_input: None,
-        };
+        });
+        // micro-units per million tokens in the configuration, nano-units in a Price
         assert_eq!(
             c.price_for(Some(&router), Some("fast"), None)
                 .unwrap()
                 .input,
-            9
+            9_000
         );
-        assert_eq!(c.price_for(None, Some("fast"), Some("m")).unwrap().input, 1);
-        assert_eq!(c.price_for(None, Some("x"), Some("m")).unwrap().input, 3);
+        assert_eq!(
+            c.price_for(None, Some("fast"), Some("m")).unwrap().input,
+            1_000
+        );
+        assert_eq!(
+            c.price_for(None, Some("x"), Some("m")).unwrap().input,
+            3_000
+        );
         assert!(c.price_for(None, None, None).is_none());
         assert_eq!(
             parse(r#"{"prices":{"m":{"currency":"usd","input":1,"output":2}}}"#)

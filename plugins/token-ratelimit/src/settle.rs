@@ -13,7 +13,7 @@
 
 use crate::budget::{self, Actual, Level};
 use crate::config::{Budget, BudgetUnit, Unit};
-use llm_gateway_shared::route_info::Price;
+use llm_gateway_shared::price::Price;
 use llm_gateway_shared::usage_record::Charge;
 
 impl Actual {
@@ -111,6 +111,7 @@ pub fn spent_after(levels: &[Level], remaining: &[i64]) -> Vec<u64> {
 mod tests {
     use super::*;
     use crate::config::{Dimension, OnRedisFailure, Period};
+    use llm_gateway_shared::price::MicroPrice;
 
     fn used(tokens: u64) -> Actual {
         Actual {
@@ -191,12 +192,12 @@ mod tests {
         assert_eq!(spent_after(&levels, &[600, -5]), vec![400, 1005]);
 
         // the price is read exactly when it can change a charge
-        let usd = Price {
+        let usd = Price::from(MicroPrice {
             currency: "USD".into(),
             input: 1_000_000,
             output: 2_000_000,
             cached_input: None,
-        };
+        });
         let eur = Price {
             currency: "EUR".into(),
             ..usd.clone()

@@ -23,8 +23,9 @@
 //! model groups, else the model the upstream names. See the README for every field.
 
 use crate::ledger::{parse_ledger, LedgerConfig, LedgerTransport};
-use crate::pricing::{parse_price, Price};
+use crate::pricing::{parse_price, VersionedPrice};
 use llm_gateway_shared::config::{self, validate_name, ConfigError};
+use llm_gateway_shared::price::{NanoPerMillion, Price};
 use llm_gateway_shared::rules::RuleSet;
 use serde::Deserialize;
 use serde_json::{Map, Value};
@@ -35,9 +36,9 @@ use std::rc::Rc;
 #[derive(Debug, Clone)]
 pub struct UsageConfig {
     /// Prices by deployment, model group or model name.
-    pub prices: HashMap<String, Price>,
+    pub prices: HashMap<String, VersionedPrice>,
     /// Price for anything not in `prices`.
-    pub default_price: Option<Price>,
+    pub default_price: Option<VersionedPrice>,
     /// Inject `stream_options.include_usage: true` into streaming chat requests.
     pub inject_include_usage: bool,
     /// Add `x-llm-cost` and usage headers to non-streaming responses. Holds the response
@@ -75,7 +76,7 @@ impl UsageConfig {
         deployment: Option<&str>,
         model_group: Option<&str>,
         model: Option<&str>,
-    ) -> Option<&Price> {
+    ) -> Option<&VersionedPrice> {
         [deployment, model_group, model]
             .into_iter()
             .flatten()
@@ -141,7 +142,7 @@ fn parse_scope(fields: &Map<String, Value>) -> Result<UsageConfig, ConfigError> 
     if let Some(version) = &raw.price_version {
         validate_name("price_version", version)?;
     }
-    let defaults = PriceDefaults {
+    let defaults = EntryDefaults {
         version: raw.price_version.as_deref(),
         currency: &raw.currency,
     };
@@ -200,7 +201,7 @@ fn parse_scope(fields: &Map<String, Value>) -> Result<UsageConfig, ConfigError> 
     })
 }
 
-struct PriceDefaults<'a> {
+struct EntryDefaults<'a> {
     version: Option<&'a str>,
     currency: &'a str,
 }
@@ -210,8 +211,8 @@ struct PriceDefaults<'a> {
 fn parse_price_entry(
     field: &str,
     value: &Value,
-    defaults: &PriceDefaults<'_>,
-) -> Result<Price, ConfigError> {
+    defaults: &EntryDefaults<'_>,
+) -> Result<VersionedPrice, ConfigError> {
     let Value::Object(entry) = value else {
         return Err(ConfigError::new(field, "must be an object"));
     };
@@ -230,7 +231,7 @@ fn parse_price_entry(
             format!("unknown field (expected one of {})", KNOWN.join(", ")),
         ));
     }
-    let amount = |name: &str| -> Result<Option<u64>, ConfigError> {
+    let amount = |name: &str| -> Result<Option<NanoPerMillion>, ConfigError> {
         match entry.get(name) {
             None | Some(Value::Null) => Ok(None),
             Some(v) => parse_price(v)
@@ -238,7 +239,7 @@ fn parse_price_entry(
                 .map_err(|reason| ConfigError::new(format!("{field}.{name}"), reason)),
         }
     };
-    let required = |name: &str| -> Result<u64, ConfigError> {
+    let required = |name: &str| -> Result<NanoPerMillion, ConfigError> {
         amount(name)?.ok_or_else(|| ConfigError::new(format!("{field}.{name}"), "is required"))
     };
     let input = required("input")?;
@@ -267,14 +268,16 @@ fn parse_price_entry(
             ))
         }
     };
-    Ok(Price {
-        input,
-        cached_input: amount("cached_input")?.unwrap_or(input),
-        cache_write: amount("cache_write")?.unwrap_or(input),
-        output,
-        reasoning: amount("reasoning")?.unwrap_or(output),
+    Ok(VersionedPrice {
+        price: Price {
+            input,
+            cached_input: amount("cached_input")?,
+            cache_write: amount("cache_write")?,
+            output,
+            reasoning: amount("reasoning")?,
+            currency: text("currency")?.unwrap_or_else(|| defaults.currency.to_string()),
+        },
         version,
-        currency: text("currency")?.unwrap_or_else(|| defaults.currency.to_string()),
     })
 }
 
@@ -311,19 +314,22 @@ mod tests {
         }))
         .unwrap();
         let east = c.price_for(Some("east"), Some("fast"), None).unwrap();
-        assert_eq!(east.input, 300_000_000);
-        assert_eq!(east.cached_input, 6_000_000);
-        assert_eq!(east.cache_write, 300_000_000);
-        assert_eq!(east.reasoning, 1_200_000_000);
         assert_eq!(east.version, "2026-11");
+        let east = &east.price;
+        assert_eq!(east.input, 300_000_000);
+        assert_eq!(east.cached_input, Some(6_000_000));
+        // unset: cache writes at the input price, reasoning at the output price
+        assert_eq!((east.cache_write, east.reasoning), (None, None));
+        assert_eq!(east.effective_cache_write(), 300_000_000);
+        assert_eq!(east.effective_reasoning(), 1_200_000_000);
         assert_eq!(east.currency, "USD");
         let fast = c.price_for(Some("west"), Some("fast"), None).unwrap();
         assert_eq!(
-            (fast.version.as_str(), fast.currency.as_str()),
+            (fast.version.as_str(), fast.price.currency.as_str()),
             ("old", "EUR")
         );
         assert_eq!(
-            c.price_for(None, None, Some("m")).unwrap().input,
+            c.price_for(None, None, Some("m")).unwrap().price.input,
             9_000_000_000
         );
     }
@@ -346,7 +352,7 @@ mod tests {
             })
             .unwrap();
         assert!(batch.consumer_label);
-        assert_eq!(batch.prices["openai-mini"].input, 150_000_000);
+        assert_eq!(batch.prices["openai-mini"].price.input, 150_000_000);
     }
 
     #[test]

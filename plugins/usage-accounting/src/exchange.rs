@@ -3,7 +3,7 @@
 //! with the request body, how to treat the response, and builds the record exactly once.
 
 use crate::config::UsageConfig;
-use crate::pricing::Price;
+use crate::pricing::{self, VersionedPrice};
 use crate::record::{clean_attribution, Attempt, Record, UsageFields, UsageSource};
 use crate::request::{self, RequestInfo};
 use crate::stream::{Forward, ResponseStream};
@@ -112,7 +112,7 @@ pub struct RouteInfo {
     /// Every attempt, when the router tried more than one.
     pub attempts: Vec<Attempt>,
     /// The deployment's price, overriding the plugin's table.
-    pub price: Option<Price>,
+    pub price: Option<VersionedPrice>,
     /// The answering deployment's provider (`openai`, `anthropic`, `openai-compatible`,
     /// `azure`).
     pub provider: Option<String>,
@@ -125,23 +125,17 @@ pub struct RouteInfo {
 pub const ROUTER_PROPERTY: &str = route_info::PROPERTY;
 
 impl RouteInfo {
-    /// The router's published state (`None` if `bytes` is not one). Its prices are
-    /// micro-units per million tokens (×1 000 here); it reports the deployment of every attempt
-    /// (`tried`) and which one answered, but not the status of the earlier, failed ones.
+    /// The router's published state (`None` if `bytes` is not one). It reports the deployment
+    /// of every attempt (`tried`) and which one answered, but not the status of the earlier,
+    /// failed ones.
     pub fn from_router_json(bytes: &[u8], status: u16) -> Option<RouteInfo> {
         let state = route_info::RouteInfo::from_json(bytes)?;
-        let nano = |micro: u64| micro.saturating_mul(1_000);
-        let price = state.price.map(|p| Price {
-            input: nano(p.input),
-            cached_input: nano(p.cached_input.unwrap_or(p.input)),
-            cache_write: nano(p.input),
-            output: nano(p.output),
-            reasoning: nano(p.output),
+        let price = state.price.map(|price| VersionedPrice {
+            price,
             version: state
                 .price_version
                 .clone()
                 .unwrap_or_else(|| "unversioned".into()),
-            currency: p.currency,
         });
         let non_empty = |s: String| (!s.is_empty()).then_some(s);
         let count = state.attempts.clamp(1, 64);
@@ -593,9 +587,9 @@ impl Exchange {
             ),
         ];
         if let Some(price) = self.price(config, route) {
-            let cost = price.cost(&usage);
+            let cost = pricing::cost(&price.price, &price.version, &usage);
             out.push(("x-llm-cost".to_string(), {
-                let mut value = crate::pricing::format_nano(cost.nano);
+                let mut value = pricing::format_nano(cost.nano);
                 value.push(' ');
                 value.push_str(&cost.currency);
                 value
@@ -614,7 +608,11 @@ impl Exchange {
         upstream.or_else(|| self.request_model())
     }
 
-    fn price<'c>(&self, config: &'c UsageConfig, route: &'c RouteInfo) -> Option<&'c Price> {
+    fn price<'c>(
+        &self,
+        config: &'c UsageConfig,
+        route: &'c RouteInfo,
+    ) -> Option<&'c VersionedPrice> {
         route.price.as_ref().or_else(|| {
             config.price_for(
                 route
@@ -712,7 +710,7 @@ impl Exchange {
             };
         let (usage, usage_source) = self.final_usage();
         let price = self.price(config, route);
-        let cost = price.map(|p| p.cost(&usage));
+        let cost = price.map(|p| pricing::cost(&p.price, &p.version, &usage));
         let deployment = route
             .deployment
             .clone()
@@ -1109,8 +1107,12 @@ event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"delta\":{\
         assert_eq!(route.attempts[1].status, 200);
         let price = route.price.clone().unwrap();
         assert_eq!(
-            (price.input, price.cached_input, price.output),
-            (300_000_000, 6_000_000, 1_200_000_000)
+            (
+                price.price.input,
+                price.price.cached_input,
+                price.price.output
+            ),
+            (300_000_000, Some(6_000_000), 1_200_000_000)
         );
         assert_eq!(price.version, "2026-01");
         let config = config(json!({"prices": {}}));

@@ -28,7 +28,8 @@
 //!   gateway.yaml, unchanged, in front of the router.
 
 use super::config::{self, for_each_wasm_filter, hcm, WasmFilter};
-use llm_gateway_shared::route_info::{self, Price, RouteInfo};
+use llm_gateway_shared::price::{MicroPrice, Price};
+use llm_gateway_shared::route_info::{self, RouteInfo};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
@@ -302,8 +303,11 @@ pub fn stand_in_config(root: &str, upstream: bool, filters: &[WasmFilter]) -> cr
         ("model-router", false) => {
             let plan = plan(filters)?;
             let first = plan.deployments.first().ok_or("empty plan")?;
-            let price =
-                |d: &Value| -> Option<Price> { serde_json::from_value(d["price"].clone()).ok() };
+            let price = |d: &Value| -> Option<Price> {
+                serde_json::from_value::<MicroPrice>(d["price"].clone())
+                    .ok()
+                    .map(Price::from)
+            };
             let prices: Vec<Option<Price>> = plan.deployments.iter().map(price).collect();
             let info = RouteInfo {
                 request_id: "bench-stand-in".into(),
@@ -485,9 +489,10 @@ mod tests {
             (info.deployment.as_str(), info.model.as_str()),
             ("openai-mini", "gpt-4o-mini")
         );
-        assert_eq!(info.price.unwrap().input, 150_000);
+        // in the router's form (micro-units per 1M tokens), as its configuration has them
+        assert_eq!(MicroPrice::from(&info.price.unwrap()).input, 150_000);
         assert_eq!(
-            info.price_ceiling.unwrap().input,
+            MicroPrice::from(&info.price_ceiling.unwrap()).input,
             165_000,
             "the plan's highest price"
         );
