@@ -165,9 +165,12 @@ fuzz_target!(|data: &[u8]| {
         _ => {
             let _ = wire::decode_property_u64(payload);
             if let Some(info) = RouteInfo::from_json(payload) {
+                // what usage-accounting derives from it
+                let attempts = usage_accounting::exchange::router_attempts(&info, 200);
+                assert!(attempts.len() <= 64);
+                let _ = usage_accounting::exchange::client_api(&info);
                 assert_eq!(RouteInfo::from_json(&info.to_json()), Some(info));
             }
-            let _ = usage_accounting::exchange::RouteInfo::from_router_json(payload, 200);
             if let Some(alternative) = Alternative::from_json(payload) {
                 let _ = (alternative.group(), alternative.switch_writes());
                 assert_eq!(

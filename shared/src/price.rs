@@ -170,8 +170,8 @@ impl Price {
 
 /// A price in the router's JSON form: integer micro-units of `currency` per one million
 /// tokens, `currency` defaulting to `USD`, `cached_input` absent when priced as `input`, no
-/// other member. Serde reads and writes it (a `struct Price` in serde's messages, as operators see
-/// it in a configuration error); [`Price`] is what the code uses.
+/// other member. Serde reads and writes it, naming it `Price` in its messages (as operators know
+/// it from configuration errors); [`Price`] is what the code uses.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(expecting = "struct Price", deny_unknown_fields)]
 pub struct MicroPrice {

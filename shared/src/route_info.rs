@@ -3,7 +3,8 @@
 //! Prices belong to deployments: the router's deployment config carries each deployment's
 //! price and `price_version`, and the router publishes them with the deployment and the model
 //! group in Envoy filter state, where token-ratelimit (money budgets) and usage-accounting
-//! (cost) read them. The router writes it when it forwards the request (the first choice,
+//! (cost) read them: one type, [`RouteInfo`], describes the record on both sides (the router
+//! writes it, usage-accounting reads it whole, token-ratelimit its view [`RoutePrices`]). The router writes it when it forwards the request (the first choice,
 //! already listed in `tried`: attempt 1 goes there), and again when the response headers
 //! arrive if another deployment answered (after a fallback or a budget switch); a first
 //! attempt's answer leaves the first publication as the final one. Both carry
@@ -315,7 +316,7 @@ impl RoutePrices {
 
     /// The serde parse of [`RoutePrices::from_json`].
     fn from_json_serde(bytes: &[u8]) -> Option<RoutePrices> {
-        let view: RouteInfoView<'_> = serde_json::from_slice(bytes).ok()?;
+        let view: BorrowedRoute<'_> = serde_json::from_slice(bytes).ok()?;
         Some(RoutePrices {
             model_group: view.model_group.0.into_owned(),
             price: view.price,
@@ -400,7 +401,7 @@ pub(crate) struct Text<'a>(#[serde(borrow)] pub(crate) std::borrow::Cow<'a, str>
 /// checks. Members it does not keep are read only to be checked.
 #[derive(Deserialize)]
 #[allow(dead_code)]
-struct RouteInfoView<'a> {
+struct BorrowedRoute<'a> {
     #[serde(borrow)]
     request_id: Text<'a>,
     #[serde(borrow)]

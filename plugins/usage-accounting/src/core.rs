@@ -15,11 +15,12 @@
 //! superseded pass hands to the pass that re-enters ([`Worker`]'s stash).
 
 use crate::config::UsageConfig;
-use crate::exchange::{may_be_superseded, Attribution, Carried, Exchange, ResponseMode, RouteInfo};
+use crate::exchange::{may_be_superseded, present, Attribution, Carried, Exchange, ResponseMode};
 use crate::record::Record;
 use crate::stream::Forward;
 use llm_gateway_shared::reentry::{Pass, Stash};
 use llm_gateway_shared::request::RequestHead;
+use llm_gateway_shared::route_info::RouteInfo;
 use std::collections::VecDeque;
 use std::rc::Rc;
 
@@ -34,9 +35,9 @@ pub struct Worker {
 pub trait Lookup {
     /// Milliseconds since the Unix epoch.
     fn now_ms(&mut self) -> u64;
-    /// The router's view of the request (its filter state), for a response of `status`;
-    /// empty without the router.
-    fn route(&mut self, status: u16) -> RouteInfo;
+    /// What the router published about the request (its filter state `wasm.llm_route`);
+    /// `None` without the router.
+    fn route(&mut self) -> Option<RouteInfo>;
     /// The host's own request id (asked only when neither request-id header is there).
     fn host_request_id(&mut self) -> Option<String>;
 }
@@ -149,8 +150,9 @@ struct Active {
     config: Rc<UsageConfig>,
     mode: ResponseMode,
     /// The router's state, read once the response is known (the router writes it again at
-    /// response headers, after this filter on the response path).
-    route: Option<RouteInfo>,
+    /// response headers, after this filter on the response path); `Some(None)`: read, and
+    /// there is none.
+    route: Option<Option<RouteInfo>>,
     /// `x-llm-request-id`: the key of this request's stash entry after a redirect.
     logical_id: Option<String>,
 }
@@ -158,11 +160,10 @@ struct Active {
 /// The router's state in `slot`, asked of `lookup` the first time (borrowed afterwards: no
 /// copy per use).
 fn cached_route<'r>(
-    slot: &'r mut Option<RouteInfo>,
-    status: u16,
+    slot: &'r mut Option<Option<RouteInfo>>,
     lookup: &mut dyn Lookup,
-) -> &'r RouteInfo {
-    slot.get_or_insert_with(|| lookup.route(status))
+) -> Option<&'r RouteInfo> {
+    slot.get_or_insert_with(|| lookup.route()).as_ref()
 }
 
 /// One request's stage state.
@@ -441,7 +442,7 @@ impl Stage {
                 if !end_of_stream {
                     return Flow::Pause; // the host buffers; the headers wait for the cost
                 }
-                let route = cached_route(&mut active.route, active.exchange.status(), lookup);
+                let route = cached_route(&mut active.route, lookup);
                 let added = active.exchange.on_response_body(
                     &active.config,
                     route,
@@ -461,7 +462,7 @@ impl Stage {
                     active.exchange.on_response_data(chunk);
                 }
                 if end_of_stream {
-                    let route = cached_route(&mut active.route, active.exchange.status(), lookup);
+                    let route = cached_route(&mut active.route, lookup);
                     active.exchange.on_response_end(&active.config, route, true);
                 }
             }
@@ -484,7 +485,7 @@ impl Stage {
                 let _unchanged = active.exchange.on_response_chunk(&[], true, now);
             }
             ResponseMode::Buffer { hold_headers: true } if !active.exchange.is_finished() => {
-                let route = cached_route(&mut active.route, active.exchange.status(), lookup);
+                let route = cached_route(&mut active.route, lookup);
                 let added = active.exchange.on_response_body(
                     &active.config,
                     route,
@@ -499,7 +500,7 @@ impl Stage {
             ResponseMode::Buffer {
                 hold_headers: false,
             } => {
-                let route = cached_route(&mut active.route, active.exchange.status(), lookup);
+                let route = cached_route(&mut active.route, lookup);
                 active.exchange.on_response_end(&active.config, route, true);
             }
             _ => {}
@@ -541,14 +542,14 @@ impl Stage {
         let Some(active) = self.active.as_mut() else {
             return;
         };
-        let route = cached_route(&mut active.route, active.exchange.status(), lookup);
+        let route = cached_route(&mut active.route, lookup);
         let now = lookup.now_ms();
         let Some(record) = active.exchange.finish(&active.config, route, complete, now) else {
             return;
         };
         let json = record.to_json();
         let config = Rc::clone(&active.config);
-        let provider = route.provider.clone();
+        let provider = route.and_then(|r| present(&r.provider)).map(str::to_string);
         self.push(Command::Publish {
             record: Box::new(record),
             json,
@@ -600,7 +601,7 @@ mod tests {
     struct Fake {
         now: u64,
         clock_reads: usize,
-        route: RouteInfo,
+        route: Option<RouteInfo>,
         route_reads: usize,
         id_reads: usize,
     }
@@ -610,7 +611,7 @@ mod tests {
             self.clock_reads += 1;
             self.now
         }
-        fn route(&mut self, _status: u16) -> RouteInfo {
+        fn route(&mut self) -> Option<RouteInfo> {
             self.route_reads += 1;
             self.route.clone()
         }
@@ -1196,7 +1197,7 @@ mod tests {
             let json = format!(
                 r#"{{"request_id":"req-1","model_group":"fast","deployment":"d","model":"m","provider":"{provider}","route_version":"v","attempts":1{client_api}}}"#
             );
-            RouteInfo::from_router_json(json.as_bytes(), 200).unwrap()
+            RouteInfo::from_json(json.as_bytes())
         };
         for (what, path, request, answer, route, api, provider_api, counter) in [
             (
@@ -1277,7 +1278,7 @@ mod tests {
                 "/v1/messages",
                 MESSAGES_BODY,
                 MESSAGES_ANSWER,
-                RouteInfo::default(),
+                None,
                 "messages",
                 "messages",
                 None,

@@ -3,13 +3,14 @@
 //! with the request body, how to treat the response, and builds the record exactly once.
 
 use crate::config::UsageConfig;
-use crate::pricing::{self, VersionedPrice};
+use crate::pricing;
 use crate::record::{clean_attribution, Attempt, Record, UsageFields, UsageSource};
 use crate::request::{self, RequestInfo};
 use crate::stream::{Forward, ResponseStream};
 use llm_gateway_shared::headers;
+use llm_gateway_shared::price::Price;
 use llm_gateway_shared::request::Api;
-use llm_gateway_shared::route_info;
+use llm_gateway_shared::route_info::RouteInfo;
 use llm_gateway_shared::tokens::{count_tokens, estimate_prompt_tokens, Encoding};
 use llm_gateway_shared::usage::{self, Usage};
 use std::cell::OnceCell;
@@ -97,74 +98,43 @@ impl Attribution {
     }
 }
 
-/// What the router publishes about a request (logical id, deployment that answered, attempts,
-/// price, provider, the client's API when it translated), read from its filter state
-/// `wasm.llm_route`; empty without the router (the `x-llm-*` headers and the plugin's own price
-/// table are used then).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct RouteInfo {
-    /// The router's logical request id, overriding the headers.
-    pub request_id: Option<String>,
-    /// Model group, overriding the header.
-    pub model_group: Option<String>,
-    /// Deployment of the final attempt, overriding the header.
-    pub deployment: Option<String>,
-    /// Every attempt, when the router tried more than one.
-    pub attempts: Vec<Attempt>,
-    /// The deployment's price, overriding the plugin's table.
-    pub price: Option<VersionedPrice>,
-    /// The answering deployment's provider (`openai`, `anthropic`, `openai-compatible`,
-    /// `azure`).
-    pub provider: Option<String>,
-    /// The API the client called, when the router translated the request and this plugin
-    /// reads another one (the first attempt's deployment's); `None` when they are the same.
-    pub client_api: Option<Api>,
+/// A member of the router's record ([`RouteInfo`], its filter state `wasm.llm_route`) as this
+/// plugin reads it: an empty one counts as absent, and the `x-llm-*` headers are used then.
+pub(crate) fn present(member: &str) -> Option<&str> {
+    (!member.is_empty()).then_some(member)
 }
 
-/// Filter state the model router publishes ([`llm_gateway_shared::route_info`]).
-pub const ROUTER_PROPERTY: &str = route_info::PROPERTY;
+/// The version a record names for the router's price when it publishes none.
+const UNVERSIONED: &str = "unversioned";
 
-impl RouteInfo {
-    /// The router's published state (`None` if `bytes` is not one). It reports the deployment
-    /// of every attempt (`tried`) and which one answered, but not the status of the earlier,
-    /// failed ones.
-    pub fn from_router_json(bytes: &[u8], status: u16) -> Option<RouteInfo> {
-        let state = route_info::RouteInfo::from_json(bytes)?;
-        let price = state.price.map(|price| VersionedPrice {
-            price,
-            version: state
-                .price_version
-                .clone()
-                .unwrap_or_else(|| "unversioned".into()),
-        });
-        let non_empty = |s: String| (!s.is_empty()).then_some(s);
-        let count = state.attempts.clamp(1, 64);
-        // Earlier attempts failed (Envoy retries only failures); the router names their
-        // deployments but not the status Envoy saw, so that stays 0.
-        let mut attempts: Vec<Attempt> = (1..count)
-            .map(|n| Attempt {
-                deployment: state.tried.get(n as usize - 1).cloned(),
-                status: 0,
-            })
-            .collect();
-        if count > 1 {
-            attempts.push(Attempt {
-                deployment: non_empty(state.deployment.clone()),
-                status,
-            });
-        }
-        Some(RouteInfo {
-            request_id: non_empty(state.request_id),
-            model_group: non_empty(state.model_group),
-            deployment: non_empty(state.deployment),
-            attempts,
-            price,
-            provider: non_empty(state.provider),
-            // a name this plugin does not know is dropped: the record's `api` and the metric
-            // names take only the four APIs' names
-            client_api: state.client_api.as_deref().and_then(Api::from_name),
+/// The attempts the router reports for a response of `status`: none when it made one (the
+/// record then lists the one attempt this plugin saw), else the deployment of each (`tried`)
+/// and which one answered (`deployment`, with `status`), at most 64. The earlier ones failed
+/// (Envoy retries only failures); the router does not publish the status Envoy saw for them,
+/// so theirs is 0.
+pub fn router_attempts(route: &RouteInfo, status: u16) -> Vec<Attempt> {
+    let count = route.attempts.clamp(1, 64);
+    let mut attempts: Vec<Attempt> = (1..count)
+        .map(|n| Attempt {
+            deployment: route.tried.get(n as usize - 1).cloned(),
+            status: 0,
         })
+        .collect();
+    if count > 1 {
+        attempts.push(Attempt {
+            deployment: present(&route.deployment).map(str::to_string),
+            status,
+        });
     }
+    attempts
+}
+
+/// The API the client called, when the router translated the request and this plugin reads
+/// another one (the first attempt's deployment's); `None` when they are the same. A name that
+/// is no API's counts as absent: the record's `api` and the metric labels take only the APIs'
+/// names.
+pub fn client_api(route: &RouteInfo) -> Option<Api> {
+    route.client_api.as_deref().and_then(Api::from_name)
 }
 
 /// The API the answering deployment speaks, for a body in `body_api` (the API of the path
@@ -514,7 +484,12 @@ impl Exchange {
     }
 
     /// The end of a JSON response that was not held (or the log of one that never ended).
-    pub fn on_response_end(&mut self, config: &UsageConfig, route: &RouteInfo, complete: bool) {
+    pub fn on_response_end(
+        &mut self,
+        config: &UsageConfig,
+        route: Option<&RouteInfo>,
+        complete: bool,
+    ) {
         let Response::Collecting(body) = std::mem::replace(&mut self.response, Response::None)
         else {
             return;
@@ -531,12 +506,12 @@ impl Exchange {
         }
     }
 
-    /// The whole body of a buffered (JSON) response; `complete` false if it was cut.
-    /// Returns the headers to add when they are still held.
+    /// The whole body of a buffered (JSON) response; `complete` false if it was cut; `route`
+    /// as for [`Exchange::finish`]. Returns the headers to add when they are still held.
     pub fn on_response_body(
         &mut self,
         config: &UsageConfig,
-        route: &RouteInfo,
+        route: Option<&RouteInfo>,
         body: &[u8],
         complete: bool,
     ) -> Vec<(String, String)> {
@@ -586,8 +561,8 @@ impl Exchange {
                 .to_string(),
             ),
         ];
-        if let Some(price) = self.price(config, route) {
-            let cost = pricing::cost(&price.price, &price.version, &usage);
+        if let Some((price, version)) = self.price(config, route) {
+            let cost = pricing::cost(price, version, &usage);
             out.push(("x-llm-cost".to_string(), {
                 let mut value = pricing::format_nano(cost.nano);
                 value.push(' ');
@@ -608,24 +583,28 @@ impl Exchange {
         upstream.or_else(|| self.request_model())
     }
 
+    /// The price of the request and the version of its list: the router's, else this
+    /// plugin's table's for the deployment, the model group or the model.
     fn price<'c>(
         &self,
         config: &'c UsageConfig,
-        route: &'c RouteInfo,
-    ) -> Option<&'c VersionedPrice> {
-        route.price.as_ref().or_else(|| {
-            config.price_for(
+        route: Option<&'c RouteInfo>,
+    ) -> Option<(&'c Price, &'c str)> {
+        if let Some((price, route)) = route.and_then(|r| Some((r.price.as_ref()?, r))) {
+            return Some((price, route.price_version.as_deref().unwrap_or(UNVERSIONED)));
+        }
+        let a = &self.attribution;
+        config
+            .price_for(
                 route
-                    .deployment
-                    .as_deref()
-                    .or(self.attribution.deployment.as_deref()),
+                    .and_then(|r| present(&r.deployment))
+                    .or(a.deployment.as_deref()),
                 route
-                    .model_group
-                    .as_deref()
-                    .or(self.attribution.model_group.as_deref()),
+                    .and_then(|r| present(&r.model_group))
+                    .or(a.model_group.as_deref()),
                 self.model(),
             )
-        })
+            .map(|listed| (&listed.price, listed.version.as_str()))
     }
 
     fn estimated_prompt(&self) -> u64 {
@@ -687,12 +666,14 @@ impl Exchange {
         self.finished
     }
 
-    /// Builds the record, once: `None` if it was built already. `complete` says whether the
-    /// response reached its end (false: cut or aborted).
+    /// Builds the record, once: `None` if it was built already. `route`: what the router
+    /// published about the request (`None` without the router: the `x-llm-*` headers and this
+    /// plugin's price table are read). `complete` says whether the response reached its end
+    /// (false: cut or aborted).
     pub fn finish(
         &mut self,
         config: &UsageConfig,
-        route: &RouteInfo,
+        route: Option<&RouteInfo>,
         complete: bool,
         now_ms: u64,
     ) -> Option<Record> {
@@ -710,25 +691,25 @@ impl Exchange {
             };
         let (usage, usage_source) = self.final_usage();
         let price = self.price(config, route);
-        let cost = price.map(|p| pricing::cost(&p.price, &p.version, &usage));
-        let deployment = route
-            .deployment
-            .clone()
-            .or_else(|| self.attribution.deployment.clone());
-        let attempts = if route.attempts.is_empty() {
-            vec![Attempt {
-                deployment: deployment.clone(),
-                status: self.status,
-            }]
-        } else {
-            route.attempts.clone()
+        let cost = price.map(|(price, version)| pricing::cost(price, version, &usage));
+        let routed = |member: fn(&RouteInfo) -> &str| {
+            route.and_then(|r| present(member(r))).map(str::to_string)
         };
         let a = &self.attribution;
+        let deployment = routed(|r| &r.deployment).or_else(|| a.deployment.clone());
+        let mut attempts = route
+            .map(|r| router_attempts(r, self.status))
+            .unwrap_or_default();
+        if attempts.is_empty() {
+            attempts.push(Attempt {
+                deployment: deployment.clone(),
+                status: self.status,
+            });
+        }
+        let client_api = route.and_then(client_api);
+        let provider = route.and_then(|r| present(&r.provider));
         let record = Record {
-            request_id: route
-                .request_id
-                .clone()
-                .unwrap_or_else(|| a.request_id.clone()),
+            request_id: routed(|r| &r.request_id).unwrap_or_else(|| a.request_id.clone()),
             ts_ms: self.started_ms,
             consumer: a.consumer.clone(),
             tenant: a.tenant.clone(),
@@ -737,17 +718,13 @@ impl Exchange {
             project: a.project.clone(),
             agent: a.agent.clone(),
             run_id: a.run_id.clone(),
-            model_group: route.model_group.clone().or_else(|| a.model_group.clone()),
+            model_group: routed(|r| &r.model_group).or_else(|| a.model_group.clone()),
             deployment,
             model: self.model().map(str::to_owned),
             // usage is read in the body's API (the answer this plugin sees is in it); the
             // labels name the client's and the deployment's
-            api: route.client_api.unwrap_or(self.api).name().to_string(),
-            provider_api: Some(
-                provider_api(route.provider.as_deref(), self.api)
-                    .name()
-                    .to_string(),
-            ),
+            api: client_api.unwrap_or(self.api).name().to_string(),
+            provider_api: Some(provider_api(provider, self.api).name().to_string()),
             stream: matches!(self.response, Response::Stream(_)) || self.request.stream,
             status: self.status,
             complete,
@@ -816,6 +793,25 @@ mod tests {
         )
     }
 
+    /// The router's record of a request that went to `deployment` after `attempts` attempts
+    /// (`tried` in order), every other member empty or absent.
+    fn routed(deployment: &str, attempts: u32, tried: &[&str]) -> RouteInfo {
+        RouteInfo {
+            request_id: String::new(),
+            model_group: String::new(),
+            deployment: deployment.into(),
+            model: String::new(),
+            provider: String::new(),
+            price: None,
+            price_version: None,
+            route_version: String::new(),
+            attempts,
+            tried: tried.iter().map(|name| name.to_string()).collect(),
+            price_ceiling: None,
+            client_api: None,
+        }
+    }
+
     #[test]
     fn attribution_headers_all_start_with_x_dash() {
         // from_headers passes over any other header at once
@@ -845,7 +841,7 @@ mod tests {
     #[test]
     fn non_streaming_known_case_with_headers() {
         let config = config(json!({}));
-        let route = RouteInfo::default();
+        let route: Option<&RouteInfo> = None;
         let mut ex = Exchange::start("/v1/chat/completions", attribution(), 1_000).unwrap();
         assert!(ex
             .on_request_body(&config, br#"{"model":"gpt-4o","messages":[]}"#)
@@ -855,13 +851,13 @@ mod tests {
             ResponseMode::Buffer { hold_headers: true }
         );
         let body = br#"{"model":"gpt-4o-2024","choices":[],"usage":{"prompt_tokens":1000,"completion_tokens":100,"prompt_tokens_details":{"cached_tokens":600}}}"#;
-        let added = ex.on_response_body(&config, &route, body, true);
+        let added = ex.on_response_body(&config, route, body, true);
         assert!(
             added.contains(&("x-llm-cost".into(), "0.0002436 USD".into())),
             "{added:?}"
         );
         assert!(added.contains(&("x-llm-price-version".into(), "2026-11".into())));
-        let record = ex.finish(&config, &route, true, 1_500).unwrap();
+        let record = ex.finish(&config, route, true, 1_500).unwrap();
         assert_eq!(record.cost_nano, Some(243_600));
         assert_eq!(record.usage.cached_prompt_tokens, 600);
         assert_eq!(record.usage_source, UsageSource::Upstream);
@@ -879,7 +875,7 @@ mod tests {
             }]
         );
         assert!(
-            ex.finish(&config, &route, true, 2_000).is_none(),
+            ex.finish(&config, route, true, 2_000).is_none(),
             "one record only"
         );
     }
@@ -887,7 +883,7 @@ mod tests {
     #[test]
     fn cut_stream_is_estimated() {
         let config = config(json!({}));
-        let route = RouteInfo::default();
+        let route: Option<&RouteInfo> = None;
         let mut ex = Exchange::start("/v1/chat/completions", attribution(), 0).unwrap();
         let new = ex
             .on_request_body(
@@ -905,7 +901,7 @@ mod tests {
             false,
             40,
         );
-        let record = ex.finish(&config, &route, false, 90).unwrap();
+        let record = ex.finish(&config, route, false, 90).unwrap();
         assert_eq!(record.usage_source, UsageSource::Estimated);
         assert_eq!(record.usage.prompt_tokens, 3 + 4);
         assert_eq!(record.usage.completion_tokens, 2);
@@ -946,7 +942,7 @@ mod tests {
     #[test]
     fn a_reentering_pass_keeps_the_usage_chunk_hidden_from_a_client_that_did_not_ask() {
         let config = config(json!({}));
-        let route = RouteInfo::default();
+        let route: Option<&RouteInfo> = None;
         let client = br#"{"model":"m","stream":true,"messages":[]}"#;
         let mut first = Exchange::start("/v1/chat/completions", attribution(), 1_000).unwrap();
         let edited = first.on_request_body(&config, client).unwrap();
@@ -972,7 +968,7 @@ mod tests {
                 "{}",
                 String::from_utf8_lossy(&out)
             );
-            let record = again.finish(&config, &route, true, 6_000).unwrap();
+            let record = again.finish(&config, route, true, 6_000).unwrap();
             assert_eq!(record.usage.total_tokens, 7);
             assert_eq!(record.ts_ms, 1_000, "the logical request's start");
             assert_eq!(record.duration_ms, 5_000);
@@ -1017,40 +1013,45 @@ mod tests {
     #[test]
     fn router_price_and_attempts_win() {
         let config = config(json!({}));
-        let mut route = RouteInfo {
-            deployment: Some("west".into()),
-            attempts: vec![
-                Attempt {
-                    deployment: Some("east".into()),
-                    status: 429,
-                },
-                Attempt {
-                    deployment: Some("west".into()),
-                    status: 200,
-                },
-            ],
-            ..RouteInfo::default()
+        let route = RouteInfo {
+            price: config
+                .price_for(Some("east"), None, None)
+                .map(|listed| listed.price.clone()),
+            ..routed("west", 2, &["east", "west"])
         };
-        route.price = config.price_for(Some("east"), None, None).cloned();
+        let route = Some(&route);
         let mut ex = Exchange::start("/v1/embeddings", attribution(), 0).unwrap();
         ex.on_request_body(&config, br#"{"input":"abcd"}"#);
         ex.on_response_headers(&config, 200, "application/json", Some(100));
         ex.on_response_body(
             &config,
-            &route,
+            route,
             br#"{"usage":{"prompt_tokens":1000000,"total_tokens":1000000}}"#,
             true,
         );
-        let record = ex.finish(&config, &route, true, 2).unwrap();
+        let record = ex.finish(&config, route, true, 2).unwrap();
         assert_eq!(record.deployment.as_deref(), Some("west"));
-        assert_eq!(record.attempts.len(), 2);
+        assert_eq!(
+            record.attempts,
+            [
+                Attempt {
+                    deployment: Some("east".into()),
+                    status: 0
+                },
+                Attempt {
+                    deployment: Some("west".into()),
+                    status: 200
+                }
+            ]
+        );
         assert_eq!(record.cost_nano, Some(300_000_000));
+        assert_eq!(record.price_version.as_deref(), Some("unversioned"));
     }
 
     #[test]
     fn error_answers_bill_nothing_and_unknown_paths_are_ignored() {
         let config = config(json!({}));
-        let route = RouteInfo::default();
+        let route: Option<&RouteInfo> = None;
         let mut ex = Exchange::start("/v1/messages", attribution(), 0).unwrap();
         ex.on_request_body(&config, br#"{"messages":[{"role":"user","content":"x"}]}"#);
         assert_eq!(
@@ -1059,8 +1060,8 @@ mod tests {
                 hold_headers: false
             }
         );
-        ex.on_response_body(&config, &route, br#"{"error":{}}"#, true);
-        let record = ex.finish(&config, &route, true, 2).unwrap();
+        ex.on_response_body(&config, route, br#"{"error":{}}"#, true);
+        let record = ex.finish(&config, route, true, 2).unwrap();
         assert_eq!(record.usage, UsageFields::default());
         assert_eq!(record.status, 429);
         assert!(Exchange::start("/v1/models", attribution(), 0).is_none());
@@ -1069,7 +1070,7 @@ mod tests {
     #[test]
     fn anthropic_cut_before_message_delta_keeps_the_providers_input() {
         let config = config(json!({}));
-        let route = RouteInfo::default();
+        let route: Option<&RouteInfo> = None;
         let mut ex = Exchange::start("/v1/messages", attribution(), 0).unwrap();
         ex.on_request_body(
             &config,
@@ -1082,7 +1083,7 @@ event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"delta\":{\
             false,
             3,
         );
-        let record = ex.finish(&config, &route, false, 9).unwrap();
+        let record = ex.finish(&config, route, false, 9).unwrap();
         assert_eq!(record.usage_source, UsageSource::Estimated);
         assert_eq!(
             record.usage.prompt_tokens, 1012,
@@ -1098,38 +1099,68 @@ event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"delta\":{\
     #[test]
     fn router_state_gives_deployment_price_and_attempts() {
         let json = br#"{"request_id":"r","model_group":"fast","deployment":"west","model":"gpt-4o-mini","provider":"openai","price":{"currency":"USD","input":300000,"output":1200000,"cached_input":6000},"price_version":"2026-01","route_version":"v7","attempts":2,"tried":["east","west"]}"#;
-        let route = RouteInfo::from_router_json(json, 200).unwrap();
-        assert_eq!(route.deployment.as_deref(), Some("west"));
-        assert_eq!(route.attempts.len(), 2);
-        assert_eq!(route.attempts[0].deployment.as_deref(), Some("east"));
-        assert_eq!(route.attempts[0].status, 0);
-        assert_eq!(route.attempts[1].deployment.as_deref(), Some("west"));
-        assert_eq!(route.attempts[1].status, 200);
+        let route = RouteInfo::from_json(json).unwrap();
+        let attempts = router_attempts(&route, 200);
+        assert_eq!(attempts.len(), 2);
+        assert_eq!(attempts[0].deployment.as_deref(), Some("east"));
+        assert_eq!(attempts[0].status, 0);
+        assert_eq!(attempts[1].deployment.as_deref(), Some("west"));
+        assert_eq!(attempts[1].status, 200);
         let price = route.price.clone().unwrap();
         assert_eq!(
-            (
-                price.price.input,
-                price.price.cached_input,
-                price.price.output
-            ),
+            (price.input, price.cached_input, price.output),
             (300_000_000, Some(6_000_000), 1_200_000_000)
         );
-        assert_eq!(price.version, "2026-01");
         let config = config(json!({"prices": {}}));
         let mut ex = Exchange::start("/v1/chat/completions", attribution(), 0).unwrap();
         ex.on_response_headers(&config, 200, "application/json", Some(100));
-        ex.on_response_body(&config, &route, br#"{"usage":{"prompt_tokens":1000,"completion_tokens":100,"prompt_tokens_details":{"cached_tokens":600}}}"#, true);
-        let record = ex.finish(&config, &route, true, 2).unwrap();
+        ex.on_response_body(&config, Some(&route), br#"{"usage":{"prompt_tokens":1000,"completion_tokens":100,"prompt_tokens_details":{"cached_tokens":600}}}"#, true);
+        let record = ex.finish(&config, Some(&route), true, 2).unwrap();
         assert_eq!(record.cost_nano, Some(243_600));
         assert_eq!(record.price_version.as_deref(), Some("2026-01"));
         assert_eq!(record.model_group.as_deref(), Some("fast"));
-        let single = RouteInfo::from_router_json(
-            br#"{"request_id":"r","model_group":"fast","deployment":"east","model":"m","provider":"openai","route_version":"v","attempts":1}"#,
-            200,
-        )
-        .unwrap();
-        assert!(single.attempts.is_empty() && single.price.is_none());
-        assert!(RouteInfo::from_router_json(b"nope", 200).is_none());
+        assert_eq!(record.request_id, "r");
+        assert_eq!(record.deployment.as_deref(), Some("west"));
+        assert_eq!(record.attempts, attempts);
+        // one attempt: the router lists none, the record the one this plugin saw
+        let single = routed("east", 1, &["east"]);
+        assert!(router_attempts(&single, 200).is_empty());
+        // an attempt count past what the router writes is bounded, a missing name is none
+        let many = routed("", u32::MAX, &["a"]);
+        let attempts = router_attempts(&many, 502);
+        assert_eq!(attempts.len(), 64);
+        assert_eq!(attempts[0].deployment.as_deref(), Some("a"));
+        assert!(attempts[1..].iter().all(|a| a.deployment.is_none()));
+        assert_eq!(attempts[63].status, 502);
+    }
+
+    #[test]
+    fn empty_router_members_give_way_to_the_headers() {
+        let config = config(json!({}));
+        let route = routed("", 1, &[]);
+        let mut ex = Exchange::start("/v1/embeddings", attribution(), 0).unwrap();
+        ex.on_response_headers(&config, 200, "application/json", Some(100));
+        ex.on_response_body(
+            &config,
+            Some(&route),
+            br#"{"usage":{"prompt_tokens":1000000,"total_tokens":1000000}}"#,
+            true,
+        );
+        let record = ex.finish(&config, Some(&route), true, 2).unwrap();
+        let headers_only = {
+            let mut ex = Exchange::start("/v1/embeddings", attribution(), 0).unwrap();
+            ex.on_response_headers(&config, 200, "application/json", Some(100));
+            ex.on_response_body(
+                &config,
+                None,
+                br#"{"usage":{"prompt_tokens":1000000,"total_tokens":1000000}}"#,
+                true,
+            );
+            ex.finish(&config, None, true, 2).unwrap()
+        };
+        assert_eq!(record, headers_only);
+        assert_eq!(record.deployment.as_deref(), Some("east"));
+        assert_eq!(record.cost_nano, Some(300_000_000));
     }
 
     #[test]
@@ -1166,30 +1197,30 @@ event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"delta\":{\
 
     #[test]
     fn router_state_gives_the_clients_api_when_it_translated() {
-        let with = |client_api: &str| {
+        let with = |member: &str| {
             let json = format!(
-                r#"{{"request_id":"r","model_group":"fast","deployment":"claude","model":"m","provider":"anthropic","route_version":"v","attempts":1{client_api}}}"#
+                r#"{{"request_id":"r","model_group":"fast","deployment":"claude","model":"m","provider":"anthropic","route_version":"v","attempts":1{member}}}"#
             );
-            RouteInfo::from_router_json(json.as_bytes(), 200).unwrap()
+            client_api(&RouteInfo::from_json(json.as_bytes()).unwrap())
         };
         assert_eq!(
-            with(r#","client_api":"chat.completions""#).client_api,
+            with(r#","client_api":"chat.completions""#),
             Some(Api::ChatCompletions)
         );
         assert_eq!(
-            with(r#","client_api":"messages""#).client_api,
+            with(r#","client_api":"messages""#),
             Some(Api::AnthropicMessages)
         );
-        assert_eq!(with("").client_api, None);
-        assert_eq!(with(r#","client_api":null"#).client_api, None);
+        assert_eq!(with(""), None);
+        assert_eq!(with(r#","client_api":null"#), None);
         // a name that is no API's is not recorded
-        assert_eq!(with(r#","client_api":"chat""#).client_api, None);
+        assert_eq!(with(r#","client_api":"chat""#), None);
     }
 
     #[test]
     fn big_json_bodies_pass_through_and_keep_their_usage() {
         let config = config(json!({}));
-        let route = RouteInfo::default();
+        let route: Option<&RouteInfo> = None;
         let mut ex = Exchange::start("/v1/embeddings", attribution(), 0).unwrap();
         ex.on_request_body(
             &config,
@@ -1210,8 +1241,8 @@ event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"delta\":{\
         for chunk in body.as_bytes().chunks(16 * 1024) {
             ex.on_response_data(chunk);
         }
-        ex.on_response_end(&config, &route, true);
-        let record = ex.finish(&config, &route, true, 1).unwrap();
+        ex.on_response_end(&config, route, true);
+        let record = ex.finish(&config, route, true, 1).unwrap();
         assert_eq!(record.usage.prompt_tokens, 1_000_000);
         assert_eq!(record.usage_source, UsageSource::Upstream);
         assert_eq!(record.cost_nano, Some(300_000_000));
@@ -1225,7 +1256,7 @@ event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"delta\":{\
         );
         ex.on_response_headers(&config, 200, "application/json", None);
         ex.on_response_data(br#"{"choices":[{"message":{"content":"hel"#);
-        let record = ex.finish(&config, &route, false, 1).unwrap();
+        let record = ex.finish(&config, route, false, 1).unwrap();
         assert_eq!(record.usage_source, UsageSource::Estimated);
         assert_eq!(record.usage.prompt_tokens, 1 + 4);
         assert!(!record.complete);
@@ -1234,7 +1265,7 @@ event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"delta\":{\
     #[test]
     fn large_requests_are_not_held_and_estimated_from_their_size() {
         let config = config(json!({}));
-        let route = RouteInfo::default();
+        let route: Option<&RouteInfo> = None;
         let mut ex = Exchange::start("/v1/chat/completions", attribution(), 0).unwrap();
         assert!(ex.may_rewrite_body(&config));
         ex.set_request_length(Some(3 << 20));
@@ -1250,7 +1281,7 @@ event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"delta\":{\
             true,
             1,
         );
-        let record = ex.finish(&config, &route, true, 2).unwrap();
+        let record = ex.finish(&config, route, true, 2).unwrap();
         assert_eq!(record.usage.prompt_tokens, (3 << 20) / 4);
         assert_eq!(record.usage.completion_tokens, 1);
 
@@ -1266,7 +1297,7 @@ event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"delta\":{\
     #[test]
     fn a_body_that_cannot_stream_is_scanned_only_if_its_model_is_needed() {
         let config = config(json!({}));
-        let route = RouteInfo::default();
+        let route: Option<&RouteInfo> = None;
         let body =
             br#"{"model":"gpt-4o","stream":false,"messages":[{"role":"user","content":"abcd"}]}"#;
         for (answer, scanned) in [
@@ -1283,8 +1314,8 @@ event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"delta\":{\
             assert!(ex.on_request_body(&config, body).is_none());
             assert!(ex.deferred && !ex.injected_include_usage());
             ex.on_response_headers(&config, 200, "application/json", Some(100));
-            ex.on_response_body(&config, &route, answer, true);
-            let record = ex.finish(&config, &route, true, 1).unwrap();
+            ex.on_response_body(&config, route, answer, true);
+            let record = ex.finish(&config, route, true, 1).unwrap();
             assert_eq!(ex.deferred_model.get().is_some(), scanned);
             let expected = if scanned { "gpt-4o" } else { "gpt-4o-2024" };
             assert_eq!(record.model.as_deref(), Some(expected));

@@ -5,7 +5,6 @@
 
 use crate::config::{parse_shared, UsageConfig};
 use crate::core::{Command, Flow, Input, Lookup, Stage, Worker};
-use crate::exchange::{RouteInfo, ROUTER_PROPERTY};
 use crate::metrics::{
     translated_name, values, Kind, LabelHash, Labels, MAX_LABEL_SETS, MAX_TRANSLATIONS, SERIES,
 };
@@ -14,6 +13,7 @@ use llm_gateway_shared::chain::{self, Direction, Step};
 use llm_gateway_shared::host::{self, Buffer, HeaderMap, HostError, LogLevel, Metric, Sink};
 use llm_gateway_shared::reentry::is_superseded;
 use llm_gateway_shared::request::RequestHead;
+use llm_gateway_shared::route_info::{self, RouteInfo};
 use llm_gateway_shared::rules::RuleSet;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType};
@@ -192,15 +192,14 @@ impl Lookup for Host<'_> {
     }
 
     /// The router's view of the request: its filter state `wasm.llm_route` when it runs in
-    /// the chain (deployment that answered, attempts, price); otherwise empty (the
+    /// the chain (deployment that answered, attempts, price); otherwise `None` (the
     /// `x-llm-deployment` / `x-llm-model-group` headers and the plugin's own price table).
-    fn route(&mut self, status: u16) -> RouteInfo {
+    fn route(&mut self) -> Option<RouteInfo> {
         // always from the host: the clusters' filter rewrites it once an attempt answers
-        host::property(&[ROUTER_PROPERTY])
+        host::property(&[route_info::PROPERTY])
             .ok()
             .flatten()
-            .and_then(|bytes| RouteInfo::from_router_json(&bytes, status))
-            .unwrap_or_default()
+            .and_then(|bytes| RouteInfo::from_json(&bytes))
     }
 
     fn host_request_id(&mut self) -> Option<String> {
