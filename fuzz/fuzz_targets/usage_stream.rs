@@ -77,7 +77,7 @@ fn check_cost(usage: &Usage) {
     let realistic = price(2_500_000_000).cost(usage);
     let dearest = price(u128::from(u64::MAX)).cost(usage);
     let routers = price(u128::from(u64::MAX) * 1_000).cost(usage);
-    assert_eq!(routers, dearest, "{usage:?}");
+    assert!(routers >= dearest, "{routers} < {dearest} for {usage:?}");
     assert!(
         dearest >= realistic,
         "{dearest} < {realistic} for {usage:?}"
