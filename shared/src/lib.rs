@@ -6,7 +6,8 @@
 //! the filter contract ([`headers`]), prices and costs in integer units ([`price`]), reading and editing the top level of JSON bodies without a
 //! full parse ([`json`]), the hand-over between the passes of a request re-entering the
 //! chain after an internal redirect ([`reentry`]), server-sent events framed across chunk
-//! splits ([`sse`]), Redis commands carried over HTTP to webdis ([`webdis`]), and —
+//! splits ([`sse`]), the Redis connection every Redis user configures ([`redis`]), Redis
+//! commands carried over HTTP to webdis ([`webdis`]), and —
 //! compiled only for `wasm32` — a safe layer over the proxy-wasm host calls ([`host`]) that
 //! turns every non-OK host status into an error value.
 //!
@@ -33,6 +34,7 @@ pub mod json;
 pub mod level;
 pub mod pending;
 pub mod price;
+pub mod redis;
 pub mod reentry;
 pub mod reject;
 pub mod request;

@@ -27,8 +27,6 @@
 //!
 //! [webdis]: https://github.com/nicolasff/webdis
 
-use crate::config::ConfigError;
-
 /// The `:path` of every command (the command travels in the body).
 pub const PATH: &str = "/";
 
@@ -91,101 +89,6 @@ fn percent_encode(bytes: &[u8], last: bool, out: &mut Vec<u8>) {
 /// its ACL). Never log it.
 pub fn basic_auth(user_password: &str) -> String {
     format!("Basic {}", base64(user_password.as_bytes()))
-}
-
-/// The `transport` member of a `redis` / `ledger` config section.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum TransportName {
-    /// Higress's Redis calls (the Higress build only).
-    #[default]
-    Higress,
-    /// HTTP calls to webdis (every build).
-    Http,
-}
-
-/// Where a `redis` / `ledger` section's commands go, validated by [`Endpoint::parse`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Endpoint {
-    /// Higress's Redis calls to this service.
-    Higress {
-        /// The Redis service (`outbound|6379||redis.static`).
-        service: String,
-    },
-    /// HTTP calls to this webdis cluster.
-    Http {
-        /// The Envoy cluster of the webdis servers.
-        cluster: String,
-        /// The `Authorization` value of `auth` (never logged), if any.
-        authorization: Option<String>,
-    },
-}
-
-impl Endpoint {
-    /// Validates the address members of the config section `section` (`"redis"`,
-    /// `"ledger"`): `service` (and a Redis `username`/`password`, `credentials`) only for
-    /// Higress, `cluster` and `auth` only over HTTP. A bad `auth` is refused without echoing
-    /// it.
-    pub fn parse(
-        section: &str,
-        transport: TransportName,
-        service: Option<String>,
-        credentials: bool,
-        cluster: Option<String>,
-        auth: Option<String>,
-    ) -> Result<Endpoint, ConfigError> {
-        let field = |name: &str| format!("{section}.{name}");
-        match transport {
-            TransportName::Higress => {
-                if cluster.is_some() || auth.is_some() {
-                    return Err(ConfigError::new(
-                        field("transport"),
-                        "`cluster` and `auth` belong to `\"transport\": \"http\"`",
-                    ));
-                }
-                match service {
-                    Some(service) if !service.is_empty() => Ok(Endpoint::Higress { service }),
-                    _ => Err(ConfigError::new(field("service"), "must not be empty")),
-                }
-            }
-            TransportName::Http => {
-                if service.is_some() || credentials {
-                    return Err(ConfigError::new(
-                        field("transport"),
-                        "`service`, `username` and `password` belong to `\"transport\": \"higress\"`; over HTTP name the webdis `cluster` and its `auth`",
-                    ));
-                }
-                let cluster = cluster.unwrap_or_default();
-                if cluster.is_empty() || cluster.len() > 256 {
-                    return Err(ConfigError::new(
-                        field("cluster"),
-                        "must be the webdis cluster's name (1 to 256 characters)",
-                    ));
-                }
-                let authorization = match auth {
-                    None => None,
-                    Some(auth) => {
-                        let valid = auth
-                            .split_once(':')
-                            .is_some_and(|(user, _)| !user.is_empty())
-                            && !auth.bytes().any(|b| b.is_ascii_control());
-                        if !valid {
-                            // the value is a secret: not echoed
-                            return Err(ConfigError::new(
-                                field("auth"),
-                                "must be `user:password`, as in webdis's `http_basic_auth`",
-                            ));
-                        }
-                        Some(basic_auth(&auth))
-                    }
-                };
-                Ok(Endpoint::Http {
-                    cluster,
-                    authorization,
-                })
-            }
-        }
-    }
 }
 
 fn base64(input: &[u8]) -> String {

@@ -635,10 +635,13 @@ mod tests {
     fn with_store(set: &RuleSet<KeyAuthConfig>) -> KeyAuthConfig {
         let mut cfg = set.global().unwrap().clone();
         cfg.store = Some(std::rc::Rc::new(crate::config::KeyStoreConfig {
-            service: "redis".into(),
-            username: None,
-            password: None,
-            timeout_ms: 100,
+            redis: llm_gateway_shared::redis::RedisConfig {
+                service: "redis".into(),
+                transport: llm_gateway_shared::redis::RedisTransport::Higress,
+                username: None,
+                password: None,
+                timeout_ms: 100,
+            },
             prefix: "llm:key:".into(),
             cache_ttl_ms: 30_000,
             negative_ttl_ms: 30_000,

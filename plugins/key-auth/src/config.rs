@@ -24,6 +24,7 @@
 use crate::rfc3339;
 use llm_gateway_shared::config::{self, validate_name, ConfigError};
 use llm_gateway_shared::json::push_hex;
+use llm_gateway_shared::redis::{check_transport, RedisConfig, RedisFields, TransportName};
 use llm_gateway_shared::rules::{RuleSet, Scope};
 use serde::Deserialize;
 use serde_json::{Map, Value};
@@ -109,17 +110,13 @@ impl KeyAuthConfig {
 /// This build has Higress's Redis calls (the Higress build, cargo feature `higress`).
 pub const REDIS_TRANSPORT: bool = cfg!(feature = "higress");
 
-/// Where Redis-held keys are and how long a worker trusts what it read.
+/// Where Redis-held keys are and how long a worker trusts what it read: the shared Redis
+/// connection ([`RedisConfig`], whose fields read through: `store.service`) and key-auth's own
+/// members around it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyStoreConfig {
-    /// The Higress Redis service (`outbound|6379||redis.static`).
-    pub service: String,
-    /// ACL user.
-    pub username: Option<String>,
-    /// Password (never logged).
-    pub password: Option<String>,
-    /// Call timeout.
-    pub timeout_ms: u32,
+    /// The Higress Redis service, credentials and timeout.
+    pub redis: RedisConfig,
     /// A key's hash is `<prefix><digest hex>`.
     pub prefix: String,
     /// How long a key read from Redis is used without asking again: a key disabled or
@@ -129,6 +126,14 @@ pub struct KeyStoreConfig {
     pub negative_ttl_ms: u64,
     /// The most digests the shared cache holds (in buckets of [`crate::cache::BUCKET_WAYS`]).
     pub cache_entries: u32,
+}
+
+impl std::ops::Deref for KeyStoreConfig {
+    type Target = RedisConfig;
+
+    fn deref(&self) -> &RedisConfig {
+        &self.redis
+    }
 }
 
 impl KeyStoreConfig {
@@ -193,22 +198,25 @@ fn default_cache_entries() -> u32 {
 }
 
 fn parse_store(raw: RawStore) -> Result<KeyStoreConfig, ConfigError> {
-    if !REDIS_TRANSPORT {
-        return Err(ConfigError::new(
-            "redis",
-            "this build has no Higress Redis calls: Redis-held keys need the Higress build (dist/higress/key-auth.wasm); plain Envoy keeps keys in `keys`",
-        ));
-    }
-    let service = match raw.service {
-        Some(service) if !service.is_empty() => service,
-        _ => return Err(ConfigError::new("redis.service", "must not be empty")),
-    };
-    if raw.timeout_ms == 0 || raw.timeout_ms > 60_000 {
-        return Err(ConfigError::new(
-            "redis.timeout_ms",
-            "must be between 1 and 60000",
-        ));
-    }
+    // Higress's Redis calls only: requests of a worker share one lookup, and a webdis answer
+    // would go to the request that sent it alone, and be lost with it
+    check_transport(
+        "redis",
+        TransportName::Higress,
+        REDIS_TRANSPORT,
+        "Redis-held keys need the Higress build (dist/higress/key-auth.wasm); plain Envoy keeps keys in `keys`",
+    )?;
+    let redis = RedisConfig::parse(
+        "redis",
+        RedisFields {
+            transport: TransportName::Higress,
+            service: raw.service,
+            username: raw.username,
+            password: raw.password,
+            timeout_ms: raw.timeout_ms,
+            ..RedisFields::default()
+        },
+    )?;
     if raw.prefix.len() > 128 || raw.prefix.bytes().any(|b| !b.is_ascii_graphic()) {
         return Err(ConfigError::new(
             "redis.prefix",
@@ -234,10 +242,7 @@ fn parse_store(raw: RawStore) -> Result<KeyStoreConfig, ConfigError> {
         ));
     }
     Ok(KeyStoreConfig {
-        service,
-        username: raw.username.filter(|u| !u.is_empty()),
-        password: raw.password.filter(|p| !p.is_empty()),
-        timeout_ms: raw.timeout_ms,
+        redis,
         prefix: raw.prefix,
         cache_ttl_ms: raw.cache_ttl_ms,
         negative_ttl_ms,

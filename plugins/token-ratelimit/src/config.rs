@@ -35,11 +35,15 @@
 
 use llm_gateway_shared::config::{self, validate_name, ConfigError};
 use llm_gateway_shared::price::{MicroPrice, Price};
+use llm_gateway_shared::redis::{check_transport, RedisFields, TransportName};
 use llm_gateway_shared::rules::RuleSet;
-use llm_gateway_shared::webdis::{Endpoint, TransportName};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 use std::collections::{BTreeMap, HashMap};
+
+/// The Redis connection, validated as key-auth's and usage-accounting's are: service or
+/// webdis cluster, transport, credentials, timeout.
+pub use llm_gateway_shared::redis::{RedisConfig, RedisTransport};
 
 /// The most limits and budgets in one scope (each costs work on every request).
 pub const MAX_LIMITS: usize = 32;
@@ -209,33 +213,6 @@ impl Budget {
     pub fn amount_for(&self, tier: Option<&str>) -> u64 {
         amount_for(self.amount, &self.tiers, tier)
     }
-}
-
-/// How Redis commands travel.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RedisTransport {
-    /// Higress's Redis calls (`proxy_redis_call`); `service` is the Higress Redis service.
-    Higress,
-    /// `dispatch_http_call` to webdis; `service` is its Envoy cluster.
-    Http {
-        /// `Authorization` for webdis's `http_basic_auth` (never logged).
-        authorization: Option<String>,
-    },
-}
-
-/// The Redis connection.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RedisConfig {
-    /// Higress Redis service name (`outbound|6379||redis.static`), or the webdis cluster.
-    pub service: String,
-    /// How commands reach Redis.
-    pub transport: RedisTransport,
-    /// ACL user.
-    pub username: Option<String>,
-    /// Password (never logged).
-    pub password: Option<String>,
-    /// Call timeout.
-    pub timeout_ms: u32,
 }
 
 /// Where "now" comes from for the central buckets.
@@ -521,45 +498,22 @@ fn default_on_failure() -> OnRedisFailure {
     OnRedisFailure::Reject
 }
 fn parse_redis(r: RawRedis) -> Result<RedisConfig, ConfigError> {
-    if r.timeout_ms == 0 || r.timeout_ms > 60_000 {
-        return Err(ConfigError::new(
-            "redis.timeout_ms",
-            "must be between 1 and 60000",
-        ));
-    }
-    if r.transport == TransportName::Higress && !REDIS_TRANSPORT {
-        return Err(ConfigError::new(
-            "redis",
-            "this build has no Higress Redis calls (plain Envoy): use `\"transport\": \"http\"` with a webdis cluster, the Higress build (dist/higress/token-ratelimit.wasm), or remove `redis` to keep limits and budgets per instance",
-        ));
-    }
-    let credentials = r.username.is_some() || r.password.is_some();
-    Ok(
-        match Endpoint::parse(
-            "redis",
-            r.transport,
-            r.service,
-            credentials,
-            r.cluster,
-            r.auth,
-        )? {
-            Endpoint::Higress { service } => RedisConfig {
-                service,
-                transport: RedisTransport::Higress,
-                username: r.username.filter(|u| !u.is_empty()),
-                password: r.password.filter(|p| !p.is_empty()),
-                timeout_ms: r.timeout_ms,
-            },
-            Endpoint::Http {
-                cluster,
-                authorization,
-            } => RedisConfig {
-                service: cluster,
-                transport: RedisTransport::Http { authorization },
-                username: None,
-                password: None,
-                timeout_ms: r.timeout_ms,
-            },
+    check_transport(
+        "redis",
+        r.transport,
+        REDIS_TRANSPORT,
+        "use `\"transport\": \"http\"` with a webdis cluster, the Higress build (dist/higress/token-ratelimit.wasm), or remove `redis` to keep limits and budgets per instance",
+    )?;
+    RedisConfig::parse(
+        "redis",
+        RedisFields {
+            transport: r.transport,
+            service: r.service,
+            cluster: r.cluster,
+            auth: r.auth,
+            username: r.username,
+            password: r.password,
+            timeout_ms: r.timeout_ms,
         },
     )
 }

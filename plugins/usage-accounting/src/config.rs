@@ -22,10 +22,11 @@
 //! Price keys are deployment names (`x-llm-deployment`, or the router's filter state), else
 //! model groups, else the model the upstream names. See the README for every field.
 
-use crate::ledger::{parse_ledger, LedgerConfig, LedgerTransport};
+use crate::ledger::{parse_ledger, LedgerConfig};
 use crate::pricing::{parse_price, VersionedPrice};
 use llm_gateway_shared::config::{self, validate_name, ConfigError};
 use llm_gateway_shared::price::{NanoPerMillion, Price};
+use llm_gateway_shared::redis::check_transport;
 use llm_gateway_shared::rules::RuleSet;
 use serde::Deserialize;
 use serde_json::{Map, Value};
@@ -177,12 +178,12 @@ fn parse_scope(fields: &Map<String, Value>) -> Result<UsageConfig, ConfigError> 
         None | Some(Value::Null) => None,
         Some(value) => {
             let ledger = parse_ledger(value)?;
-            if ledger.transport == LedgerTransport::Higress && !crate::ledger::TRANSPORT {
-                return Err(ConfigError::new(
-                    "ledger",
-                    "needs the Higress build (cargo feature `higress`) for Higress's Redis calls; on plain Envoy use `\"transport\": \"http\"` with a webdis cluster, or the access log",
-                ));
-            }
+            check_transport(
+                "ledger",
+                ledger.transport.name(),
+                crate::ledger::TRANSPORT,
+                "use `\"transport\": \"http\"` with a webdis cluster, the Higress build (dist/higress/usage-accounting.wasm), or the access log",
+            )?;
             Some(ledger)
         }
     };

@@ -16,44 +16,37 @@
 //! logged, the record still being in the access log and the log line.
 
 use llm_gateway_shared::config::ConfigError;
-use llm_gateway_shared::webdis::{Endpoint, TransportName};
+use llm_gateway_shared::redis::{RedisConfig, RedisFields, TransportName};
+use serde::Deserialize;
+use serde_json::Value;
+
+// the tests name the ledger's transport as its own
+#[cfg(test)]
+use llm_gateway_shared::redis::RedisTransport as LedgerTransport;
 
 /// This build has Higress's Redis calls (cargo feature `higress`, which turns on
 /// `shared::host::redis`). Without them a `ledger` over the Higress transport is refused
 /// rather than silently dropped; the HTTP transport works in every build.
 pub const TRANSPORT: bool = cfg!(feature = "higress");
-use serde::Deserialize;
-use serde_json::Value;
 
-/// How the `XADD`s travel.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum LedgerTransport {
-    /// Higress's Redis calls; `service` is the Higress Redis service.
-    Higress,
-    /// `dispatch_http_call` to webdis; `service` is its Envoy cluster.
-    Http {
-        /// `Authorization` for webdis's `http_basic_auth` (never logged).
-        authorization: Option<String>,
-    },
-}
-
-/// Where the ledger goes.
+/// Where the ledger goes: the shared Redis connection ([`RedisConfig`], whose fields read
+/// through: `ledger.service`, `ledger.transport`) and the stream around it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LedgerConfig {
-    /// Higress Redis service name (`outbound|6379||redis.static`), or the webdis cluster.
-    pub service: String,
-    /// How the appends travel.
-    pub transport: LedgerTransport,
+    /// Service or webdis cluster, transport, credentials, timeout.
+    pub redis: RedisConfig,
     /// Stream key.
     pub stream: String,
     /// Approximate cap on the stream's length.
     pub max_len: u64,
-    /// Redis call timeout.
-    pub timeout_ms: u32,
-    /// Redis ACL user, if any.
-    pub username: Option<String>,
-    /// Redis password, if any (never logged).
-    pub password: Option<String>,
+}
+
+impl std::ops::Deref for LedgerConfig {
+    type Target = RedisConfig;
+
+    fn deref(&self) -> &RedisConfig {
+        &self.redis
+    }
 }
 
 #[derive(Deserialize)]
@@ -89,25 +82,22 @@ fn default_timeout() -> u32 {
     500
 }
 
-/// Parses the `ledger` member.
+/// Parses the `ledger` member (whether this build has its transport is the configuration's
+/// check, `crate::config`).
 pub fn parse_ledger(value: &Value) -> Result<LedgerConfig, ConfigError> {
     let raw: RawLedger = llm_gateway_shared::config::from_value("ledger", value.clone())?;
-    let credentials = raw.username.is_some() || raw.password.is_some();
-    let endpoint = Endpoint::parse(
+    let redis = RedisConfig::parse(
         "ledger",
-        raw.transport,
-        raw.service,
-        credentials,
-        raw.cluster,
-        raw.auth,
+        RedisFields {
+            transport: raw.transport,
+            service: raw.service,
+            cluster: raw.cluster,
+            auth: raw.auth,
+            username: raw.username,
+            password: raw.password,
+            timeout_ms: raw.timeout_ms,
+        },
     )?;
-    let (service, transport) = match endpoint {
-        Endpoint::Higress { service } => (service, LedgerTransport::Higress),
-        Endpoint::Http {
-            cluster,
-            authorization,
-        } => (cluster, LedgerTransport::Http { authorization }),
-    };
     if raw.stream.is_empty() || raw.stream.len() > 256 {
         return Err(ConfigError::new(
             "ledger.stream",
@@ -117,20 +107,10 @@ pub fn parse_ledger(value: &Value) -> Result<LedgerConfig, ConfigError> {
     if raw.max_len == 0 {
         return Err(ConfigError::new("ledger.max_len", "must be at least 1"));
     }
-    if !(1..=60_000).contains(&raw.timeout_ms) {
-        return Err(ConfigError::new(
-            "ledger.timeout_ms",
-            "must be between 1 and 60000",
-        ));
-    }
     Ok(LedgerConfig {
-        service,
-        transport,
+        redis,
         stream: raw.stream,
         max_len: raw.max_len,
-        timeout_ms: raw.timeout_ms,
-        username: raw.username,
-        password: raw.password,
     })
 }
 

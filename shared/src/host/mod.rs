@@ -12,7 +12,7 @@
 mod abi;
 #[cfg(feature = "redis")]
 pub mod redis;
-pub mod webdis;
+pub mod redis_client;
 
 use crate::config::ConfigError;
 use crate::reject::Reject;

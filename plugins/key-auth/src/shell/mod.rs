@@ -8,6 +8,7 @@ use crate::config::{parse_document, KeyAuthConfig};
 use crate::reentry::{self, Secret};
 use llm_gateway_shared::chain::{self, Direction, Step};
 use llm_gateway_shared::host::{self, HeaderMap, HostError, LogLevel, Metric, Sink};
+use llm_gateway_shared::redis::Answer;
 use llm_gateway_shared::reject::Reject;
 use llm_gateway_shared::rules::RuleSet;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
@@ -213,8 +214,7 @@ fn connect_store(state: &Rc<State>) -> bool {
 
 /// Redis answered call `token` (`reply`: the raw RESP, or why the call failed): the store caches
 /// the answer, then every request waiting for it is decided and resumed (or refused).
-#[cfg_attr(not(feature = "higress"), allow(dead_code))] // no replies without Redis calls
-fn answered(state: &State, store: &store::Store, token: u32, reply: Result<Vec<u8>, String>) {
+fn answered(state: &State, store: &store::Store, token: u32, reply: Answer) {
     let Some((digest, found, contexts)) = store.answered(token, reply) else {
         return;
     };

@@ -3,13 +3,14 @@
 //! call), and the requests that wait for a reply parked until it comes.
 //!
 //! What is decided is pure ([`crate::cache`], [`crate::auth`]); this file moves bytes between
-//! them and the host. The shell decides and resumes the waiting requests when their answer
+//! them and the host, Redis's through the shared client (`host::redis_client`). The shell decides and resumes the waiting requests when their answer
 //! comes: this file hands it the answer and their parked headers, and needs nothing of it.
 
 use crate::auth::{Found, KeyLookup};
 use crate::cache::{self, Cached, Slot, Ttl};
 use crate::config::KeyStoreConfig;
-use llm_gateway_shared::host::{self, LogLevel, Metric};
+use llm_gateway_shared::host::{self, redis_client, LogLevel, Metric};
+use llm_gateway_shared::redis::Answer;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
@@ -46,6 +47,18 @@ impl Store {
             hits: counter("llm_gateway.key_auth.cache.hit"),
             lookups: counter("llm_gateway.key_auth.redis.lookup"),
             errors: counter("llm_gateway.key_auth.redis.error"),
+        }
+    }
+
+    /// Connects Redis; every answer goes to `on_reply(token, reply)`. `false` (logged) refuses
+    /// the configuration.
+    pub(super) fn connect(&self, on_reply: impl FnMut(u32, Answer) + 'static) -> bool {
+        match redis_client::connect([&self.config.redis], on_reply) {
+            Ok(()) => true,
+            Err(why) => {
+                log(LogLevel::Error, &why);
+                false
+            }
         }
     }
 
@@ -92,9 +105,8 @@ impl Store {
             return Err(headers);
         }
         let key = self.config.redis_key(&digest);
-        let query =
-            llm_gateway_shared::resp::encode_command(&[b"HGETALL".as_slice(), key.as_bytes()]);
-        match redis_call(&self.config.service, &query) {
+        let command = [b"HGETALL".as_slice(), key.as_bytes()];
+        match redis_client::send(&self.config.redis, &command) {
             Ok(token) => {
                 bump(self.lookups);
                 self.calls.borrow_mut().insert(token, digest);
@@ -117,11 +129,10 @@ impl Store {
     /// Redis answered call `token` (`reply`: the raw RESP, or why the call failed): caches the
     /// answer and gives it back with the requests that wait for it (their headers stay parked
     /// until [`Store::unpark`]); `None` for a call this store did not send.
-    #[cfg_attr(not(feature = "higress"), allow(dead_code))] // no replies without Redis calls
     pub(super) fn answered(
         &self,
         token: u32,
-        reply: Result<Vec<u8>, String>,
+        reply: Answer,
     ) -> Option<([u8; 32], Found, Vec<u32>)> {
         let digest = self.calls.borrow_mut().remove(&token)?;
         let contexts = self
@@ -129,8 +140,8 @@ impl Store {
             .borrow_mut()
             .remove(&digest)
             .unwrap_or_default();
-        let (found, line) =
-            cache::found_from_reply(&digest, reply.as_deref().map_err(String::as_str));
+        let reply = reply.as_deref().map_err(|failure| failure.why.as_str());
+        let (found, line) = cache::found_from_reply(&digest, reply);
         if let Some(line) = line {
             log(LogLevel::Warn, &line);
         }
@@ -143,13 +154,11 @@ impl Store {
     }
 
     /// The headers of request `ctx`, which waited for Redis; `None` if it went away.
-    #[cfg_attr(not(feature = "higress"), allow(dead_code))]
     pub(super) fn unpark(&self, ctx: u32) -> Option<Headers> {
         self.parked.borrow_mut().remove(&ctx)
     }
 
     /// Writes what Redis said about `digest` into its bucket.
-    #[cfg_attr(not(feature = "higress"), allow(dead_code))]
     fn remember(&self, digest: &[u8; 32], value: Cached) {
         let now = now_ms();
         let slot = Slot {
@@ -214,54 +223,4 @@ fn log(level: LogLevel, message: &str) {
 
 fn now_ms() -> u64 {
     host::time_nanos() / 1_000_000
-}
-
-#[cfg(feature = "higress")]
-fn redis_call(service: &str, query: &[u8]) -> host::HostResult<u32> {
-    host::redis::redis_call(service, query)
-}
-
-#[cfg(not(feature = "higress"))]
-fn redis_call(_service: &str, _query: &[u8]) -> host::HostResult<u32> {
-    Err(host::HostError::Unimplemented)
-}
-
-impl Store {
-    /// Connects Redis; every answer goes to `on_reply(token, reply)`. `false` (logged) refuses
-    /// the configuration.
-    #[cfg(feature = "higress")]
-    pub(super) fn connect(
-        &self,
-        mut on_reply: impl FnMut(u32, Result<Vec<u8>, String>) + 'static,
-    ) -> bool {
-        use host::redis::{connect, on_redis_call_response};
-        let config = &self.config;
-        let connected = connect(
-            &config.service,
-            config.username.as_deref(),
-            config.password.as_deref(),
-            config.timeout_ms,
-        );
-        if let Err(why) = connected {
-            log(LogLevel::Error, &why);
-            return false;
-        }
-        on_redis_call_response(move |response| {
-            let reply = response.reply();
-            on_reply(response.token, reply);
-        });
-        true
-    }
-
-    #[cfg(not(feature = "higress"))]
-    pub(super) fn connect(
-        &self,
-        _on_reply: impl FnMut(u32, Result<Vec<u8>, String>) + 'static,
-    ) -> bool {
-        log(
-            LogLevel::Error,
-            "this build has no Redis calls: use the Higress build",
-        );
-        false
-    }
 }

@@ -120,14 +120,8 @@ pub struct Head {
     pub framed: bool,
 }
 
-/// Why a Redis call got no reply.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Unanswered {
-    /// What happened (logged; never holds a key).
-    pub why: String,
-    /// webdis refused the command (its ACL): counted apart.
-    pub forbidden: bool,
-}
+/// Why a Redis call got no reply (the shared client's failure, whichever transport).
+pub use llm_gateway_shared::redis::Unanswered;
 
 /// One event, with the host data it needs.
 // moved once into `handle`, never stored: boxing the headers would only add an allocation

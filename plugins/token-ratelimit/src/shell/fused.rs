@@ -25,7 +25,7 @@ impl Fused {
         };
         Some(Fused(Rc::new(State {
             core: RefCell::new(Core::new(rules, nonce, false)),
-            http: None,
+            redis: None,
             metrics: RefCell::default(),
             effective: Cell::new(None),
         })))

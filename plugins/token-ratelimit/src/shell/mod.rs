@@ -3,15 +3,17 @@
 //!
 //! The Envoy filter needs `allow_on_headers_stop_iteration: true` (headers are held until
 //! the end of the body). Redis commands travel by Higress's Redis calls or over HTTP to
-//! webdis: only [`transport`] knows which.
+//! webdis: only the shared client (`host::redis_client`) knows which.
 
 use crate::budget::{self, Identity};
 use crate::config::{parse_document, Config};
 use crate::core::{Command, Core, Env, Head, Input};
 use llm_gateway_shared::chain::{self, Direction, Step};
 use llm_gateway_shared::headers;
-use llm_gateway_shared::host::webdis::HttpRedis;
-use llm_gateway_shared::host::{self, Buffer, HeaderMap, HostError, HostResult, LogLevel, Metric};
+use llm_gateway_shared::host::{
+    self, redis_client, Buffer, HeaderMap, HostError, HostResult, LogLevel, Metric,
+};
+use llm_gateway_shared::redis::{RedisConfig, TransportName};
 use llm_gateway_shared::reentry::is_superseded;
 use llm_gateway_shared::reject::Reject;
 use llm_gateway_shared::route_info::{
@@ -23,8 +25,6 @@ use proxy_wasm::types::{Action, ContextType};
 use std::borrow::Cow;
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
-
-mod transport;
 
 const PLUGIN: &str = "token_ratelimit";
 const METRIC_PREFIX: &str = "llm_gateway.ratelimit.";
@@ -53,8 +53,8 @@ fn now_ms() -> u64 {
 /// The core of one VM and what executing its commands needs.
 struct State {
     core: RefCell<Core>,
-    /// The webdis cluster, when Redis is reached over HTTP.
-    http: Option<HttpRedis>,
+    /// The VM's Redis (the first scope's `redis`), connected at configure.
+    redis: Option<RedisConfig>,
     metrics: RefCell<crate::fxhash::FxHashMap<Cow<'static, str>, Option<Metric>>>,
     /// The context the host currently acts on (`None`: the root's own).
     effective: Cell<Option<u32>>,
@@ -214,8 +214,13 @@ impl Env for State {
         host::set_shared_data(key, value, cas)
     }
 
-    fn send_redis(&self, service: &str, args: &[Cow<'_, [u8]>]) -> Result<u32, HostError> {
-        transport::send(self.http.as_ref(), service, args)
+    /// Sends to the VM's Redis, the one connected at configure (the first scope's `redis`):
+    /// `service` names it unless a rule has a `redis` of its own, which gets no connection.
+    fn send_redis(&self, _service: &str, args: &[Cow<'_, [u8]>]) -> Result<u32, HostError> {
+        match &self.redis {
+            Some(redis) => redis_client::send(redis, args),
+            None => Err(HostError::Unimplemented),
+        }
     }
 
     fn route_info(&self, ctx: u32) -> Option<RoutePrices> {
@@ -277,7 +282,8 @@ struct Root {
 impl Context for Root {
     fn on_http_call_response(&mut self, token: u32, _: usize, body_size: usize, _: usize) {
         if let Some(state) = &self.state {
-            state.run_in(None, None, transport::http_reply(token, body_size));
+            let reply = redis_client::http_reply(body_size);
+            state.run_in(None, None, Input::Reply { token, reply });
         }
     }
 }
@@ -296,19 +302,22 @@ impl RootContext for Root {
             use std::hash::BuildHasher;
             std::collections::hash_map::RandomState::new().hash_one(host::time_nanos())
         };
-        let http = transport::http_redis(redis.as_ref());
+        let http = redis
+            .as_ref()
+            .is_some_and(|r| r.transport.name() == TransportName::Http);
         let state = Rc::new(State {
-            core: RefCell::new(Core::new(rules, nonce, http.is_some())),
-            http,
+            core: RefCell::new(Core::new(rules, nonce, http)),
+            redis,
             metrics: RefCell::default(),
             effective: Cell::new(None),
         });
-        if let Some(redis) = redis {
+        if let Some(redis) = &state.redis {
             let for_replies = Rc::clone(&state);
-            let on_reply = move |input| {
-                for_replies.run(None, input);
+            let on_reply = move |token, reply| {
+                for_replies.run(None, Input::Reply { token, reply });
             };
-            if !transport::connect(&redis, on_reply) {
+            if let Err(why) = redis_client::connect([redis], on_reply) {
+                log(LogLevel::Error, &why);
                 return false;
             }
             if let Err(err) = host::set_tick_period_ms(period) {
@@ -352,7 +361,8 @@ struct Limiter {
 impl Context for Limiter {
     fn on_http_call_response(&mut self, token: u32, _: usize, body_size: usize, _: usize) {
         if let Some(state) = &self.state {
-            state.run_in(Some(self.id), None, transport::http_reply(token, body_size));
+            let reply = redis_client::http_reply(body_size);
+            state.run_in(Some(self.id), None, Input::Reply { token, reply });
         }
     }
 

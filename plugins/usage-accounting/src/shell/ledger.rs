@@ -1,6 +1,6 @@
 //! The Redis stream ledger: one `XADD … MAXLEN ~` per record, fire and forget (nothing waits
 //! for the reply; a failure is counted and logged). Through Higress's Redis calls (Higress
-//! build) or over HTTP to webdis.
+//! build) or over HTTP to webdis, by the shared client (`host::redis_client`).
 //!
 //! Over HTTP the SDK hands a call's answer to the context that made the call and drops it if
 //! that context has finished, which a request usually has by the time webdis answers (the
@@ -11,9 +11,9 @@
 //! from the request as before.
 
 use crate::config::UsageConfig;
-use crate::ledger::{xadd_args, LedgerConfig, LedgerTransport};
-use llm_gateway_shared::host::webdis::{self, HttpRedis};
-use llm_gateway_shared::host::{self, LogLevel, Metric};
+use crate::ledger::{xadd_args, LedgerConfig};
+use llm_gateway_shared::host::{self, redis_client, LogLevel, Metric};
+use llm_gateway_shared::redis::{Answer, TransportName};
 use llm_gateway_shared::resp::{self, Limits};
 use llm_gateway_shared::rules::RuleSet;
 use std::hash::{Hash, Hasher};
@@ -30,7 +30,7 @@ pub(super) fn register_queue(rules: &RuleSet<Rc<UsageConfig>>) -> Option<u32> {
     let http = rules.configs().any(|c| {
         c.ledger
             .as_ref()
-            .is_some_and(|l| matches!(l.transport, LedgerTransport::Http { .. }))
+            .is_some_and(|l| l.transport.name() == TransportName::Http)
     });
     if !http {
         return None;
@@ -60,7 +60,7 @@ pub(super) fn submit(
     queue: Option<u32>,
     errors: Option<Metric>,
 ) {
-    if let (LedgerTransport::Http { .. }, Some(queue)) = (&ledger.transport, queue) {
+    if let (TransportName::Http, Some(queue)) = (ledger.transport.name(), queue) {
         let scope = rules
             .configs()
             .position(|c| std::ptr::eq(c.as_ref(), config));
@@ -104,59 +104,27 @@ pub(super) fn drain_queue(queue: u32, rules: &RuleSet<Rc<UsageConfig>>, errors: 
 }
 
 /// Connects every distinct Higress ledger service of the configuration (once per VM) and
-/// registers the reply handler. False if the host refuses a service.
+/// registers the reply handler. False (logged) if the host refuses a service.
 pub(super) fn init(rules: &RuleSet<Rc<UsageConfig>>, errors: Option<Metric>) -> bool {
-    let higress: Vec<&LedgerConfig> = rules
-        .configs()
-        .filter_map(|c| c.ledger.as_ref())
-        .filter(|l| l.transport == LedgerTransport::Higress)
-        .collect();
-    if higress.is_empty() {
-        return true;
-    }
-    init_higress(&higress, errors)
-}
-
-#[cfg(feature = "higress")]
-fn init_higress(configs: &[&LedgerConfig], errors: Option<Metric>) -> bool {
-    use llm_gateway_shared::host::redis::{connect, on_redis_call_response};
-    let mut done: Vec<&str> = Vec::new();
-    for config in configs {
-        if done.contains(&config.service.as_str()) {
-            continue;
-        }
-        done.push(&config.service);
-        let connected = connect(
-            &config.service,
-            config.username.as_deref(),
-            config.password.as_deref(),
-            config.timeout_ms,
-        );
-        if let Err(why) = connected {
-            host::log(LogLevel::Error, &format!("usage-accounting: ledger: {why}"));
-            return false;
-        }
-    }
-    on_redis_call_response(move |response| {
-        let reply = response.reply();
+    let ledgers = rules.configs().filter_map(|c| c.ledger.as_ref());
+    let connected = redis_client::connect(ledgers.map(|l| &l.redis), move |_token, reply| {
         check(reply, errors);
     });
+    if let Err(why) = connected {
+        host::log(LogLevel::Error, &format!("usage-accounting: ledger: {why}"));
+        return false;
+    }
     true
 }
 
-#[cfg(not(feature = "higress"))]
-fn init_higress(_configs: &[&LedgerConfig], _errors: Option<Metric>) -> bool {
-    false // refused by the config parser already
-}
-
 /// Counts and logs a failed append (an error reply included).
-fn check(reply: Result<Vec<u8>, String>, errors: Option<Metric>) {
+fn check(reply: Answer, errors: Option<Metric>) {
     let failed = match reply {
         Ok(reply) => match resp::decode(&reply, &Limits::default()) {
             Ok(reply) => reply.error().map(str::to_owned),
             Err(err) => Some(err.to_string()),
         },
-        Err(why) => Some(why),
+        Err(failure) => Some(failure.why),
     };
     if let Some(why) = failed {
         if let Some(metric) = errors {
@@ -171,24 +139,13 @@ fn check(reply: Result<Vec<u8>, String>, errors: Option<Metric>) {
 
 /// A webdis answer to an append.
 pub(super) fn http_reply(body_size: usize, errors: Option<Metric>) {
-    check(webdis::reply(body_size).map_err(|e| e.to_string()), errors);
+    check(redis_client::http_reply(body_size), errors);
 }
 
 /// Sends the `XADD` of one record.
 pub(super) fn append(config: &LedgerConfig, record_json: &str, errors: Option<Metric>) {
     let args = xadd_args(config, record_json);
-    let sent = match &config.transport {
-        LedgerTransport::Http { authorization } => {
-            let to = HttpRedis {
-                cluster: config.service.clone(),
-                authorization: authorization.clone(),
-                timeout_ms: config.timeout_ms,
-            };
-            webdis::send(&to, &args).map(|_| ())
-        }
-        LedgerTransport::Higress => send_higress(&config.service, &resp::encode_command(&args)),
-    };
-    if let Err(err) = sent {
+    if let Err(err) = redis_client::send(&config.redis, &args) {
         if let Some(metric) = errors {
             let _ = metric.increment(1);
         }
@@ -197,14 +154,4 @@ pub(super) fn append(config: &LedgerConfig, record_json: &str, errors: Option<Me
             &format!("usage-accounting: ledger append not sent: {err}"),
         );
     }
-}
-
-#[cfg(feature = "higress")]
-fn send_higress(service: &str, query: &[u8]) -> Result<(), host::HostError> {
-    llm_gateway_shared::host::redis::redis_call(service, query).map(|_| ())
-}
-
-#[cfg(not(feature = "higress"))]
-fn send_higress(_service: &str, _query: &[u8]) -> Result<(), host::HostError> {
-    Err(host::HostError::Unimplemented)
 }
