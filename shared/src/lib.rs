@@ -42,6 +42,7 @@ pub mod resp;
 pub mod route_info;
 pub mod rules;
 pub mod sse;
+pub mod stage;
 pub mod tokens;
 pub mod usage;
 pub mod usage_record;

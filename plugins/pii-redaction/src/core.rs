@@ -1,12 +1,13 @@
 //! The stage core: what pii-redaction does with one request, without a host (sans-I/O, in
 //! quinn-proto's shape).
 //!
-//! The shell (or any driver that runs the stage, such as a module fusing the chain) copies
-//! what the host says into an [`Input`] and hands it to [`Exchange::handle`], which answers
-//! whether the callback continues or pauses; then it takes the [`Command`]s from
-//! [`Exchange::poll`] in order and carries them out. A command whose failure changes the
-//! outcome (removing a header before the body is rewritten, replacing the body) is reported
-//! back as [`Input::Failed`]: the request is then refused, never forwarded unredacted.
+//! It speaks the one stage protocol ([`llm_gateway_shared::stage`]): the driver copies what
+//! the host says into an [`Input`] and hands it to [`Exchange::handle`], which answers whether
+//! the callback continues or pauses; then the one driver (`host::stage::carry`, the same for
+//! the plugin's own filter and its stage of the fused filter) carries out the [`Command`]s
+//! [`Exchange`] yields, in order. A command whose failure changes the outcome (removing a
+//! header before the body is rewritten, replacing the body) comes back through
+//! [`stage::Core::failed`]: the request is then refused, never forwarded unredacted.
 //!
 //! The per-worker state ([`Worker`]: the maps of superseded passes waiting for their
 //! re-entering pass) is passed in; the clock is an argument.
@@ -18,6 +19,7 @@ use crate::response::{redact_output_body, restore_body, SseRestorer};
 use llm_gateway_shared::reentry::{Pass, Stash};
 use llm_gateway_shared::reject::{ErrorType, Reject};
 use llm_gateway_shared::request::{Api, RequestHead};
+use llm_gateway_shared::stage::{self, Effect, Map};
 use std::collections::{HashMap, VecDeque};
 use std::rc::Rc;
 
@@ -28,16 +30,7 @@ pub struct Worker {
     stash: Stash<Carried>,
 }
 
-/// Whether the host callback goes on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Flow {
-    /// Let the data (or headers) go on.
-    Continue,
-    /// Hold: the host buffers the body, or the headers wait for it.
-    Pause,
-    /// A local reply was asked for ([`Command::Refuse`]); the request goes no further.
-    Refused,
-}
+pub use llm_gateway_shared::stage::Flow;
 
 /// One event of the request, with the host's data copied in.
 #[derive(Debug)]
@@ -76,13 +69,6 @@ pub enum Input<'a> {
     /// The request is over; `superseded`: an internal redirect replaced this pass (its map
     /// waits for the re-entering pass).
     Log { superseded: bool },
-    /// A command could not be carried out.
-    Failed {
-        /// The command.
-        command: Command,
-        /// The host's reason (no value of the request in it).
-        error: String,
-    },
 }
 
 impl Input<'_> {
@@ -190,6 +176,12 @@ pub enum Refusal {
     },
 }
 
+impl stage::Refusal for Refusal {
+    fn reject(&self) -> Reject {
+        Refusal::reject(self)
+    }
+}
+
 impl Refusal {
     /// The local reply.
     pub fn reject(&self) -> Reject {
@@ -218,38 +210,11 @@ impl Refusal {
     }
 }
 
-/// What the host is asked to do.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Command {
-    /// Remove a request header (its failure refuses the request).
-    RemoveRequestHeader(&'static str),
-    /// Replace the buffered request body of `size` bytes; `frame`: the headers were held and
-    /// carry a `content-length`, which becomes the new length (otherwise the body is chunked
-    /// or the length was removed already).
-    ReplaceRequestBody {
-        /// Bytes buffered now.
-        size: usize,
-        /// The new body.
-        body: Vec<u8>,
-        /// Set `content-length` to the new length.
-        frame: bool,
-    },
-    /// Remove a response header (its failure turns restoring off).
-    RemoveResponseHeader(&'static str),
-    /// Replace this callback's response data (`size` bytes) with `body`.
-    ReplaceResponseBody {
-        /// Bytes of this callback's data.
-        size: usize,
-        /// The new data.
-        body: Vec<u8>,
-    },
-    /// Send the local reply and stop the request.
-    Refuse(Refusal),
-    /// Add to a counter.
-    Count(Counter, u64),
-    /// Write a log line (rule names and counts, never a value).
-    Log(Level, String),
-}
+/// What the core asks of the host: the one stage protocol's effects
+/// ([`llm_gateway_shared::stage`]) with this plugin's counters and refusals. A failed header
+/// removal before the body is rewritten, or a failed body replacement, refuses the request; a
+/// failed response edit turns restoring off.
+pub type Command = Effect<Counter, Refusal>;
 
 /// How the response is restored.
 enum Response {
@@ -298,6 +263,19 @@ impl Default for Exchange {
             forwarded: None,
             commands: VecDeque::new(),
         }
+    }
+}
+
+impl stage::Core for Exchange {
+    type Metric = Counter;
+    type Refusal = Refusal;
+
+    fn poll(&mut self) -> Option<Command> {
+        Exchange::poll(self)
+    }
+
+    fn failed(&mut self, command: Command, error: String) -> Flow {
+        Exchange::failed(self, command, error)
     }
 }
 
@@ -382,7 +360,6 @@ impl Exchange {
                 self.log(worker, now_ms, superseded);
                 Flow::Continue
             }
-            Input::Failed { command, error } => self.failed(command, error),
         }
     }
 
@@ -444,12 +421,12 @@ impl Exchange {
                 .iter()
                 .any(|r| r.action == Action::Mask { restore: true });
         if restores && head.has("accept-encoding") {
-            self.push(Command::RemoveRequestHeader("accept-encoding"));
+            self.push(Command::RemoveHeader(Map::Request, "accept-encoding"));
         }
         // The body may be rewritten. Held headers get the new length later; headers that go
         // on now must not announce the old one.
         if !config.hold_headers {
-            self.push(Command::RemoveRequestHeader("content-length"));
+            self.push(Command::RemoveHeader(Map::Request, "content-length"));
         }
         self.scan = true;
         if config.hold_headers {
@@ -590,7 +567,7 @@ impl Exchange {
         } else {
             return Flow::Continue;
         };
-        self.push(Command::RemoveResponseHeader("content-length"));
+        self.push(Command::RemoveHeader(Map::Response, "content-length"));
         Flow::Continue
     }
 
@@ -681,7 +658,7 @@ impl Exchange {
 
     fn failed(&mut self, command: Command, error: String) -> Flow {
         match command {
-            Command::RemoveRequestHeader(name) => {
+            Command::RemoveHeader(Map::Request, name) => {
                 self.scan = false;
                 self.commands.clear();
                 self.push(Command::Log(
@@ -699,7 +676,7 @@ impl Exchange {
                 ));
                 self.refuse(Refusal::CannotRedact)
             }
-            Command::RemoveResponseHeader(name) => {
+            Command::RemoveHeader(Map::Response, name) => {
                 self.push(Command::Log(
                     Level::Warn,
                     format!("pii-redaction: cannot remove {name}, not restoring: {error}"),
@@ -831,13 +808,22 @@ mod tests {
         assert_eq!(flow, Flow::Continue);
         assert!(!exchange.scans_request_body(), "scanned once");
         // restoring needs an uncompressed answer; the body's length changes
-        assert_eq!(commands[0], Command::RemoveRequestHeader("accept-encoding"));
-        assert_eq!(commands[1], Command::RemoveRequestHeader("content-length"));
+        assert_eq!(
+            commands[0],
+            Command::RemoveHeader(Map::Request, "accept-encoding")
+        );
+        assert_eq!(
+            commands[1],
+            Command::RemoveHeader(Map::Request, "content-length")
+        );
         // a request that asks for no encoding has none to remove
         let (mut worker, mut exchange) = (Worker::default(), Exchange::default());
         let (_, commands) = request(&mut worker, &mut exchange, EMAIL_RULES, &chat_head(), BODY);
-        assert_eq!(commands[0], Command::RemoveRequestHeader("content-length"));
-        assert!(!commands.contains(&Command::RemoveRequestHeader("accept-encoding")));
+        assert_eq!(
+            commands[0],
+            Command::RemoveHeader(Map::Request, "content-length")
+        );
+        assert!(!commands.contains(&Command::RemoveHeader(Map::Request, "accept-encoding")));
         assert!(commands.contains(&Command::Count(Counter::Matches("EMAIL".into()), 1)));
         assert!(commands.contains(&Command::Count(Counter::Redacted, 1)));
         let (body, frame) = replaced_body(&commands).unwrap();
@@ -873,7 +859,7 @@ mod tests {
         assert_eq!(flow, Flow::Pause);
         assert!(exchange.scans_request_body());
         let commands = drain(&mut exchange);
-        assert!(!commands.contains(&Command::RemoveRequestHeader("content-length")));
+        assert!(!commands.contains(&Command::RemoveHeader(Map::Request, "content-length")));
         // a partial body is buffered, not read
         assert!(!exchange.wants_request_body(10, false));
         let partial = Input::RequestBody {
@@ -1070,14 +1056,13 @@ mod tests {
         };
         exchange.handle(&mut worker, 0, input);
         let first = exchange.poll().unwrap();
-        let failed = Input::Failed {
-            command: first,
-            error: "bad argument".into(),
-        };
-        assert_eq!(exchange.handle(&mut worker, 0, failed), Flow::Refused);
+        assert_eq!(
+            stage::Core::failed(&mut exchange, first, "bad argument".into()),
+            Flow::Refused
+        );
         let commands = drain(&mut exchange);
         // the rest of the queue is dropped: nothing else happens to this request
-        assert!(!commands.contains(&Command::RemoveRequestHeader("content-length")));
+        assert!(!commands.contains(&Command::RemoveHeader(Map::Request, "content-length")));
         assert_eq!(refusal(&commands), Some(Refusal::CannotPrepare));
         assert!(!exchange.wants_request_body(BODY.len(), true));
 
@@ -1087,11 +1072,10 @@ mod tests {
             .into_iter()
             .find(|c| matches!(c, Command::ReplaceRequestBody { .. }))
             .unwrap();
-        let failed = Input::Failed {
-            command: replace,
-            error: "bad argument".into(),
-        };
-        assert_eq!(exchange.handle(&mut worker, 0, failed), Flow::Refused);
+        assert_eq!(
+            stage::Core::failed(&mut exchange, replace, "bad argument".into()),
+            Flow::Refused
+        );
         let reject = refusal(&drain(&mut exchange)).unwrap().reject();
         assert_eq!(reject.status, 500);
     }
@@ -1124,7 +1108,7 @@ mod tests {
         response_headers(&mut exchange, &mut worker, "application/json", None);
         assert_eq!(
             drain(&mut exchange),
-            vec![Command::RemoveResponseHeader("content-length")]
+            vec![Command::RemoveHeader(Map::Response, "content-length")]
         );
         assert!(!exchange.wants_response_body(false));
         assert!(exchange.restores_whole_response());
@@ -1187,11 +1171,10 @@ mod tests {
         exchange.handle(&mut worker, 0, last);
         let replace = exchange.poll().unwrap();
         assert!(matches!(replace, Command::ReplaceResponseBody { .. }));
-        let failed = Input::Failed {
-            command: replace,
-            error: "bad argument".into(),
-        };
-        assert_eq!(exchange.handle(&mut worker, 0, failed), Flow::Continue);
+        assert_eq!(
+            stage::Core::failed(&mut exchange, replace, "bad argument".into()),
+            Flow::Continue
+        );
         assert!(!drain(&mut exchange).contains(&Command::Count(Counter::Restored, 1)));
     }
 
@@ -1220,11 +1203,10 @@ mod tests {
         request(&mut worker, &mut exchange, EMAIL_RULES, &chat_head(), BODY);
         response_headers(&mut exchange, &mut worker, "application/json", None);
         let remove = exchange.poll().unwrap();
-        let failed = Input::Failed {
-            command: remove,
-            error: "bad argument".into(),
-        };
-        assert_eq!(exchange.handle(&mut worker, 0, failed), Flow::Continue);
+        assert_eq!(
+            stage::Core::failed(&mut exchange, remove, "bad argument".into()),
+            Flow::Continue
+        );
         assert!(!exchange.wants_response_body(true));
     }
 

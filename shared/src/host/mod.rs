@@ -13,6 +13,7 @@ mod abi;
 #[cfg(feature = "redis")]
 pub mod redis;
 pub mod redis_client;
+pub mod stage;
 
 use crate::config::ConfigError;
 use crate::reject::Reject;

@@ -9,9 +9,9 @@
 //! value.
 
 use crate::config::{parse_document, PiiConfig};
-use crate::core::{counters, Command, Counter, Exchange, Flow, Input, Worker};
+use crate::core::{counters, Counter, Exchange, Flow, Input, Worker};
 use llm_gateway_shared::chain::{self, Direction, Step};
-use llm_gateway_shared::host::{self, Buffer, HeaderMap, HostResult, LogLevel, Metric, Sink};
+use llm_gateway_shared::host::{self, stage, Buffer, HeaderMap, LogLevel, Metric, Sink};
 use llm_gateway_shared::reentry::is_superseded;
 use llm_gateway_shared::request::RequestHead;
 use llm_gateway_shared::rules::RuleSet;
@@ -108,70 +108,29 @@ struct Request {
 
 impl Context for Request {}
 
-/// Hands `input` to the core and carries out its commands; the core's flow.
+/// Hands `input` to the core, then the one driver carries out its commands; the flow.
 fn drive(
     state: Option<&State>,
     exchange: &mut Exchange,
     input: Input<'_>,
     target: &mut Sink<'_>,
 ) -> Flow {
-    let mut fallback = Worker::default();
     // only the request headers and the log read the clock (the stash's expiry): the other
     // callbacks, one per streamed event, save the host call
     let now = if input.reads_clock() {
-        millis(target.now_nanos())
+        target.now_nanos() / 1_000_000
     } else {
         0
     };
-    let mut flow = match state {
+    let flow = match state {
         Some(state) => exchange.handle(&mut state.worker.borrow_mut(), now, input),
-        None => exchange.handle(&mut fallback, now, input),
+        None => exchange.handle(&mut Worker::default(), now, input),
     };
-    while let Some(command) = exchange.poll() {
-        if let Err(err) = execute(state, &command, target) {
-            let failed = Input::Failed {
-                command,
-                error: err.to_string(),
-            };
-            let after = match state {
-                Some(state) => exchange.handle(
-                    &mut state.worker.borrow_mut(),
-                    millis(target.now_nanos()),
-                    failed,
-                ),
-                None => exchange.handle(&mut fallback, millis(target.now_nanos()), failed),
-            };
-            if after != Flow::Continue {
-                flow = after;
-            }
+    stage::carry(exchange, flow, target, PLUGIN, |counter, delta| {
+        if let Some(state) = state {
+            state.metrics.count(counter, delta);
         }
-    }
-    flow
-}
-
-fn execute(state: Option<&State>, command: &Command, target: &mut Sink<'_>) -> HostResult<()> {
-    match command {
-        Command::RemoveRequestHeader(name) => target.remove_header(HeaderMap::RequestHeaders, name),
-        // held headers get the new length; otherwise `content-length` is gone already
-        Command::ReplaceRequestBody { size, body, frame } => {
-            target.replace_request_body(*size, body, *frame)
-        }
-        Command::RemoveResponseHeader(name) => {
-            target.remove_header(HeaderMap::ResponseHeaders, name)
-        }
-        Command::ReplaceResponseBody { size, body } => target.replace_response_body(*size, body),
-        Command::Refuse(refusal) => host::send_reject(PLUGIN, &refusal.reject()),
-        Command::Count(counter, delta) => {
-            if let Some(state) = state {
-                state.metrics.count(counter, *delta);
-            }
-            Ok(())
-        }
-        Command::Log(level, line) => {
-            host::log(*level, line);
-            Ok(())
-        }
-    }
+    })
 }
 
 impl Request {
@@ -288,11 +247,6 @@ impl HttpContext for Request {
             superseded: is_superseded(details.as_deref()),
         });
     }
-}
-
-/// The clock in milliseconds (0 if the host could not say).
-fn millis(nanos: u64) -> u64 {
-    nanos / 1_000_000
 }
 
 mod fused;
