@@ -5,11 +5,14 @@
 //! carries out in order. An effect the host refuses goes back to the core ([`Core::failed`]),
 //! which decides what that means for the request.
 //!
-//! `M` names a core's metrics (the driver hands them to the plugin's metric table) and `R` its
-//! refusals, each of which says its HTTP response ([`Refusal::reject`]: the one mapping).
+//! `M` names a core's metrics (the driver hands them to the plugin's metric table), `R` its
+//! refusals, each of which says its HTTP response ([`Refusal::reject`]: the one mapping), and
+//! `P` what only that plugin asks of the host (usage-accounting's publication of a record),
+//! which the driver hands to the plugin.
 
 use crate::level::Level;
 use crate::reject::Reject;
+use std::convert::Infallible;
 
 /// What the host callback does next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,9 +48,11 @@ impl Refusal for Reject {
 
 /// One thing a core asks of the host, in the order it must happen.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Effect<M, R = Reject> {
+pub enum Effect<M, R = Reject, P = Infallible> {
     /// Remove a header (every value of it).
     RemoveHeader(Map, &'static str),
+    /// Set a header (held headers only).
+    SetHeader(Map, String, String),
     /// Replace the buffered request body of `size` bytes; `frame`: the headers were held and
     /// carry a `content-length`, which becomes the new length (otherwise the body is chunked
     /// or the length was removed already).
@@ -72,6 +77,8 @@ pub enum Effect<M, R = Reject> {
     Count(M, u64),
     /// Write a log line (names and counts, never a key, a prompt or a personal value).
     Log(Level, String),
+    /// What only this plugin asks of the host.
+    Own(P),
 }
 
 /// A core the driver runs: it yields effects and hears of those the host refused.
@@ -80,9 +87,15 @@ pub trait Core {
     type Metric;
     /// Its refusals.
     type Refusal: Refusal;
+    /// Its own effects.
+    type Own;
     /// The next effect to carry out, if any.
-    fn poll(&mut self) -> Option<Effect<Self::Metric, Self::Refusal>>;
+    fn poll(&mut self) -> Option<Effect<Self::Metric, Self::Refusal, Self::Own>>;
     /// The host could not carry `effect` out (`error` says why, for the log); the flow the
     /// request takes now (effects the core queues in answer come from [`Core::poll`]).
-    fn failed(&mut self, effect: Effect<Self::Metric, Self::Refusal>, error: String) -> Flow;
+    fn failed(
+        &mut self,
+        effect: Effect<Self::Metric, Self::Refusal, Self::Own>,
+        error: String,
+    ) -> Flow;
 }

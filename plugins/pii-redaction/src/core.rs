@@ -269,6 +269,7 @@ impl Default for Exchange {
 impl stage::Core for Exchange {
     type Metric = Counter;
     type Refusal = Refusal;
+    type Own = std::convert::Infallible;
 
     fn poll(&mut self) -> Option<Command> {
         Exchange::poll(self)
@@ -701,7 +702,9 @@ impl Exchange {
                 ));
                 Flow::Refused
             }
-            Command::Count(..) | Command::Log(..) => Flow::Continue,
+            // pii-redaction sets no header
+            Command::SetHeader(..) | Command::Count(..) | Command::Log(..) => Flow::Continue,
+            Command::Own(never) => match never {},
         }
     }
 }

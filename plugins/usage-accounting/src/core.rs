@@ -1,11 +1,11 @@
 //! The stage core: what usage-accounting does with one request, without a host (sans-I/O, in
 //! quinn-proto's shape).
 //!
-//! The shell (or any driver that runs the stage, such as a module fusing the chain) copies
-//! what the host says into an [`Input`] and hands it to [`Stage::handle`], which answers
-//! whether the callback continues or pauses; then it takes the [`Command`]s from
-//! [`Stage::poll`] in order and carries them out, reporting a failure back as
-//! [`Input::Failed`]. Values that cost a host call and are needed only sometimes (the clock
+//! It speaks the one stage protocol ([`llm_gateway_shared::stage`]): the driver copies what
+//! the host says into an [`Input`] and hands it to [`Stage::handle`], which answers whether the
+//! callback continues or pauses; then the one driver (`host::stage::carry`) carries out the
+//! [`Command`]s [`Stage::poll`] yields, in order, and reports a failure back through
+//! [`stage::Core::failed`] (logged; the record stands). Values that cost a host call and are needed only sometimes (the clock
 //! on a stream's later chunks, the router's filter state, the host's request id) are read
 //! through [`Lookup`] when the core asks for them.
 //!
@@ -19,9 +19,12 @@ use crate::exchange::{may_be_superseded, present, Attribution, Carried, Exchange
 use crate::record::Record;
 use crate::stream::Forward;
 use llm_gateway_shared::reentry::{Pass, Stash};
+use llm_gateway_shared::reject::Reject;
 use llm_gateway_shared::request::RequestHead;
 use llm_gateway_shared::route_info::RouteInfo;
+use llm_gateway_shared::stage::{self, Effect, Map};
 use std::collections::VecDeque;
+use std::convert::Infallible;
 use std::rc::Rc;
 
 /// What one worker keeps across requests.
@@ -42,14 +45,8 @@ pub trait Lookup {
     fn host_request_id(&mut self) -> Option<String>;
 }
 
-/// Whether the host callback goes on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Flow {
-    /// Let the data (or headers) go on.
-    Continue,
-    /// Hold: the host buffers the body, or the headers wait for it.
-    Pause,
-}
+/// Whether the host callback goes on (usage-accounting never refuses: never `Refused`).
+pub use llm_gateway_shared::stage::Flow;
 
 /// One event of the request, with the host's data copied in.
 #[derive(Debug)]
@@ -91,58 +88,27 @@ pub enum Input<'a> {
     ResponseTrailers { body: Option<&'a [u8]> },
     /// The request is over; `superseded`: an internal redirect replaced this pass.
     Log { superseded: bool },
-    /// A command could not be carried out.
-    Failed {
-        /// The command.
-        command: Command,
-        /// The host's reason.
-        error: String,
-    },
 }
 
 pub use llm_gateway_shared::level::Level;
 
-/// What the host is asked to do.
+/// What the host is asked to do: the one stage protocol's effects
+/// ([`llm_gateway_shared::stage`]) and this plugin's own, [`Publish`]. usage-accounting refuses
+/// nothing and counts through the record's metrics.
+pub type Command = Effect<Infallible, Reject, Publish>;
+
+/// Publish the record: filter state `name` = `json` (the access log's and token-ratelimit's),
+/// then the log line if configured, the metrics and the ledger.
 #[derive(Debug, Clone)]
-pub enum Command {
-    /// Remove a request header.
-    RemoveRequestHeader(&'static str),
-    /// Replace the buffered request body of `size` bytes.
-    ReplaceRequestBody {
-        /// Bytes buffered now.
-        size: usize,
-        /// The new body.
-        body: Vec<u8>,
-        /// The headers are held and carry a `content-length`, which gets the new length
-        /// (otherwise the body is chunked, or the length was removed before the headers went
-        /// on).
-        frame: bool,
-    },
-    /// Remove a response header.
-    RemoveResponseHeader(&'static str),
-    /// Set a response header (the headers are held).
-    SetResponseHeader(String, String),
-    /// Replace this callback's response data (`size` bytes).
-    ReplaceResponseBody {
-        /// Bytes of this callback's data.
-        size: usize,
-        /// The new data.
-        body: Vec<u8>,
-    },
-    /// Publish the record: filter state `name` = `json` (the access log's and
-    /// token-ratelimit's), then the log line if configured, the metrics and the ledger.
-    Publish {
-        /// The record.
-        record: Box<Record>,
-        /// Its JSON.
-        json: String,
-        /// The configuration it was built with.
-        config: Rc<UsageConfig>,
-        /// The provider of the deployment that answered (the router's), for the metrics.
-        provider: Option<String>,
-    },
-    /// Write a log line (never a prompt or a key).
-    Log(Level, String),
+pub struct Publish {
+    /// The record.
+    pub record: Box<Record>,
+    /// Its JSON.
+    pub json: String,
+    /// The configuration it was built with.
+    pub config: Rc<UsageConfig>,
+    /// The provider of the deployment that answered (the router's), for the metrics.
+    pub provider: Option<String>,
 }
 
 struct Active {
@@ -174,6 +140,22 @@ pub struct Stage {
     /// may be superseded).
     ended: bool,
     commands: VecDeque<Command>,
+}
+
+impl stage::Core for Stage {
+    type Metric = Infallible;
+    type Refusal = Reject;
+    type Own = Publish;
+
+    fn poll(&mut self) -> Option<Command> {
+        Stage::poll(self)
+    }
+
+    /// A failed command is logged; the record stands.
+    fn failed(&mut self, command: Command, error: String) -> Flow {
+        Stage::failed(self, command, error);
+        Flow::Continue
+    }
 }
 
 impl Stage {
@@ -272,10 +254,6 @@ impl Stage {
                 }
                 Flow::Continue
             }
-            Input::Failed { command, error } => {
-                self.failed(command, error);
-                Flow::Continue
-            }
         }
     }
 
@@ -320,7 +298,7 @@ impl Stage {
         // The usage is read from the response: ask the provider for it uncompressed (Envoy's
         // compressor filter may compress it again for the client).
         if head.has("accept-encoding") {
-            self.push(Command::RemoveRequestHeader("accept-encoding"));
+            self.push(Command::RemoveHeader(Map::Request, "accept-encoding"));
         }
         let mut hold = false;
         if exchange.may_rewrite_body(&config) && !end_of_stream {
@@ -329,7 +307,7 @@ impl Stage {
             if config.hold_headers {
                 hold = true;
             } else {
-                self.push(Command::RemoveRequestHeader("content-length"));
+                self.push(Command::RemoveHeader(Map::Request, "content-length"));
             }
         }
         self.active = Some(Active {
@@ -401,7 +379,7 @@ impl Stage {
         match mode {
             ResponseMode::Stream if active.exchange.injected_include_usage() => {
                 // chunks may shrink (the hidden usage chunk)
-                self.push(Command::RemoveResponseHeader("content-length"));
+                self.push(Command::RemoveHeader(Map::Response, "content-length"));
                 Flow::Continue
             }
             ResponseMode::Buffer { hold_headers: true } if !end_of_stream => Flow::Pause,
@@ -451,7 +429,7 @@ impl Stage {
                 );
                 for (name, value) in added {
                     self.commands
-                        .push_back(Command::SetResponseHeader(name, value));
+                        .push_back(Command::SetHeader(Map::Response, name, value));
                 }
             }
             ResponseMode::Buffer {
@@ -494,7 +472,7 @@ impl Stage {
                 );
                 for (name, value) in added {
                     self.commands
-                        .push_back(Command::SetResponseHeader(name, value));
+                        .push_back(Command::SetHeader(Map::Response, name, value));
                 }
             }
             ResponseMode::Buffer {
@@ -550,39 +528,40 @@ impl Stage {
         let json = record.to_json();
         let config = Rc::clone(&active.config);
         let provider = route.and_then(|r| present(&r.provider)).map(str::to_string);
-        self.push(Command::Publish {
+        self.push(Command::Own(Publish {
             record: Box::new(record),
             json,
             config,
             provider,
-        });
+        }));
     }
 
     fn failed(&mut self, command: Command, error: String) {
         let line = match command {
-            Command::RemoveRequestHeader("accept-encoding") => {
+            Command::RemoveHeader(Map::Request, "accept-encoding") => {
                 // a compressed answer is estimated, not read
                 format!("usage-accounting: cannot remove accept-encoding: {error}")
             }
-            Command::RemoveRequestHeader(name) => {
+            Command::RemoveHeader(Map::Request, name) => {
                 format!("usage-accounting: cannot remove {name}: {error}")
             }
             Command::ReplaceRequestBody { .. } => {
                 format!("usage-accounting: cannot inject include_usage: {error}")
             }
-            Command::RemoveResponseHeader(name) => {
+            Command::RemoveHeader(Map::Response, name) => {
                 format!("usage-accounting: cannot remove the response's {name}: {error}")
             }
-            Command::SetResponseHeader(name, _) => {
+            Command::SetHeader(_, name, _) => {
                 format!("usage-accounting: cannot set the response header {name}: {error}")
             }
             Command::ReplaceResponseBody { .. } => {
                 format!("usage-accounting: cannot rewrite a stream chunk: {error}")
             }
-            Command::Publish { .. } => {
+            Command::Own(Publish { .. }) => {
                 format!("usage-accounting: cannot set filter state: {error}")
             }
-            Command::Log(..) => return,
+            Command::Log(..) | Command::Refuse(_) => return,
+            Command::Count(never, _) => match never {},
         };
         self.push(Command::Log(Level::Warn, line));
     }
@@ -661,7 +640,7 @@ mod tests {
         commands
             .iter()
             .filter_map(|c| match c {
-                Command::Publish { record, .. } => Some((**record).clone()),
+                Command::Own(Publish { record, .. }) => Some((**record).clone()),
                 _ => None,
             })
             .collect()
@@ -797,8 +776,8 @@ mod tests {
             matches!(
                 commands[..],
                 [
-                    Command::RemoveRequestHeader("accept-encoding"),
-                    Command::RemoveRequestHeader("content-length")
+                    Command::RemoveHeader(Map::Request, "accept-encoding"),
+                    Command::RemoveHeader(Map::Request, "content-length")
                 ]
             ),
             "{commands:?}"
@@ -836,7 +815,7 @@ mod tests {
         );
         assert!(matches!(
             drain(&mut stage)[..],
-            [Command::RemoveResponseHeader("content-length")]
+            [Command::RemoveHeader(Map::Response, "content-length")]
         ));
         fake.now = 1_250;
         let first = b"data: {\"model\":\"gpt-4o-mini\",\"choices\":[{\"delta\":{\"content\":\"Hel\"}}]}\n\n";
@@ -947,7 +926,7 @@ mod tests {
         assert_eq!(stage.handle(&mut worker, &mut fake, part), Flow::Pause);
         let answer = br#"{"model":"gpt-4o","choices":[],"usage":{"prompt_tokens":1000,"completion_tokens":100,"prompt_tokens_details":{"cached_tokens":600}}}"#;
         let commands = chunk(&mut stage, &mut worker, &mut fake, answer, true);
-        assert!(commands.iter().any(|c| matches!(c, Command::SetResponseHeader(n, v) if n == "x-llm-cost" && v == "0.0002436 USD")), "{commands:?}");
+        assert!(commands.iter().any(|c| matches!(c, Command::SetHeader(Map::Response, n, v) if n == "x-llm-cost" && v == "0.0002436 USD")), "{commands:?}");
         assert_eq!(published(&commands).len(), 1);
     }
 
@@ -1143,15 +1122,11 @@ mod tests {
         );
         let publish = commands
             .into_iter()
-            .find(|c| matches!(c, Command::Publish { .. }))
+            .find(|c| matches!(c, Command::Own(Publish { .. })))
             .unwrap();
-        stage.handle(
-            &mut worker,
-            &mut fake,
-            Input::Failed {
-                command: publish,
-                error: "bad argument".into(),
-            },
+        assert_eq!(
+            stage::Core::failed(&mut stage, publish, "bad argument".into()),
+            Flow::Continue
         );
         let commands = drain(&mut stage);
         assert!(

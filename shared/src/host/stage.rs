@@ -5,18 +5,27 @@
 use super::{log, send_reject, HeaderMap, HostResult, Sink};
 use crate::stage::{Core, Effect, Flow, Map, Refusal};
 
+/// What a plugin does itself for the driver: its metrics and its own effects.
+pub trait Plugin<C: Core + ?Sized> {
+    /// Adds `delta` to `metric`.
+    fn count(&self, metric: &C::Metric, delta: u64);
+    /// Carries out one of the plugin's own effects.
+    fn own(&self, effect: &C::Own, sink: &mut Sink<'_>) -> HostResult<()>;
+}
+
 /// Carries out every effect `core` has queued, in order; `flow` is what the core answered the
 /// callback's input. An effect the host refuses goes back to the core, and a flow other than
-/// `Continue` it answers then replaces `flow`. `count` adds to the plugin's metric.
+/// `Continue` it answers then replaces `flow`. `plugin` names the plugin in refusals' details
+/// and carries out what only it knows.
 pub fn carry<C: Core>(
     core: &mut C,
     mut flow: Flow,
     sink: &mut Sink<'_>,
-    plugin: &str,
-    count: impl Fn(&C::Metric, u64),
+    name: &str,
+    plugin: &impl Plugin<C>,
 ) -> Flow {
     while let Some(effect) = core.poll() {
-        if let Err(err) = apply(&effect, sink, plugin, &count) {
+        if let Err(err) = apply::<C>(&effect, sink, name, plugin) {
             let after = core.failed(effect, err.to_string());
             if after != Flow::Continue {
                 flow = after;
@@ -26,27 +35,33 @@ pub fn carry<C: Core>(
     flow
 }
 
-fn apply<M, R: Refusal>(
-    effect: &Effect<M, R>,
+type EffectOf<C> = Effect<<C as Core>::Metric, <C as Core>::Refusal, <C as Core>::Own>;
+
+fn apply<C: Core>(
+    effect: &EffectOf<C>,
     sink: &mut Sink<'_>,
-    plugin: &str,
-    count: &impl Fn(&M, u64),
+    name: &str,
+    plugin: &impl Plugin<C>,
 ) -> HostResult<()> {
     match effect {
-        Effect::RemoveHeader(map, name) => sink.remove_header(header_map(*map), name),
+        Effect::RemoveHeader(map, header) => sink.remove_header(header_map(*map), header),
+        Effect::SetHeader(map, header, value) => {
+            sink.set_header(header_map(*map), header, value.as_bytes())
+        }
         Effect::ReplaceRequestBody { size, body, frame } => {
             sink.replace_request_body(*size, body, *frame)
         }
         Effect::ReplaceResponseBody { size, body } => sink.replace_response_body(*size, body),
-        Effect::Refuse(refusal) => send_reject(plugin, &refusal.reject()),
+        Effect::Refuse(refusal) => send_reject(name, &refusal.reject()),
         Effect::Count(metric, delta) => {
-            count(metric, *delta);
+            plugin.count(metric, *delta);
             Ok(())
         }
         Effect::Log(level, line) => {
             log(*level, line);
             Ok(())
         }
+        Effect::Own(own) => plugin.own(own, sink),
     }
 }
 

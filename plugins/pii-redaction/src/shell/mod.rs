@@ -11,7 +11,9 @@
 use crate::config::{parse_document, PiiConfig};
 use crate::core::{counters, Counter, Exchange, Flow, Input, Worker};
 use llm_gateway_shared::chain::{self, Direction, Step};
-use llm_gateway_shared::host::{self, stage, Buffer, HeaderMap, LogLevel, Metric, Sink};
+use llm_gateway_shared::host::{
+    self, stage, Buffer, HeaderMap, HostResult, LogLevel, Metric, Sink,
+};
 use llm_gateway_shared::reentry::is_superseded;
 use llm_gateway_shared::request::RequestHead;
 use llm_gateway_shared::rules::RuleSet;
@@ -19,6 +21,7 @@ use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action as Next, ContextType};
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::convert::Infallible;
 use std::rc::Rc;
 
 const PLUGIN: &str = "pii_redaction";
@@ -126,11 +129,22 @@ fn drive(
         Some(state) => exchange.handle(&mut state.worker.borrow_mut(), now, input),
         None => exchange.handle(&mut Worker::default(), now, input),
     };
-    stage::carry(exchange, flow, target, PLUGIN, |counter, delta| {
-        if let Some(state) = state {
+    stage::carry(exchange, flow, target, PLUGIN, &Effects(state))
+}
+
+/// What the driver asks of this plugin: its counters (it has no effects of its own).
+struct Effects<'a>(Option<&'a State>);
+
+impl stage::Plugin<Exchange> for Effects<'_> {
+    fn count(&self, counter: &Counter, delta: u64) {
+        if let Some(state) = self.0 {
             state.metrics.count(counter, delta);
         }
-    })
+    }
+
+    fn own(&self, effect: &Infallible, _: &mut Sink<'_>) -> HostResult<()> {
+        match *effect {}
+    }
 }
 
 impl Request {

@@ -102,6 +102,7 @@ impl chain::Stage<chain::Exchange> for FusedStage {
                 match self.drive(x, input) {
                     Flow::Continue => Step::Continue,
                     Flow::Pause => Step::Buffer,
+                    Flow::Refused => Step::Stop,
                 }
             }
         }
@@ -134,6 +135,7 @@ impl chain::Stage<chain::Exchange> for FusedStage {
         match flow {
             Flow::Continue => Step::Continue,
             Flow::Pause => Step::Buffer,
+            Flow::Refused => Step::Stop,
         }
     }
 

@@ -4,7 +4,7 @@
 //! `llm_gateway_shared::host`; nothing here decides.
 
 use crate::config::{parse_shared, UsageConfig};
-use crate::core::{Command, Flow, Input, Lookup, Stage, Worker};
+use crate::core::{Flow, Input, Lookup, Publish, Stage, Worker};
 use crate::metrics::{
     translated_name, values, Kind, LabelHash, Labels, MAX_LABEL_SETS, MAX_TRANSLATIONS, SERIES,
 };
@@ -20,7 +20,11 @@ use proxy_wasm::types::{Action, ContextType};
 use std::borrow::Cow;
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::convert::Infallible;
 use std::rc::Rc;
+
+/// The plugin's name in local replies' details (usage-accounting sends none).
+const PLUGIN: &str = "usage_accounting";
 
 // The standalone module's entry point; a module holding several plugins (`plugins/bundle`)
 // turns the `standalone` feature off and creates this plugin's root context with
@@ -207,23 +211,10 @@ impl Lookup for Host<'_> {
     }
 }
 
-/// Hands `input` to the core and carries out its commands; the core's flow.
+/// Hands `input` to the core, then the one driver carries out its commands; the core's flow.
 fn drive(state: &State, stage: &mut Stage, input: Input<'_>, target: &mut Sink<'_>) -> Flow {
     let flow = stage.handle(&mut state.worker.borrow_mut(), &mut Host::of(target), input);
-    while let Some(command) = stage.poll() {
-        if let Err(err) = execute(state, &command, target) {
-            let failed = Input::Failed {
-                command,
-                error: err.to_string(),
-            };
-            stage.handle(
-                &mut state.worker.borrow_mut(),
-                &mut Host::of(target),
-                failed,
-            );
-        }
-    }
-    flow
+    host::stage::carry(stage, flow, target, PLUGIN, state)
 }
 
 impl Request {
@@ -234,58 +225,47 @@ impl Request {
         };
         match drive(&state, &mut self.stage, input, &mut Sink::Host) {
             Flow::Continue => Action::Continue,
-            Flow::Pause => Action::Pause,
+            Flow::Pause | Flow::Refused => Action::Pause,
         }
     }
 }
 
-fn execute(state: &State, command: &Command, target: &mut Sink<'_>) -> Result<(), HostError> {
-    match command {
-        Command::RemoveRequestHeader(name) => target.remove_header(HeaderMap::RequestHeaders, name),
-        Command::ReplaceRequestBody { size, body, frame } => {
-            target.replace_request_body(*size, body, *frame)
-        }
-        Command::RemoveResponseHeader(name) => {
-            target.remove_header(HeaderMap::ResponseHeaders, name)
-        }
-        Command::SetResponseHeader(name, value) => {
-            target.set_header(HeaderMap::ResponseHeaders, name, value.as_bytes())
-        }
-        Command::ReplaceResponseBody { size, body } => target.replace_response_body(*size, body),
-        Command::Publish {
+/// What only usage-accounting asks of the host: publishing a record.
+impl host::stage::Plugin<Stage> for State {
+    fn count(&self, never: &Infallible, _: u64) {
+        match *never {}
+    }
+
+    fn own(&self, publish: &Publish, target: &mut Sink<'_>) -> Result<(), HostError> {
+        let Publish {
             record,
             json,
             config,
             provider,
-        } => {
-            let published = host::set_property(&[config.filter_state.as_str()], json.as_bytes());
-            if let (Ok(()), Sink::Fused(x)) = (&published, &mut *target) {
-                // a later stage (token-ratelimit's settlement) reads it from here
-                x.publish(&config.filter_state, json.as_bytes());
-            }
-            if config.log_records {
-                let mut line = String::with_capacity(json.len() + 14);
-                line.push_str("usage_record: ");
-                line.push_str(json);
-                host::log(LogLevel::Info, &line);
-            }
-            state.record_metrics(record, provider.as_deref(), config);
-            if let Some(ledger) = &config.ledger {
-                ledger::submit(
-                    ledger,
-                    config,
-                    json,
-                    &state.rules,
-                    state.ledger_queue,
-                    state.ledger_errors,
-                );
-            }
-            published
+        } = publish;
+        let published = host::set_property(&[config.filter_state.as_str()], json.as_bytes());
+        if let (Ok(()), Sink::Fused(x)) = (&published, &mut *target) {
+            // a later stage (token-ratelimit's settlement) reads it from here
+            x.publish(&config.filter_state, json.as_bytes());
         }
-        Command::Log(level, line) => {
-            host::log(*level, line);
-            Ok(())
+        if config.log_records {
+            let mut line = String::with_capacity(json.len() + 14);
+            line.push_str("usage_record: ");
+            line.push_str(json);
+            host::log(LogLevel::Info, &line);
         }
+        self.record_metrics(record, provider.as_deref(), config);
+        if let Some(ledger) = &config.ledger {
+            ledger::submit(
+                ledger,
+                config,
+                json,
+                &self.rules,
+                self.ledger_queue,
+                self.ledger_errors,
+            );
+        }
+        published
     }
 }
 
