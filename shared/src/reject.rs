@@ -181,15 +181,7 @@ impl Reject {
     pub fn body_in(&self, shape: ErrorShape) -> Vec<u8> {
         match shape {
             ErrorShape::OpenAi => self.body(),
-            ErrorShape::Anthropic => {
-                let mut out = Vec::with_capacity(64 + self.message.len());
-                out.extend_from_slice(b"{\"type\":\"error\",\"error\":{\"type\":");
-                crate::json::push_quoted(&mut out, self.error_type.as_str());
-                out.extend_from_slice(b",\"message\":");
-                crate::json::push_quoted(&mut out, &self.message);
-                out.extend_from_slice(b"}}");
-                out
-            }
+            ErrorShape::Anthropic => anthropic_error_body(self.error_type.as_str(), &self.message),
         }
     }
 
@@ -206,6 +198,18 @@ impl Reject {
     pub fn details(&self, plugin: &str) -> String {
         format!("{plugin}.{}", self.code)
     }
+}
+
+/// Anthropic's error body, `{"type":"error","error":{"type","message"}}`: a refusal's
+/// ([`Reject::body_in`]) and a provider error translated for a Messages client (the router's).
+pub fn anthropic_error_body(kind: &str, message: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64 + message.len());
+    out.extend_from_slice(b"{\"type\":\"error\",\"error\":{\"type\":");
+    crate::json::push_quoted(&mut out, kind);
+    out.extend_from_slice(b",\"message\":");
+    crate::json::push_quoted(&mut out, message);
+    out.extend_from_slice(b"}}");
+    out
 }
 
 #[cfg(test)]

@@ -151,7 +151,7 @@ pub fn counters<'a>(configs: impl IntoIterator<Item = &'a PiiConfig>) -> Vec<(Co
 
 pub use llm_gateway_shared::level::Level;
 
-/// Why a request is refused; [`Refusal::reject`] is the one mapping to the OpenAI error.
+/// Why a request is refused; its [`stage::Refusal::reject`] is the one mapping to the OpenAI error.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Refusal {
     /// The plugin has no valid configuration.
@@ -178,13 +178,6 @@ pub enum Refusal {
 
 impl stage::Refusal for Refusal {
     fn reject(&self) -> Reject {
-        Refusal::reject(self)
-    }
-}
-
-impl Refusal {
-    /// The local reply.
-    pub fn reject(&self) -> Reject {
         match self {
             Refusal::NotConfigured => Reject::internal("pii-redaction is not configured"),
             Refusal::CannotPrepare => Reject::internal("cannot prepare the request"),
@@ -713,6 +706,7 @@ impl Exchange {
 mod tests {
     use super::*;
     use crate::config::parse_document;
+    use llm_gateway_shared::stage::Refusal as _;
 
     const EMAIL_RULES: &str = r#"{"rules":[{"detector":"email"},{"name":"CODE","words":["falcon"],"action":"block"}],"preamble":"keep"}"#;
 

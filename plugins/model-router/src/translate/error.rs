@@ -31,6 +31,7 @@
 
 use super::Wire;
 use llm_gateway_shared::json::push_quoted;
+use llm_gateway_shared::reject::anthropic_error_body;
 use serde_json::Value;
 
 /// A provider's error body (API `from`, HTTP `status`) as the error body of API `to`; the
@@ -59,20 +60,9 @@ pub fn error(from: Wire, to: Wire, status: u16, body: &[u8]) -> Vec<u8> {
         }
         Wire::Messages => {
             let kind = anthropic_type(status, found.kind.as_deref(), found.code.as_deref());
-            anthropic_body(&kind, &message)
+            anthropic_error_body(&kind, &message)
         }
     }
-}
-
-/// `{"type":"error","error":{"type","message"}}`.
-fn anthropic_body(kind: &str, message: &str) -> Vec<u8> {
-    let mut out = Vec::with_capacity(message.len() + 64);
-    out.extend_from_slice(b"{\"type\":\"error\",\"error\":{\"type\":");
-    push_quoted(&mut out, kind);
-    out.extend_from_slice(b",\"message\":");
-    push_quoted(&mut out, message);
-    out.extend_from_slice(b"}}");
-    out
 }
 
 fn push_code(out: &mut Vec<u8>, code: Option<&str>) {
@@ -110,7 +100,7 @@ pub(super) fn anthropic_stream_error(data: &Value, out: &mut Vec<u8>) {
         .message
         .unwrap_or_else(|| "the provider's stream failed".to_string());
     out.extend_from_slice(b"event: error\ndata: ");
-    out.extend_from_slice(&anthropic_body(&kind, &message));
+    out.extend_from_slice(&anthropic_error_body(&kind, &message));
     out.extend_from_slice(b"\n\n");
 }
 
