@@ -12,7 +12,11 @@
 
 use crate::level::Level;
 use crate::reject::Reject;
+use std::borrow::Cow;
 use std::convert::Infallible;
+
+/// A header, property or metric name: nearly always a constant, so no allocation.
+pub type Name = Cow<'static, str>;
 
 /// What the host callback does next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,10 +75,26 @@ pub enum Effect<M, R = Reject, P = Infallible> {
         /// The new data.
         body: Vec<u8>,
     },
+    /// Set filter state `name` (one path segment) to `value`. `shared`: later stages of the
+    /// fused filter read it from the exchange instead of asking the host (only for a record no
+    /// filter outside the fused one rewrites).
+    SetProperty {
+        /// The property's name.
+        name: Name,
+        /// Its value.
+        value: Vec<u8>,
+        /// Published to the fused filter's later stages.
+        shared: bool,
+    },
+    /// Clear the route cache: the route is chosen again from what the request carries now
+    /// (the fused filter clears it once, after it wrote the header edits).
+    ClearRouteCache,
     /// Send the local reply and stop the request.
     Refuse(R),
     /// Add to a counter of the plugin's.
     Count(M, u64),
+    /// Set a gauge of the plugin's.
+    Gauge(M, u64),
     /// Write a log line (names and counts, never a key, a prompt or a personal value).
     Log(Level, String),
     /// What only this plugin asks of the host.

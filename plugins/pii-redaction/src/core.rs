@@ -695,8 +695,13 @@ impl Exchange {
                 ));
                 Flow::Refused
             }
-            // pii-redaction sets no header
-            Command::SetHeader(..) | Command::Count(..) | Command::Log(..) => Flow::Continue,
+            // pii-redaction sets no header nor property, keeps the route and sets no gauge
+            Command::SetHeader(..)
+            | Command::SetProperty { .. }
+            | Command::ClearRouteCache
+            | Command::Count(..)
+            | Command::Gauge(..)
+            | Command::Log(..) => Flow::Continue,
             Command::Own(never) => match never {},
         }
     }

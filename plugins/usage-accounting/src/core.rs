@@ -560,8 +560,12 @@ impl Stage {
             Command::Own(Publish { .. }) => {
                 format!("usage-accounting: cannot set filter state: {error}")
             }
-            Command::Log(..) | Command::Refuse(_) => return,
-            Command::Count(never, _) => match never {},
+            // the core sets no other property and never changes the route
+            Command::Log(..)
+            | Command::Refuse(_)
+            | Command::SetProperty { .. }
+            | Command::ClearRouteCache => return,
+            Command::Count(never, _) | Command::Gauge(never, _) => match never {},
         };
         self.push(Command::Log(Level::Warn, line));
     }

@@ -321,6 +321,28 @@ impl Sink<'_> {
             }
         }
     }
+
+    /// Sets filter state `name`; in the fused filter, `shared` also publishes it to the later
+    /// stages ([`crate::chain::Exchange::publish`]).
+    pub fn set_property(&mut self, name: &str, value: &[u8], shared: bool) -> HostResult<()> {
+        set_property(&[name], value)?;
+        if let (Sink::Fused(x), true) = (self, shared) {
+            x.publish(name, value);
+        }
+        Ok(())
+    }
+
+    /// Clears the route cache; the fused filter clears it once, after it wrote the stages'
+    /// header edits (the route depends on them).
+    pub fn clear_route_cache(&mut self) -> HostResult<()> {
+        match self {
+            Sink::Host => clear_route_cache(),
+            Sink::Fused(x) => {
+                x.clear_route_cache = true;
+                Ok(())
+            }
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------

@@ -9,6 +9,10 @@ use crate::stage::{Core, Effect, Flow, Map, Refusal};
 pub trait Plugin<C: Core + ?Sized> {
     /// Adds `delta` to `metric`.
     fn count(&self, metric: &C::Metric, delta: u64);
+    /// Sets gauge `metric` to `value`; a plugin whose core sets no gauge has nothing to do.
+    fn gauge(&self, metric: &C::Metric, value: u64) {
+        let _ = (metric, value);
+    }
     /// Carries out one of the plugin's own effects.
     fn own(&self, effect: &C::Own, sink: &mut Sink<'_>) -> HostResult<()>;
 }
@@ -52,9 +56,19 @@ fn apply<C: Core>(
             sink.replace_request_body(*size, body, *frame)
         }
         Effect::ReplaceResponseBody { size, body } => sink.replace_response_body(*size, body),
+        Effect::SetProperty {
+            name,
+            value,
+            shared,
+        } => sink.set_property(name, value, *shared),
+        Effect::ClearRouteCache => sink.clear_route_cache(),
         Effect::Refuse(refusal) => send_reject(name, &refusal.reject()),
         Effect::Count(metric, delta) => {
             plugin.count(metric, *delta);
+            Ok(())
+        }
+        Effect::Gauge(metric, value) => {
+            plugin.gauge(metric, *value);
             Ok(())
         }
         Effect::Log(level, line) => {
