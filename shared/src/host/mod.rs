@@ -10,6 +10,7 @@
 #![allow(unsafe_code)]
 
 mod abi;
+pub mod filter;
 #[cfg(feature = "redis")]
 pub mod redis;
 pub mod redis_client;

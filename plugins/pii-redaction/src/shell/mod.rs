@@ -1,6 +1,8 @@
 //! The proxy-wasm adapter: copies what the host says into the stage core ([`crate::core`]) and
-//! carries its commands out. Every host call goes through `llm_gateway_shared::host`; nothing
-//! here decides what is personal data, what is refused or what is restored.
+//! carries its commands out, the same for the plugin's own filter and its stage of the fused
+//! filter (`llm_gateway_shared::host::filter`). Every host call goes through
+//! `llm_gateway_shared::host`; nothing here decides what is personal data, what is refused or
+//! what is restored.
 //!
 //! The placeholder map lives in the core's exchange and goes away with the HTTP context —
 //! except when an internal redirect supersedes the pass (`llm_gateway_shared::reentry`): the
@@ -10,15 +12,13 @@
 
 use crate::config::{parse_document, PiiConfig};
 use crate::core::{counters, Counter, Exchange, Flow, Input, Worker};
-use llm_gateway_shared::chain::{self, Direction, Step};
-use llm_gateway_shared::host::{
-    self, stage, Buffer, HeaderMap, HostResult, LogLevel, Metric, Sink,
-};
+use llm_gateway_shared::chain::Direction;
+use llm_gateway_shared::config::ConfigError;
+use llm_gateway_shared::host::filter::{self, Filter, Turn};
+use llm_gateway_shared::host::{self, stage, HostResult, LogLevel, Metric, Sink};
 use llm_gateway_shared::reentry::is_superseded;
-use llm_gateway_shared::request::RequestHead;
 use llm_gateway_shared::rules::RuleSet;
-use proxy_wasm::traits::{Context, HttpContext, RootContext};
-use proxy_wasm::types::{Action as Next, ContextType};
+use proxy_wasm::traits::RootContext;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -35,101 +35,67 @@ proxy_wasm::main! {{
 }}
 
 /// A root context of this plugin (what the standalone module creates for every `root_id`).
-pub fn root_context(_context_id: u32) -> Box<dyn RootContext> {
-    Box::new(Root::default())
+pub fn root_context(context_id: u32) -> Box<dyn RootContext> {
+    filter::root_context::<Pii>(context_id)
 }
 
-/// The counters ([`crate::core::counters`]), defined once per configuration.
-struct Metrics(HashMap<Counter, Metric>);
+/// This plugin configured from its section of the fused filter's configuration.
+pub type Fused = filter::Fused<Pii>;
+/// One request's pii-redaction stage in the fused filter.
+pub type FusedStage = filter::FusedStage<Pii>;
 
-impl Metrics {
-    fn define(rules: &RuleSet<Rc<PiiConfig>>) -> Self {
-        let configs: Vec<&PiiConfig> = rules.configs().map(|c| c.as_ref()).collect();
-        Metrics(
-            counters(configs)
-                .into_iter()
-                .filter_map(|(counter, name)| Some((counter, Metric::counter(&name).ok()?)))
-                .collect(),
-        )
+/// The plugin, as the host registers it.
+pub struct Pii;
+
+/// What every request of a configuration shares: its rules, counters and the worker's stash.
+pub struct State {
+    rules: RuleSet<Rc<PiiConfig>>,
+    /// The counters ([`crate::core::counters`]), defined once per configuration.
+    metrics: HashMap<Counter, Metric>,
+    worker: RefCell<Worker>,
+}
+
+impl Filter for Pii {
+    const NAME: &'static str = "pii-redaction";
+    type Config = RuleSet<Rc<PiiConfig>>;
+    type State = State;
+    type Stage = Request;
+
+    fn parse(document: &[u8]) -> Result<Self::Config, ConfigError> {
+        parse_document(document)
     }
 
-    fn count(&self, counter: &Counter, delta: u64) {
-        if let Some(metric) = self.0.get(counter) {
-            let _ = metric.increment(i64::try_from(delta).unwrap_or(i64::MAX));
+    fn state(rules: Self::Config, fused: bool) -> Option<State> {
+        if !fused {
+            let count = rules.global().map_or(0, |c| c.redactor.rules().len());
+            let line = format!("pii-redaction: configured with {count} rules");
+            host::log(LogLevel::Info, &line);
+        }
+        let configs: Vec<&PiiConfig> = rules.configs().map(|c| c.as_ref()).collect();
+        let metrics = counters(configs)
+            .into_iter()
+            .filter_map(|(counter, name)| Some((counter, Metric::counter(&name).ok()?)))
+            .collect();
+        Some(State {
+            rules,
+            metrics,
+            worker: RefCell::default(),
+        })
+    }
+
+    fn stage(state: Option<&Rc<State>>) -> Request {
+        Request {
+            state: state.cloned(),
+            exchange: Exchange::default(),
         }
     }
 }
 
-#[derive(Default)]
-struct Root {
-    state: Option<Rc<State>>,
-}
-
-struct State {
-    rules: RuleSet<Rc<PiiConfig>>,
-    metrics: Metrics,
-    worker: RefCell<Worker>,
-}
-
-impl Context for Root {}
-
-impl RootContext for Root {
-    fn on_configure(&mut self, _size: usize) -> bool {
-        let Some(rules) = host::load_config("pii-redaction", parse_document) else {
-            return false;
-        };
-        let count = rules.global().map_or(0, |c| c.redactor.rules().len());
-        host::log(
-            LogLevel::Info,
-            &format!("pii-redaction: configured with {count} rules"),
-        );
-        let metrics = Metrics::define(&rules);
-        self.state = Some(Rc::new(State {
-            rules,
-            metrics,
-            worker: RefCell::default(),
-        }));
-        true
-    }
-
-    fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
-        Some(Box::new(Request {
-            state: self.state.clone(),
-            exchange: Exchange::default(),
-        }))
-    }
-
-    fn get_type(&self) -> Option<ContextType> {
-        Some(ContextType::HttpContext)
-    }
-}
-
-struct Request {
+/// One request's stage.
+pub struct Request {
+    /// `None`: the plugin has no valid configuration (its own filter refuses every request).
     state: Option<Rc<State>>,
     exchange: Exchange,
-}
-
-impl Context for Request {}
-
-/// Hands `input` to the core, then the one driver carries out its commands; the flow.
-fn drive(
-    state: Option<&State>,
-    exchange: &mut Exchange,
-    input: Input<'_>,
-    target: &mut Sink<'_>,
-) -> Flow {
-    // only the request headers and the log read the clock (the stash's expiry): the other
-    // callbacks, one per streamed event, save the host call
-    let now = if input.reads_clock() {
-        target.now_nanos() / 1_000_000
-    } else {
-        0
-    };
-    let flow = match state {
-        Some(state) => exchange.handle(&mut state.worker.borrow_mut(), now, input),
-        None => exchange.handle(&mut Worker::default(), now, input),
-    };
-    stage::carry(exchange, flow, target, PLUGIN, &Effects(state))
 }
 
 /// What the driver asks of this plugin: its counters (it has no effects of its own).
@@ -137,8 +103,8 @@ struct Effects<'a>(Option<&'a State>);
 
 impl stage::Plugin<Exchange> for Effects<'_> {
     fn count(&self, counter: &Counter, delta: u64) {
-        if let Some(state) = self.0 {
-            state.metrics.count(counter, delta);
+        if let Some(metric) = self.0.and_then(|state| state.metrics.get(counter)) {
+            let _ = metric.increment(i64::try_from(delta).unwrap_or(i64::MAX));
         }
     }
 
@@ -148,120 +114,129 @@ impl stage::Plugin<Exchange> for Effects<'_> {
 }
 
 impl Request {
-    /// Hands `input` to the core and carries out its commands; the callback's action.
-    fn run(&mut self, input: Input<'_>) -> Next {
-        match drive(
-            self.state.as_deref(),
-            &mut self.exchange,
-            input,
-            &mut Sink::Host,
-        ) {
-            Flow::Continue => Next::Continue,
-            Flow::Pause | Flow::Refused => Next::Pause,
-        }
+    /// Hands `input` to the core, then the one driver carries out its commands; the flow.
+    fn run(&mut self, sink: &mut Sink<'_>, input: Input<'_>) -> Flow {
+        // only the request headers and the log read the clock (the stash's expiry): the other
+        // callbacks, one per streamed event, save the host call
+        let now = if input.reads_clock() {
+            sink.now_nanos() / 1_000_000
+        } else {
+            0
+        };
+        let state = self.state.as_deref();
+        let flow = match state {
+            Some(state) => self
+                .exchange
+                .handle(&mut state.worker.borrow_mut(), now, input),
+            None => self.exchange.handle(&mut Worker::default(), now, input),
+        };
+        stage::carry(&mut self.exchange, flow, sink, PLUGIN, &Effects(state))
     }
 }
 
-impl HttpContext for Request {
-    fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Next {
+impl filter::Stage for Request {
+    fn request_headers(&mut self, sink: &mut Sink<'_>, end_of_stream: bool) -> Turn {
         let Some(state) = self.state.clone() else {
-            return self.run(Input::RequestHeaders {
+            let head = Default::default();
+            let input = Input::RequestHeaders {
                 configured: false,
                 config: None,
-                head: &Default::default(),
+                head: &head,
                 end_of_stream,
-            });
+            };
+            return self.run(sink, input).into();
         };
         // unreadable headers read as absent ones: the body is still scanned
-        let head = host::request_head().unwrap_or_default();
+        let head = sink.request_head().unwrap_or_default();
         let Some(config) = host::select_config(&state.rules, Some(&head.authority)).cloned() else {
-            return Next::Continue;
+            return Turn::Continue;
         };
-        self.run(Input::RequestHeaders {
+        let input = Input::RequestHeaders {
             configured: true,
             config: Some(config),
             head: &head,
             end_of_stream,
-        })
+        };
+        match self.run(sink, input) {
+            // the body is scanned whole
+            Flow::Continue if self.exchange.scans_request_body() => Turn::Whole,
+            flow => flow.into(),
+        }
     }
 
-    fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Next {
-        if !self.exchange.wants_request_body(body_size, end_of_stream) {
-            return self.run(Input::RequestBody {
-                size: body_size,
+    fn request_body(&mut self, sink: &mut Sink<'_>, size: usize, end_of_stream: bool) -> Turn {
+        if !self.exchange.wants_request_body(size, end_of_stream) {
+            let input = Input::RequestBody {
+                size,
                 end_of_stream,
                 body: None,
-            });
+            };
+            return self.run(sink, input).into();
         }
-        match host::buffer(Buffer::RequestBody, 0, body_size) {
-            Ok(body) => self.run(Input::RequestBody {
-                size: body_size,
-                end_of_stream,
-                body: Some(&body),
-            }),
-            Err(err) => {
-                host::log(
-                    LogLevel::Error,
-                    &format!("pii-redaction: cannot read the request body: {err}"),
-                );
-                self.run(Input::RequestBodyUnreadable)
+        sink.with_body(Direction::Request, size, |body, sink| match body {
+            Ok(body) => {
+                let input = Input::RequestBody {
+                    size,
+                    end_of_stream,
+                    body: Some(body),
+                };
+                self.run(sink, input)
             }
-        }
+            Err(err) => {
+                let line = format!("pii-redaction: cannot read the request body: {err}");
+                host::log(LogLevel::Error, &line);
+                self.run(sink, Input::RequestBodyUnreadable)
+            }
+        })
+        .into()
     }
 
-    fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Next {
-        let header = |name: &str| {
-            host::header(HeaderMap::ResponseHeaders, name)
-                .ok()
-                .flatten()
-                .map(|v| String::from_utf8_lossy(&v).into_owned())
-        };
+    fn response_headers(&mut self, sink: &mut Sink<'_>, end_of_stream: bool) -> Turn {
         if end_of_stream || !self.exchange.may_restore() {
-            return Next::Continue;
+            return Turn::Continue;
         }
-        let encoding = header("content-encoding");
-        let content_type = header("content-type");
-        self.run(Input::ResponseHeaders {
+        let headers = sink.response_headers();
+        let encoding = headers.text("content-encoding").map(|v| v.into_owned());
+        let content_type = headers.text("content-type").map(|v| v.into_owned());
+        let input = Input::ResponseHeaders {
             content_encoding: encoding.as_deref(),
             content_type: content_type.as_deref(),
             end_of_stream,
-        })
+        };
+        match self.run(sink, input) {
+            // a JSON answer is restored whole
+            Flow::Continue if self.exchange.restores_whole_response() => Turn::Whole,
+            flow => flow.into(),
+        }
     }
 
-    fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Next {
+    fn response_body(&mut self, sink: &mut Sink<'_>, size: usize, end_of_stream: bool) -> Turn {
         if !self.exchange.wants_response_body(end_of_stream) {
-            return self.run(Input::ResponseBody {
+            let input = Input::ResponseBody {
                 end_of_stream,
                 chunk: None,
-            });
+            };
+            return self.run(sink, input).into();
         }
-        let chunk = if body_size == 0 {
-            Vec::new()
-        } else {
-            match host::buffer(Buffer::ResponseBody, 0, body_size) {
-                Ok(chunk) => chunk,
-                // unreadable data passes as it is (nothing of the request is in it)
-                Err(_) => return Next::Continue,
+        sink.with_body(Direction::Response, size, |chunk, sink| match chunk {
+            Ok(chunk) => {
+                let input = Input::ResponseBody {
+                    end_of_stream,
+                    chunk: Some(chunk),
+                };
+                self.run(sink, input)
             }
-        };
-        self.run(Input::ResponseBody {
-            end_of_stream,
-            chunk: Some(&chunk),
+            // unreadable data passes as it is (nothing of the request is in it)
+            Err(_) => Flow::Continue,
         })
+        .into()
     }
 
-    fn on_log(&mut self) {
+    fn log(&mut self, sink: &mut Sink<'_>) {
         if !self.exchange.stashes_when_superseded() {
             return;
         }
-        let details = host::property_string(&["response", "code_details"])
-            .ok()
-            .flatten();
-        self.run(Input::Log {
-            superseded: is_superseded(details.as_deref()),
-        });
+        let superseded = is_superseded(sink.code_details().as_deref());
+        self.run(sink, Input::Log { superseded });
     }
 }
-
-mod fused;
-pub use fused::{Fused, FusedStage};
