@@ -19,7 +19,9 @@ use crate::response::{redact_output_body, restore_body, SseRestorer};
 use llm_gateway_shared::reentry::{Pass, Stash};
 use llm_gateway_shared::reject::{ErrorType, Reject};
 use llm_gateway_shared::request::{Api, RequestHead};
-use llm_gateway_shared::stage::{self, Effect, Map};
+#[cfg(test)]
+use llm_gateway_shared::stage::ResponseHead;
+use llm_gateway_shared::stage::{self, Effect, Env, Map, Read};
 use std::collections::{HashMap, VecDeque};
 use std::rc::Rc;
 
@@ -32,52 +34,21 @@ pub struct Worker {
 
 pub use llm_gateway_shared::stage::Flow;
 
-/// One event of the request, with the host's data copied in.
-#[derive(Debug)]
-pub enum Input<'a> {
-    /// The request headers. `config`: the configuration the request's route selects (`None`:
-    /// the plugin does nothing for it). `configured`: false when the plugin has no valid
-    /// configuration at all (it then refuses, never lets a request pass unscanned).
-    RequestHeaders {
-        configured: bool,
-        config: Option<Rc<PiiConfig>>,
-        head: &'a RequestHead,
-        end_of_stream: bool,
-    },
-    /// Request body data arrived; `size` bytes are buffered so far. `body` is the whole
-    /// buffered body when [`Exchange::wants_request_body`] said so, and `None` otherwise.
-    RequestBody {
-        size: usize,
-        end_of_stream: bool,
-        body: Option<&'a [u8]>,
-    },
-    /// The buffered request body could not be read.
-    RequestBodyUnreadable,
-    /// The response headers: `content-encoding` and `content-type` as sent.
-    ResponseHeaders {
-        content_encoding: Option<&'a str>,
-        content_type: Option<&'a str>,
-        end_of_stream: bool,
-    },
-    /// Response body data: `chunk` is the data of this callback when
-    /// [`Exchange::wants_response_body`] said so (the whole buffered body at the end of a JSON
-    /// response, each chunk of a stream), `None` otherwise.
-    ResponseBody {
-        end_of_stream: bool,
-        chunk: Option<&'a [u8]>,
-    },
-    /// The request is over; `superseded`: an internal redirect replaced this pass (its map
-    /// waits for the re-entering pass).
-    Log { superseded: bool },
-}
+/// One event of the request, with the host's data copied in: the one vocabulary
+/// ([`stage::Input`]), with this plugin's configuration as its route selects it.
+pub type Input<'a> = stage::Input<'a, Rc<PiiConfig>>;
 
-impl Input<'_> {
-    /// Whether [`Exchange::handle`] reads its `now_ms` for this input (the request headers
-    /// and the log, which adopt and stash a carried map): the shell reads the host's clock
-    /// only then.
-    pub fn reads_clock(&self) -> bool {
-        matches!(self, Input::RequestHeaders { .. } | Input::Log { .. })
-    }
+/// Whether [`Exchange::handle`] reads its `now_ms` for `input` (the request headers of a
+/// scanned route and the log, which adopt and stash a carried map): the driver reads the
+/// host's clock only then.
+pub fn reads_clock(input: &Input<'_>) -> bool {
+    matches!(
+        input,
+        Input::RequestHeaders {
+            config: Some(_),
+            ..
+        } | Input::Log { .. }
+    )
 }
 
 /// A counter of `wasmcustom.llm_gateway.pii.*`.
@@ -221,6 +192,9 @@ enum Response {
 
 /// One request's stage state.
 pub struct Exchange {
+    /// The plugin has no valid configuration at all: it refuses every request, never lets
+    /// one pass unscanned ([`Exchange::unconfigured`]).
+    unconfigured: bool,
     config: Option<Rc<PiiConfig>>,
     /// The request's API (where a preamble goes); `None` for any other path.
     api: Option<Api>,
@@ -244,6 +218,7 @@ pub struct Exchange {
 impl Default for Exchange {
     fn default() -> Self {
         Exchange {
+            unconfigured: false,
             config: None,
             api: None,
             framed: false,
@@ -273,7 +248,47 @@ impl stage::Core for Exchange {
     }
 }
 
+impl stage::Stage for Exchange {
+    type Config = Rc<PiiConfig>;
+    type Worker = Worker;
+
+    /// [`Exchange::handle`] with the clock read only when it is used; a body scanned or a JSON
+    /// answer restored is taken whole by the fused filter ([`Flow::Whole`]).
+    fn handle(&mut self, worker: &mut Worker, env: &mut dyn Env, input: Input<'_>) -> Flow {
+        let now = if reads_clock(&input) { env.now_ms() } else { 0 };
+        let request_headers = matches!(input, Input::RequestHeaders { .. });
+        let response_headers = matches!(input, Input::ResponseHeaders { .. });
+        match Exchange::handle(self, worker, now, input) {
+            Flow::Continue if request_headers && self.scan => Flow::Whole,
+            Flow::Continue if response_headers && self.restores_whole_response() => Flow::Whole,
+            flow => flow,
+        }
+    }
+
+    fn wants(&self, read: Read) -> bool {
+        match read {
+            Read::RequestBody {
+                size,
+                end_of_stream,
+            } => self.wants_request_body(size, end_of_stream),
+            Read::ResponseHeaders { end_of_stream } => !end_of_stream && self.may_restore(),
+            Read::ResponseBody { end_of_stream } => self.wants_response_body(end_of_stream),
+            Read::BodyAtTrailers => false,
+            Read::Log => self.stashes_when_superseded(),
+            Read::Supersession => true,
+        }
+    }
+}
+
 impl Exchange {
+    /// The exchange of a plugin without a valid configuration: it refuses the request.
+    pub fn unconfigured() -> Exchange {
+        Exchange {
+            unconfigured: true,
+            ..Exchange::default()
+        }
+    }
+
     /// The next command to carry out, in order.
     pub fn poll(&mut self) -> Option<Command> {
         self.commands.pop_front()
@@ -327,29 +342,34 @@ impl Exchange {
     pub fn handle(&mut self, worker: &mut Worker, now_ms: u64, input: Input<'_>) -> Flow {
         match input {
             Input::RequestHeaders {
-                configured,
                 config,
                 head,
                 end_of_stream,
-            } => self.request_headers(worker, now_ms, configured, config, head, end_of_stream),
+            } => self.request_headers(worker, now_ms, config, head, end_of_stream),
             Input::RequestBody {
                 size,
                 end_of_stream,
                 body,
             } => self.request_body(size, end_of_stream, body),
-            Input::RequestBodyUnreadable => {
+            Input::RequestBodyUnreadable { .. } => {
                 self.scan = false;
                 self.refuse(Refusal::CannotRead)
             }
             Input::ResponseHeaders {
-                content_encoding,
-                content_type,
+                head,
                 end_of_stream,
-            } => self.response_headers(content_encoding, content_type, end_of_stream),
+            } => self.response_headers(
+                head.content_encoding.as_deref(),
+                head.content_type.as_deref(),
+                end_of_stream,
+            ),
             Input::ResponseBody {
                 end_of_stream,
-                chunk,
-            } => self.response_body(end_of_stream, chunk),
+                body,
+                ..
+            } => self.response_body(end_of_stream, body),
+            // the body is restored at its end or chunk by chunk, never at the trailers
+            Input::ResponseTrailers { .. } => Flow::Continue,
             Input::Log { superseded } => {
                 self.log(worker, now_ms, superseded);
                 Flow::Continue
@@ -376,12 +396,11 @@ impl Exchange {
         &mut self,
         worker: &mut Worker,
         now_ms: u64,
-        configured: bool,
         config: Option<Rc<PiiConfig>>,
         head: &RequestHead,
         end_of_stream: bool,
     ) -> Flow {
-        if !configured {
+        if self.unconfigured {
             return self.refuse(Refusal::NotConfigured);
         }
         let Some(config) = config else {
@@ -759,7 +778,6 @@ mod tests {
             worker,
             0,
             Input::RequestHeaders {
-                configured: true,
                 config: Some(config(doc)),
                 head,
                 end_of_stream: false,
@@ -852,7 +870,6 @@ mod tests {
             &mut worker,
             0,
             Input::RequestHeaders {
-                configured: true,
                 config: Some(config(doc)),
                 head: &framed_head,
                 end_of_stream: false,
@@ -881,7 +898,6 @@ mod tests {
         // held, but chunked: there is no length to fix
         let mut exchange = Exchange::default();
         let headers = Input::RequestHeaders {
-            configured: true,
             config: Some(config(doc)),
             head: &chat_head(),
             end_of_stream: false,
@@ -903,7 +919,6 @@ mod tests {
         // no config for the route
         let mut exchange = Exchange::default();
         let none = Input::RequestHeaders {
-            configured: true,
             config: None,
             head: &chat_head(),
             end_of_stream: false,
@@ -918,7 +933,6 @@ mod tests {
             ("content-type", "multipart/form-data"),
         ]);
         let input = Input::RequestHeaders {
-            configured: true,
             config: Some(config(EMAIL_RULES)),
             head: &upload,
             end_of_stream: false,
@@ -940,9 +954,8 @@ mod tests {
     fn refusals_map_to_their_errors() {
         let mut worker = Worker::default();
         // not configured at all: 500, never an unscanned request
-        let mut exchange = Exchange::default();
+        let mut exchange = Exchange::unconfigured();
         let input = Input::RequestHeaders {
-            configured: false,
             config: None,
             head: &chat_head(),
             end_of_stream: false,
@@ -982,7 +995,6 @@ mod tests {
         // the body was not handed over: never forwarded unscanned
         let mut exchange = Exchange::default();
         let headers = Input::RequestHeaders {
-            configured: true,
             config: Some(config(EMAIL_RULES)),
             head: &chat_head(),
             end_of_stream: false,
@@ -1008,7 +1020,6 @@ mod tests {
             // announced by content-length
             let mut exchange = Exchange::default();
             let input = Input::RequestHeaders {
-                configured: true,
                 config: Some(config(&doc)),
                 head: &big,
                 end_of_stream: false,
@@ -1029,7 +1040,6 @@ mod tests {
             // found while buffering (no content-length)
             let mut exchange = Exchange::default();
             let input = Input::RequestHeaders {
-                configured: true,
                 config: Some(config(&doc)),
                 head: &chat_head(),
                 end_of_stream: false,
@@ -1051,7 +1061,6 @@ mod tests {
         let mut worker = Worker::default();
         let mut exchange = Exchange::default();
         let input = Input::RequestHeaders {
-            configured: true,
             config: Some(config(EMAIL_RULES)),
             head: &chat_head(),
             end_of_stream: false,
@@ -1083,9 +1092,13 @@ mod tests {
     }
 
     fn response_headers(exchange: &mut Exchange, worker: &mut Worker, ty: &str, enc: Option<&str>) {
+        let head = ResponseHead {
+            content_encoding: enc.map(str::to_owned),
+            content_type: Some(ty.to_owned()),
+            ..ResponseHead::default()
+        };
         let input = Input::ResponseHeaders {
-            content_encoding: enc,
-            content_type: Some(ty),
+            head: &head,
             end_of_stream: false,
         };
         assert_eq!(exchange.handle(worker, 0, input), Flow::Continue);
@@ -1116,14 +1129,16 @@ mod tests {
         assert!(exchange.restores_whole_response());
         let part = Input::ResponseBody {
             end_of_stream: false,
-            chunk: None,
+            size: 0,
+            body: None,
         };
         assert_eq!(exchange.handle(&mut worker, 0, part), Flow::Pause);
         assert!(exchange.wants_response_body(true));
         let answer = br#"{"choices":[{"message":{"content":"sent to [EMAIL_1]"}}]}"#;
         let last = Input::ResponseBody {
             end_of_stream: true,
-            chunk: Some(answer),
+            size: 0,
+            body: Some(answer),
         };
         assert_eq!(exchange.handle(&mut worker, 0, last), Flow::Continue);
         let commands = drain(&mut exchange);
@@ -1146,7 +1161,8 @@ mod tests {
             assert!(exchange.wants_response_body(end));
             let input = Input::ResponseBody {
                 end_of_stream: end,
-                chunk: Some(chunk),
+                size: 0,
+                body: Some(chunk),
             };
             assert_eq!(exchange.handle(&mut worker, 0, input), Flow::Continue);
             let commands = drain(&mut exchange);
@@ -1168,7 +1184,8 @@ mod tests {
         drain(&mut exchange);
         let last = Input::ResponseBody {
             end_of_stream: true,
-            chunk: Some(br#"{"x":"[EMAIL_1]"}"#),
+            size: 0,
+            body: Some(br#"{"x":"[EMAIL_1]"}"#),
         };
         exchange.handle(&mut worker, 0, last);
         let replace = exchange.poll().unwrap();

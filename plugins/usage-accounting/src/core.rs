@@ -21,8 +21,8 @@ use crate::stream::Forward;
 use llm_gateway_shared::reentry::{Pass, Stash};
 use llm_gateway_shared::reject::Reject;
 use llm_gateway_shared::request::RequestHead;
-use llm_gateway_shared::route_info::RouteInfo;
-use llm_gateway_shared::stage::{self, Effect, Map};
+use llm_gateway_shared::route_info::{self, RouteInfo};
+use llm_gateway_shared::stage::{self, Effect, Env, Map, Read};
 use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::rc::Rc;
@@ -48,47 +48,10 @@ pub trait Lookup {
 /// Whether the host callback goes on (usage-accounting never refuses: never `Refused`).
 pub use llm_gateway_shared::stage::Flow;
 
-/// One event of the request, with the host's data copied in.
-#[derive(Debug)]
-pub enum Input<'a> {
-    /// The request headers; `config`: the configuration the route selects (`None`: the
-    /// plugin leaves the request alone).
-    RequestHeaders {
-        config: Option<Rc<UsageConfig>>,
-        head: &'a RequestHead,
-        end_of_stream: bool,
-    },
-    /// Request body data: `body` is this callback's data (a body passing through) or the
-    /// whole buffered body (at the end of one the core rewrites) when
-    /// [`Stage::wants_request_body`] said so, `None` otherwise.
-    RequestBody {
-        size: usize,
-        end_of_stream: bool,
-        body: Option<&'a [u8]>,
-    },
-    /// The response headers.
-    ResponseHeaders {
-        status: u16,
-        content_type: &'a str,
-        content_length: Option<u64>,
-        /// A `content-encoding` other than `identity`: the body cannot be read.
-        encoded: bool,
-        end_of_stream: bool,
-    },
-    /// Response body data: `body` is this callback's data (a stream's chunk, a JSON body
-    /// passing through) or the whole buffered body (a held JSON answer, at its end) when
-    /// [`Stage::wants_response_body`] said so, `None` otherwise.
-    ResponseBody {
-        size: usize,
-        end_of_stream: bool,
-        body: Option<&'a [u8]>,
-    },
-    /// Response trailers: the body ended without `end_of_stream`. `body`: the whole buffered
-    /// body when [`Stage::wants_body_at_trailers`] said so.
-    ResponseTrailers { body: Option<&'a [u8]> },
-    /// The request is over; `superseded`: an internal redirect replaced this pass.
-    Log { superseded: bool },
-}
+/// One event of the request, with the host's data copied in: the one vocabulary
+/// ([`stage::Input`]), with this plugin's configuration as its route selects it (`None`: the
+/// plugin leaves the request alone).
+pub type Input<'a> = stage::Input<'a, Rc<UsageConfig>>;
 
 pub use llm_gateway_shared::level::Level;
 
@@ -155,6 +118,57 @@ impl stage::Core for Stage {
     fn failed(&mut self, command: Command, error: String) -> Flow {
         Stage::failed(self, command, error);
         Flow::Continue
+    }
+}
+
+impl stage::Stage for Stage {
+    type Config = Rc<UsageConfig>;
+    type Worker = Worker;
+
+    /// [`Stage::handle`] for the one driver: an inactive request (no config, not a POST,
+    /// not an LLM endpoint) is not handed any later event; a body that may get
+    /// `include_usage` is taken whole by the fused filter ([`Flow::Whole`]).
+    fn handle(&mut self, worker: &mut Worker, env: &mut dyn Env, input: Input<'_>) -> Flow {
+        let request_headers = matches!(input, Input::RequestHeaders { .. });
+        if !request_headers && !self.is_active() {
+            return Flow::Continue;
+        }
+        match Stage::handle(self, worker, &mut Properties(env), input) {
+            Flow::Continue if request_headers && self.holds_request_body() => Flow::Whole,
+            flow => flow,
+        }
+    }
+
+    fn wants(&self, read: Read) -> bool {
+        match read {
+            Read::RequestBody { end_of_stream, .. } => self.wants_request_body(end_of_stream),
+            Read::ResponseHeaders { .. } | Read::Log => self.is_active(),
+            Read::ResponseBody { end_of_stream } => self.wants_response_body(end_of_stream),
+            Read::BodyAtTrailers => self.wants_body_at_trailers(),
+            Read::Supersession => self.watches_supersession(),
+        }
+    }
+}
+
+/// The host values the core looks up, from the driver's [`Env`].
+struct Properties<'a>(&'a mut dyn Env);
+
+impl Lookup for Properties<'_> {
+    fn now_ms(&mut self) -> u64 {
+        self.0.now_ms()
+    }
+
+    /// The router's view of the request: its filter state `wasm.llm_route` when it runs in
+    /// the chain (deployment that answered, attempts, price); otherwise `None` (the
+    /// `x-llm-deployment` / `x-llm-model-group` headers and the plugin's own price table).
+    /// Always from the host: the clusters' filter rewrites it once an attempt answers.
+    fn route(&mut self) -> Option<RouteInfo> {
+        let bytes = self.0.property(&[route_info::PROPERTY])?;
+        RouteInfo::from_json(&bytes)
+    }
+
+    fn host_request_id(&mut self) -> Option<String> {
+        String::from_utf8(self.0.property(&["request", "id"])?).ok()
     }
 }
 
@@ -228,15 +242,21 @@ impl Stage {
                 end_of_stream,
                 body,
             } => self.request_body(size, end_of_stream, body),
-            Input::ResponseHeaders {
-                status,
-                content_type,
-                content_length,
-                encoded,
+            // a body that cannot be read is counted as what passes through: by its size
+            Input::RequestBodyUnreadable {
+                size,
                 end_of_stream,
-            } => {
-                self.response_headers(status, content_type, content_length, encoded, end_of_stream)
-            }
+            } => self.request_body(size, end_of_stream, None),
+            Input::ResponseHeaders {
+                head,
+                end_of_stream,
+            } => self.response_headers(
+                head.status,
+                head.content_type.as_deref().unwrap_or_default(),
+                head.content_length,
+                head.encoded(),
+                end_of_stream,
+            ),
             Input::ResponseBody {
                 size,
                 end_of_stream,
@@ -574,6 +594,16 @@ impl Stage {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use llm_gateway_shared::stage::ResponseHead;
+
+    fn response_head(status: u16, ty: &str, length: Option<u64>, encoded: bool) -> ResponseHead {
+        ResponseHead {
+            status,
+            content_type: Some(ty.to_owned()),
+            content_encoding: encoded.then(|| "gzip".to_owned()),
+            content_length: length,
+        }
+    }
     use crate::config::parse_shared;
     use crate::record::UsageSource;
     use serde_json::json;
@@ -695,10 +725,7 @@ mod tests {
             worker,
             fake,
             Input::ResponseHeaders {
-                status,
-                content_type: ty,
-                content_length: None,
-                encoded: false,
+                head: &response_head(status, ty, None, false),
                 end_of_stream: false,
             },
         )
@@ -914,10 +941,7 @@ mod tests {
             "no stream: the body is not changed"
         );
         let input = Input::ResponseHeaders {
-            status: 200,
-            content_type: "application/json",
-            content_length: Some(200),
-            encoded: false,
+            head: &response_head(200, "application/json", Some(200), false),
             end_of_stream: false,
         };
         assert_eq!(stage.handle(&mut worker, &mut fake, input), Flow::Pause);
@@ -953,10 +977,7 @@ mod tests {
         );
         drain(&mut stage);
         let input = Input::ResponseHeaders {
-            status: 200,
-            content_type: "application/json",
-            content_length: None,
-            encoded: true,
+            head: &response_head(200, "application/json", None, true),
             end_of_stream: false,
         };
         stage.handle(&mut worker, &mut fake, input);
@@ -1085,10 +1106,7 @@ mod tests {
             &head("/v1/embeddings", &[]),
         );
         let input = Input::ResponseHeaders {
-            status: 200,
-            content_type: "application/json",
-            content_length: Some(90),
-            encoded: false,
+            head: &response_head(200, "application/json", Some(90), false),
             end_of_stream: false,
         };
         stage.handle(&mut worker, &mut fake, input);

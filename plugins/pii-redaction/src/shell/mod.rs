@@ -1,8 +1,7 @@
-//! The proxy-wasm adapter: copies what the host says into the stage core ([`crate::core`]) and
-//! carries its commands out, the same for the plugin's own filter and its stage of the fused
-//! filter (`llm_gateway_shared::host::filter`). Every host call goes through
-//! `llm_gateway_shared::host`; nothing here decides what is personal data, what is refused or
-//! what is restored.
+//! The proxy-wasm registration: the plugin's configuration, state and core
+//! (`llm_gateway_shared::host::filter`, which feeds the core the host's data and carries its
+//! effects out, for the plugin's own filter and its stage of the fused filter alike), and its
+//! counters. Nothing here decides what is personal data, what is refused or what is restored.
 //!
 //! The placeholder map lives in the core's exchange and goes away with the HTTP context —
 //! except when an internal redirect supersedes the pass (`llm_gateway_shared::reentry`): the
@@ -11,20 +10,17 @@
 //! value.
 
 use crate::config::{parse_document, PiiConfig};
-use crate::core::{counters, Counter, Exchange, Flow, Input, Worker};
-use llm_gateway_shared::chain::Direction;
+use crate::core::{counters, Counter, Exchange, Worker};
 use llm_gateway_shared::config::ConfigError;
-use llm_gateway_shared::host::filter::{self, Filter, Turn};
-use llm_gateway_shared::host::{self, stage, HostResult, LogLevel, Metric, Sink};
-use llm_gateway_shared::reentry::is_superseded;
+use llm_gateway_shared::host::filter::{self, Filter};
+use llm_gateway_shared::host::{self, HostResult, LogLevel, Metric, Sink};
+use llm_gateway_shared::request::RequestHead;
 use llm_gateway_shared::rules::RuleSet;
 use proxy_wasm::traits::RootContext;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::rc::Rc;
-
-const PLUGIN: &str = "pii_redaction";
 
 // The standalone module's entry point; a module holding several plugins (`plugins/bundle`)
 // turns the `standalone` feature off and creates this plugin's root context with
@@ -57,15 +53,16 @@ pub struct State {
 
 impl Filter for Pii {
     const NAME: &'static str = "pii-redaction";
-    type Config = RuleSet<Rc<PiiConfig>>;
+    const PLUGIN: &'static str = "pii_redaction";
+    type Document = RuleSet<Rc<PiiConfig>>;
     type State = State;
-    type Stage = Request;
+    type Core = Exchange;
 
-    fn parse(document: &[u8]) -> Result<Self::Config, ConfigError> {
+    fn parse(document: &[u8]) -> Result<Self::Document, ConfigError> {
         parse_document(document)
     }
 
-    fn state(rules: Self::Config, fused: bool) -> Option<State> {
+    fn state(rules: Self::Document, fused: bool) -> Option<State> {
         if !fused {
             let count = rules.global().map_or(0, |c| c.redactor.rules().len());
             let line = format!("pii-redaction: configured with {count} rules");
@@ -83,160 +80,30 @@ impl Filter for Pii {
         })
     }
 
-    fn stage(state: Option<&Rc<State>>) -> Request {
-        Request {
-            state: state.cloned(),
-            exchange: Exchange::default(),
+    /// Without a valid configuration the plugin's own filter refuses every request: it never
+    /// lets one pass unscanned.
+    fn core(state: Option<&State>) -> Exchange {
+        match state {
+            Some(_) => Exchange::default(),
+            None => Exchange::unconfigured(),
         }
     }
-}
 
-/// One request's stage.
-pub struct Request {
-    /// `None`: the plugin has no valid configuration (its own filter refuses every request).
-    state: Option<Rc<State>>,
-    exchange: Exchange,
-}
+    fn select(state: &State, head: &RequestHead) -> Option<Rc<PiiConfig>> {
+        host::select_config(&state.rules, Some(&head.authority)).cloned()
+    }
 
-/// What the driver asks of this plugin: its counters (it has no effects of its own).
-struct Effects<'a>(Option<&'a State>);
+    fn worker(state: &State) -> &RefCell<Worker> {
+        &state.worker
+    }
 
-impl stage::Plugin<Exchange> for Effects<'_> {
-    fn count(&self, counter: &Counter, delta: u64) {
-        if let Some(metric) = self.0.and_then(|state| state.metrics.get(counter)) {
+    fn count(state: &State, counter: &Counter, delta: u64) {
+        if let Some(metric) = state.metrics.get(counter) {
             let _ = metric.increment(i64::try_from(delta).unwrap_or(i64::MAX));
         }
     }
 
-    fn own(&self, effect: &Infallible, _: &mut Sink<'_>) -> HostResult<()> {
+    fn own(_: &State, effect: &Infallible, _: &mut Sink<'_>) -> HostResult<()> {
         match *effect {}
-    }
-}
-
-impl Request {
-    /// Hands `input` to the core, then the one driver carries out its commands; the flow.
-    fn run(&mut self, sink: &mut Sink<'_>, input: Input<'_>) -> Flow {
-        // only the request headers and the log read the clock (the stash's expiry): the other
-        // callbacks, one per streamed event, save the host call
-        let now = if input.reads_clock() {
-            sink.now_nanos() / 1_000_000
-        } else {
-            0
-        };
-        let state = self.state.as_deref();
-        let flow = match state {
-            Some(state) => self
-                .exchange
-                .handle(&mut state.worker.borrow_mut(), now, input),
-            None => self.exchange.handle(&mut Worker::default(), now, input),
-        };
-        stage::carry(&mut self.exchange, flow, sink, PLUGIN, &Effects(state))
-    }
-}
-
-impl filter::Stage for Request {
-    fn request_headers(&mut self, sink: &mut Sink<'_>, end_of_stream: bool) -> Turn {
-        let Some(state) = self.state.clone() else {
-            let head = Default::default();
-            let input = Input::RequestHeaders {
-                configured: false,
-                config: None,
-                head: &head,
-                end_of_stream,
-            };
-            return self.run(sink, input).into();
-        };
-        // unreadable headers read as absent ones: the body is still scanned
-        let head = sink.request_head().unwrap_or_default();
-        let Some(config) = host::select_config(&state.rules, Some(&head.authority)).cloned() else {
-            return Turn::Continue;
-        };
-        let input = Input::RequestHeaders {
-            configured: true,
-            config: Some(config),
-            head: &head,
-            end_of_stream,
-        };
-        match self.run(sink, input) {
-            // the body is scanned whole
-            Flow::Continue if self.exchange.scans_request_body() => Turn::Whole,
-            flow => flow.into(),
-        }
-    }
-
-    fn request_body(&mut self, sink: &mut Sink<'_>, size: usize, end_of_stream: bool) -> Turn {
-        if !self.exchange.wants_request_body(size, end_of_stream) {
-            let input = Input::RequestBody {
-                size,
-                end_of_stream,
-                body: None,
-            };
-            return self.run(sink, input).into();
-        }
-        sink.with_body(Direction::Request, size, |body, sink| match body {
-            Ok(body) => {
-                let input = Input::RequestBody {
-                    size,
-                    end_of_stream,
-                    body: Some(body),
-                };
-                self.run(sink, input)
-            }
-            Err(err) => {
-                let line = format!("pii-redaction: cannot read the request body: {err}");
-                host::log(LogLevel::Error, &line);
-                self.run(sink, Input::RequestBodyUnreadable)
-            }
-        })
-        .into()
-    }
-
-    fn response_headers(&mut self, sink: &mut Sink<'_>, end_of_stream: bool) -> Turn {
-        if end_of_stream || !self.exchange.may_restore() {
-            return Turn::Continue;
-        }
-        let headers = sink.response_headers();
-        let encoding = headers.text("content-encoding").map(|v| v.into_owned());
-        let content_type = headers.text("content-type").map(|v| v.into_owned());
-        let input = Input::ResponseHeaders {
-            content_encoding: encoding.as_deref(),
-            content_type: content_type.as_deref(),
-            end_of_stream,
-        };
-        match self.run(sink, input) {
-            // a JSON answer is restored whole
-            Flow::Continue if self.exchange.restores_whole_response() => Turn::Whole,
-            flow => flow.into(),
-        }
-    }
-
-    fn response_body(&mut self, sink: &mut Sink<'_>, size: usize, end_of_stream: bool) -> Turn {
-        if !self.exchange.wants_response_body(end_of_stream) {
-            let input = Input::ResponseBody {
-                end_of_stream,
-                chunk: None,
-            };
-            return self.run(sink, input).into();
-        }
-        sink.with_body(Direction::Response, size, |chunk, sink| match chunk {
-            Ok(chunk) => {
-                let input = Input::ResponseBody {
-                    end_of_stream,
-                    chunk: Some(chunk),
-                };
-                self.run(sink, input)
-            }
-            // unreadable data passes as it is (nothing of the request is in it)
-            Err(_) => Flow::Continue,
-        })
-        .into()
-    }
-
-    fn log(&mut self, sink: &mut Sink<'_>) {
-        if !self.exchange.stashes_when_superseded() {
-            return;
-        }
-        let superseded = is_superseded(sink.code_details().as_deref());
-        self.run(sink, Input::Log { superseded });
     }
 }

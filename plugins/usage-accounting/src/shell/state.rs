@@ -3,16 +3,15 @@
 
 use super::ledger;
 use crate::config::UsageConfig;
-use crate::core::{Publish, Stage, Worker};
+use crate::core::{Publish, Worker};
 use crate::metrics::{
     translated_name, values, Kind, LabelHash, Labels, MAX_LABEL_SETS, MAX_TRANSLATIONS, SERIES,
 };
 use crate::record::Record;
-use llm_gateway_shared::host::{self, HostError, LogLevel, Metric, Sink};
+use llm_gateway_shared::host::{self, HostResult, LogLevel, Metric, Sink};
 use llm_gateway_shared::rules::RuleSet;
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::convert::Infallible;
 use std::rc::Rc;
 
 pub struct State {
@@ -114,13 +113,9 @@ impl State {
     }
 }
 
-/// What only usage-accounting asks of the host: publishing a record.
-impl host::stage::Plugin<Stage> for State {
-    fn count(&self, never: &Infallible, _: u64) {
-        match *never {}
-    }
-
-    fn own(&self, publish: &Publish, target: &mut Sink<'_>) -> Result<(), HostError> {
+impl State {
+    /// What only usage-accounting asks of the host: publishing a record.
+    pub(super) fn publish(&self, publish: &Publish, target: &mut Sink<'_>) -> HostResult<()> {
         let Publish {
             record,
             json,
