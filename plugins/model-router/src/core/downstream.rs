@@ -14,7 +14,8 @@
 
 use super::breakers::admit_without_probe;
 use super::protocol::{
-    header_string, property_string, select, Flow, Input, Level, Map, OnFailure, ReadError, View,
+    header_string, property_string, select, Effect, Input, Level, Map, Next, OnFailure, Own,
+    ReadError, View,
 };
 use super::translation::ResponseTranslation;
 use super::{Core, Store};
@@ -157,7 +158,7 @@ impl Core {
         input: Input,
         view: &dyn View,
         store: &dyn Store,
-    ) -> Flow {
+    ) -> Next {
         match input {
             Input::RequestHeaders { end_of_stream } => {
                 self.request_headers(context, end_of_stream, view)
@@ -175,22 +176,22 @@ impl Core {
             } => self.response_body(context, size, end_of_stream, view),
             Input::Log => {
                 self.done(context, view, store);
-                Flow::Continue
+                Next::Continue
             }
         }
     }
 
-    fn request_headers(&mut self, context: u32, end_of_stream: bool, view: &dyn View) -> Flow {
+    fn request_headers(&mut self, context: u32, end_of_stream: bool, view: &dyn View) -> Next {
         let path = header_string(view, ":path").unwrap_or_default();
         let method = header_string(view, ":method").unwrap_or_default();
         if let Some(listing) = models::listing(&method, &path) {
             return self.answer_models(&listing, view);
         }
         let Some(rules) = self.rules.clone() else {
-            return Flow::Continue;
+            return Next::Continue;
         };
         if !is_routed_path(&path) || select(&rules, view).is_none() {
-            return Flow::Continue;
+            return Next::Continue;
         }
         self.downstream.entry(context).or_default().path = Some(path);
         if end_of_stream {
@@ -201,32 +202,32 @@ impl Core {
         }
         // Hold the headers until the body decides the route (Envoy:
         // `allow_on_headers_stop_iteration: true` keeps body callbacks coming).
-        Flow::Pause
+        Next::Pause
     }
 
     /// Answers `GET /v1/models[/{id}]` itself ([`models::answer`]): no provider, no later
     /// filter sees it.
-    fn answer_models(&mut self, listing: &Listing, view: &dyn View) -> Flow {
+    fn answer_models(&mut self, listing: &Listing, view: &dyn View) -> Next {
         let Some(rules) = self.rules.clone() else {
-            return Flow::Continue;
+            return Next::Continue;
         };
         let Some((_, config)) = select(&rules, view) else {
-            return Flow::Continue;
+            return Next::Continue;
         };
         let allowed = header_string(view, headers::GROUPS);
         match models::answer(config, listing, allowed.as_deref(), self.configured_at) {
             Ok(body) => {
                 self.count("models_answered");
                 self.push(
-                    super::Command::Reply {
+                    Effect::Own(Own::Reply {
                         status: 200,
                         details: "model_router.models".to_string(),
                         headers: vec![("content-type".to_string(), "application/json".to_string())],
                         body,
-                    },
+                    }),
                     OnFailure::Log(Level::Error, "cannot send the model list"),
                 );
-                Flow::Pause
+                Next::Pause
             }
             Err(reject) => self.refuse(reject),
         }
@@ -251,7 +252,7 @@ impl Core {
         body.push('}');
         self.count("count_tokens_estimated");
         self.push(
-            super::Command::Reply {
+            Effect::Own(Own::Reply {
                 status: 200,
                 details: "model_router.count_tokens_estimated".to_string(),
                 headers: vec![
@@ -259,7 +260,7 @@ impl Core {
                     (COUNT_HEADER.to_string(), "estimated".to_string()),
                 ],
                 body: body.into_bytes(),
-            },
+            }),
             OnFailure::Log(Level::Error, "cannot send the token count"),
         );
     }
@@ -271,15 +272,15 @@ impl Core {
         end_of_stream: bool,
         view: &dyn View,
         store: &dyn Store,
-    ) -> Flow {
+    ) -> Next {
         let Some(exchange) = self.downstream.get(&context) else {
-            return Flow::Continue;
+            return Next::Continue;
         };
         if exchange.path.is_none() || exchange.routed.is_some() {
-            return Flow::Continue;
+            return Next::Continue;
         }
         if !end_of_stream {
-            return Flow::Pause;
+            return Next::Pause;
         }
         match self.route(context, size, view, store) {
             Ok(flow) => flow,
@@ -288,7 +289,7 @@ impl Core {
     }
 
     /// Refuses a request the router could not route (a 5xx is logged: it is the gateway's).
-    pub(super) fn refuse_routing(&mut self, reject: Reject) -> Flow {
+    pub(super) fn refuse_routing(&mut self, reject: Reject) -> Next {
         if reject.status >= 500 {
             self.log(Level::Warn, format!("refused: {}", reject.code));
         }
@@ -351,12 +352,12 @@ impl Core {
         size: usize,
         view: &dyn View,
         store: &dyn Store,
-    ) -> Result<Flow, Reject> {
+    ) -> Result<Next, Reject> {
         let Some(rules) = self.rules.clone() else {
             return Err(Reject::internal("model-router is not configured"));
         };
         let Some((config_index, config)) = select(&rules, view) else {
-            return Ok(Flow::Continue);
+            return Ok(Next::Continue);
         };
         let bytes = view
             .request_body(size)
@@ -379,7 +380,7 @@ impl Core {
                         continuation,
                         view,
                     )
-                    .map(|()| Flow::Continue);
+                    .map(|()| Next::Continue);
             }
         }
         let path = self
@@ -415,7 +416,7 @@ impl Core {
             {
                 // no Anthropic deployment to count: the gateway's own estimate
                 self.answer_count_tokens(&bytes);
-                return Ok(Flow::Pause);
+                return Ok(Next::Pause);
             }
             planned => planned?,
         };
@@ -468,9 +469,10 @@ impl Core {
             .map_err(|_| Reject::internal("cannot read the request headers"))?
             .is_some();
         self.push(
-            super::Command::SetRequestBody {
+            Effect::ReplaceRequestBody {
                 size,
                 body: rewritten,
+                frame: false,
             },
             must,
         );
@@ -478,7 +480,7 @@ impl Core {
         // frames the body: the provider gets the length of what it receives, whatever the
         // client sent (the later filters keep it true).
         if framed || redirect {
-            self.push(super::Command::SetRequestLength(length), must);
+            self.push(Effect::Own(Own::SetRequestLength(length)), must);
         }
         if plan.deployments.len() == 1 || redirect {
             self.set_credential(first, view, must).map_err(internal)?;
@@ -555,7 +557,7 @@ impl Core {
         self.set_property(ROUTE_PROPERTY, info.to_json(), must);
         let alternative_published =
             self.publish_alternative(config, &request, &plan.group, &request_id, now, store);
-        self.push(super::Command::ClearRouteCache, must);
+        self.push(Effect::ClearRouteCache, must);
         self.count(["version.", config.version.as_str(), ".requests"].concat());
         let routed = Routed {
             group: plan.group,
@@ -570,7 +572,7 @@ impl Core {
             ..routed_base(&rules, config_index, endpoint)
         };
         self.downstream.entry(context).or_default().routed = Some(routed);
-        Ok(Flow::Continue)
+        Ok(Next::Continue)
     }
 
     /// A pass that re-enters the chain (redirect fallback): attempt `continuation.attempt` of
@@ -650,14 +652,15 @@ impl Core {
         }
         let length = rewritten.len();
         self.push(
-            super::Command::SetRequestBody {
+            Effect::ReplaceRequestBody {
                 size,
                 body: rewritten,
+                frame: false,
             },
             must,
         );
         // upstream Envoy's redirect removed content-length; no upstream role frames the body
-        self.push(super::Command::SetRequestLength(length), must);
+        self.push(Effect::Own(Own::SetRequestLength(length)), must);
         self.set_credential(chosen, view, must)
             .map_err(|_| Reject::internal("cannot route the request"))?;
         self.remove_header(Map::Request, headers::ROUTE_NEXT, must);
@@ -694,7 +697,7 @@ impl Core {
         );
         let info = with_client_api(info, translation.as_ref());
         self.set_property(ROUTE_PROPERTY, info.to_json(), must);
-        self.push(super::Command::ClearRouteCache, must);
+        self.push(Effect::ClearRouteCache, must);
         self.count("fallbacks");
         self.log(
             Level::Info,
@@ -782,13 +785,13 @@ impl Core {
         end_of_stream: bool,
         view: &dyn View,
         store: &dyn Store,
-    ) -> Flow {
+    ) -> Next {
         let Some(mut routed) = self
             .downstream
             .get_mut(&context)
             .and_then(|e| e.routed.take())
         else {
-            return Flow::ContinueSkipResponseBody;
+            return Next::ContinueSkipResponseBody;
         };
         let rules = Rc::clone(&routed.rules);
         let flow = match rules.configs().nth(routed.config_index) {
@@ -818,13 +821,13 @@ impl Core {
                 ResponseTranslation::new(t.body, t.client, t.asked, t.created)
             });
         let Some(exchange) = self.downstream.get_mut(&context) else {
-            return Flow::ContinueSkipResponseBody;
+            return Next::ContinueSkipResponseBody;
         };
         exchange.routed = Some(routed);
         if let Some(mut tr) = translation.take() {
             let flow = self.translate_response_headers(&mut tr, status, end_of_stream, view);
-            if flow == Flow::Continue && !tr.active() {
-                return Flow::ContinueSkipResponseBody;
+            if flow == Next::Continue && !tr.active() {
+                return Next::ContinueSkipResponseBody;
             }
             if let Some(exchange) = self.downstream.get_mut(&context) {
                 exchange.response = Some(tr);
@@ -832,8 +835,8 @@ impl Core {
             return flow;
         }
         match flow {
-            Some(status) if self.watch_stream(context, status, view) => Flow::Continue,
-            _ => Flow::ContinueSkipResponseBody,
+            Some(status) if self.watch_stream(context, status, view) => Next::Continue,
+            _ => Next::ContinueSkipResponseBody,
         }
     }
 
@@ -1016,9 +1019,9 @@ impl Core {
         size: usize,
         end_of_stream: bool,
         view: &dyn View,
-    ) -> Flow {
+    ) -> Next {
         let Some(exchange) = self.downstream.get_mut(&context) else {
-            return Flow::ContinueSkipResponseBody;
+            return Next::ContinueSkipResponseBody;
         };
         if let Some(mut tr) = exchange.response.take() {
             let flow = self.translate_response_body(&mut tr, size, end_of_stream, view);
@@ -1029,7 +1032,7 @@ impl Core {
         }
         let anthropic = exchange.routed.as_ref().is_some_and(|r| r.anthropic_api);
         let Some(watcher) = exchange.watcher.as_mut() else {
-            return Flow::ContinueSkipResponseBody;
+            return Next::ContinueSkipResponseBody;
         };
         if size > 0 {
             view.with_response_body(size, &mut |chunk| watcher.push(chunk));
@@ -1037,15 +1040,15 @@ impl Core {
         if watcher.finished() {
             // the terminator went by: nothing later can cut this stream short
             exchange.watcher = None;
-            return Flow::ContinueSkipResponseBody;
+            return Next::ContinueSkipResponseBody;
         }
         if end_of_stream {
             exchange.watcher = None;
             self.push(
-                super::Command::AppendResponseBody {
+                Effect::Own(Own::AppendResponseBody {
                     at: size,
                     bytes: interrupted_event(anthropic),
-                },
+                }),
                 OnFailure::Log(Level::Error, "cannot append the stream error event"),
             );
             self.log(
@@ -1053,9 +1056,9 @@ impl Core {
                 "stream ended without its terminator: error event sent".to_string(),
             );
             self.count("stream_interrupted");
-            return Flow::ContinueSkipResponseBody;
+            return Next::ContinueSkipResponseBody;
         }
-        Flow::Continue
+        Next::Continue
     }
 
     /// `on_log` of a redirect pass: its attempt's outcome goes to the breaker — a pass the

@@ -2,11 +2,13 @@
 //!
 //! Shaped like quinn-proto's `Connection`: the driver (the proxy-wasm shell, or a
 //! fused filter running several plugins' cores) feeds one event at a time into
-//! [`Core::handle`] (the host's data, the clock included, behind a [`View`]), then drains [`Core::poll`] and carries out
-//! each [`Effect`] in order: set or remove a header, replace the body, publish filter state,
-//! clear the route cache, refuse, answer locally, count a metric, log a line. An effect whose
-//! failure changes the outcome names what the core does then ([`OnFailure`]); the driver hands
-//! the failure back with [`Core::failed`], which may change the callback's [`Flow`].
+//! [`Core::handle`] (the host's data, the clock included, behind a [`View`]), then the one
+//! driver of the shared stage protocol (`llm_gateway_shared::host::stage::carry`) drains
+//! [`Core::poll`] through a [`Stage`] and carries out each [`Effect`] in order: set or remove
+//! a header, replace the body, publish filter state, clear the route cache, refuse, answer
+//! locally, count a metric, log a line. An effect whose failure changes the outcome names
+//! what the core does then ([`OnFailure`]); the driver hands the failure back
+//! ([`Core::failed`]), which may change the callback's flow.
 //!
 //! Host data comes in two ways (the clock too: [`View::now_nanos`]):
 //! * through a [`View`] of the current request (headers, properties, bodies), read only when
@@ -20,20 +22,18 @@
 //! One core serves every request of a root context: per-request state is keyed by the HTTP
 //! context id, and [`Core::forget`] drops it when the context goes.
 //!
-//! A driver's loop for one callback (the shell's `Exchange::run` and `drain`):
+//! A driver's loop for one callback (the shell's `Exchange::run`):
 //!
 //! ```text
-//! let mut flow = core.handle(context, input, &view, &store);
-//! while let Some(Effect { command, on_failure }) = core.poll() {
-//!     if let Err(err) = carry_out(command) {
-//!         flow = core.failed(context, on_failure, &err).unwrap_or(flow);
-//!     }
-//! }
-//! // Flow::ContinueSkipResponseBody: continue, and feed no more response-body events
+//! let next = core.handle(context, input, &view, &store);
+//! let mut stage = Stage::new(&core, context);
+//! let flow = stage::carry(&mut stage, next.flow(), sink, PLUGIN, &plugin);
+//! // Next::ContinueSkipResponseBody and the flow still Continue: feed no more response-body
+//! // events
 //! ```
 //!
 //! The core is not borrowed while an effect runs (a local reply re-enters the response
-//! callbacks of the same request).
+//! callbacks of the same request): [`Stage`] borrows it for each poll and failure only.
 
 pub mod breakers;
 mod downstream;
@@ -49,14 +49,16 @@ mod translation_tests;
 use crate::config::{Role, RouterConfig};
 use crate::ids::IdSource;
 use llm_gateway_shared::reject::Reject;
+use llm_gateway_shared::route_info::BUDGET_FALLBACK_PROPERTY;
 use llm_gateway_shared::rules::RuleSet;
+use llm_gateway_shared::stage::{self, Flow};
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::rc::Rc;
 
 pub use breakers::{Store, StoreError};
-pub use protocol::{Command, Effect, Flow, Input, Level, Map, Name, OnFailure, ReadError, View};
+pub use protocol::{Effect, Input, Level, Map, Name, Next, OnFailure, Own, ReadError, View};
 
 /// The plugin's name in local-reply details (`model_router.<code>`).
 pub const PLUGIN: &str = "model_router";
@@ -104,7 +106,10 @@ pub struct Core {
     listener: ListenerRules,
     downstream: ByContext<downstream::Exchange>,
     upstream: ByContext<upstream::Attempt>,
-    queue: VecDeque<Effect>,
+    queue: VecDeque<(Effect, OnFailure)>,
+    /// What the failure of the effect [`Core::poll`] returned last means (the driver reports a
+    /// failure right after the poll).
+    on_failure: OnFailure,
 }
 
 impl Core {
@@ -120,6 +125,7 @@ impl Core {
             downstream: ByContext::default(),
             upstream: ByContext::default(),
             queue: VecDeque::new(),
+            on_failure: OnFailure::Ignore,
         }
     }
 
@@ -163,7 +169,7 @@ impl Core {
         input: Input,
         view: &dyn View,
         store: &dyn Store,
-    ) -> Flow {
+    ) -> Next {
         match self.role {
             Role::Downstream => self.handle_downstream(context, input, view, store),
             Role::Upstream => self.handle_upstream(context, input, view, store),
@@ -172,34 +178,38 @@ impl Core {
 
     /// The next effect, in order.
     pub fn poll(&mut self) -> Option<Effect> {
-        self.queue.pop_front()
+        let (effect, on_failure) = self.queue.pop_front()?;
+        self.on_failure = on_failure;
+        Some(effect)
     }
 
-    /// The driver could not carry out `effect` (`error` says why). Returns the flow the
-    /// callback must return instead, if the failure changes it.
-    pub fn failed(&mut self, context: u32, on_failure: OnFailure, error: &str) -> Option<Flow> {
-        match on_failure {
+    /// The driver could not carry out `effect`, the one [`Core::poll`] returned last, for
+    /// request `context` (`error` says why). Returns what the callback must return instead,
+    /// if the failure changes it.
+    pub fn failed(&mut self, context: u32, effect: Effect, error: &str) -> Option<Next> {
+        let _ = effect; // what its failure means was queued with it
+        match std::mem::replace(&mut self.on_failure, OnFailure::Ignore) {
             OnFailure::Ignore => None,
             OnFailure::Log(level, what) => {
-                self.queue.push_front(Effect {
-                    command: Command::Log(level, format!("{what}: {error}")),
-                    on_failure: OnFailure::Ignore,
-                });
+                self.queue.push_front((
+                    Effect::Log(level, tagged(format!("{what}: {error}"))),
+                    OnFailure::Ignore,
+                ));
                 None
             }
             OnFailure::KeepLength(size) => {
-                for effect in &mut self.queue {
-                    if let Command::SetRequestLength(length) = &mut effect.command {
+                for (effect, _) in &mut self.queue {
+                    if let Effect::Own(Own::SetRequestLength(length)) = effect {
                         *length = size;
                     }
                 }
-                self.queue.push_front(Effect {
-                    command: Command::Log(
+                self.queue.push_front((
+                    Effect::Log(
                         Level::Error,
-                        format!("cannot rewrite the model: {error}"),
+                        tagged(format!("cannot rewrite the model: {error}")),
                     ),
-                    on_failure: OnFailure::Ignore,
-                });
+                    OnFailure::Ignore,
+                ));
                 None
             }
             OnFailure::Refuse => {
@@ -225,69 +235,119 @@ impl Core {
 
     // -- effects ---------------------------------------------------------------------------
 
-    fn push(&mut self, command: Command, on_failure: OnFailure) {
-        self.queue.push_back(Effect {
-            command,
-            on_failure,
-        });
+    fn push(&mut self, effect: Effect, on_failure: OnFailure) {
+        self.queue.push_back((effect, on_failure));
     }
 
     fn log(&mut self, level: Level, message: String) {
-        self.push(Command::Log(level, message), OnFailure::Ignore);
+        self.push(Effect::Log(level, tagged(message)), OnFailure::Ignore);
     }
 
     fn count(&mut self, name: impl Into<Name>) {
-        self.push(Command::Count(name.into()), OnFailure::Ignore);
+        self.push(Effect::Count(name.into(), 1), OnFailure::Ignore);
     }
 
     fn gauge(&mut self, name: impl Into<Name>, value: u64) {
-        self.push(Command::Gauge(name.into(), value), OnFailure::Ignore);
+        self.push(Effect::Gauge(name.into(), value), OnFailure::Ignore);
     }
 
     /// Refuses with `reject`: counted, sent, the callback pauses.
-    fn refuse(&mut self, reject: Reject) -> Flow {
+    fn refuse(&mut self, reject: Reject) -> Next {
         self.count(format!("rejected.{}", reject.code));
         self.push(
-            Command::Refuse(reject),
+            Effect::Refuse(reject),
             OnFailure::Log(Level::Error, "cannot send the local reply"),
         );
-        Flow::Pause
+        Next::Pause
     }
 
     fn set_header(
         &mut self,
         map: Map,
         name: impl Into<Name>,
-        value: impl Into<Vec<u8>>,
+        value: impl Into<String>,
         on_failure: OnFailure,
     ) {
+        let name: Name = name.into();
         self.push(
-            Command::SetHeader {
-                map,
-                name: name.into(),
-                value: value.into(),
-            },
+            Effect::SetHeader(map, name.into_owned(), value.into()),
             on_failure,
         );
     }
 
+    /// A constant name is the shared vocabulary's removal; another one ([`Own::RemoveHeader`])
+    /// is the router's.
     fn remove_header(&mut self, map: Map, name: impl Into<Name>, on_failure: OnFailure) {
+        let effect = match name.into() {
+            Name::Borrowed(name) => Effect::RemoveHeader(map, name),
+            Name::Owned(name) => Effect::Own(Own::RemoveHeader(map, name)),
+        };
+        self.push(effect, on_failure);
+    }
+
+    /// Filter state `wasm.<name>`; the budget fallback is published to the fused filter's
+    /// later stages too (token-ratelimit's stage reads it there; not the route info nor the
+    /// attempt number: the clusters' filter rewrites both).
+    fn set_property(&mut self, name: impl Into<Name>, value: Vec<u8>, on_failure: OnFailure) {
+        let name: Name = name.into();
+        let shared = name == BUDGET_FALLBACK_PROPERTY;
         self.push(
-            Command::RemoveHeader {
-                map,
-                name: name.into(),
+            Effect::SetProperty {
+                name,
+                value,
+                shared,
             },
             on_failure,
         );
     }
+}
 
-    fn set_property(&mut self, name: impl Into<Name>, value: Vec<u8>, on_failure: OnFailure) {
-        self.push(
-            Command::SetProperty {
-                name: name.into(),
-                value,
-            },
-            on_failure,
-        );
+/// A log line of this plugin.
+fn tagged(message: String) -> String {
+    format!("model-router: {message}")
+}
+
+/// One request's side of a [`Core`] for the one driver of the stage protocol: the core is
+/// borrowed for each poll and each failure only (a local reply re-enters the callbacks of the
+/// same request while it is sent).
+pub struct Stage<'a> {
+    core: &'a RefCell<Core>,
+    context: u32,
+    replied: bool,
+}
+
+impl<'a> Stage<'a> {
+    /// The effects of request `context`.
+    pub fn new(core: &'a RefCell<Core>, context: u32) -> Self {
+        Stage {
+            core,
+            context,
+            replied: false,
+        }
+    }
+
+    /// A local reply (a refusal or an answer) was polled: the request goes no further.
+    pub fn replied(&self) -> bool {
+        self.replied
+    }
+}
+
+impl stage::Core for Stage<'_> {
+    type Metric = Name;
+    type Refusal = Reject;
+    type Own = Own;
+
+    fn poll(&mut self) -> Option<Effect> {
+        let effect = self.core.try_borrow_mut().ok()?.poll()?;
+        self.replied |= matches!(effect, Effect::Refuse(_) | Effect::Own(Own::Reply { .. }));
+        Some(effect)
+    }
+
+    fn failed(&mut self, effect: Effect, error: String) -> Flow {
+        let changed = match self.core.try_borrow_mut() {
+            Ok(mut core) => core.failed(self.context, effect, &error),
+            Err(_) => None,
+        };
+        changed.map_or(Flow::Continue, Next::flow)
     }
 }

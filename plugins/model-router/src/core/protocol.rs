@@ -1,6 +1,6 @@
 //! What the core and its driver say to each other: the events fed in ([`Input`], the host's
-//! data read through a [`View`]), the effects drained out ([`Effect`]: a [`Command`] and what
-//! its failure means, [`OnFailure`]) and the [`Flow`] a callback returns; with the reads of
+//! data read through a [`View`]), the effects drained out (the shared [`Effect`]s, each with
+//! what its failure means, [`OnFailure`]) and what a callback returns ([`Next`]); with the reads of
 //! the current request that both roles share ([`select`] of the config, headers and
 //! properties as text). Below [`Core`](super::Core) and the roles that implement it
 //! (`downstream`, `upstream`, `translation`, `breakers`), which all use it.
@@ -9,21 +9,10 @@ use crate::config::RouterConfig;
 use llm_gateway_shared::reject::Reject;
 use llm_gateway_shared::request::RequestHead;
 use llm_gateway_shared::rules::{MatchInput, RuleSet};
-use std::borrow::Cow;
-
-/// A header, property or metric name: nearly always a constant, so no allocation.
-pub type Name = Cow<'static, str>;
-
-/// A header map.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Map {
-    /// The request's headers.
-    Request,
-    /// The response's headers.
-    Response,
-}
+use llm_gateway_shared::stage::{self, Flow};
 
 pub use llm_gateway_shared::level::Level;
+pub use llm_gateway_shared::stage::{Map, Name};
 
 /// A host read failed (as opposed to "the value is absent").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,9 +93,10 @@ pub enum Input {
     Log,
 }
 
-/// What the callback returns to the host.
+/// What the core answers a callback: the shared [`Flow`](llm_gateway_shared::stage::Flow)'s
+/// continue and pause, and one the router alone needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Flow {
+pub enum Next {
     /// Let the headers or body go on.
     Continue,
     /// Hold them (more body to come, or a local reply was sent).
@@ -117,61 +107,40 @@ pub enum Flow {
     ContinueSkipResponseBody,
 }
 
-/// One thing for the driver to do.
+impl Next {
+    /// The shared flow the driver carries (skipping the response body is the shell's to
+    /// remember).
+    pub fn flow(self) -> Flow {
+        match self {
+            Next::Continue | Next::ContinueSkipResponseBody => Flow::Continue,
+            Next::Pause => Flow::Pause,
+        }
+    }
+}
+
+/// One thing for the driver to do: the shared vocabulary, counters and gauges named by their
+/// suffix (`llm_gateway.model_router.<name>`), refusals as OpenAI-shaped errors
+/// (`host::send_reject`), and what only the router asks ([`Own`]).
+pub type Effect = stage::Effect<Name, Reject, Own>;
+
+/// What only the router asks of the host (its shell's `Plugin::own` carries it out).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Command {
-    /// Set (replace) a header.
-    SetHeader {
-        /// Request or response headers.
-        map: Map,
-        /// Lowercase name.
-        name: Name,
-        /// Value.
-        value: Vec<u8>,
-    },
-    /// Remove a header.
-    RemoveHeader {
-        /// Request or response headers.
-        map: Map,
-        /// Lowercase name.
-        name: Name,
-    },
-    /// Overwrite the request body's first `size` bytes with `body`, headers untouched (the
-    /// core frames the length itself with [`Command::SetRequestLength`] when the request has
-    /// one: it read the headers already, the host need not be asked again).
-    SetRequestBody {
-        /// The size the body callback reported.
-        size: usize,
-        /// The new body.
-        body: Vec<u8>,
-    },
-    /// `content-length: <n>` and no `transfer-encoding` (`host::set_request_length`).
+pub enum Own {
+    /// Remove a request or response header whose name is not a constant (a client's
+    /// `x-envoy-*` header).
+    RemoveHeader(Map, String),
+    /// `content-length: <n>` and no `transfer-encoding` (`host::set_request_length`). The
+    /// fused filter frames a body with a `content-length` itself after every stage's edits;
+    /// there only a request without one (a redirect pass: Envoy removed it) is framed here.
     SetRequestLength(usize),
-    /// Filter state `wasm.<name>`.
-    SetProperty {
-        /// One path segment.
-        name: Name,
-        /// Value.
-        value: Vec<u8>,
-    },
-    /// Clear the route cache: the route's cluster matcher reads the new filter state.
-    ClearRouteCache,
-    /// Replace the current response chunk (`size` bytes, or the whole body held so far) with
-    /// `body`.
-    ReplaceResponseBody {
-        /// The chunk's size.
-        size: usize,
-        /// What replaces it.
-        body: Vec<u8>,
-    },
-    /// Append bytes to the current response chunk (`size` bytes long).
+    /// Append bytes to the current response chunk (`at` bytes long).
     AppendResponseBody {
         /// The chunk's size: the bytes go after it.
         at: usize,
         /// What to append.
         bytes: Vec<u8>,
     },
-    /// Send a local reply that is not an error (the model list).
+    /// Send a local reply that is not an error (the model list, a token count).
     Reply {
         /// Status.
         status: u16,
@@ -182,17 +151,9 @@ pub enum Command {
         /// Body.
         body: Vec<u8>,
     },
-    /// Refuse with the OpenAI-shaped error (`host::send_reject`).
-    Refuse(Reject),
-    /// Add one to counter `llm_gateway.model_router.<name>`.
-    Count(Name),
-    /// Set gauge `llm_gateway.model_router.<name>` to the value.
-    Gauge(Name, u64),
-    /// Log a line (never a credential, a key or a prompt).
-    Log(Level, String),
 }
 
-/// What the core does when a command fails.
+/// What the core does when an effect fails.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OnFailure {
     /// Nothing (metrics).
@@ -205,15 +166,6 @@ pub enum OnFailure {
     /// The model rewrite of an attempt failed: the provider gets the client's body, so its
     /// length stays this; logged.
     KeepLength(usize),
-}
-
-/// A command and what its failure means.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Effect {
-    /// What to do.
-    pub command: Command,
-    /// What a failure changes.
-    pub on_failure: OnFailure,
 }
 
 /// The config of `rules` this request matches, as `host::select_config` picks it: the route

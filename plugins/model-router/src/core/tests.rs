@@ -143,26 +143,33 @@ impl FakeView {
         RouteInfo::from_json(&self.properties.borrow()["llm_route"]).expect("llm_route")
     }
 
-    /// What the host does with a command.
-    pub(super) fn apply(&self, command: &Command) {
-        match command {
-            Command::SetHeader { map, name, value } => match map {
-                Map::Request => put(&mut self.request.borrow_mut(), name, value),
-                Map::Response => put(&mut self.response.borrow_mut(), name, value),
+    fn remove(&self, map: Map, name: &str) {
+        match map {
+            Map::Request => self.request.borrow_mut().retain(|(n, _)| n != name),
+            Map::Response => self.response.borrow_mut().retain(|(n, _)| n != name),
+        }
+    }
+
+    /// What the host does with an effect.
+    pub(super) fn apply(&self, effect: &Effect) {
+        match effect {
+            Effect::SetHeader(map, name, value) => match map {
+                Map::Request => put(&mut self.request.borrow_mut(), name, value.as_bytes()),
+                Map::Response => put(&mut self.response.borrow_mut(), name, value.as_bytes()),
             },
-            Command::RemoveHeader { map, name } => match map {
-                Map::Request => self.request.borrow_mut().retain(|(n, _)| n != name),
-                Map::Response => self.response.borrow_mut().retain(|(n, _)| n != name),
-            },
-            Command::SetRequestBody { body, .. } => *self.request_body.borrow_mut() = body.clone(),
-            Command::SetRequestLength(n) => {
+            Effect::RemoveHeader(map, name) => self.remove(*map, name),
+            Effect::Own(Own::RemoveHeader(map, name)) => self.remove(*map, name),
+            Effect::ReplaceRequestBody { body, .. } => {
+                *self.request_body.borrow_mut() = body.clone()
+            }
+            Effect::Own(Own::SetRequestLength(n)) => {
                 // as host::set_request_length
                 let mut request = self.request.borrow_mut();
                 put(&mut request, "content-length", n.to_string().as_bytes());
                 request.retain(|(name, _)| name != "transfer-encoding");
             }
-            Command::SetProperty { name, value } => self.set_prop(name, value),
-            Command::ReplaceResponseBody { body, .. } => {
+            Effect::SetProperty { name, value, .. } => self.set_prop(name, value),
+            Effect::ReplaceResponseBody { body, .. } => {
                 *self.response_body.borrow_mut() = body.clone()
             }
             _ => {}
@@ -255,19 +262,19 @@ impl Rig {
         view: &FakeView,
         context: u32,
         input: Input,
-        fail: impl Fn(&Command) -> bool,
-    ) -> (Flow, Vec<Command>) {
+        fail: impl Fn(&Effect) -> bool,
+    ) -> (Next, Vec<Effect>) {
         let mut flow = self.core.handle(context, input, view, &self.store);
         let mut done = Vec::new();
         while let Some(effect) = self.core.poll() {
-            if fail(&effect.command) {
-                if let Some(changed) = self.core.failed(context, effect.on_failure, "refused") {
+            if fail(&effect) {
+                if let Some(changed) = self.core.failed(context, effect, "refused") {
                     flow = changed;
                 }
                 continue;
             }
-            view.apply(&effect.command);
-            done.push(effect.command);
+            view.apply(&effect);
+            done.push(effect);
         }
         (flow, done)
     }
@@ -277,12 +284,12 @@ impl Rig {
         view: &FakeView,
         context: u32,
         input: Input,
-    ) -> (Flow, Vec<Command>) {
+    ) -> (Next, Vec<Effect>) {
         self.run_failing(view, context, input, |_| false)
     }
 
     /// Headers then the whole body of a request.
-    pub(super) fn send(&mut self, view: &FakeView, context: u32) -> (Flow, Vec<Command>) {
+    pub(super) fn send(&mut self, view: &FakeView, context: u32) -> (Next, Vec<Effect>) {
         let (flow, _) = self.run(
             view,
             context,
@@ -290,7 +297,7 @@ impl Rig {
                 end_of_stream: false,
             },
         );
-        assert_eq!(flow, Flow::Pause, "a routed request holds its headers");
+        assert_eq!(flow, Next::Pause, "a routed request holds its headers");
         let size = view.request_body.borrow().len();
         self.run(
             view,
@@ -302,7 +309,7 @@ impl Rig {
         )
     }
 
-    fn response(&mut self, view: &FakeView, context: u32) -> Vec<Command> {
+    fn response(&mut self, view: &FakeView, context: u32) -> Vec<Effect> {
         let (flow, commands) = self.run(
             view,
             context,
@@ -310,7 +317,7 @@ impl Rig {
                 end_of_stream: false,
             },
         );
-        assert_ne!(flow, Flow::Pause);
+        assert_ne!(flow, Next::Pause);
         // the body events are wanted exactly when a stream is guarded
         let guarded = view
             .response_header_text("content-type")
@@ -321,34 +328,34 @@ impl Rig {
                 .downstream
                 .get(&context)
                 .is_some_and(|e| e.routed.is_some());
-        assert_eq!(flow == Flow::Continue, guarded, "{flow:?}");
+        assert_eq!(flow == Next::Continue, guarded, "{flow:?}");
         commands
     }
 }
 
-pub(super) fn counted(commands: &[Command], name: &str) -> bool {
+pub(super) fn counted(commands: &[Effect], name: &str) -> bool {
     commands
         .iter()
-        .any(|c| matches!(c, Command::Count(n) if n == name))
+        .any(|c| matches!(c, Effect::Count(n, 1) if n == name))
 }
 
-fn gauged(commands: &[Command], name: &str, value: u64) -> bool {
+fn gauged(commands: &[Effect], name: &str, value: u64) -> bool {
     commands
         .iter()
-        .any(|c| matches!(c, Command::Gauge(n, v) if n == name && *v == value))
+        .any(|c| matches!(c, Effect::Gauge(n, v) if n == name && *v == value))
 }
 
-pub(super) fn refusal(commands: &[Command]) -> Option<&Reject> {
+pub(super) fn refusal(commands: &[Effect]) -> Option<&Reject> {
     commands.iter().find_map(|c| match c {
-        Command::Refuse(r) => Some(r),
+        Effect::Refuse(r) => Some(r),
         _ => None,
     })
 }
 
-pub(super) fn logged(commands: &[Command], level: Level, text: &str) -> bool {
+pub(super) fn logged(commands: &[Effect], level: Level, text: &str) -> bool {
     commands
         .iter()
-        .any(|c| matches!(c, Command::Log(l, m) if *l == level && m.contains(text)))
+        .any(|c| matches!(c, Effect::Log(l, m) if *l == level && m.contains(text)))
 }
 
 pub(super) fn body_model(view: &FakeView) -> String {
@@ -373,7 +380,7 @@ fn a_request_of_a_group_is_planned_rewritten_and_published_for_the_retries() {
         CHAT,
     );
     let (flow, commands) = rig.send(&view, 1);
-    assert_eq!(flow, Flow::Continue);
+    assert_eq!(flow, Next::Continue);
     assert_eq!(body_model(&view), "gpt-a");
     // two deployments: no credential at all here (each attempt's is the upstream role's)
     assert_eq!(view.header("authorization"), None);
@@ -402,11 +409,11 @@ fn a_request_of_a_group_is_planned_rewritten_and_published_for_the_retries() {
     // the route cache is cleared after every write the matcher reads
     let clear = commands
         .iter()
-        .position(|c| *c == Command::ClearRouteCache)
+        .position(|c| *c == Effect::ClearRouteCache)
         .expect("route cache cleared");
     let last_property = commands
         .iter()
-        .rposition(|c| matches!(c, Command::SetProperty { .. }))
+        .rposition(|c| matches!(c, Effect::SetProperty { .. }))
         .unwrap();
     assert!(clear > last_property);
     assert!(counted(&commands, "version.v1.requests"));
@@ -427,7 +434,7 @@ fn the_rewritten_body_keeps_a_content_length_true_and_a_chunked_one_chunked() {
     let length = view.request_body.borrow().len();
     assert_ne!(length, CHAT.len(), "the model was rewritten");
     assert_eq!(view.header("content-length"), Some(length.to_string()));
-    assert!(commands.contains(&Command::SetRequestLength(length)));
+    assert!(commands.contains(&Effect::Own(Own::SetRequestLength(length))));
     // sent chunked (no content-length): none is added
     let view = FakeView::request(
         "/v1/chat/completions",
@@ -440,7 +447,7 @@ fn the_rewritten_body_keeps_a_content_length_true_and_a_chunked_one_chunked() {
     assert_eq!(view.header("transfer-encoding").as_deref(), Some("chunked"));
     assert!(!commands
         .iter()
-        .any(|c| matches!(c, Command::SetRequestLength(_))));
+        .any(|c| matches!(c, Effect::Own(Own::SetRequestLength(_)))));
 }
 
 #[test]
@@ -505,15 +512,15 @@ fn count_tokens_plans_only_anthropic_deployments() {
     // ("hi": ceil(2 / 4) + the message's overhead of 4), labelled as one
     let view = FakeView::request("/v1/messages/count_tokens", &[("x-llm-groups", "*")], CHAT);
     let (flow, commands) = rig.send(&view, 1);
-    assert_eq!(flow, Flow::Pause);
+    assert_eq!(flow, Next::Pause);
     assert!(refusal(&commands).is_none());
     let reply = commands.iter().find_map(|c| match c {
-        Command::Reply {
+        Effect::Own(Own::Reply {
             status,
             headers,
             body,
             ..
-        } => Some((
+        }) => Some((
             *status,
             headers.clone(),
             String::from_utf8(body.clone()).unwrap(),
@@ -539,7 +546,7 @@ fn count_tokens_plans_only_anthropic_deployments() {
         &chat("sonnet"),
     );
     let (flow, _) = rig.send(&view, 2);
-    assert_eq!(flow, Flow::Continue);
+    assert_eq!(flow, Next::Continue);
     assert_eq!(view.header("x-llm-deployment").as_deref(), Some("claude"));
 }
 
@@ -554,7 +561,7 @@ fn other_paths_pass_untouched_and_keep_no_state() {
             end_of_stream: true,
         },
     );
-    assert_eq!((flow, commands.len()), (Flow::Continue, 0));
+    assert_eq!((flow, commands.len()), (Next::Continue, 0));
     let (flow, commands) = rig.run(
         &view,
         1,
@@ -562,7 +569,7 @@ fn other_paths_pass_untouched_and_keep_no_state() {
             end_of_stream: true,
         },
     );
-    assert_eq!((flow, commands.len()), (Flow::ContinueSkipResponseBody, 0));
+    assert_eq!((flow, commands.len()), (Next::ContinueSkipResponseBody, 0));
     assert_eq!(rig.core.requests(), 0);
 }
 
@@ -579,7 +586,7 @@ fn unconfigured_the_router_passes_everything() {
         &view,
         &store,
     );
-    assert_eq!(flow, Flow::Continue);
+    assert_eq!(flow, Next::Continue);
     assert!(core.poll().is_none());
 }
 
@@ -594,7 +601,7 @@ fn a_routed_request_without_a_body_is_refused_400() {
             end_of_stream: true,
         },
     );
-    assert_eq!(flow, Flow::Pause);
+    assert_eq!(flow, Next::Pause);
     let reject = refusal(&commands).expect("refused");
     assert_eq!(
         (reject.status, reject.code.as_ref()),
@@ -622,7 +629,7 @@ fn the_body_is_held_until_it_is_complete() {
             end_of_stream: false,
         },
     );
-    assert_eq!((flow, commands.len()), (Flow::Pause, 0));
+    assert_eq!((flow, commands.len()), (Next::Pause, 0));
     let (flow, _) = rig.run(
         &view,
         1,
@@ -631,7 +638,7 @@ fn the_body_is_held_until_it_is_complete() {
             end_of_stream: true,
         },
     );
-    assert_eq!(flow, Flow::Continue);
+    assert_eq!(flow, Next::Continue);
     // routed once: a later body callback changes nothing
     let (flow, commands) = rig.run(
         &view,
@@ -641,7 +648,7 @@ fn the_body_is_held_until_it_is_complete() {
             end_of_stream: true,
         },
     );
-    assert_eq!((flow, commands.len()), (Flow::Continue, 0));
+    assert_eq!((flow, commands.len()), (Next::Continue, 0));
 }
 
 #[test]
@@ -654,7 +661,7 @@ fn unknown_or_forbidden_groups_and_bad_bodies_are_refused() {
     ] {
         let view = FakeView::request("/v1/chat/completions", &[("x-llm-groups", groups)], &body);
         let (flow, commands) = rig.send(&view, 1);
-        assert_eq!(flow, Flow::Pause, "{body}");
+        assert_eq!(flow, Next::Pause, "{body}");
         let reject = refusal(&commands).expect("refused");
         assert_eq!(
             (reject.status, reject.code.as_ref()),
@@ -684,9 +691,9 @@ fn a_failed_routing_write_refuses_500_and_drops_the_rest() {
             size: CHAT.len(),
             end_of_stream: true,
         },
-        |c| matches!(c, Command::SetProperty { name, .. } if name == "llm_route_plan"),
+        |c| matches!(c, Effect::SetProperty { name, .. } if name == "llm_route_plan"),
     );
-    assert_eq!(flow, Flow::Pause);
+    assert_eq!(flow, Next::Pause);
     let reject = refusal(&commands).expect("refused");
     assert_eq!(
         (reject.status, reject.code.as_ref()),
@@ -698,7 +705,7 @@ fn a_failed_routing_write_refuses_500_and_drops_the_rest() {
         "refused: gateway_internal_error"
     ));
     assert!(
-        !commands.contains(&Command::ClearRouteCache),
+        !commands.contains(&Effect::ClearRouteCache),
         "the rest was dropped"
     );
     assert!(!counted(&commands, "version.v1.requests"));
@@ -726,9 +733,9 @@ fn a_failed_local_reply_is_logged() {
             size: CHAT.len(),
             end_of_stream: true,
         },
-        |c| matches!(c, Command::Refuse(_)),
+        |c| matches!(c, Effect::Refuse(_)),
     );
-    assert_eq!(flow, Flow::Pause);
+    assert_eq!(flow, Next::Pause);
     assert!(logged(
         &commands,
         Level::Error,
@@ -751,13 +758,15 @@ fn the_model_list_is_answered_locally_with_the_groups_the_key_may_use() {
             end_of_stream: true,
         },
     );
-    assert_eq!(flow, Flow::Pause);
-    let Some(Command::Reply {
+    assert_eq!(flow, Next::Pause);
+    let Some(Effect::Own(Own::Reply {
         status,
         details,
         body,
         ..
-    }) = commands.iter().find(|c| matches!(c, Command::Reply { .. }))
+    })) = commands
+        .iter()
+        .find(|c| matches!(c, Effect::Own(Own::Reply { .. })))
     else {
         panic!("a local reply: {commands:?}");
     };
@@ -781,7 +790,7 @@ fn the_model_list_is_answered_locally_with_the_groups_the_key_may_use() {
             end_of_stream: true,
         },
     );
-    assert_eq!(flow, Flow::Pause);
+    assert_eq!(flow, Next::Pause);
     assert_eq!(refusal(&commands).map(|r| r.status), Some(404));
 }
 
@@ -838,10 +847,10 @@ fn the_response_names_the_attempts_and_the_retried_ones_feed_their_breakers() {
 /// does not write it again; after a retry it publishes the answering attempt.
 #[test]
 fn a_first_attempts_answer_leaves_the_published_route_info_final() {
-    let writes_route = |commands: &[Command]| {
+    let writes_route = |commands: &[Effect]| {
         commands
             .iter()
-            .any(|c| matches!(c, Command::SetProperty { name, .. } if name.as_ref() == "llm_route"))
+            .any(|c| matches!(c, Effect::SetProperty { name, .. } if name.as_ref() == "llm_route"))
     };
     for (attempt, status) in [(None, "200"), (None, "500"), (Some("2"), "200")] {
         let mut rig = Rig::new(DOC);
@@ -1016,7 +1025,7 @@ fn without_shared_data_every_breaker_admits() {
     rig.store.unavailable.set(true);
     let view = FakeView::request("/v1/chat/completions", &[("x-llm-groups", "*")], CHAT);
     let (flow, _) = rig.send(&view, 1);
-    assert_eq!(flow, Flow::Continue);
+    assert_eq!(flow, Next::Continue);
     assert_eq!(view.header("x-llm-deployment").as_deref(), Some("a"));
     view.respond("503", &[]);
     rig.response(&view, 1); // recording fails quietly
@@ -1039,11 +1048,7 @@ fn configuration_seeds_only_the_breakers_that_do_not_exist() {
             "{name} seeded"
         );
     }
-    let Some(Effect {
-        command: Command::Log(Level::Info, line),
-        ..
-    }) = core.poll()
-    else {
+    let Some(Effect::Log(Level::Info, line)) = core.poll() else {
         panic!("the configuration is logged");
     };
     assert!(
@@ -1057,7 +1062,7 @@ fn configuration_seeds_only_the_breakers_that_do_not_exist() {
 
 const SSE: (&str, &str) = ("content-type", "text/event-stream; charset=utf-8");
 
-fn stream(rig: &mut Rig, view: &FakeView, context: u32, chunks: &[&str]) -> Vec<Command> {
+fn stream(rig: &mut Rig, view: &FakeView, context: u32, chunks: &[&str]) -> Vec<Effect> {
     let mut all = Vec::new();
     for (n, chunk) in chunks.iter().enumerate() {
         *view.response_body.borrow_mut() = chunk.as_bytes().to_vec();
@@ -1069,9 +1074,9 @@ fn stream(rig: &mut Rig, view: &FakeView, context: u32, chunks: &[&str]) -> Vec<
                 end_of_stream: n + 1 == chunks.len(),
             },
         );
-        assert_ne!(flow, Flow::Pause);
+        assert_ne!(flow, Next::Pause);
         all.extend(commands);
-        if flow == Flow::ContinueSkipResponseBody {
+        if flow == Next::ContinueSkipResponseBody {
             // what the shell does: no more body events
             break;
         }
@@ -1093,9 +1098,9 @@ fn a_stream_cut_before_its_terminator_gets_an_error_event() {
         1,
         &["data: {\"x\":1}\n\n", "data: {\"x\":2}\n\n", ""],
     );
-    let Some(Command::AppendResponseBody { at, bytes }) = commands
+    let Some(Effect::Own(Own::AppendResponseBody { at, bytes })) = commands
         .iter()
-        .find(|c| matches!(c, Command::AppendResponseBody { .. }))
+        .find(|c| matches!(c, Effect::Own(Own::AppendResponseBody { .. })))
     else {
         panic!("an error event: {commands:?}");
     };
@@ -1115,10 +1120,10 @@ fn an_anthropic_client_gets_anthropics_error_event() {
     view.respond("200", &[SSE]);
     rig.response(&view, 1);
     let commands = stream(&mut rig, &view, 1, &["event: ping\ndata: {}\n\n"]);
-    assert!(commands.contains(&Command::AppendResponseBody {
+    assert!(commands.contains(&Effect::Own(Own::AppendResponseBody {
         at: "event: ping\ndata: {}\n\n".len(),
         bytes: crate::stream::interrupted_event(true),
-    }));
+    })));
 }
 
 #[test]
@@ -1269,15 +1274,15 @@ fn a_failed_budget_fallback_publication_is_logged_and_the_request_goes_on() {
             size: chat("smart").len(),
             end_of_stream: true,
         },
-        |c| matches!(c, Command::SetProperty { name, .. } if name == "llm_route_budget_fallback"),
+        |c| matches!(c, Effect::SetProperty { name, .. } if name == "llm_route_budget_fallback"),
     );
-    assert_eq!(flow, Flow::Continue);
+    assert_eq!(flow, Next::Continue);
     assert!(logged(
         &commands,
         Level::Error,
         "cannot publish the budget fallback"
     ));
-    assert!(commands.contains(&Command::ClearRouteCache));
+    assert!(commands.contains(&Effect::ClearRouteCache));
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1331,7 +1336,7 @@ fn a_reentering_pass_continues_the_plan_and_its_breaker_learns_at_on_log() {
         CHAT,
     );
     let (flow, commands) = rig.send(&view, 1);
-    assert_eq!(flow, Flow::Continue);
+    assert_eq!(flow, Next::Continue);
     assert_eq!(body_model(&view), "gpt-b");
     assert_eq!(view.header("authorization").as_deref(), Some("Bearer kb"));
     assert_eq!(view.header("x-llm-request-id").as_deref(), Some("rid-1"));
@@ -1394,7 +1399,7 @@ fn a_continuation_is_trusted_only_with_a_reentry_ticket_and_naming_known_deploym
         CHAT,
     );
     let (flow, commands) = rig.send(&view, 2);
-    assert_eq!(flow, Flow::Pause);
+    assert_eq!(flow, Next::Pause);
     let reject = refusal(&commands).unwrap();
     assert_eq!(
         (reject.status, reject.code.as_ref()),
@@ -1441,7 +1446,7 @@ fn an_attempt_gets_its_deployments_model_credential_and_length() {
             end_of_stream: false,
         },
     );
-    assert_eq!(flow, Flow::Pause);
+    assert_eq!(flow, Next::Pause);
     assert_eq!(view.prop("llm_attempt").as_deref(), Some("2"));
     assert_eq!(view.header("authorization").as_deref(), Some("Bearer kb"));
     assert_eq!(view.header("x-envoy-attempt-count"), None);
@@ -1456,7 +1461,7 @@ fn an_attempt_gets_its_deployments_model_credential_and_length() {
             end_of_stream: false,
         },
     );
-    assert_eq!(flow, Flow::Pause);
+    assert_eq!(flow, Next::Pause);
     let (flow, _) = rig.run(
         &view,
         1,
@@ -1465,7 +1470,7 @@ fn an_attempt_gets_its_deployments_model_credential_and_length() {
             end_of_stream: true,
         },
     );
-    assert_eq!(flow, Flow::Continue);
+    assert_eq!(flow, Next::Continue);
     assert_eq!(body_model(&view), "gpt-b");
     assert_eq!(
         view.header("content-length"),
@@ -1475,7 +1480,7 @@ fn an_attempt_gets_its_deployments_model_credential_and_length() {
 
 /// Attempt 1 of plan `a` (model `gpt-a`, the body's already) with `headers` besides the
 /// attempt count: the commands of its headers and of its whole body.
-fn unchanged_attempt(headers: &[(&str, &str)]) -> Vec<Command> {
+fn unchanged_attempt(headers: &[(&str, &str)]) -> Vec<Effect> {
     let mut rig = upstream();
     let mut all = vec![("x-envoy-attempt-count", "1")];
     all.extend_from_slice(headers);
@@ -1501,7 +1506,7 @@ fn unchanged_attempt(headers: &[(&str, &str)]) -> Vec<Command> {
             end_of_stream: true,
         },
     );
-    assert_eq!(flow, Flow::Continue);
+    assert_eq!(flow, Next::Continue);
     assert_eq!(view.header("authorization").as_deref(), Some("Bearer ka"));
     assert_eq!(view.header("content-length").as_deref(), Some("31"));
     assert_eq!(view.header("transfer-encoding"), None);
@@ -1512,15 +1517,17 @@ fn unchanged_attempt(headers: &[(&str, &str)]) -> Vec<Command> {
 
 #[test]
 fn an_attempt_writes_no_framing_and_removes_no_header_the_request_has_right_already() {
-    let removed = |commands: &[Command], name: &str| {
-        commands
-            .iter()
-            .any(|c| matches!(c, Command::RemoveHeader { map: Map::Request, name: n } if n == name))
+    let removed = |commands: &[Effect], name: &str| {
+        commands.iter().any(|c| match c {
+            Effect::RemoveHeader(Map::Request, n) => *n == name,
+            Effect::Own(Own::RemoveHeader(Map::Request, n)) => n == name,
+            _ => false,
+        })
     };
-    let framing = |commands: &[Command]| {
+    let framing = |commands: &[Effect]| {
         commands
             .iter()
-            .any(|c| matches!(c, Command::SetRequestLength(_)))
+            .any(|c| matches!(c, Effect::Own(Own::SetRequestLength(_))))
     };
     // the body is unchanged and its content-length right; no x-api-key to remove
     let commands = unchanged_attempt(&[("content-length", "31")]);
@@ -1539,7 +1546,7 @@ fn an_attempt_writes_no_framing_and_removes_no_header_the_request_has_right_alre
     ] {
         let commands = unchanged_attempt(headers);
         assert!(
-            commands.contains(&Command::SetRequestLength(31)),
+            commands.contains(&Effect::Own(Own::SetRequestLength(31))),
             "{headers:?}: {commands:?}"
         );
     }
@@ -1564,15 +1571,15 @@ fn an_attempt_whose_rewrite_fails_frames_the_clients_body() {
             size,
             end_of_stream: true,
         },
-        |c| matches!(c, Command::SetRequestBody { .. }),
+        |c| matches!(c, Effect::ReplaceRequestBody { .. }),
     );
-    assert_eq!(flow, Flow::Continue);
+    assert_eq!(flow, Next::Continue);
     assert!(logged(
         &commands,
         Level::Error,
         "cannot rewrite the model: refused"
     ));
-    assert!(commands.contains(&Command::SetRequestLength(size)));
+    assert!(commands.contains(&Effect::Own(Own::SetRequestLength(size))));
     assert_eq!(body_model(&view), "gpt-a");
 }
 
@@ -1609,7 +1616,7 @@ fn an_attempt_the_role_cannot_resolve_is_refused_never_forwarded() {
             end_of_stream: false,
         },
     );
-    assert_eq!(flow, Flow::Pause);
+    assert_eq!(flow, Next::Pause);
     assert_eq!(refusal(&commands).map(|r| r.status), Some(500));
     assert!(logged(
         &commands,
@@ -1625,7 +1632,7 @@ fn an_attempt_the_role_cannot_resolve_is_refused_never_forwarded() {
             end_of_stream: false,
         },
     );
-    assert_eq!(flow, Flow::Pause);
+    assert_eq!(flow, Next::Pause);
     // its own document's deployments come first (the older form)
     let own = DOC.replace("\"version\": \"v1\",", "\"role\": \"upstream\",");
     let mut rig = Rig::new(&own);
@@ -1637,7 +1644,7 @@ fn an_attempt_the_role_cannot_resolve_is_refused_never_forwarded() {
             end_of_stream: true,
         },
     );
-    assert_eq!(flow, Flow::Continue);
+    assert_eq!(flow, Next::Continue);
     assert_eq!(view.header("authorization").as_deref(), Some("Bearer ka"));
 }
 
@@ -1653,19 +1660,20 @@ fn an_unrouted_request_only_loses_its_envoy_headers() {
             end_of_stream: false,
         },
     );
-    assert_eq!(flow, Flow::Continue);
+    assert_eq!(flow, Next::Continue);
     assert_eq!(view.header("x-envoy-attempt-count"), None);
     assert_eq!(view.header("authorization").as_deref(), Some("Bearer ka"));
-    assert!(commands
-        .iter()
-        .all(|c| matches!(c, Command::RemoveHeader { .. })));
+    assert!(commands.iter().all(|c| matches!(
+        c,
+        Effect::RemoveHeader(..) | Effect::Own(Own::RemoveHeader(..))
+    )));
     assert_eq!(rig.core.requests(), 0);
 }
 
 /// The upstream role's attempt `number` of plan `a,b` answering `status`, after the listener
 /// role published its first choice's route info (attempt 1 listed as tried, as it does); the
 /// view and the commands of the response callback.
-fn answer_after_the_listener(number: &str, status: &str) -> (FakeView, Vec<Command>) {
+fn answer_after_the_listener(number: &str, status: &str) -> (FakeView, Vec<Effect>) {
     let config = parse_document(DOC.as_bytes()).unwrap();
     let config = config.global().unwrap();
     let first = crate::plan::route_info(
@@ -1720,9 +1728,9 @@ fn the_answering_attempt_publishes_itself() {
 fn the_first_attempt_publishes_only_an_error() {
     for (status, published) in [("200", false), ("204", false), ("429", true), ("500", true)] {
         let (view, commands) = answer_after_the_listener("1", status);
-        let wrote = commands.iter().any(
-            |c| matches!(c, Command::SetProperty { name, .. } if name.as_ref() == "llm_route"),
-        );
+        let wrote = commands
+            .iter()
+            .any(|c| matches!(c, Effect::SetProperty { name, .. } if name.as_ref() == "llm_route"));
         assert_eq!(wrote, published, "{status}");
         let info = view.route();
         assert_eq!(info.deployment, "a", "{status}");
@@ -1759,10 +1767,10 @@ fn a_context_length_400_is_marked_for_a_retry_when_a_deployment_is_left() {
                 end_of_stream: false,
             },
         );
-        assert_eq!(flow == Flow::Pause, plan == "a,b", "{plan}");
+        assert_eq!(flow == Next::Pause, plan == "a,b", "{plan}");
         if plan == "a" {
             // the last deployment's 400 goes to the client as it is: no body to look at
-            assert_eq!(flow, Flow::ContinueSkipResponseBody);
+            assert_eq!(flow, Next::ContinueSkipResponseBody);
         }
         *view.response_body.borrow_mut() = body.as_bytes().to_vec();
         let (flow, _) = rig.run(
@@ -1774,7 +1782,7 @@ fn a_context_length_400_is_marked_for_a_retry_when_a_deployment_is_left() {
             },
         );
         if plan == "a,b" {
-            assert_eq!(flow, Flow::Pause, "held until the body is complete");
+            assert_eq!(flow, Next::Pause, "held until the body is complete");
         }
         let (flow, commands) = rig.run(
             &view,
@@ -1784,7 +1792,7 @@ fn a_context_length_400_is_marked_for_a_retry_when_a_deployment_is_left() {
                 end_of_stream: true,
             },
         );
-        assert_eq!(flow, Flow::ContinueSkipResponseBody);
+        assert_eq!(flow, Next::ContinueSkipResponseBody);
         assert_eq!(
             view.response_header_text("x-llm-fallback").as_deref(),
             marked.then_some("context_length_exceeded"),
@@ -1829,7 +1837,7 @@ fn attempt_answers(
     status: &str,
     headers: &[(&str, &str)],
     ms: u64,
-) -> (FakeView, Vec<Command>) {
+) -> (FakeView, Vec<Effect>) {
     let view = attempt(number, plan);
     view.set_ms(ms);
     let parsed = parse_document(DOC.as_bytes()).unwrap();
@@ -2170,8 +2178,8 @@ mod arbitrary {
                     *view.response_body.borrow_mut() = chunk.next().cloned().unwrap_or_default();
                 }
                 let (flow, commands) = rig.run(&view, 1, input);
-                if commands.iter().any(|c| matches!(c, Command::Refuse(_) | Command::Reply { .. })) {
-                    prop_assert_eq!(flow, Flow::Pause);
+                if commands.iter().any(|c| matches!(c, Effect::Refuse(_) | Effect::Own(Own::Reply { .. }))) {
+                    prop_assert_eq!(flow, Next::Pause);
                 }
             }
             rig.core.forget(1);

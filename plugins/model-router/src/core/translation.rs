@@ -9,7 +9,7 @@
 //! becomes a 502 in the client's API. An event stream is translated chunk by chunk
 //! ([`StreamTranslator`]): its `content-length` is removed at the headers.
 
-use super::protocol::{Command, Flow, Level, Map, OnFailure, View};
+use super::protocol::{Effect, Level, Map, Next, OnFailure, View};
 use super::Core;
 use crate::translate::{self, Asked, ResponseParams, StreamTranslator, Wire};
 
@@ -68,7 +68,7 @@ fn starts_with(content_type: Option<&[u8]>, prefix: &[u8]) -> bool {
 
 impl Core {
     /// The response headers of a translated response: a stream is translated as it comes, a
-    /// body is held whole (`Flow::Pause`). `Continue` when nothing is to be translated.
+    /// body is held whole (`Next::Pause`). `Continue` when nothing is to be translated.
     /// `status`: the response's, read by the caller.
     pub(super) fn translate_response_headers(
         &mut self,
@@ -76,11 +76,11 @@ impl Core {
         status: Option<u16>,
         end_of_stream: bool,
         view: &dyn View,
-    ) -> Flow {
+    ) -> Next {
         let status = status.unwrap_or(0);
         if end_of_stream || status == 0 {
             tr.state = State::Done;
-            return Flow::Continue;
+            return Next::Continue;
         }
         let content_type = view.response_header("content-type");
         if status == 200 && starts_with(content_type.as_deref(), b"text/event-stream") {
@@ -95,11 +95,11 @@ impl Core {
                 "content-length",
                 OnFailure::Log(Level::Warn, "cannot remove the content-length"),
             );
-            return Flow::Continue;
+            return Next::Continue;
         }
         let json = starts_with(content_type.as_deref(), b"application/json");
         tr.state = State::Holding(status, json);
-        Flow::Pause
+        Next::Pause
     }
 
     /// A response body chunk of a translated response (`size` bytes: the chunk, or the whole
@@ -110,9 +110,9 @@ impl Core {
         size: usize,
         end_of_stream: bool,
         view: &dyn View,
-    ) -> Flow {
+    ) -> Next {
         match &mut tr.state {
-            State::Waiting | State::Done => Flow::Continue,
+            State::Waiting | State::Done => Next::Continue,
             State::Streaming(stream) => {
                 let mut out = Vec::with_capacity(size + size / 2 + 64);
                 if size > 0 {
@@ -137,15 +137,15 @@ impl Core {
                     }
                 }
                 self.push(
-                    Command::ReplaceResponseBody { size, body: out },
+                    Effect::ReplaceResponseBody { size, body: out },
                     OnFailure::Log(Level::Error, "cannot replace the translated stream chunk"),
                 );
-                Flow::Continue
+                Next::Continue
             }
             State::Holding(status, json) => {
                 let (status, json) = (*status, *json);
                 if !end_of_stream && size <= MAX_JSON_RESPONSE {
-                    return Flow::Pause;
+                    return Next::Pause;
                 }
                 tr.state = State::Done;
                 let translated = if size > MAX_JSON_RESPONSE {
@@ -196,10 +196,10 @@ impl Core {
                     self.set_header(Map::Response, "content-type", "application/json", note);
                 }
                 self.push(
-                    Command::ReplaceResponseBody { size, body },
+                    Effect::ReplaceResponseBody { size, body },
                     OnFailure::Log(Level::Error, "cannot replace the translated response"),
                 );
-                Flow::Continue
+                Next::Continue
             }
         }
     }

@@ -45,7 +45,7 @@ const MESSAGES_TO_GPT: &str = r#"{"model":"gpt","max_tokens":300,"stream":true,
     "system":"Be brief.","messages":[{"role":"user","content":"hi"}]}"#;
 
 /// Runs the response headers and then the whole body in one chunk; the flows.
-fn answer(rig: &mut Rig, view: &FakeView, context: u32, body: &str) -> (Flow, Flow, Vec<Command>) {
+fn answer(rig: &mut Rig, view: &FakeView, context: u32, body: &str) -> (Next, Next, Vec<Effect>) {
     *view.response_body.borrow_mut() = body.as_bytes().to_vec();
     let (head, mut commands) = rig.run(
         view,
@@ -79,7 +79,7 @@ fn an_openai_client_reaches_an_anthropic_deployment() {
         CHAT_TO_CLAUDE,
     );
     let (flow, commands) = rig.send(&view, 1);
-    assert_eq!(flow, Flow::Continue);
+    assert_eq!(flow, Next::Continue);
     assert!(refusal(&commands).is_none());
     // what Anthropic gets: its path, its credential headers, its shape
     assert_eq!(view.header(":path").as_deref(), Some("/v1/messages"));
@@ -118,8 +118,8 @@ fn an_openai_client_reaches_an_anthropic_deployment() {
         "content":[{"type":"text","text":"Hello!"}],"stop_reason":"end_turn","stop_sequence":null,
         "usage":{"input_tokens":10,"output_tokens":3,"cache_read_input_tokens":4,"cache_creation_input_tokens":0}}"#;
     let (head, tail, _) = answer(&mut rig, &view, 1, anthropic);
-    assert_eq!(head, Flow::Pause, "the body is held whole");
-    assert_eq!(tail, Flow::Continue);
+    assert_eq!(head, Next::Pause, "the body is held whole");
+    assert_eq!(tail, Next::Continue);
     let chat = json_body(&view.response_body.borrow());
     assert_eq!(chat["object"], "chat.completion");
     assert_eq!(chat["choices"][0]["message"]["content"], "Hello!");
@@ -145,7 +145,7 @@ fn a_field_the_deployment_cannot_take_is_refused_naming_it() {
     let body = r#"{"model":"claude","n":2,"messages":[{"role":"user","content":"hi"}]}"#;
     let view = FakeView::request("/v1/chat/completions", &[("x-llm-groups", "*")], body);
     let (flow, commands) = rig.send(&view, 1);
-    assert_eq!(flow, Flow::Pause);
+    assert_eq!(flow, Next::Pause);
     let reject = refusal(&commands).expect("refused");
     assert_eq!(reject.status, 400);
     assert!(reject.message.contains("`n`"), "{}", reject.message);
@@ -169,7 +169,7 @@ fn an_anthropic_client_streams_from_an_openai_deployment() {
         MESSAGES_TO_GPT,
     );
     let (flow, _) = rig.send(&view, 1);
-    assert_eq!(flow, Flow::Continue);
+    assert_eq!(flow, Next::Continue);
     assert_eq!(
         view.header(":path").as_deref(),
         Some("/v1/chat/completions")
@@ -196,10 +196,10 @@ fn an_anthropic_client_streams_from_an_openai_deployment() {
             end_of_stream: false,
         },
     );
-    assert_eq!(head, Flow::Continue);
+    assert_eq!(head, Next::Continue);
     assert!(commands.iter().any(|c| matches!(
         c,
-        Command::RemoveHeader { map: Map::Response, name } if name == "content-length"
+        Effect::RemoveHeader(Map::Response, name) if *name == "content-length"
     )));
     let chunks = [
         "data: {\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"gpt-4o\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"finish_reason\":null}]}\n\n",
@@ -218,7 +218,7 @@ fn an_anthropic_client_streams_from_an_openai_deployment() {
                 end_of_stream: i + 1 == chunks.len(),
             },
         );
-        assert_ne!(flow, Flow::Pause, "a stream is never held");
+        assert_ne!(flow, Next::Pause, "a stream is never held");
         client.push_str(&response_text(&view));
     }
     let events: Vec<&str> = client
@@ -247,7 +247,7 @@ fn a_provider_error_reaches_the_client_in_its_api() {
     view.set_prop("response.code_details", b"via_upstream");
     let error = r#"{"type":"error","error":{"type":"rate_limit_error","message":"slow down"}}"#;
     let (head, tail, _) = answer(&mut rig, &view, 1, error);
-    assert_eq!((head, tail), (Flow::Pause, Flow::Continue));
+    assert_eq!((head, tail), (Next::Pause, Next::Continue));
     assert_eq!(view.response_header_text(":status").as_deref(), Some("429"));
     let body = json_body(&view.response_body.borrow());
     assert_eq!(body["error"]["type"], "rate_limit_error");
@@ -273,7 +273,7 @@ fn the_gateways_own_replies_are_not_translated() {
             end_of_stream: false,
         },
     );
-    assert_eq!(flow, Flow::ContinueSkipResponseBody);
+    assert_eq!(flow, Next::ContinueSkipResponseBody);
 }
 
 #[test]
@@ -288,7 +288,7 @@ fn a_provider_answer_that_cannot_be_translated_becomes_a_502_in_the_clients_api(
     view.respond("200", &[("content-type", "application/json")]);
     view.set_prop("response.code_details", b"via_upstream");
     let (_, tail, commands) = answer(&mut rig, &view, 1, "<html>not json</html>");
-    assert_eq!(tail, Flow::Continue);
+    assert_eq!(tail, Next::Continue);
     assert_eq!(view.response_header_text(":status").as_deref(), Some("502"));
     let body = json_body(&view.response_body.borrow());
     assert_eq!(body["type"], "error", "Anthropic's error shape");
@@ -354,7 +354,7 @@ fn attempt_at(number: &str, plan: &str, path: &str, body: &str) -> FakeView {
     view
 }
 
-fn send_attempt(rig: &mut Rig, view: &FakeView) -> (Flow, Vec<Command>) {
+fn send_attempt(rig: &mut Rig, view: &FakeView) -> (Next, Vec<Effect>) {
     let (flow, mut commands) = rig.run(
         view,
         1,
@@ -362,7 +362,7 @@ fn send_attempt(rig: &mut Rig, view: &FakeView) -> (Flow, Vec<Command>) {
             end_of_stream: false,
         },
     );
-    assert_eq!(flow, Flow::Pause);
+    assert_eq!(flow, Next::Pause);
     let size = view.request_body.borrow().len();
     let (flow, more) = rig.run(
         view,
@@ -385,7 +385,7 @@ fn a_fallback_to_another_api_is_translated_there_and_back() {
     let mut rig = upstream_mixed();
     let view = attempt_at("2", "claude,gpt", "/v1/messages", MESSAGES_BODY);
     let (flow, commands) = send_attempt(&mut rig, &view);
-    assert_eq!(flow, Flow::Continue);
+    assert_eq!(flow, Next::Continue);
     assert!(refusal(&commands).is_none());
     // the OpenAI deployment gets its own API, path and credential
     assert_eq!(
@@ -414,7 +414,7 @@ fn a_fallback_to_another_api_is_translated_there_and_back() {
         "choices":[{"index":0,"message":{"role":"assistant","content":"Hello!"},"finish_reason":"stop"}],
         "usage":{"prompt_tokens":9,"completion_tokens":2,"total_tokens":11}}"#;
     let (head, tail, _) = answer(&mut rig, &view, 1, chat);
-    assert_eq!((head, tail), (Flow::Pause, Flow::Continue));
+    assert_eq!((head, tail), (Next::Pause, Next::Continue));
     let message = json_body(&view.response_body.borrow());
     assert_eq!(message["type"], "message");
     assert_eq!(message["content"][0]["text"], "Hello!");
@@ -429,7 +429,7 @@ fn a_third_attempt_reads_the_bodys_api_from_filter_state() {
     let view = attempt_at("3", "gpt,claude,gpt", "/v1/messages", chat);
     view.set_prop("llm_route_body_path", b"/v1/chat/completions");
     let (flow, _) = send_attempt(&mut rig, &view);
-    assert_eq!(flow, Flow::Continue);
+    assert_eq!(flow, Next::Continue);
     assert_eq!(
         view.header(":path").as_deref(),
         Some("/v1/chat/completions")
@@ -444,12 +444,12 @@ fn an_attempt_at_the_bodys_api_is_rewritten_as_before() {
     let mut rig = upstream_mixed();
     let view = attempt_at("1", "claude,gpt", "/v1/messages", MESSAGES_BODY);
     let (flow, commands) = send_attempt(&mut rig, &view);
-    assert_eq!(flow, Flow::Continue);
+    assert_eq!(flow, Next::Continue);
     assert_eq!(view.header(":path").as_deref(), Some("/v1/messages"));
     assert_eq!(view.prop("llm_route_body_path"), None);
     assert!(!commands
         .iter()
-        .any(|c| matches!(c, Command::Count(n) if n.starts_with("translated."))));
+        .any(|c| matches!(c, Effect::Count(n, 1) if n.starts_with("translated."))));
     view.respond("200", &[("content-type", "application/json")]);
     let (flow, _) = rig.run(
         &view,
@@ -460,7 +460,7 @@ fn an_attempt_at_the_bodys_api_is_rewritten_as_before() {
     );
     assert_eq!(
         flow,
-        Flow::ContinueSkipResponseBody,
+        Next::ContinueSkipResponseBody,
         "nothing to translate back"
     );
 }
@@ -504,7 +504,7 @@ fn a_redirect_pass_translates_from_the_body_the_last_pass_left() {
         &String::from_utf8(first.request_body.borrow().clone()).unwrap(),
     );
     let (flow, commands) = rig.send(&second, 2);
-    assert_eq!(flow, Flow::Continue);
+    assert_eq!(flow, Next::Continue);
     assert!(refusal(&commands).is_none());
     assert_eq!(
         second.header(":path").as_deref(),
@@ -527,7 +527,7 @@ fn a_redirect_pass_translates_from_the_body_the_last_pass_left() {
             end_of_stream: false,
         },
     );
-    assert_eq!(flow, Flow::Continue, "the stream guard, no translation");
+    assert_eq!(flow, Next::Continue, "the stream guard, no translation");
     assert_eq!(second.route().client_api, None);
 }
 
@@ -572,7 +572,7 @@ fn a_higress_pass_gets_the_original_body_at_the_clients_path() {
             client_body,
         );
         let (flow, commands) = rig.send(&second, 2);
-        assert_eq!(flow, Flow::Continue, "{:?}", refusal(&commands));
+        assert_eq!(flow, Next::Continue, "{:?}", refusal(&commands));
         assert_eq!(second.header(":path").as_deref(), Some(answering_path));
         // the header stays the client's path for a later pass
         assert_eq!(

@@ -7,7 +7,7 @@
 
 use super::downstream::{attempt_number, attempt_number_in, FALLBACK_HEADER};
 use super::protocol::{
-    property_string, Command, Flow, Input, Level, Map, OnFailure, ReadError, View,
+    property_string, Effect, Input, Level, Map, Next, OnFailure, Own, ReadError, View,
 };
 use super::translation::ResponseTranslation;
 use super::{Core, Store};
@@ -62,7 +62,7 @@ impl Core {
         input: Input,
         view: &dyn View,
         store: &dyn Store,
-    ) -> Flow {
+    ) -> Next {
         match input {
             Input::RequestHeaders { end_of_stream } => {
                 self.attempt_headers(context, end_of_stream, view)
@@ -78,7 +78,7 @@ impl Core {
                 size,
                 end_of_stream,
             } => self.attempt_response_body(context, size, end_of_stream, view),
-            Input::Log => Flow::Continue,
+            Input::Log => Next::Continue,
         }
     }
 
@@ -132,24 +132,24 @@ impl Core {
         let mut index = 0;
         self.queue.retain(|effect| {
             index += 1;
-            match &effect.command {
-                Command::RemoveHeader {
-                    map: Map::Request,
-                    name,
-                } if index > from => read.has(name.as_ref()),
+            match effect {
+                (Effect::RemoveHeader(Map::Request, name), _) if index > from => read.has(name),
+                (Effect::Own(Own::RemoveHeader(Map::Request, name)), _) if index > from => {
+                    read.has(name)
+                }
                 _ => true,
             }
         });
     }
 
-    fn attempt_headers(&mut self, context: u32, end_of_stream: bool, view: &dyn View) -> Flow {
+    fn attempt_headers(&mut self, context: u32, end_of_stream: bool, view: &dyn View) -> Next {
         if self.rules.is_none() {
-            return Flow::Continue;
+            return Next::Continue;
         }
         let Some(plan) = property_string(view, &[PLAN_PROPERTY]) else {
             // not a routed request: no deployment to opt in
             self.strip_envoy_headers(view.request_headers());
-            return Flow::Continue;
+            return Next::Continue;
         };
         // One read of the request headers gives the attempt number and the x-envoy-* headers
         // to strip (a header read alone costs the host as much as a small map).
@@ -245,9 +245,9 @@ impl Core {
             },
         );
         if end_of_stream {
-            Flow::Continue
+            Next::Continue
         } else {
-            Flow::Pause // hold the headers: the body's length may change
+            Next::Pause // hold the headers: the body's length may change
         }
     }
 
@@ -257,12 +257,12 @@ impl Core {
         size: usize,
         end_of_stream: bool,
         view: &dyn View,
-    ) -> Flow {
+    ) -> Next {
         let Some(attempt) = self.upstream.get(&context) else {
-            return Flow::Continue;
+            return Next::Continue;
         };
         if !end_of_stream {
-            return Flow::Pause;
+            return Next::Pause;
         }
         // The whole body is here and the headers are held: the provider gets the length of
         // what it receives (rewritten or not), never a chunked body.
@@ -278,17 +278,21 @@ impl Core {
         if let Some(body) = rewritten {
             length = body.len();
             self.push(
-                Command::SetRequestBody { size, body },
+                Effect::ReplaceRequestBody {
+                    size,
+                    body,
+                    frame: false,
+                },
                 OnFailure::KeepLength(size),
             );
         }
         if !unchanged {
             self.push(
-                Command::SetRequestLength(length),
+                Effect::Own(Own::SetRequestLength(length)),
                 OnFailure::Log(Level::Error, "cannot set the content-length"),
             );
         }
-        Flow::Continue
+        Next::Continue
     }
 
     /// The body of an attempt whose deployment speaks another API (`to`) than the body
@@ -301,9 +305,9 @@ impl Core {
         to: Wire,
         size: usize,
         view: &dyn View,
-    ) -> Flow {
+    ) -> Next {
         let Some(attempt) = self.upstream.get(&context) else {
-            return Flow::Continue;
+            return Next::Continue;
         };
         let params = RequestParams {
             model: &attempt.deployment.model,
@@ -327,17 +331,18 @@ impl Core {
         self.count(["translated.", wire_name(from), ".", wire_name(to)].concat());
         let length = translated.body.len();
         self.push(
-            Command::SetRequestBody {
+            Effect::ReplaceRequestBody {
                 size,
                 body: translated.body,
+                frame: false,
             },
             OnFailure::Refuse,
         );
         self.push(
-            Command::SetRequestLength(length),
+            Effect::Own(Own::SetRequestLength(length)),
             OnFailure::Log(Level::Error, "cannot set the content-length"),
         );
-        Flow::Continue
+        Next::Continue
     }
 
     /// Publishes this attempt as the one that answered ([`answered_by`]); a later attempt
@@ -384,7 +389,7 @@ impl Core {
         end_of_stream: bool,
         view: &dyn View,
         store: &dyn Store,
-    ) -> Flow {
+    ) -> Next {
         let status = view
             .response_header(":status")
             .and_then(|s| std::str::from_utf8(&s).ok()?.parse::<u16>().ok());
@@ -400,13 +405,13 @@ impl Core {
             self.publish_answer(context, view)
         };
         let Some(attempt) = self.upstream.get(&context) else {
-            return Flow::ContinueSkipResponseBody;
+            return Next::ContinueSkipResponseBody;
         };
         let Some(status) = status.filter(|s| *s >= 400) else {
             // a success: nothing to mark or cool; translated back if the API differs
             return self
                 .translate_answer(context, status, end_of_stream, view)
-                .unwrap_or(Flow::ContinueSkipResponseBody);
+                .unwrap_or(Next::ContinueSkipResponseBody);
         };
         let has_next = attempt.has_next;
         let (retriable, max_cooldown_ms) =
@@ -423,7 +428,7 @@ impl Core {
                 OnFailure::Log(Level::Error, "cannot mark a retriable status"),
             );
             self.count(format!("status_fallbacks.{status}"));
-            return Flow::ContinueSkipResponseBody;
+            return Next::ContinueSkipResponseBody;
         }
         let inspect = status == 400 && has_next && !end_of_stream;
         if inspect {
@@ -435,11 +440,11 @@ impl Core {
         match self.translate_answer(context, Some(status), end_of_stream, view) {
             Some(flow) if inspect => {
                 let _ = flow; // the error body is held either way
-                Flow::Pause
+                Next::Pause
             }
             Some(flow) => flow,
-            None if inspect => Flow::Pause,
-            None => Flow::ContinueSkipResponseBody,
+            None if inspect => Next::Pause,
+            None => Next::ContinueSkipResponseBody,
         }
     }
 
@@ -451,7 +456,7 @@ impl Core {
         status: Option<u16>,
         end_of_stream: bool,
         view: &dyn View,
-    ) -> Option<Flow> {
+    ) -> Option<Next> {
         let (from, to, asked) = self.upstream.get(&context)?.translation?;
         let created = view.now_nanos() / 1_000_000_000;
         let mut tr = ResponseTranslation::new(to, from, asked, created);
@@ -489,13 +494,13 @@ impl Core {
         size: usize,
         end_of_stream: bool,
         view: &dyn View,
-    ) -> Flow {
+    ) -> Next {
         let Some(attempt) = self.upstream.get_mut(&context) else {
-            return Flow::ContinueSkipResponseBody;
+            return Next::ContinueSkipResponseBody;
         };
         if attempt.inspecting {
             if !end_of_stream && size < MAX_ERROR_BODY {
-                return Flow::Pause;
+                return Next::Pause;
             }
             attempt.inspecting = false;
             let body = view
@@ -518,7 +523,7 @@ impl Core {
             .get_mut(&context)
             .and_then(|a| a.response.take())
         else {
-            return Flow::ContinueSkipResponseBody;
+            return Next::ContinueSkipResponseBody;
         };
         let flow = self.translate_response_body(&mut tr, size, end_of_stream, view);
         if let Some(attempt) = self.upstream.get_mut(&context) {
