@@ -79,9 +79,9 @@ impl FusedStage {
         match self.run(x, input) {
             (_, true) => Step::Stop,
             // the router reads the body's `model` before the headers may go on
-            (Flow::Pause | Flow::Refused, false) if !end => Step::Buffer,
-            (Flow::Pause | Flow::Refused, false) => Step::Stop,
-            (Flow::Continue, _) => Step::Continue,
+            (Flow::Pause | Flow::Wait | Flow::Refused, false) if !end => Step::Buffer,
+            (Flow::Pause | Flow::Wait | Flow::Refused, false) => Step::Stop,
+            (Flow::Continue | Flow::Whole, _) => Step::Continue,
         }
     }
 }

@@ -102,10 +102,7 @@ impl Exchange {
         };
         let carried = carry(&self.core, self.id, next, &mut Sink::Host);
         self.skip_response_body |= carried.skip_response_body;
-        match carried.flow {
-            Flow::Continue => Action::Continue,
-            Flow::Pause | Flow::Refused => Action::Pause,
-        }
+        carried.flow.action()
     }
 }
 
