@@ -53,8 +53,9 @@ impl Refusal for Reject {
 /// One thing a core asks of the host, in the order it must happen.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Effect<M, R = Reject, P = Infallible> {
-    /// Remove a header (every value of it).
-    RemoveHeader(Map, &'static str),
+    /// Remove a header (every value of it); the name a constant, or one the request carried
+    /// (key-auth removes every client-supplied `x-llm-*`).
+    RemoveHeader(Map, Name),
     /// Set a header (held headers only).
     SetHeader(Map, String, String),
     /// Replace the buffered request body of `size` bytes; `frame`: the headers were held and
