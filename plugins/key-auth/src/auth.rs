@@ -1,8 +1,9 @@
 //! The decision: from the request headers, the config and the time to an edit plan.
 //!
-//! [`authenticate`] is pure. The shell copies the request headers out of the host, calls it,
-//! and applies the returned [`Plan`]: remove headers, then either refuse with the plan's
-//! [`Reject`] or set the identity headers and let the request through.
+//! [`authenticate`] is pure. The stage core ([`crate::core`]) calls it with the request headers
+//! the shell copied out of the host and turns the returned [`Plan`] into the stage protocol's
+//! effects: remove headers, then either refuse with the plan's [`Reject`] or set the identity
+//! headers and let the request through.
 
 use crate::config::{KeyAuthConfig, KeyEntry, KeySource};
 use crate::reentry::{self, Secret};
