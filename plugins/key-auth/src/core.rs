@@ -229,6 +229,13 @@ impl Exchange {
     /// Queues the plan's edits in order: the outcome's counter, the removals, the path, then
     /// the identity, the restores and the ticket — or the refusal.
     fn plan(&mut self, plan: Plan) -> Flow {
+        // one allocation for the queue: the counter, the edits, a log line and the refusal
+        let identity = match &plan.outcome {
+            Outcome::Allow { identity, .. } => identity.len(),
+            _ => 0,
+        };
+        let edits = plan.remove.len() + identity + plan.restore.len();
+        self.commands.reserve(edits + 4);
         match &plan.outcome {
             Outcome::Allow { .. } => self.push(Effect::Count(Metric::Allowed, 1)),
             Outcome::Deny { reason, .. } => self.push(Effect::Count(Metric::Denied(*reason), 1)),
