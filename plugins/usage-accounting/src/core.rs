@@ -435,7 +435,7 @@ impl Stage {
                 );
                 for (name, value) in added {
                     self.commands
-                        .push_back(Command::SetHeader(Map::Response, name, value));
+                        .push_back(Command::SetHeader(Map::Response, name.into(), value));
                 }
             }
             ResponseMode::Buffer {
@@ -478,7 +478,7 @@ impl Stage {
                 );
                 for (name, value) in added {
                     self.commands
-                        .push_back(Command::SetHeader(Map::Response, name, value));
+                        .push_back(Command::SetHeader(Map::Response, name.into(), value));
                 }
             }
             ResponseMode::Buffer {
