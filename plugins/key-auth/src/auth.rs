@@ -10,6 +10,7 @@ use crate::reentry::{self, Secret};
 use llm_gateway_shared::headers;
 use llm_gateway_shared::reject::Reject;
 use sha2::{Digest, Sha256};
+use std::borrow::Cow;
 
 /// Keys longer than this are refused without hashing them.
 const MAX_KEY_LEN: usize = 1024;
@@ -389,14 +390,18 @@ fn decide(
 ) -> (Outcome, Option<[u8; 32]>) {
     let Some(key) = presented else {
         return (
-            deny(DenyReason::Missing, config.missing_message.clone(), None),
+            deny(
+                DenyReason::Missing,
+                config.missing_message.clone().into(),
+                None,
+            ),
             None,
         );
     };
     if key.len() > MAX_KEY_LEN {
         let outcome = deny(
             DenyReason::Unknown,
-            "Incorrect API key provided.".into(),
+            Cow::Borrowed("Incorrect API key provided."),
             None,
         );
         return (outcome, None);
@@ -417,7 +422,7 @@ fn decide(
         Found::Unknown => {
             let outcome = deny(
                 DenyReason::Unknown,
-                "Incorrect API key provided.".into(),
+                Cow::Borrowed("Incorrect API key provided."),
                 key_id(),
             );
             (outcome, None)
@@ -428,7 +433,7 @@ fn decide(
 fn unavailable(key_id: Option<String>) -> Outcome {
     deny(
         DenyReason::StoreUnavailable,
-        "The key store cannot be reached; try again shortly.".into(),
+        Cow::Borrowed("The key store cannot be reached; try again shortly."),
         key_id,
     )
 }
@@ -439,14 +444,14 @@ fn decide_entry(config: &KeyAuthConfig, entry: &KeyEntry, now: i64) -> Outcome {
     if entry.disabled {
         return deny(
             DenyReason::Disabled,
-            "This API key has been disabled.".into(),
+            Cow::Borrowed("This API key has been disabled."),
             key_id(),
         );
     }
     if entry.expires_at.is_some_and(|at| now >= at) {
         return deny(
             DenyReason::Expired,
-            "This API key has expired.".into(),
+            Cow::Borrowed("This API key has expired."),
             key_id(),
         );
     }
@@ -457,7 +462,8 @@ fn decide_entry(config: &KeyAuthConfig, entry: &KeyEntry, now: i64) -> Outcome {
                 format!(
                     "Consumer `{}` is not allowed on this route.",
                     entry.consumer
-                ),
+                )
+                .into(),
                 key_id(),
             );
         }
@@ -468,7 +474,8 @@ fn decide_entry(config: &KeyAuthConfig, entry: &KeyEntry, now: i64) -> Outcome {
     }
 }
 
-fn deny(reason: DenyReason, message: String, key_id: Option<String>) -> Outcome {
+/// `message`: a constant costs no allocation, in the refusal or in its copy for the reply.
+fn deny(reason: DenyReason, message: Cow<'static, str>, key_id: Option<String>) -> Outcome {
     let reject = match reason {
         DenyReason::NotAllowed => Reject::forbidden(reason.code(), message),
         DenyReason::StoreUnavailable => Reject::new(
