@@ -216,10 +216,12 @@ impl Refusal for Reject {
 /// One thing a core asks of the host, in the order it must happen.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Effect<M, R = Reject, P = Infallible> {
-    /// Remove a header (every value of it).
-    RemoveHeader(Map, &'static str),
-    /// Set a header (held headers only).
-    SetHeader(Map, String, String),
+    /// Remove a header (every value of it); the name a constant, or one the request carried
+    /// (key-auth removes every client-supplied `x-llm-*`).
+    RemoveHeader(Map, Name),
+    /// Set a header, replacing every value (held headers only); the name, like
+    /// [`Effect::RemoveHeader`]'s, costs no allocation when it is a constant.
+    SetHeader(Map, Name, String),
     /// Replace the buffered request body of `size` bytes; `frame`: the headers were held and
     /// carry a `content-length`, which becomes the new length (otherwise the body is chunked
     /// or the length was removed already).

@@ -1,14 +1,16 @@
 //! The decision: from the request headers, the config and the time to an edit plan.
 //!
-//! [`authenticate`] is pure. The shell copies the request headers out of the host, calls it,
-//! and applies the returned [`Plan`]: remove headers, then either refuse with the plan's
-//! [`Reject`] or set the identity headers and let the request through.
+//! [`authenticate`] is pure. The stage core ([`crate::core`]) calls it with the request headers
+//! the shell copied out of the host and turns the returned [`Plan`] into the stage protocol's
+//! effects: remove headers, then either refuse with the plan's [`Reject`] or set the identity
+//! headers and let the request through.
 
 use crate::config::{KeyAuthConfig, KeyEntry, KeySource};
 use crate::reentry::{self, Secret};
 use llm_gateway_shared::headers;
 use llm_gateway_shared::reject::Reject;
 use sha2::{Digest, Sha256};
+use std::borrow::Cow;
 
 /// Keys longer than this are refused without hashing them.
 const MAX_KEY_LEN: usize = 1024;
@@ -388,14 +390,18 @@ fn decide(
 ) -> (Outcome, Option<[u8; 32]>) {
     let Some(key) = presented else {
         return (
-            deny(DenyReason::Missing, config.missing_message.clone(), None),
+            deny(
+                DenyReason::Missing,
+                config.missing_message.clone().into(),
+                None,
+            ),
             None,
         );
     };
     if key.len() > MAX_KEY_LEN {
         let outcome = deny(
             DenyReason::Unknown,
-            "Incorrect API key provided.".into(),
+            Cow::Borrowed("Incorrect API key provided."),
             None,
         );
         return (outcome, None);
@@ -416,7 +422,7 @@ fn decide(
         Found::Unknown => {
             let outcome = deny(
                 DenyReason::Unknown,
-                "Incorrect API key provided.".into(),
+                Cow::Borrowed("Incorrect API key provided."),
                 key_id(),
             );
             (outcome, None)
@@ -427,7 +433,7 @@ fn decide(
 fn unavailable(key_id: Option<String>) -> Outcome {
     deny(
         DenyReason::StoreUnavailable,
-        "The key store cannot be reached; try again shortly.".into(),
+        Cow::Borrowed("The key store cannot be reached; try again shortly."),
         key_id,
     )
 }
@@ -438,14 +444,14 @@ fn decide_entry(config: &KeyAuthConfig, entry: &KeyEntry, now: i64) -> Outcome {
     if entry.disabled {
         return deny(
             DenyReason::Disabled,
-            "This API key has been disabled.".into(),
+            Cow::Borrowed("This API key has been disabled."),
             key_id(),
         );
     }
     if entry.expires_at.is_some_and(|at| now >= at) {
         return deny(
             DenyReason::Expired,
-            "This API key has expired.".into(),
+            Cow::Borrowed("This API key has expired."),
             key_id(),
         );
     }
@@ -456,7 +462,8 @@ fn decide_entry(config: &KeyAuthConfig, entry: &KeyEntry, now: i64) -> Outcome {
                 format!(
                     "Consumer `{}` is not allowed on this route.",
                     entry.consumer
-                ),
+                )
+                .into(),
                 key_id(),
             );
         }
@@ -467,7 +474,8 @@ fn decide_entry(config: &KeyAuthConfig, entry: &KeyEntry, now: i64) -> Outcome {
     }
 }
 
-fn deny(reason: DenyReason, message: String, key_id: Option<String>) -> Outcome {
+/// `message`: a constant costs no allocation, in the refusal or in its copy for the reply.
+fn deny(reason: DenyReason, message: Cow<'static, str>, key_id: Option<String>) -> Outcome {
     let reject = match reason {
         DenyReason::NotAllowed => Reject::forbidden(reason.code(), message),
         DenyReason::StoreUnavailable => Reject::new(

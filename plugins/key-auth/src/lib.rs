@@ -13,8 +13,10 @@
 //! shared-data cache ([`cache`]) for a TTL, and decided like a config key.
 //!
 //! It does not know about models, budgets or bodies, and never logs a key or a full digest.
-//! Decisions live in [`auth`] and [`config`] (pure, tested natively); the proxy-wasm shell is
-//! compiled only for `wasm32`.
+//! Decisions live in [`auth`] and [`config`] (pure, tested natively), and [`core`] speaks the
+//! one stage protocol (`llm_gateway_shared::stage`): the plan becomes the ordered effects the
+//! shared driver carries out, and a refused effect's meaning is decided there too. The
+//! proxy-wasm shell is compiled only for `wasm32`.
 #![cfg_attr(
     not(test),
     deny(
@@ -28,6 +30,8 @@
 pub mod auth;
 pub mod cache;
 pub mod config;
+pub mod core;
+pub mod pending;
 pub mod reentry;
 pub mod rfc3339;
 

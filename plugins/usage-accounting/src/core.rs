@@ -318,7 +318,10 @@ impl Stage {
         // The usage is read from the response: ask the provider for it uncompressed (Envoy's
         // compressor filter may compress it again for the client).
         if head.has("accept-encoding") {
-            self.push(Command::RemoveHeader(Map::Request, "accept-encoding"));
+            self.push(Command::RemoveHeader(
+                Map::Request,
+                "accept-encoding".into(),
+            ));
         }
         let mut hold = false;
         if exchange.may_rewrite_body(&config) && !end_of_stream {
@@ -327,7 +330,7 @@ impl Stage {
             if config.hold_headers {
                 hold = true;
             } else {
-                self.push(Command::RemoveHeader(Map::Request, "content-length"));
+                self.push(Command::RemoveHeader(Map::Request, "content-length".into()));
             }
         }
         self.active = Some(Active {
@@ -399,7 +402,10 @@ impl Stage {
         match mode {
             ResponseMode::Stream if active.exchange.injected_include_usage() => {
                 // chunks may shrink (the hidden usage chunk)
-                self.push(Command::RemoveHeader(Map::Response, "content-length"));
+                self.push(Command::RemoveHeader(
+                    Map::Response,
+                    "content-length".into(),
+                ));
                 Flow::Continue
             }
             ResponseMode::Buffer { hold_headers: true } if !end_of_stream => Flow::Pause,
@@ -449,7 +455,7 @@ impl Stage {
                 );
                 for (name, value) in added {
                     self.commands
-                        .push_back(Command::SetHeader(Map::Response, name, value));
+                        .push_back(Command::SetHeader(Map::Response, name.into(), value));
                 }
             }
             ResponseMode::Buffer {
@@ -492,7 +498,7 @@ impl Stage {
                 );
                 for (name, value) in added {
                     self.commands
-                        .push_back(Command::SetHeader(Map::Response, name, value));
+                        .push_back(Command::SetHeader(Map::Response, name.into(), value));
                 }
             }
             ResponseMode::Buffer {
@@ -558,7 +564,7 @@ impl Stage {
 
     fn failed(&mut self, command: Command, error: String) {
         let line = match command {
-            Command::RemoveHeader(Map::Request, "accept-encoding") => {
+            Command::RemoveHeader(Map::Request, name) if name == "accept-encoding" => {
                 // a compressed answer is estimated, not read
                 format!("usage-accounting: cannot remove accept-encoding: {error}")
             }
@@ -606,6 +612,7 @@ mod tests {
     }
     use crate::config::parse_shared;
     use crate::record::UsageSource;
+    use llm_gateway_shared::stage::Name;
     use serde_json::json;
 
     /// A fake host: a clock that moves when told, the router's state, and how often each was
@@ -807,8 +814,8 @@ mod tests {
             matches!(
                 commands[..],
                 [
-                    Command::RemoveHeader(Map::Request, "accept-encoding"),
-                    Command::RemoveHeader(Map::Request, "content-length")
+                    Command::RemoveHeader(Map::Request, Name::Borrowed("accept-encoding")),
+                    Command::RemoveHeader(Map::Request, Name::Borrowed("content-length"))
                 ]
             ),
             "{commands:?}"
@@ -846,7 +853,10 @@ mod tests {
         );
         assert!(matches!(
             drain(&mut stage)[..],
-            [Command::RemoveHeader(Map::Response, "content-length")]
+            [Command::RemoveHeader(
+                Map::Response,
+                Name::Borrowed("content-length")
+            )]
         ));
         fake.now = 1_250;
         let first = b"data: {\"model\":\"gpt-4o-mini\",\"choices\":[{\"delta\":{\"content\":\"Hel\"}}]}\n\n";

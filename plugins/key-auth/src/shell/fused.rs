@@ -1,6 +1,12 @@
-//! The fused filter (plugins/bundle): the same state, the first stage of its chain.
+//! The fused filter (plugins/bundle): the same state and core, the first stage of its chain.
 
-use super::*;
+use super::state::{carry, State};
+use crate::auth::NoStore;
+use crate::config::parse_document;
+use crate::core::{Exchange, Flow};
+use llm_gateway_shared::chain::{self, Direction, Step};
+use llm_gateway_shared::host::{self, Sink};
+use std::rc::Rc;
 
 /// This plugin configured from its section of the fused filter's configuration.
 pub struct Fused(Rc<State>);
@@ -9,12 +15,8 @@ impl Fused {
     /// Parses the section; `None` (logged) if it is invalid.
     pub fn configure(document: &[u8]) -> Option<Fused> {
         let rules = host::parse_config("key-auth", document, parse_document)?;
-        Some(Fused(Rc::new(State {
-            rules,
-            metrics: Metrics::define(),
-            secret: random_secret(),
-            store: None,
-        })))
+        // no key store: the fused filter is the plain build's
+        Some(Fused(Rc::new(State::new(rules, None))))
     }
 
     /// The stage of one request.
@@ -31,13 +33,13 @@ impl chain::Stage<chain::Exchange> for FusedStage {
         if direction == Direction::Response {
             return Step::Continue;
         }
-        let plan = decide(&self.0, x.request.pairs());
-        match apply(plan, &mut Sink::Fused(x)) {
-            Ok(()) => Step::Continue,
-            Err(reject) => {
-                refuse(&reject);
-                Step::Stop
-            }
+        let state = &self.0;
+        let mut core = Exchange::default();
+        let flow = core.authenticate(&state.request(x.request.pairs()), &mut NoStore);
+        // no key store here: no lookup, and no context for one
+        match carry(Some(state), 0, &mut core, flow, &mut Sink::Fused(x)) {
+            Flow::Continue | Flow::Whole => Step::Continue,
+            Flow::Pause | Flow::Wait | Flow::Refused => Step::Stop,
         }
     }
 

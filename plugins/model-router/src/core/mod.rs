@@ -268,21 +268,14 @@ impl Core {
         value: impl Into<String>,
         on_failure: OnFailure,
     ) {
-        let name: Name = name.into();
         self.push(
-            Effect::SetHeader(map, name.into_owned(), value.into()),
+            Effect::SetHeader(map, name.into(), value.into()),
             on_failure,
         );
     }
 
-    /// A constant name is the shared vocabulary's removal; another one ([`Own::RemoveHeader`])
-    /// is the router's.
     fn remove_header(&mut self, map: Map, name: impl Into<Name>, on_failure: OnFailure) {
-        let effect = match name.into() {
-            Name::Borrowed(name) => Effect::RemoveHeader(map, name),
-            Name::Owned(name) => Effect::Own(Own::RemoveHeader(map, name)),
-        };
-        self.push(effect, on_failure);
+        self.push(Effect::RemoveHeader(map, name.into()), on_failure);
     }
 
     /// Filter state `wasm.<name>`; the budget fallback is published to the fused filter's

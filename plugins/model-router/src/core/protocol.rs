@@ -126,9 +126,6 @@ pub type Effect = stage::Effect<Name, Reject, Own>;
 /// What only the router asks of the host (its shell's `Plugin::own` carries it out).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Own {
-    /// Remove a request or response header whose name is not a constant (a client's
-    /// `x-envoy-*` header).
-    RemoveHeader(Map, String),
     /// `content-length: <n>` and no `transfer-encoding` (`host::set_request_length`). The
     /// fused filter frames a body with a `content-length` itself after every stage's edits;
     /// there only a request without one (a redirect pass: Envoy removed it) is framed here.

@@ -158,7 +158,6 @@ impl FakeView {
                 Map::Response => put(&mut self.response.borrow_mut(), name, value.as_bytes()),
             },
             Effect::RemoveHeader(map, name) => self.remove(*map, name),
-            Effect::Own(Own::RemoveHeader(map, name)) => self.remove(*map, name),
             Effect::ReplaceRequestBody { body, .. } => {
                 *self.request_body.borrow_mut() = body.clone()
             }
@@ -1520,7 +1519,6 @@ fn an_attempt_writes_no_framing_and_removes_no_header_the_request_has_right_alre
     let removed = |commands: &[Effect], name: &str| {
         commands.iter().any(|c| match c {
             Effect::RemoveHeader(Map::Request, n) => *n == name,
-            Effect::Own(Own::RemoveHeader(Map::Request, n)) => n == name,
             _ => false,
         })
     };
@@ -1663,10 +1661,9 @@ fn an_unrouted_request_only_loses_its_envoy_headers() {
     assert_eq!(flow, Next::Continue);
     assert_eq!(view.header("x-envoy-attempt-count"), None);
     assert_eq!(view.header("authorization").as_deref(), Some("Bearer ka"));
-    assert!(commands.iter().all(|c| matches!(
-        c,
-        Effect::RemoveHeader(..) | Effect::Own(Own::RemoveHeader(..))
-    )));
+    assert!(commands
+        .iter()
+        .all(|c| matches!(c, Effect::RemoveHeader(..))));
     assert_eq!(rig.core.requests(), 0);
 }
 

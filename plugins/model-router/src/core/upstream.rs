@@ -134,9 +134,6 @@ impl Core {
             index += 1;
             match effect {
                 (Effect::RemoveHeader(Map::Request, name), _) if index > from => read.has(name),
-                (Effect::Own(Own::RemoveHeader(Map::Request, name)), _) if index > from => {
-                    read.has(name)
-                }
                 _ => true,
             }
         });

@@ -1,9 +1,9 @@
 //! What the one driver (`host::stage::carry`) asks of this plugin: its metrics and its own
 //! effects ([`Own`]), on the host or the fused filter's exchange alike.
 
-use crate::core::{Core, Map, Name, Next, Own, Stage, PLUGIN};
+use crate::core::{Core, Name, Next, Own, Stage, PLUGIN};
 use llm_gateway_shared::host::stage::{self, Plugin};
-use llm_gateway_shared::host::{self, Buffer, HeaderMap, HostResult, Metric, Sink};
+use llm_gateway_shared::host::{self, Buffer, HostResult, Metric, Sink};
 use llm_gateway_shared::stage::Flow;
 use std::cell::RefCell;
 
@@ -53,13 +53,6 @@ impl Plugin<Stage<'_>> for Router {
 
     fn own(&self, effect: &Own, sink: &mut Sink<'_>) -> HostResult<()> {
         match (effect, sink) {
-            (Own::RemoveHeader(map, name), sink) => {
-                let map = match map {
-                    Map::Request => HeaderMap::RequestHeaders,
-                    Map::Response => HeaderMap::ResponseHeaders,
-                };
-                sink.remove_header(map, name)
-            }
             (Own::SetRequestLength(length), Sink::Host) => host::set_request_length(*length),
             (Own::SetRequestLength(length), Sink::Fused(x)) => {
                 // A body framed by content-length gets its final length when the fused filter
