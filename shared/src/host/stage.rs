@@ -29,6 +29,17 @@ pub fn carry<C: Core>(
     plugin: &impl Plugin<C>,
 ) -> Flow {
     while let Some(effect) = core.poll() {
+        let effect = match (effect, &mut *sink) {
+            // the fused filter takes a new body as it is: no copy per streamed event
+            (
+                Effect::ReplaceRequestBody { body, .. } | Effect::ReplaceResponseBody { body, .. },
+                Sink::Fused(x),
+            ) => {
+                x.replace_data(body);
+                continue;
+            }
+            (effect, _) => effect,
+        };
         if let Err(err) = apply::<C>(&effect, sink, name, plugin) {
             let after = core.failed(effect, err.to_string());
             if after != Flow::Continue {
