@@ -1,10 +1,10 @@
 //! What the core reaches synchronously ([`Env`]): shared data, Redis, the records other
-//! filters published for a request; and the budget fallback's rewrite of the held body.
+//! filters published for a request.
 
 use super::State;
 use crate::core::Env;
 use llm_gateway_shared::chain;
-use llm_gateway_shared::host::{self, redis_client, Buffer, HostError, Sink};
+use llm_gateway_shared::host::{self, redis_client, HostError, Sink};
 use llm_gateway_shared::route_info::{
     Alternative, RoutePrices, BUDGET_FALLBACK_PROPERTY, PROPERTY as ROUTE_PROPERTY,
 };
@@ -79,23 +79,4 @@ impl Env for HostEnv<'_> {
     fn usage_record(&self, ctx: u32, property: &str) -> Option<Charge> {
         self.published(ctx, property, Charge::from_json)
     }
-}
-
-/// Rewrites the held request body's `model` (the headers are still held, so
-/// `content-length` can follow).
-pub(super) fn rewrite_model(model: &str) -> Result<(), HostError> {
-    let body = host::buffer(Buffer::RequestBody, 0, usize::MAX)?;
-    match with_model(&body, model) {
-        Some(rewritten) => host::replace_request_body(body.len(), &rewritten),
-        None => Ok(()), // inspected before; nothing sensible to rewrite
-    }
-}
-
-/// `body` with its top-level `model` set to `model`; `None` if it is no JSON object.
-pub(super) fn with_model(body: &[u8], model: &str) -> Option<Vec<u8>> {
-    use llm_gateway_shared::json::{self, Edits, Limits};
-    let object = json::scan_object(body, &Limits::default()).ok()?;
-    let mut edits = Edits::new(body, &object);
-    edits.set("model", json::quote(model).into_bytes());
-    Some(edits.finish())
 }

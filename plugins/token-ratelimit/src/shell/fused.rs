@@ -62,8 +62,11 @@ impl FusedStage {
     /// `Continue` once the core let the request go on, `Stop` after a refusal, `Wait`
     /// otherwise (the core holds the request).
     fn run(&self, x: &mut chain::Exchange, input: Input) -> Step {
+        // the host acts on the context it did (this stage switches to its request when a
+        // property is read)
+        let effective = self.state.effective.get();
         let own = Some(self.id);
-        match self.state.drive(own, own, input, &mut Sink::Fused(x)) {
+        match self.state.drive(effective, own, input, &mut Sink::Fused(x)) {
             Flow::Continue => Step::Continue,
             Flow::Pause => Step::Wait,
             Flow::Refused => Step::Stop,

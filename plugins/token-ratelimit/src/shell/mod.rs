@@ -7,20 +7,21 @@
 //! webdis: only the shared client (`host::redis_client`) knows which.
 
 use crate::core::{Await, Effect, Input, Metric as Name, Own};
-use llm_gateway_shared::host::{self, Buffer, HostError, HostResult, LogLevel, Metric, Sink};
+use llm_gateway_shared::host::{self, Buffer, HostError, LogLevel, Sink};
 use llm_gateway_shared::reject::Reject;
 use llm_gateway_shared::stage::{self, Flow};
 
 mod env;
 mod fused;
 mod head;
+mod plugin;
 mod request;
 mod root;
 mod state;
-use env::{rewrite_model, with_model, HostEnv};
+use env::HostEnv;
 pub use fused::{Fused, FusedStage};
 pub use root::root_context;
-use state::{log, State, METRIC_PREFIX, PLUGIN};
+use state::{log, State, PLUGIN};
 
 impl State {
     /// Feeds `input` to the core, carries its effects out to `sink` and answers what the core
@@ -130,36 +131,5 @@ impl stage::Core for Carrier<'_> {
     fn failed(&mut self, effect: Effect, error: String) -> Flow {
         self.state.core.borrow_mut().failed(self.ctx, effect, error);
         Flow::Continue
-    }
-}
-
-/// The metrics (`llm_gateway.ratelimit.<name>`) and token-ratelimit's own effects.
-impl<'a> host::stage::Plugin<Carrier<'a>> for State {
-    fn count(&self, name: &Name, delta: u64) {
-        if let Some(metric) = self.metric(name, Metric::counter) {
-            let _ = metric.increment(i64::try_from(delta).unwrap_or(i64::MAX));
-        }
-    }
-
-    fn gauge(&self, name: &Name, value: u64) {
-        let define = |_: &str| Metric::gauge(&format!("{METRIC_PREFIX}{name}"));
-        if let Some(metric) = self.metric(&format!("gauge:{name}"), define) {
-            let _ = metric.record(value);
-        }
-    }
-
-    fn own(&self, own: &Own, sink: &mut Sink) -> HostResult<()> {
-        match (own, sink) {
-            (Own::Resume, Sink::Host) => host::resume_request(),
-            // the stage's own request: its flow (the carrier)
-            (Own::Resume, Sink::Fused(_)) => Ok(()),
-            (Own::RewriteModel(model), Sink::Host) => rewrite_model(model),
-            (Own::RewriteModel(model), Sink::Fused(x)) => {
-                if let Some(rewritten) = with_model(&x.data, model) {
-                    x.replace_data(rewritten);
-                }
-                Ok(())
-            }
-        }
     }
 }
