@@ -678,6 +678,43 @@ fn a_body_that_cannot_be_read_or_written_refuses_the_request() {
     );
 }
 
+/// Any other effect the host refuses is logged, in the words and at the level the shell used,
+/// and changes nothing for the request.
+#[test]
+fn a_failed_effect_other_than_the_body_write_is_logged_and_changes_nothing() {
+    let mut core = new_core(LOCAL_RPM, false);
+    let failures = [
+        (Effect::Own(Own::Resume), LogLevel::Warn, "resume a request"),
+        (
+            Effect::Own(Own::RewriteModel("m".into())),
+            LogLevel::Warn,
+            "rewrite the model (budget fallback)",
+        ),
+        (
+            Effect::Refuse(Reject::internal("x")),
+            LogLevel::Error,
+            "send the local reply",
+        ),
+        (
+            Effect::SetHeader(Map::Request, "x-llm-model-group".into(), "g".into()),
+            LogLevel::Debug,
+            "x-llm-model-group",
+        ),
+        (
+            Effect::ClearRouteCache,
+            LogLevel::Debug,
+            "clear the route cache",
+        ),
+    ];
+    for (effect, level, what) in failures {
+        core.failed(7, effect, "not found".into());
+        let line = format!("token-ratelimit: cannot {what}: not found");
+        assert_eq!(core.poll(), Some((NO_REQUEST, Effect::Log(level, line))));
+        assert_eq!(core.poll(), None);
+        assert_eq!(core.take_await(), None);
+    }
+}
+
 #[test]
 fn no_config_or_an_empty_one_lets_the_request_go_on_untouched() {
     let env = Fake::default();
