@@ -33,10 +33,8 @@ impl Fused {
 
     /// The stage of request `context` (the fused filter's context id).
     pub fn stage(&self, context: u32) -> FusedStage {
-        FusedStage {
-            state: Rc::clone(&self.0),
-            id: context,
-        }
+        let state = Rc::clone(&self.0);
+        FusedStage { state, id: context }
     }
 }
 
