@@ -15,7 +15,7 @@
 //! enforces the cap the reservation assumed. Decisions live in the pure modules and the
 //! state machine in the sans-I/O [`core`] (natively tested with a fake clock and a fake
 //! shared-data store); the proxy-wasm shell, compiled only for `wasm32`, copies host data in
-//! and carries the core's commands out.
+//! and carries the core's effects out with the shared driver.
 #![cfg_attr(
     not(test),
     deny(

@@ -535,19 +535,25 @@ impl Core {
     pub(super) fn write_switch(&mut self, ctx: u32, alt: &Alternative) {
         let writes = alt.switch_writes();
         for (name, value) in writes.properties {
-            self.push(Command::SetProperty { ctx, name, value });
+            let shared = true; // the fused filter's later stages read it from the exchange
+            let (name, value) = (name.into(), value);
+            self.push(
+                ctx,
+                Effect::SetProperty {
+                    name,
+                    value,
+                    shared,
+                },
+            );
         }
         for (name, value) in writes.set_headers {
-            self.push(Command::SetRequestHeader { ctx, name, value });
+            self.push(ctx, Effect::SetHeader(Map::Request, name.into(), value));
         }
         for name in writes.remove_headers {
-            self.push(Command::RemoveRequestHeader { ctx, name });
+            self.push(ctx, Effect::RemoveHeader(Map::Request, name.into()));
         }
-        self.push(Command::RewriteModel {
-            ctx,
-            model: writes.model,
-        });
-        self.push(Command::ClearRouteCache { ctx });
+        self.push(ctx, Effect::Own(Own::RewriteModel(writes.model)));
+        self.push(ctx, Effect::ClearRouteCache);
     }
 
     /// Gives every taken unit back (the request was refused or never forwarded).

@@ -48,6 +48,7 @@ use llm_gateway_shared::reentry::{Pass, Stash};
 use llm_gateway_shared::reject::{ErrorType, Reject};
 use llm_gateway_shared::route_info::{Alternative, RoutePrices};
 use llm_gateway_shared::rules::RuleSet;
+use llm_gateway_shared::stage::{self, Map, Name};
 use llm_gateway_shared::usage_record::Charge;
 use llm_gateway_shared::wire::HostError;
 use std::borrow::Cow;
@@ -141,13 +142,14 @@ pub enum Input {
         size: usize,
         end_of_stream: bool,
     },
-    /// The body [`Command::ReadBody`] asked for.
+    /// The body [`Await::Body`] asked for.
     Body {
         ctx: u32,
         size: usize,
         body: Result<Vec<u8>, HostError>,
     },
-    /// The outcome of [`Command::ReplaceBody`].
+    /// The outcome of a body replace ([`Await::Written`]; a failure comes through
+    /// [`Core::failed`] and is handled as this input with an error).
     BodyReplaced {
         ctx: u32,
         result: Result<(), HostError>,
@@ -181,54 +183,36 @@ impl Input {
 /// Log levels of the core's lines.
 pub use llm_gateway_shared::level::Level as LogLevel;
 
-/// One effect for the driver to carry out, in order.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Command {
-    /// Let request `ctx` go on (`Continue` in its own callback, else resume it).
-    Proceed { ctx: u32 },
-    /// Refuse request `ctx` with a local reply.
-    Refuse { ctx: u32, reject: Reject },
-    /// Read the request body (`size` bytes) and hand it back ([`Input::Body`]).
-    ReadBody { ctx: u32, size: usize },
-    /// Replace the request body (`size` bytes) and say how it went ([`Input::BodyReplaced`]);
-    /// `framed`: the request has `content-length`, which must follow (known from the headers
-    /// read, so the host is not asked again).
-    ReplaceBody {
-        ctx: u32,
-        size: usize,
-        body: Vec<u8>,
-        framed: bool,
-    },
-    /// Set a filter-state property of request `ctx`.
-    SetProperty {
-        ctx: u32,
-        name: String,
-        value: Vec<u8>,
-    },
-    /// Set a request header.
-    SetRequestHeader {
-        ctx: u32,
-        name: &'static str,
-        value: String,
-    },
-    /// Remove a request header.
-    RemoveRequestHeader { ctx: u32, name: &'static str },
-    /// Rewrite the held request body's `model`.
-    RewriteModel { ctx: u32, model: String },
-    /// Clear request `ctx`'s route cache (the budget fallback changed its route).
-    ClearRouteCache { ctx: u32 },
-    /// Set a response header.
-    SetResponseHeader {
-        ctx: u32,
-        name: &'static str,
-        value: String,
-    },
-    /// Add to a counter (`llm_gateway.ratelimit.<name>`).
-    Count { name: Cow<'static, str>, delta: i64 },
-    /// Record a gauge.
-    Gauge { name: &'static str, value: u64 },
-    /// Log a line.
-    Log { level: LogLevel, message: String },
+/// The core's metric names (`llm_gateway.ratelimit.<name>`, counters and gauges alike).
+pub type Metric = Name;
+
+/// One effect for the driver to carry out, in order: the shared stage vocabulary
+/// ([`llm_gateway_shared::stage`]) with token-ratelimit's own effects ([`Own`]). [`Core::poll`]
+/// pairs each with the request it addresses ([`NO_REQUEST`] for counts, gauges and log lines).
+pub type Effect = stage::Effect<Metric, Reject, Own>;
+
+/// The context id of effects that address no request (counts, gauges, log lines).
+pub const NO_REQUEST: u32 = 0;
+
+/// What only token-ratelimit asks of the host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Own {
+    /// Let the request go on: `Continue` in its own callback, else resume it (a Redis reply
+    /// or a tick decided for a paused request).
+    Resume,
+    /// Rewrite the held request body's `model` (the budget fallback); the host reads the body.
+    RewriteModel(String),
+}
+
+/// What the core waits for from the driver once the effects are carried out: the answer comes
+/// back as an input.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Await {
+    /// Read request `ctx`'s buffered body (`size` bytes): [`Input::Body`].
+    Body { ctx: u32, size: usize },
+    /// The body replace ([`stage::Effect::ReplaceRequestBody`]) of request `ctx` went
+    /// through (it did not fail): [`Input::BodyReplaced`].
+    Written { ctx: u32 },
 }
 
 // ---------------------------------------------------------------------------------------
@@ -388,7 +372,9 @@ pub struct Core {
     outbox: Vec<JournalEntry>,
     /// The tokenizer's counts of prompt texts this VM counted before.
     counts: TextCounts,
-    commands: VecDeque<Command>,
+    effects: VecDeque<(u32, Effect)>,
+    /// What the driver answers once it carried the effects out.
+    awaiting: Option<Await>,
 }
 
 impl Core {
@@ -407,7 +393,8 @@ impl Core {
             stash: Stash::default(),
             outbox: Vec::new(),
             counts: TextCounts::default(),
-            commands: VecDeque::new(),
+            effects: VecDeque::new(),
+            awaiting: None,
         }
     }
 
@@ -476,9 +463,42 @@ impl Core {
         }
     }
 
-    /// The next effect to carry out.
-    pub fn poll(&mut self) -> Option<Command> {
-        self.commands.pop_front()
+    /// The next effect to carry out and the request it addresses.
+    pub fn poll(&mut self) -> Option<(u32, Effect)> {
+        self.effects.pop_front()
+    }
+
+    /// What the driver must answer (with an input) once every effect is carried out.
+    pub fn take_await(&mut self) -> Option<Await> {
+        self.awaiting.take()
+    }
+
+    /// The host could not carry `effect` for request `ctx` out (`error` says why): a failed
+    /// body replace refuses the request; anything else is logged, the request goes on.
+    pub fn failed(&mut self, ctx: u32, effect: Effect, error: String) {
+        use LogLevel::{Debug, Error, Warn};
+        let (level, what) = match effect {
+            Effect::ReplaceRequestBody { .. } => {
+                if self.awaiting == Some(Await::Written { ctx }) {
+                    self.awaiting = None;
+                }
+                return self.refuse(ctx, Reject::internal("cannot write the request body"));
+            }
+            Effect::Own(Own::Resume) => (Warn, "resume a request".into()),
+            Effect::Own(Own::RewriteModel(_)) => {
+                (Warn, "rewrite the model (budget fallback)".into())
+            }
+            Effect::Refuse(_) => (Error, "send the local reply".into()),
+            Effect::SetProperty { .. } => (Debug, "set".into()),
+            Effect::SetHeader(_, name, _) => (Debug, name.into_owned()),
+            Effect::RemoveHeader(_, name) => (Debug, name.to_string()),
+            Effect::ClearRouteCache => (Debug, "clear the route cache".into()),
+            Effect::ReplaceResponseBody { .. }
+            | Effect::Count(..)
+            | Effect::Gauge(..)
+            | Effect::Log(..) => (Debug, "carry an effect out".into()),
+        };
+        self.log(level, format!("cannot {what}: {error}"));
     }
 
     /// Feeds one event in.
@@ -532,27 +552,26 @@ impl Core {
     // -----------------------------------------------------------------------------------
     // Effects
 
-    fn push(&mut self, command: Command) {
-        self.commands.push_back(command);
+    fn push(&mut self, ctx: u32, effect: Effect) {
+        self.effects.push_back((ctx, effect));
     }
 
-    fn count(&mut self, name: impl Into<Cow<'static, str>>, delta: i64) {
-        self.push(Command::Count {
-            name: name.into(),
-            delta,
-        });
+    fn count(&mut self, name: impl Into<Cow<'static, str>>, delta: u64) {
+        self.push(NO_REQUEST, Effect::Count(name.into(), delta));
     }
 
+    /// A log line, prefixed with the plugin's name.
     fn log(&mut self, level: LogLevel, message: String) {
-        self.push(Command::Log { level, message });
+        let line = format!("token-ratelimit: {message}");
+        self.push(NO_REQUEST, Effect::Log(level, line));
     }
 
     fn proceed(&mut self, ctx: u32) {
-        self.push(Command::Proceed { ctx });
+        self.push(ctx, Effect::Own(Own::Resume));
     }
 
     fn refuse(&mut self, ctx: u32, reject: Reject) {
-        self.push(Command::Refuse { ctx, reject });
+        self.push(ctx, Effect::Refuse(reject));
     }
 
     fn finish(&mut self, ctx: u32, step: Step) {
@@ -662,7 +681,7 @@ impl Core {
             return;
         }
         if end_of_stream {
-            self.push(Command::ReadBody { ctx, size });
+            self.awaiting = Some(Await::Body { ctx, size });
         }
     }
 
@@ -717,12 +736,13 @@ impl Core {
                 if let Some(flow) = self.flows.get_mut(&ctx) {
                     flow.staged = Some(cost);
                 }
-                self.push(Command::ReplaceBody {
-                    ctx,
+                let replace = Effect::ReplaceRequestBody {
                     size,
                     body: edited,
-                    framed,
-                });
+                    frame: framed,
+                };
+                self.push(ctx, replace);
+                self.awaiting = Some(Await::Written { ctx });
             }
             None => self.after_body(env, now, ctx, cost),
         }
@@ -756,18 +776,16 @@ impl Core {
         let Some(flow) = self.flows.get(&ctx) else {
             return;
         };
-        let mut headers: Vec<Command> = decide::rate_headers(&flow.rate)
+        let set =
+            |name: &'static str, value| (ctx, Effect::SetHeader(Map::Response, name.into(), value));
+        let mut headers: Vec<(u32, Effect)> = decide::rate_headers(&flow.rate)
             .into_iter()
-            .map(|(name, value)| Command::SetResponseHeader { ctx, name, value })
+            .map(|(name, value)| set(name, value))
             .collect();
         if !flow.warnings.is_empty() {
-            headers.push(Command::SetResponseHeader {
-                ctx,
-                name: decide::BUDGET_WARNING_HEADER,
-                value: flow.warnings.join(", "),
-            });
+            headers.push(set(decide::BUDGET_WARNING_HEADER, flow.warnings.join(", ")));
         }
-        self.commands.extend(headers);
+        self.effects.extend(headers);
     }
 }
 

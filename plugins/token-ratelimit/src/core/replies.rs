@@ -169,7 +169,9 @@ impl Core {
                     self.count("lease_lost", 1);
                     self.log(LogLevel::Warn, format!("leased tokens not stored: {err}"));
                 }
-                self.count("leased_tokens", i64::try_from(lease.granted).unwrap_or(0));
+                // past `i64::MAX` the host's counter cannot take it: nothing counted, as always
+                let granted = Some(lease.granted).filter(|g| i64::try_from(*g).is_ok());
+                self.count("leased_tokens", granted.unwrap_or(0));
                 if let Some(flow) = flow {
                     self.resume(env, now, flow);
                 }

@@ -166,7 +166,7 @@ impl Core {
                 let actual = actual_of(&levels, &amounts);
                 let lost = settle_locally(env, &levels, &amounts, &actual);
                 if lost > 0 {
-                    self.count("local_budget_lost", lost);
+                    self.count("local_budget_lost", u64::try_from(lost).unwrap_or(0));
                     self.log(
                         LogLevel::Warn,
                         "a per-instance budget settlement could not be written".into(),

@@ -106,10 +106,8 @@ impl Core {
             .and_then(|(v, _)| v)
             .map(|v| Journal::decode(&v))
             .unwrap_or_default();
-        self.push(Command::Gauge {
-            name: "journal_depth",
-            value: journal.entries.len() as u64,
-        });
+        let depth = journal.entries.len() as u64;
+        self.push(NO_REQUEST, Effect::Gauge("journal_depth".into(), depth));
         if down || self.redis_down(env, now) {
             return;
         }

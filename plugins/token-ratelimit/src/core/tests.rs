@@ -179,8 +179,11 @@ fn head(key: &str) -> Head {
     }
 }
 
+/// An effect and the request it addresses.
+type Out = (u32, Effect);
+
 /// Feeds an input, answers body reads and writes as a host would, returns the rest.
-fn drive(core: &mut Core, env: &Fake, now: u64, input: Input) -> Vec<Command> {
+fn drive(core: &mut Core, env: &Fake, now: u64, input: Input) -> Vec<Out> {
     drive_with(core, env, now, input, BODY, Ok(()))
 }
 
@@ -191,41 +194,38 @@ fn drive_with(
     input: Input,
     body: &[u8],
     replaced: Result<(), HostError>,
-) -> Vec<Command> {
+) -> Vec<Out> {
     let mut out = Vec::new();
-    core.handle(now, input, env);
-    while let Some(command) = core.poll() {
-        match command {
-            Command::ReadBody { ctx, size } => {
-                assert_eq!(size, body.len());
-                core.handle(
-                    now,
-                    Input::Body {
-                        ctx,
-                        size,
-                        body: Ok(body.to_vec()),
-                    },
-                    env,
-                );
+    let mut next = Some(input);
+    while let Some(input) = next.take() {
+        core.handle(now, input, env);
+        while let Some((ctx, effect)) = core.poll() {
+            match (effect, replaced) {
+                (effect @ Effect::ReplaceRequestBody { .. }, Err(err)) => {
+                    core.failed(ctx, effect, err.to_string())
+                }
+                (Effect::ReplaceRequestBody { .. }, Ok(())) => {}
+                (other, _) => out.push((ctx, other)),
             }
-            Command::ReplaceBody { ctx, .. } => {
-                core.handle(
-                    now,
-                    Input::BodyReplaced {
-                        ctx,
-                        result: replaced,
-                    },
-                    env,
-                );
-            }
-            other => out.push(other),
         }
+        next = match core.take_await() {
+            Some(Await::Body { ctx, size }) => {
+                assert_eq!(size, body.len());
+                let body = Ok(body.to_vec());
+                Some(Input::Body { ctx, size, body })
+            }
+            Some(Await::Written { ctx }) => Some(Input::BodyReplaced {
+                ctx,
+                result: Ok(()),
+            }),
+            None => None,
+        };
     }
     out
 }
 
 /// A request's headers and whole body; the commands.
-fn request(core: &mut Core, env: &Fake, now: u64, ctx: u32, head: Head) -> Vec<Command> {
+fn request(core: &mut Core, env: &Fake, now: u64, ctx: u32, head: Head) -> Vec<Out> {
     let mut out = drive(
         core,
         env,
@@ -250,7 +250,7 @@ fn request(core: &mut Core, env: &Fake, now: u64, ctx: u32, head: Head) -> Vec<C
     out
 }
 
-fn reply(core: &mut Core, env: &Fake, now: u64, token: u32, resp: &[u8]) -> Vec<Command> {
+fn reply(core: &mut Core, env: &Fake, now: u64, token: u32, resp: &[u8]) -> Vec<Out> {
     drive(
         core,
         env,
@@ -262,7 +262,7 @@ fn reply(core: &mut Core, env: &Fake, now: u64, token: u32, resp: &[u8]) -> Vec<
     )
 }
 
-fn timeout(core: &mut Core, env: &Fake, now: u64, token: u32) -> Vec<Command> {
+fn timeout(core: &mut Core, env: &Fake, now: u64, token: u32) -> Vec<Out> {
     drive(
         core,
         env,
@@ -285,22 +285,22 @@ fn ints(values: &[i64]) -> Vec<u8> {
     out
 }
 
-fn proceeded(commands: &[Command], ctx: u32) -> bool {
-    commands.contains(&Command::Proceed { ctx })
+fn proceeded(commands: &[Out], ctx: u32) -> bool {
+    commands.contains(&(ctx, Effect::Own(Own::Resume)))
 }
 
-fn refusal(commands: &[Command]) -> Option<&Reject> {
+fn refusal(commands: &[Out]) -> Option<&Reject> {
     commands.iter().find_map(|c| match c {
-        Command::Refuse { reject, .. } => Some(reject),
+        (_, Effect::Refuse(reject)) => Some(reject),
         _ => None,
     })
 }
 
-fn counted(commands: &[Command], name: &str) -> i64 {
+fn counted(commands: &[Out], name: &str) -> u64 {
     commands
         .iter()
         .filter_map(|c| match c {
-            Command::Count { name: n, delta } if n == name => Some(*delta),
+            (_, Effect::Count(n, delta)) if n == name => Some(*delta),
             _ => None,
         })
         .sum()
@@ -395,7 +395,7 @@ fn a_chunked_request_body_is_capped_without_a_length() {
         core.handle(T0, input, &env);
     }
     let replaced = std::iter::from_fn(|| core.poll()).find_map(|c| match c {
-        Command::ReplaceBody { framed, .. } => Some(framed),
+        (_, Effect::ReplaceRequestBody { frame, .. }) => Some(frame),
         _ => None,
     });
     assert_eq!(replaced, Some(false), "chunked: no content-length is added");
@@ -426,9 +426,10 @@ fn a_request_within_its_limit_goes_on_with_the_capped_body_and_rate_headers() {
         },
         &env,
     );
+    assert_eq!(core.poll(), None);
     assert_eq!(
-        core.poll(),
-        Some(Command::ReadBody {
+        core.take_await(),
+        Some(Await::Body {
             ctx: 1,
             size: BODY.len()
         })
@@ -442,9 +443,10 @@ fn a_request_within_its_limit_goes_on_with_the_capped_body_and_rate_headers() {
         },
         &env,
     );
-    let Some(Command::ReplaceBody { body, framed, .. }) = core.poll() else {
+    let Some((1, Effect::ReplaceRequestBody { body, frame, .. })) = core.poll() else {
         panic!("the output cap is injected");
     };
+    let framed = frame;
     assert!(
         framed,
         "sent with content-length: the new body gets its length"
@@ -452,6 +454,7 @@ fn a_request_within_its_limit_goes_on_with_the_capped_body_and_rate_headers() {
     let body = String::from_utf8(body).unwrap();
     assert!(body.ends_with(r#","max_completion_tokens":100}"#), "{body}");
     assert_eq!(core.poll(), None, "waits for the body write");
+    assert_eq!(core.take_await(), Some(Await::Written { ctx: 1 }));
     core.handle(
         T0,
         Input::BodyReplaced {
@@ -467,11 +470,14 @@ fn a_request_within_its_limit_goes_on_with_the_capped_body_and_rate_headers() {
     assert_eq!(counted(&out, "admitted"), 1);
 
     let headers = drive(&mut core, &env, T0, Input::ResponseHeaders { ctx: 1 });
-    assert!(headers.contains(&Command::SetResponseHeader {
-        ctx: 1,
-        name: "x-ratelimit-remaining-requests",
-        value: "1".into(),
-    }));
+    assert!(headers.contains(&(
+        1,
+        Effect::SetHeader(
+            Map::Response,
+            "x-ratelimit-remaining-requests".into(),
+            "1".into()
+        )
+    )));
 }
 
 #[test]
@@ -606,7 +612,7 @@ fn a_body_over_the_limit_is_refused_with_413_before_it_is_read() {
         },
         &env,
     );
-    let Some(Command::Refuse { reject, .. }) = core.poll() else {
+    let Some((1, Effect::Refuse(reject))) = core.poll() else {
         panic!("refused");
     };
     assert_eq!(reject.status, 413);
@@ -637,7 +643,7 @@ fn a_body_that_cannot_be_read_or_written_refuses_the_request() {
         },
         &env,
     );
-    let Some(Command::Refuse { reject, .. }) = core.poll() else {
+    let Some((1, Effect::Refuse(reject))) = core.poll() else {
         panic!("refused");
     };
     assert_eq!(reject.status, 500);
@@ -672,6 +678,43 @@ fn a_body_that_cannot_be_read_or_written_refuses_the_request() {
     );
 }
 
+/// Any other effect the host refuses is logged, in the words and at the level the shell used,
+/// and changes nothing for the request.
+#[test]
+fn a_failed_effect_other_than_the_body_write_is_logged_and_changes_nothing() {
+    let mut core = new_core(LOCAL_RPM, false);
+    let failures = [
+        (Effect::Own(Own::Resume), LogLevel::Warn, "resume a request"),
+        (
+            Effect::Own(Own::RewriteModel("m".into())),
+            LogLevel::Warn,
+            "rewrite the model (budget fallback)",
+        ),
+        (
+            Effect::Refuse(Reject::internal("x")),
+            LogLevel::Error,
+            "send the local reply",
+        ),
+        (
+            Effect::SetHeader(Map::Request, "x-llm-model-group".into(), "g".into()),
+            LogLevel::Debug,
+            "x-llm-model-group",
+        ),
+        (
+            Effect::ClearRouteCache,
+            LogLevel::Debug,
+            "clear the route cache",
+        ),
+    ];
+    for (effect, level, what) in failures {
+        core.failed(7, effect, "not found".into());
+        let line = format!("token-ratelimit: cannot {what}: not found");
+        assert_eq!(core.poll(), Some((NO_REQUEST, Effect::Log(level, line))));
+        assert_eq!(core.poll(), None);
+        assert_eq!(core.take_await(), None);
+    }
+}
+
 #[test]
 fn no_config_or_an_empty_one_lets_the_request_go_on_untouched() {
     let env = Fake::default();
@@ -687,7 +730,7 @@ fn no_config_or_an_empty_one_lets_the_request_go_on_untouched() {
             end_of_stream: false,
         },
     );
-    assert_eq!(out, vec![Command::Proceed { ctx: 1 }]);
+    assert_eq!(out, vec![(1, Effect::Own(Own::Resume))]);
     let out = drive(
         &mut core,
         &env,
@@ -699,7 +742,7 @@ fn no_config_or_an_empty_one_lets_the_request_go_on_untouched() {
             end_of_stream: false,
         },
     );
-    assert_eq!(out, vec![Command::Proceed { ctx: 2 }]);
+    assert_eq!(out, vec![(2, Effect::Own(Own::Resume))]);
     assert_eq!(core.requests(), 0);
 }
 
@@ -723,10 +766,10 @@ fn a_bucket_that_stays_contended_or_no_shared_data_fails_open_and_says_so() {
     env.broken.set(true);
     let out = request(&mut core, &env, T0, 1, head("k"));
     assert!(proceeded(&out, 1));
-    assert!(out.iter().any(
-        |c| matches!(c, Command::Log { level: LogLevel::Warn, message }
-        if message.starts_with("bucket key-rpm unavailable"))
-    ));
+    assert!(out
+        .iter()
+        .any(|c| matches!(c, (_, Effect::Log(LogLevel::Warn, message))
+        if message.starts_with("token-ratelimit: bucket key-rpm unavailable"))));
     env.broken.set(false);
     // seed the bucket, then lose every CAS round
     assert!(proceeded(&request(&mut core, &env, T0, 2, head("k")), 2));
@@ -838,14 +881,11 @@ fn a_refused_money_budget_switches_to_the_cheaper_alternative_once() {
     let out = request(&mut core, &env, T0, 1, head("k"));
     assert!(proceeded(&out, 1), "{out:?}");
     assert_eq!(counted(&out, "budget_fallback"), 1);
-    assert!(out.contains(&Command::RewriteModel {
-        ctx: 1,
-        model: "cheap-model".into()
-    }));
-    assert!(out.contains(&Command::ClearRouteCache { ctx: 1 }));
+    assert!(out.contains(&(1, Effect::Own(Own::RewriteModel("cheap-model".into())))));
+    assert!(out.contains(&(1, Effect::ClearRouteCache)));
     assert!(out.iter().any(
-        |c| matches!(c, Command::SetRequestHeader { name, value, .. }
-            if *name == "x-llm-model-group" && value == "fast")
+        |c| matches!(c, (1, Effect::SetHeader(Map::Request, name, value))
+            if name == "x-llm-model-group" && value == "fast")
     ));
 }
 
@@ -998,7 +1038,8 @@ fn the_clock_is_not_needed_for_a_body_chunk_nor_for_response_headers() {
         },
         &env,
     );
-    assert_eq!(core.poll(), Some(Command::ReadBody { ctx: 1, size: 3 }));
+    assert_eq!(core.poll(), None);
+    assert_eq!(core.take_await(), Some(Await::Body { ctx: 1, size: 3 }));
     assert!(Input::Tick.uses_clock());
 }
 
@@ -1118,7 +1159,9 @@ fn the_sync_worker_tops_up_wanted_buckets_and_only_one_vm_is_elected() {
     assert_eq!(env.take_sent().len(), 1);
     // a top-up's reply resumes no one
     let out = reply(&mut a, &env, T0 + 10, topups[0].token, &ints(&[5000, 0, 0]));
-    assert!(!out.iter().any(|c| matches!(c, Command::Proceed { .. })));
+    assert!(!out
+        .iter()
+        .any(|c| matches!(c, (_, Effect::Own(Own::Resume)))));
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1274,10 +1317,7 @@ fn a_settlement_that_cannot_be_sent_is_journaled_and_replayed_by_the_sync_worker
     let out = drive(&mut core, &env, T0 + 5_000, Input::Tick);
     assert!(out.iter().any(|c| matches!(
         c,
-        Command::Gauge {
-            name: "journal_depth",
-            value: 1
-        }
+        (_, Effect::Gauge(name, 1)) if name == "journal_depth"
     )));
     let replay = env.take_sent();
     assert_eq!(replay.len(), 1);
@@ -1519,39 +1559,30 @@ fn a_re_entering_pass_reads_its_body_in_the_api_of_its_own_path() {
             Ok(()),
         );
         let mut replaced = false;
-        core.handle(
-            now,
-            Input::RequestBody {
-                ctx,
-                size: body.len(),
-                end_of_stream: true,
-            },
-            &env,
-        );
-        while let Some(command) = core.poll() {
-            match command {
-                Command::ReadBody { ctx, size } => core.handle(
-                    now,
-                    Input::Body {
-                        ctx,
-                        size,
-                        body: Ok(body.to_vec()),
-                    },
-                    &env,
-                ),
-                Command::ReplaceBody { ctx, .. } => {
-                    replaced = true;
-                    core.handle(
-                        now,
-                        Input::BodyReplaced {
-                            ctx,
-                            result: Ok(()),
-                        },
-                        &env,
-                    );
+        let mut next = Some(Input::RequestBody {
+            ctx,
+            size: body.len(),
+            end_of_stream: true,
+        });
+        while let Some(input) = next.take() {
+            core.handle(now, input, &env);
+            while let Some((ctx, effect)) = core.poll() {
+                match effect {
+                    Effect::ReplaceRequestBody { .. } => replaced = true,
+                    other => out.push((ctx, other)),
                 }
-                other => out.push(other),
             }
+            next = match core.take_await() {
+                Some(Await::Body { ctx, size }) => {
+                    let body = Ok(body.to_vec());
+                    Some(Input::Body { ctx, size, body })
+                }
+                Some(Await::Written { ctx }) => Some(Input::BodyReplaced {
+                    ctx,
+                    result: Ok(()),
+                }),
+                None => None,
+            };
         }
         (out, replaced)
     };
@@ -1702,11 +1733,14 @@ fn a_limit_takes_the_amount_of_the_requests_tier_and_its_own_for_no_or_an_unknow
         ctx
     ));
     let headers = drive(&mut core, &env, T0, Input::ResponseHeaders { ctx });
-    assert!(headers.contains(&Command::SetResponseHeader {
+    assert!(headers.contains(&(
         ctx,
-        name: "x-ratelimit-limit-requests",
-        value: "4".into(),
-    }));
+        Effect::SetHeader(
+            Map::Response,
+            "x-ratelimit-limit-requests".into(),
+            "4".into()
+        )
+    )));
 }
 
 #[test]
@@ -1782,11 +1816,14 @@ fn a_budget_warning_is_a_percentage_of_the_tiers_amount() {
         1
     ));
     let headers = drive(&mut core, &env, T0, Input::ResponseHeaders { ctx: 1 });
-    assert!(headers.contains(&Command::SetResponseHeader {
-        ctx: 1,
-        name: decide::BUDGET_WARNING_HEADER,
-        value: "key-day=50".into(),
-    }));
+    assert!(headers.contains(&(
+        1,
+        Effect::SetHeader(
+            Map::Response,
+            decide::BUDGET_WARNING_HEADER.into(),
+            "key-day=50".into()
+        )
+    )));
     let out = request(&mut core, &env, T0, 2, tiered("n", None));
     assert_eq!(counted(&out, "budget_warning.key-day.50"), 0);
 }
@@ -1892,10 +1929,7 @@ fn the_budget_fallback_leaves_a_budget_scoped_to_the_refused_group() {
     let out = request(&mut core, &env, T0, 1, in_group("k", "smart"));
     assert!(proceeded(&out, 1), "{out:?}");
     assert_eq!(counted(&out, "budget_fallback"), 1);
-    assert!(out.contains(&Command::RewriteModel {
-        ctx: 1,
-        model: "cheap-model".into()
-    }));
+    assert!(out.contains(&(1, Effect::Own(Own::RewriteModel("cheap-model".into())))));
     *env.record.borrow_mut() = Some(record(10, 20));
     drive(
         &mut core,
