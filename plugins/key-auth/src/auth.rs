@@ -586,7 +586,7 @@ fn percent_decode(text: &str) -> Vec<u8> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::config::parse_document;
     use crate::reentry::{self, Secret};
@@ -640,7 +640,8 @@ mod tests {
         }
     }
 
-    fn with_store(set: &RuleSet<KeyAuthConfig>) -> KeyAuthConfig {
+    /// `set`'s global config with a Redis key store (the Higress transport).
+    pub(crate) fn with_store(set: &RuleSet<KeyAuthConfig>) -> KeyAuthConfig {
         let mut cfg = set.global().unwrap().clone();
         cfg.store = Some(std::rc::Rc::new(crate::config::KeyStoreConfig {
             redis: llm_gateway_shared::redis::RedisConfig {

@@ -1,11 +1,11 @@
 use super::*;
+use crate::auth::tests::with_store;
 use crate::auth::NoStore;
-use crate::config::{parse_document, KeyEntry, KeyStoreConfig};
+use crate::config::{parse_document, KeyEntry};
 use llm_gateway_shared::headers;
 use llm_gateway_shared::rules::RuleSet;
 use llm_gateway_shared::stage::{Core as _, Refusal as _};
 use sha2::{Digest, Sha256};
-use std::rc::Rc;
 
 const KEY: &str = "sk-test-team-a-0123456789";
 const NOW: i64 = 1_796_005_345;
@@ -23,24 +23,6 @@ fn rules(extra: &str) -> RuleSet<KeyAuthConfig> {
         sha(KEY)
     );
     parse_document(doc.as_bytes()).unwrap()
-}
-
-fn with_store(rules: &RuleSet<KeyAuthConfig>) -> KeyAuthConfig {
-    let mut cfg = rules.global().unwrap().clone();
-    cfg.store = Some(Rc::new(KeyStoreConfig {
-        redis: llm_gateway_shared::redis::RedisConfig {
-            service: "redis".into(),
-            transport: llm_gateway_shared::redis::RedisTransport::Higress,
-            username: None,
-            password: None,
-            timeout_ms: 100,
-        },
-        prefix: "llm:key:".into(),
-        cache_ttl_ms: 30_000,
-        negative_ttl_ms: 30_000,
-        cache_entries: 1024,
-    }));
-    cfg
 }
 
 fn req(pairs: &[(&str, &str)]) -> Headers {

@@ -94,10 +94,7 @@ impl HttpContext for Limiter {
     fn on_log(&mut self) {
         if let Some(state) = &self.state {
             let watches = state.core.borrow().watches_supersession(self.id);
-            let superseded = watches && {
-                let details = host::property_string(&["response", "code_details"]);
-                is_superseded(details.ok().flatten().as_deref())
-            };
+            let superseded = watches && is_superseded(host::code_details().as_deref());
             let ctx = self.id;
             self.run(Input::Log { ctx, superseded });
         }
